@@ -1,0 +1,24 @@
+/* Garbage collection in whatever Python the process already embeds, run as
+ * a pressure callback. */
+#ifndef SHIM_PYGC_H
+#define SHIM_PYGC_H
+
+#include <stdio.h>
+#include "spyreshim.h"
+
+/* From the library constructor: registers the pressure callback unless
+ * SPYRESHIM_GC=0. Finds no interpreter yet (that happens on demand). */
+void shim_pygc_init(void);
+/* Adds collection counters to *s. */
+void shim_pygc_add_stats(spyreshim_stats *s);
+/* Writes extra members of the SPYRESHIM_STATS object, each one preceded by
+ * ",\n  " (the caller has already written the object's first member). */
+void shim_pygc_write_json(FILE *f);
+/* Runs `fn` with the GIL held, inside the interpreter's atexit gate, before
+ * finalization begins (for resolving Python frames while they still exist).
+ * Registered functions run once per interpreter lifetime. */
+void shim_pygc_on_finalize(void (*fn)(void));
+/* fork(): the child has no GC thread; it is started again on demand. */
+void shim_pygc_atfork_child(void);
+
+#endif

@@ -1,0 +1,61 @@
+/* The out-of-band region allocator: regions reserved from a runtime through
+ * a backend, suballocated into blocks. All metadata lives in host memory;
+ * the arena never dereferences a device address. Not thread-safe: the
+ * owner (device.c) serializes calls with the allocator lock. */
+#ifndef SHIM_ARENA_H
+#define SHIM_ARENA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct shim_region_backend {
+    void *ctx;
+    /* Reserve `size` bytes. 0 and *addr set, or nonzero when refused. */
+    int (*reserve)(void *ctx, size_t size, uintptr_t *addr);
+    void (*release)(void *ctx, uintptr_t addr, size_t size);
+    /* The runtime's own view; nonzero on failure. */
+    int (*mem_info)(void *ctx, size_t *free, size_t *total);
+    size_t alignment;        /* power of two; every block is aligned to it */
+} shim_region_backend;
+
+typedef struct shim_arena shim_arena;
+
+typedef struct shim_arena_counters {
+    uint64_t reserved_bytes, used_bytes;           /* used = sum of block sizes handed out */
+    uint64_t peak_reserved_bytes, peak_used_bytes;
+    uint64_t regions, regions_reserved, regions_released;
+    uint64_t empty_regions, empty_bytes;
+} shim_arena_counters;
+
+enum shim_block_kind {
+    SHIM_ADDR_OUTSIDE = 0,   /* in no region: not ours */
+    SHIM_ADDR_LIVE_START,    /* start of a live block */
+    SHIM_ADDR_FREE_START,    /* start of a free block (double free) */
+    SHIM_ADDR_INTERIOR,      /* inside a block, not at its start */
+};
+
+/* `limit` caps reserved bytes (0 = none); `region_size` 0 = adaptive. */
+shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_t region_size);
+/* Releases every region to the backend. */
+void shim_arena_destroy(shim_arena *a);
+
+/* Allocates a block of at least `size` (> 0) bytes. On success returns 0,
+ * sets *addr, *node (the block's handle, for shim_arena_free_node) and
+ * *taken (bytes the block occupies, after rounding). Returns -1 when no free
+ * block fits and a new region is refused by the limit or the backend. */
+int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node, size_t *taken);
+/* Frees a block by handle. Returns bytes it occupied. */
+size_t shim_arena_free_node(shim_arena *a, uint32_t node);
+/* What `addr` is, for diagnostics of a pointer that is not in the live
+ * table; *region_base/*region_size describe the region when it is in one. */
+enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
+                                         uintptr_t *region_base, size_t *region_size);
+/* Gives empty regions back to the runtime until at most `keep` bytes of
+ * empty regions remain; returns the bytes released. */
+size_t shim_arena_trim(shim_arena *a, size_t keep);
+void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c);
+size_t shim_arena_limit(const shim_arena *a);
+/* Resets after fork in the child: nothing to do but documented for owners. */
+
+#endif

@@ -1,0 +1,26 @@
+/* Leak hunting: stacks of live allocations, reports at exit and on OOM.
+ * Capture happens on the allocating thread before the allocator lock is
+ * taken; names are resolved at report time. */
+#ifndef SHIM_LEAK_H
+#define SHIM_LEAK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Called once from the library constructor (after options are parsed).
+ * When leak checking is on: loads the unwinder privately and warms it up. */
+void shim_leak_init(void);
+/* Cheap flag read on the hot path. */
+bool shim_leak_enabled(void);
+/* Stacks of the calling thread; ids are 0 when nothing was recorded. Called
+ * without any allocator lock held. */
+void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack);
+/* A request failed for good (callbacks had their turn); no lock held.
+ * Prints what holds device memory now. */
+void shim_leak_on_oom(const char *runtime, size_t size);
+/* From the library destructor, after the interpreter finalized: the report,
+ * SPYRESHIM_REPORT, and the exit status. */
+void shim_leak_at_exit(void);
+
+#endif

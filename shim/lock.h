@@ -1,0 +1,26 @@
+/* The allocator lock: a plain mutex that remembers its owner, so that the
+ * pressure-callback contract can be checked (debug builds assert that a
+ * callback returns with the lock held) and so that a free issued by a thread
+ * that already holds the lock (a callback that frees before releasing it)
+ * does not self-deadlock. Definition of the public opaque spyreshim_lock. */
+#ifndef SHIM_LOCK_H
+#define SHIM_LOCK_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdatomic.h>
+#include "spyreshim.h"
+
+struct spyreshim_lock {
+    pthread_mutex_t mu;
+    _Atomic unsigned long owner; /* pthread_self() of the holder, 0 if free */
+};
+
+void shim_lock_init(spyreshim_lock *l);
+void shim_lock_acquire(spyreshim_lock *l);
+void shim_lock_release(spyreshim_lock *l);
+bool shim_lock_held_by_me(const spyreshim_lock *l);
+/* pthread_cond_wait on the lock's mutex, keeping `owner` right. */
+void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv);
+
+#endif

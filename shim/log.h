@@ -1,0 +1,18 @@
+/* Diagnostics on stderr, one line each, prefixed "spyreshim: ".
+ * Uses write(2) only: safe from any thread, with any lock held, and before
+ * stdio or the interpreter are set up. */
+#ifndef SHIM_LOG_H
+#define SHIM_LOG_H
+
+enum shim_log_level { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO, SHIM_LOG_WARN, SHIM_LOG_OFF };
+
+void shim_log(enum shim_log_level level, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Formats into a stack buffer then one write(); never allocates. */
+int shim_log_enabled(enum shim_log_level level);
+
+#define shim_debug(...) shim_log(SHIM_LOG_DEBUG, __VA_ARGS__)
+#define shim_info(...)  shim_log(SHIM_LOG_INFO, __VA_ARGS__)
+#define shim_warn(...)  shim_log(SHIM_LOG_WARN, __VA_ARGS__)
+
+#endif

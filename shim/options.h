@@ -1,0 +1,37 @@
+/* SPYRESHIM_* configuration, parsed once from one table (options.c).
+ * A bad value gets one warning naming the variable and the default used. */
+#ifndef SHIM_OPTIONS_H
+#define SHIM_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef struct shim_options {
+    size_t limit;            /* SPYRESHIM_LIMIT: bytes the shim may reserve, 0 = no limit */
+    const char *stats_path;  /* SPYRESHIM_STATS */
+    int log_level;           /* SPYRESHIM_LOG: enum shim_log_level */
+    bool gc;                 /* SPYRESHIM_GC */
+    unsigned gc_timeout_ms;  /* SPYRESHIM_GC_TIMEOUT_MS */
+    unsigned pressure_rounds;/* SPYRESHIM_PRESSURE_ROUNDS */
+    size_t region_size;      /* SPYRESHIM_REGION_SIZE: 0 = adaptive */
+    bool leak_check;         /* SPYRESHIM_LEAK_CHECK */
+    unsigned stack_depth;    /* SPYRESHIM_STACK_DEPTH */
+    bool python_stacks;      /* SPYRESHIM_PYTHON_STACKS */
+    const char *report_path; /* SPYRESHIM_REPORT (%p = pid) */
+    int exitcode;            /* SPYRESHIM_EXITCODE */
+    const char *suppressions;/* SPYRESHIM_SUPPRESSIONS */
+    unsigned oom_report_top; /* SPYRESHIM_OOM_REPORT: groups printed on a final OOM, 0 = off */
+    bool secure;             /* AT_SECURE: paths from the environment are ignored */
+} shim_options;
+
+/* Parses the environment on first call; thread-safe; never fails. */
+const shim_options *shim_opts(void);
+/* Re-reads the environment (tests). */
+void shim_options_reload(void);
+/* Writes the effective configuration, one "NAME=value" line each. */
+void shim_options_dump(int fd);
+/* Parses "64M", "1G", "4096" (binary suffixes K M G T). 0 on success. */
+int shim_parse_size(const char *s, size_t *out);
+
+#endif

@@ -1,0 +1,45 @@
+/* The pressure-callback registry and the pressure event: what the allocator
+ * does when a request cannot be served. See spyreshim.h for the contract a
+ * callback follows. */
+#ifndef SHIM_PRESSURE_H
+#define SHIM_PRESSURE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "lock.h"
+
+typedef struct shim_pressure_state {
+    /* Guarded by the device's lock. */
+    bool active;                 /* an event is running on some thread */
+    unsigned long owner;         /* its thread */
+    uint64_t generation;         /* bumped when an event ends */
+    pthread_cond_t done;         /* signalled when an event ends */
+    uint64_t events, waits, callback_runs, recovered_bytes;
+} shim_pressure_state;
+
+void shim_pressure_state_init(shim_pressure_state *ps);
+
+/* Entered with `lock` held after a request of `want` bytes failed. Runs one
+ * pressure event (every callback, in registration order), or, when another
+ * thread's event is running, waits for it to end. Returns with `lock` held;
+ * true when the request is worth retrying. `recovered` reports the bytes
+ * freed (on any thread) while it ran. */
+bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want);
+
+/* True on a thread that is inside a pressure event (running callbacks, or
+ * collecting on the shim's behalf): an allocation there must fail at once. */
+bool shim_pressure_in_event(void);
+/* Marks the calling thread as working for a pressure event (the GC thread). */
+void shim_pressure_enter_service(void);
+void shim_pressure_leave_service(void);
+
+/* Called by a callback: retrying this request is pointless (a collection
+ * timed out); the allocation fails with out-of-memory after this round. */
+void shim_pressure_give_up(void);
+
+/* Every byte freed through the shim, all devices, monotonically. */
+uint64_t shim_pressure_freed_total(void);
+void shim_pressure_note_freed(uint64_t bytes);
+
+#endif

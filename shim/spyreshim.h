@@ -1,0 +1,113 @@
+/* spyreshim public API.
+ *
+ * libspyreshim.so is meant to be preloaded (LD_PRELOAD); code that wants to
+ * talk to it (a framework's allocator, a test harness) includes this header
+ * and links with -lspyreshim, or looks the functions up with dlsym so that it
+ * still runs when the shim is absent.
+ */
+#ifndef SPYRESHIM_H
+#define SPYRESHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPYRESHIM_VERSION_MAJOR 0
+#define SPYRESHIM_VERSION_MINOR 1
+
+#if defined(SPYRESHIM_BUILDING)
+#define SPYRESHIM_API __attribute__((visibility("default")))
+#else
+#define SPYRESHIM_API
+#endif
+
+/* The allocator lock as seen by a pressure callback. */
+typedef struct spyreshim_lock spyreshim_lock;
+
+/* A pressure callback is entered with the allocator lock held. It must call
+ * spyreshim_lock_release() before anything that can block (the GIL, I/O,
+ * another allocator, waiting for a thread) and spyreshim_lock_acquire()
+ * before returning. Debug builds abort if it returns without the lock.
+ * Device memory may be freed from inside the callback (or from finalizers
+ * it triggers), on any thread. An allocation made while a pressure event is
+ * running on the same thread fails at once with out-of-memory instead of
+ * recursing. `bytes_wanted` is the size of the request that failed. */
+typedef void (*spyreshim_pressure_fn)(spyreshim_lock *lock, size_t bytes_wanted,
+                                      void *user);
+
+/* Returns 0, or -1 when the table is full or `fn` is NULL. The same
+ * (fn, user) pair may be registered once; registering it again is a no-op. */
+SPYRESHIM_API int spyreshim_register_pressure_callback(spyreshim_pressure_fn fn, void *user);
+/* Returns 0, or -1 when (fn, user) was not registered. Safe to call from
+ * inside a callback; the callback being unregistered may still be running on
+ * another thread when this returns only if called from that callback. */
+SPYRESHIM_API int spyreshim_unregister_pressure_callback(spyreshim_pressure_fn fn, void *user);
+
+SPYRESHIM_API void spyreshim_lock_release(spyreshim_lock *lock);
+SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
+
+/* Counters summed over every intercepted runtime. `size` must be set to
+ * sizeof(spyreshim_stats) by the caller, so the struct can grow. */
+typedef struct spyreshim_stats {
+    size_t size;
+    uint64_t reserved_bytes;          /* held from the runtime now */
+    uint64_t used_bytes;              /* handed out to the program now */
+    uint64_t peak_reserved_bytes;
+    uint64_t peak_used_bytes;
+    uint64_t allocs;
+    uint64_t frees;
+    uint64_t failed_allocs;           /* out-of-memory returned to the program */
+    uint64_t regions;                 /* regions held now */
+    uint64_t regions_reserved;        /* regions ever reserved */
+    uint64_t regions_released;        /* regions given back */
+    uint64_t invalid_frees;           /* double frees, interior pointers */
+    uint64_t foreign_frees;           /* pointers the shim never handed out */
+    uint64_t pressure_events;
+    uint64_t pressure_waits;          /* threads that waited on another's event */
+    uint64_t callback_runs;
+    uint64_t callback_recovered_bytes;
+    uint64_t gc_collections;
+    uint64_t gc_time_ns;
+    uint64_t gc_recovered_bytes;
+    uint64_t gc_timeouts;
+    uint64_t gc_skipped;
+    uint64_t gc_backoff_skips;
+} spyreshim_stats;
+
+SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out);
+
+/* Leak hunting. A mark is a point in the sequence of allocations. */
+typedef uint64_t spyreshim_mark;
+SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void);
+
+/* One live allocation in a snapshot. Stacks are interned ids, resolved by
+ * spyreshim_snapshot_write_json / spyreshim_snapshot_print. */
+typedef struct spyreshim_alloc_info {
+    uintptr_t ptr;
+    size_t size;
+    uint64_t seq;            /* allocation sequence number (marks compare with it) */
+    uint32_t native_stack;   /* 0: none recorded */
+    uint32_t python_stack;   /* 0: none recorded */
+    const char *runtime;     /* "simdev", "cuda" */
+} spyreshim_alloc_info;
+
+typedef struct spyreshim_snapshot spyreshim_snapshot;
+
+/* Live allocations made after `since` (0: all of them). NULL on failure. */
+SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since);
+SPYRESHIM_API size_t spyreshim_snapshot_count(const spyreshim_snapshot *s);
+SPYRESHIM_API uint64_t spyreshim_snapshot_bytes(const spyreshim_snapshot *s);
+SPYRESHIM_API const spyreshim_alloc_info *spyreshim_snapshot_get(const spyreshim_snapshot *s, size_t i);
+/* Grouped by stack, largest first, LeakSanitizer-style; `max_groups` 0 = all. */
+SPYRESHIM_API int spyreshim_snapshot_print(const spyreshim_snapshot *s, int fd, size_t max_groups);
+/* The report JSON format of SPYRESHIM_REPORT. Returns 0 or -1 (errno set). */
+SPYRESHIM_API int spyreshim_snapshot_write_json(const spyreshim_snapshot *s, const char *path);
+SPYRESHIM_API void spyreshim_snapshot_free(spyreshim_snapshot *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
