@@ -1,0 +1,31 @@
+/* Python stacks of allocating threads, for leak reports. Capture reads the
+ * calling thread's own frame chain (it cannot change while the thread is
+ * inside the allocation), with or without the GIL, never touching a
+ * reference count without it. Frames are kept as (code object, instruction
+ * offset) and resolved to function/file/line later, with the GIL held and
+ * before finalization. */
+#ifndef SHIM_PYSTACK_H
+#define SHIM_PYSTACK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct shim_pyframe {
+    const char *function;    /* "<unknown>" when it could not be resolved */
+    const char *file;
+    int line;                /* 0 when unknown */
+} shim_pyframe;
+
+/* Interned Python stack of the calling thread, innermost frame first, at
+ * most `max_depth` frames; 0 when the thread runs no Python (or on PyPy). */
+uint32_t shim_pystack_capture(unsigned max_depth);
+/* The frames of stack `id`, innermost first. Returns how many exist (may
+ * be more than `max`). Strings stay valid for the life of the process.
+ * Resolves what is still unresolved when the interpreter is alive and this
+ * thread holds the GIL; otherwise reports what was resolved before. */
+size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max);
+/* With the GIL held: resolve every frame seen so far (run at interpreter
+ * exit through shim_pygc_on_finalize, and by report/snapshot calls). */
+void shim_pystack_resolve_all(void);
+
+#endif
