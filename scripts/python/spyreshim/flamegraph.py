@@ -164,7 +164,7 @@ boxes.forEach(function(b,i){
   b.addEventListener('mouseenter',function(){details.textContent=b.querySelector('title').textContent;});
 });
 document.getElementById('reset').addEventListener('click',function(){go(0);});
-var m=/^#zoom=(\d+)$/.exec(location.hash); if(m)go(+m[1]);
+var m=/^#zoom=(\\d+)$/.exec(location.hash); if(m)go(+m[1]);
 })();
 """
 
@@ -245,7 +245,8 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
         w("</ol></td></tr>\n")
     w("</tbody>\n</table>\n")
     if len(shown) < len(groups):
-        w("<p class=\"meta\">%s more not shown (--top %d).</p>\n" % (
-            _esc(rpt._plural(len(groups) - len(shown), "stack")), top))
+        rest = len(groups) - len(shown)
+        w("<p class=\"meta\">%d more stack%s not shown (--top %d).</p>\n" % (
+            rest, "" if rest == 1 else "s", top))
     w("<script>%s</script>\n</body>\n</html>\n" % (_JS % {"width": WIDTH, "char": repr(CHAR)}))
     return "".join(out)

@@ -25,7 +25,6 @@ import spyreshim
 from spyreshim import report as rpt
 
 MARKER = "limit_leaks"
-_STATE = pytest.StashKey() if hasattr(pytest, "StashKey") else None
 
 
 def pytest_addoption(parser):
@@ -75,13 +74,20 @@ def pytest_configure(config):
     config.pluginmanager.register(_Checker(config), "spyreshim-checker")
 
 
+def pytest_sessionstart(session):
+    # Said even under -q (the header is not): a check that silently does
+    # nothing would pass every leaking test.
+    c = _checker(session.config)
+    tr = session.config.pluginmanager.get_plugin("terminalreporter")
+    if c is not None and not c.available and tr is not None:
+        tr.write_line("spyreshim: libspyreshim is not preloaded; device-memory leak checks are off "
+                      "(run pytest under `spyreshim run -- ...`)")
+
+
 def pytest_report_header(config):
     c = _checker(config)
-    if c is None:
+    if c is None or not c.available:
         return None
-    if not c.available:
-        return ("spyreshim: libspyreshim is not preloaded; device-memory leak checks are off "
-                "(run under `spyreshim run -- ...`)")
     what = ("every test (limit %s)" % rpt.format_size(c.default_limit) if c.all_tests
             else "tests marked %s" % MARKER)
     return "spyreshim: %s; device-memory leak checks on %s" % (
