@@ -30,6 +30,19 @@ from spyreshim import report as rpt  # noqa: E402
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 
+def shim_without_leak_api(lib):
+    """Why the built shim cannot run these tests yet, or None: the leak
+    hunting side (snapshot API, reports at exit) lands separately."""
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                             text=True, timeout=60).stdout
+    except OSError:
+        return None
+    if "spyreshim_snapshot_take" not in out:
+        return "%s has no leak hunting yet (no spyreshim_snapshot_take)" % lib
+    return None
+
+
 def cli(*args, env=None, timeout=60, cwd=None):
     e = dict(os.environ)
     e.pop("SPYRESHIM_LIB", None)
@@ -262,7 +275,8 @@ def test_run_sets_only_what_was_asked():
     assert r.returncode == 0, r
     env = _env_of(r)
     assert env["LD_PRELOAD"] == LIBC
-    assert not [k for k in env if k.startswith("SPYRESHIM_") and k != "SPYRESHIM_LIB"]
+    assert not [k for k in env if k.startswith("SPYRESHIM_") and k != "SPYRESHIM_LIB"
+                and k not in os.environ]
 
 
 def test_run_report_implies_leak_check():
@@ -406,6 +420,9 @@ def real_shim():
         pytest.skip("tests/integration/pythons.py is not there yet")
     if not pythons.shim_lib().exists():
         pytest.skip("%s is not built" % pythons.shim_lib())
+    why = shim_without_leak_api(pythons.shim_lib())
+    if why:
+        pytest.skip(why)
     interp = pythons.get("cpython3.11-static").require()
     return pythons, interp, pythons.build_module(interp)
 

@@ -64,6 +64,19 @@ LEAK_LINE = 1 + INNER.splitlines().index(
     [ln for ln in INNER.splitlines() if "# LEAK" in ln][0])
 
 
+def shim_without_leak_api(lib):
+    """Why the built shim cannot run these tests yet, or None: the leak
+    hunting side (snapshot API, reports at exit) lands separately."""
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                             text=True, timeout=60).stdout
+    except OSError:
+        return None
+    if "spyreshim_snapshot_take" not in out:
+        return "%s has no leak hunting yet (no spyreshim_snapshot_take)" % lib
+    return None
+
+
 @pytest.fixture(scope="module")
 def shim():
     """(pythons, interpreter, simdev module dir): Debian's python3.11."""
@@ -80,6 +93,9 @@ def shim():
 def need_lib(pythons):
     if not pythons.shim_lib().exists():
         pytest.skip("%s is not built" % pythons.shim_lib())
+    why = shim_without_leak_api(pythons.shim_lib())
+    if why:
+        pytest.skip(why)
     return str(pythons.shim_lib())
 
 

@@ -28,7 +28,7 @@ import threading
 from . import report
 
 __all__ = [
-    "available", "library_path", "stats", "mark", "snapshot", "track",
+    "available", "unavailable_reason", "library_path", "stats", "mark", "snapshot", "track",
     "Snapshot", "Allocation", "Tracker", "Unavailable", "report",
 ]
 
@@ -69,6 +69,7 @@ _lock = threading.Lock()
 _lib = None          # the bound library, once found
 _lib_path = None
 _probed = False
+_why = "libspyreshim is not preloaded into this process"
 
 
 def _preloaded_path():
@@ -86,7 +87,7 @@ def _preloaded_path():
 
 def _bind():
     """The already-loaded library with its prototypes set, or None."""
-    global _lib, _lib_path, _probed
+    global _lib, _lib_path, _probed, _why
     with _lock:
         if _probed:
             return _lib
@@ -96,7 +97,7 @@ def _bind():
         try:
             # The global scope: a preloaded library's exports are there.
             lib = ctypes.PyDLL(None, use_errno=True)
-            lib.spyreshim_mark_now
+            lib.spyreshim_get_stats
         except (OSError, AttributeError):
             lib = None
         if lib is None and path:
@@ -104,7 +105,7 @@ def _bind():
             # RTLD_NOLOAD returns the existing handle and never loads a copy.
             try:
                 lib = ctypes.PyDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL, use_errno=True)
-                lib.spyreshim_mark_now
+                lib.spyreshim_get_stats
             except (OSError, AttributeError):
                 lib = None
         if lib is None:
@@ -128,8 +129,10 @@ def _bind():
             lib.spyreshim_snapshot_write_json.restype = ctypes.c_int
             lib.spyreshim_snapshot_free.argtypes = [ctypes.c_void_p]
             lib.spyreshim_snapshot_free.restype = None
-        except AttributeError:
-            return None   # an older library without the snapshot API
+        except AttributeError as e:
+            # An older library without the snapshot API.
+            _why = "%s has no snapshot API (%s)" % (path or "the preloaded libspyreshim", e)
+            return None
         _lib, _lib_path = lib, path
         return lib
 
@@ -137,14 +140,19 @@ def _bind():
 def _need():
     lib = _bind()
     if lib is None:
-        raise Unavailable("libspyreshim is not preloaded into this process "
-                          "(run under `spyreshim run -- ...` or LD_PRELOAD=libspyreshim.so)")
+        raise Unavailable("%s (run under `spyreshim run -- ...` or LD_PRELOAD=libspyreshim.so)"
+                          % _why)
     return lib
 
 
 def available():
     """True when libspyreshim is loaded in this process (never loads it)."""
     return _bind() is not None
+
+
+def unavailable_reason():
+    """Why available() is False (None when it is True)."""
+    return None if _bind() is not None else _why
 
 
 def library_path():

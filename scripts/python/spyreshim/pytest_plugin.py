@@ -80,8 +80,8 @@ def pytest_sessionstart(session):
     c = _checker(session.config)
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
     if c is not None and not c.available and tr is not None:
-        tr.write_line("spyreshim: libspyreshim is not preloaded; device-memory leak checks are off "
-                      "(run pytest under `spyreshim run -- ...`)")
+        tr.write_line("spyreshim: %s; device-memory leak checks are off "
+                      "(run pytest under `spyreshim run -- ...`)" % spyreshim.unavailable_reason())
 
 
 def pytest_report_header(config):
