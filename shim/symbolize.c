@@ -221,8 +221,13 @@ static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
     if (!mod)
         return;
     const char *name = dw.module_addrname(mod, pc);
-    if (name)
-        out->function = keep_function(s, name);
+    if (name) {
+        /* .symtab names may carry a symbol version ("f@@GLIBC_2.34"). */
+        const char *at = strchr(name, '@');
+        char *bare = at ? strndup(name, (size_t)(at - name)) : NULL;
+        out->function = keep_function(s, bare ? bare : name);
+        free(bare);
+    }
     Dwfl_Line *line = dw.module_getsrc(mod, pc);
     if (line) {
         Dwarf_Addr a;
