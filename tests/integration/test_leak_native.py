@@ -225,3 +225,25 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     assert reports == [], "SPYRESHIM_REPORT must be ignored in secure mode"
     assert r.returncode == 23, "the suppressions file is ignored too: " + r.describe()
     assert "Leak of 3000 byte(s)" in r.stderr
+
+
+def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path):
+    steps = ["a:4M", "a:4M", "fill:1M", "F"]
+    r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
+                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
+    assert r.returncode == 0, "everything was freed before exit: " + r.describe()
+    err = r.stderr
+    assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
+    assert "Live: 8388608 byte(s) in 8 allocation(s) of simdev memory" in err, err
+    assert "Live: 8388608 byte(s) in 2 allocation(s) of simdev memory" in err, err
+    assert "simdev_ops.c:" in err
+    assert err.count("out of simdev memory") == 1, "one failure, one report"
+    oom = list(tmp_path.glob("report.*.json.oom"))
+    assert len(oom) == 1
+    d = json.loads(oom[0].read_text())
+    assert d["reason"] == "oom" and d["live_bytes"] == 16 * MiB and d["live_allocations"] == 10
+    assert data["live_bytes"] == 0
+
+    r, _, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
+                        env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 0})
+    assert "out of simdev memory" not in r.stderr
