@@ -134,9 +134,9 @@ def test_page_has_the_stacks_and_sizes(tmp_path):
                      DATA / "rank1_pid102.json")
     p = parse(out.read_text(encoding="utf-8"))
     text = "".join(p.text)
-    for s in ("in make_leak /t/leak.py:12 (python)",
+    for s in ("in make_leak /t/leak.py:12 [python]",
               "0x7f3a2c001234 in Tensor_init simdevmodule.c:88",
-              "in forward /job/model.py:77 (python)",
+              "in forward /job/model.py:77 [python]",
               "std::vector<float*>::push_back(float* const&)",
               "16777216", "16.0 MiB", "2097152", "2.0 MiB", "1048576",
               "pids 101, 102, 4242"):

@@ -223,80 +223,88 @@ def frame_label(f):
 
 
 def frame_text(f, address=True):
-    """One frame, LeakSanitizer-style, without the '#n' prefix. `address`
-    False leaves out the load address (meaningless for a group merged from
-    several processes)."""
+    """One frame as the shim prints it (LeakSanitizer's layout), without the
+    '#n' prefix. `address` False leaves out the load address (meaningless
+    for a group merged from several processes)."""
     if f["kind"] == "python":
-        where = f["file"] or "<unknown file>"
+        where = f["file"] or "<unknown>"
         if f["line"]:
             where += ":%d" % f["line"]
-        return "in %s %s (python)" % (f["function"] or "<unknown>", where)
+        return "in %s %s [python]" % (f["function"] or "<unknown>", where)
     parts = []
     if f["address"] and address:
         parts.append(f["address"])
-    parts.append("in %s" % (f["function"] or "??"))
+    if f["function"]:
+        parts.append("in %s" % f["function"])
     if f["file"]:
         parts.append("%s:%d" % (f["file"], f["line"]) if f["line"] else f["file"])
     if f["object"]:
         parts.append("(%s+%s)" % (f["object"], f["offset"] or "?"))
-    return " ".join(parts)
+    return " ".join(parts) or "<unknown frame>"
 
 
 def _plural(n, word):
     return "%d %s%s" % (n, word, "" if n == 1 else "s")
 
 
-def group_text(g, index=None, show_pids=False):
+def _leaks(merged):
+    """At exit what is live is a leak; on OOM or in a snapshot it is not."""
+    return all(r["reason"] == "exit" for r in merged["reports"])
+
+
+def group_text(g, leaks=True, show_pids=False):
     lines = []
-    head = "Live device memory: %d bytes (%s) in %s (%s)" % (
-        g["bytes"], format_size(g["bytes"]), _plural(g["count"], "allocation"), g["runtime"])
-    if show_pids and g.get("pids"):
-        head += ", pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
-                                ", ".join(str(p) for p in g["pids"]))
     if g["suppressed"]:
-        head += " [suppressed]"
-    lines.append(head + (", allocated from:" if g["frames"] else ", no stack recorded"))
+        what = "Suppressed:"
+    else:
+        what = "Leak of" if leaks else "Live:"
+    head = "%s %d byte(s) (%s) in %d allocation(s) of %s memory" % (
+        what, g["bytes"], format_size(g["bytes"]), g["count"], g["runtime"])
+    if show_pids and g.get("pids"):
+        head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
+                                  ", ".join(str(p) for p in g["pids"]))
+    lines.append(head + ", allocated from:")
     one_process = len(g.get("pids", ())) <= 1
     for i, f in enumerate(g["frames"]):
         lines.append("    #%d %s" % (i, frame_text(f, address=one_process)))
+    if not g["frames"]:
+        lines.append("    <no stack recorded>")
     return "\n".join(lines)
 
 
 def text(merged, top=0, show_suppressed=False):
-    """The LeakSanitizer-style report of a merged view, as one string."""
+    """The shim's text report (LeakSanitizer's layout) of a merged view."""
     reports = merged["reports"]
-    out = ["=" * 65]
-    if len(reports) == 1:
-        r = reports[0]
-        pid = "==%s== " % r["pid"] if r["pid"] is not None else ""
-        out.append("%sspyreshim: live device memory %s%s" % (
-            pid, REASONS.get(r["reason"], "(%s)" % r["reason"]),
-            " of %s" % r["exe"] if r["exe"] else ""))
-    else:
-        reasons = sorted(set(REASONS.get(r["reason"], r["reason"]) for r in reports))
-        out.append("spyreshim: live device memory %s, merged from %d reports (pids %s)" % (
-            " / ".join(reasons), len(reports),
-            ", ".join(str(r["pid"]) for r in reports if r["pid"] is not None) or "unknown"))
+    leaks = _leaks(merged)
     groups = [g for g in merged["groups"] if show_suppressed or not g["suppressed"]]
+    live = [g for g in groups if not g["suppressed"]]
+    if leaks and live:
+        headline = "ERROR: spyreshim: detected device memory leaks"
+    elif leaks:
+        headline = "spyreshim: no device memory leaks"
+    else:
+        reasons = sorted(set(REASONS.get(r["reason"], "(%s)" % r["reason"]) for r in reports))
+        headline = "spyreshim: live device memory %s" % " / ".join(reasons)
+    pids = [str(r["pid"]) for r in reports if r["pid"] is not None]
+    out = ["=" * 65, "==%s==%s" % (",".join(pids) or "?", headline)]
+    if len(reports) > 1:
+        out.append("(merged from %d reports: identical stacks summed)" % len(reports))
+    elif reports[0]["exe"]:
+        out.append("(%s)" % reports[0]["exe"])
     shown = groups[:top] if top and top > 0 else groups
-    if not groups:
-        out.append("")
-        out.append("No live device memory.")
     for g in shown:
         out.append("")
-        out.append(group_text(g, show_pids=len(reports) > 1))
+        out.append(group_text(g, leaks=leaks, show_pids=len(reports) > 1))
     rest = groups[len(shown):]
     if rest:
         out.append("")
-        out.append("... and %d more group%s (%d bytes, %s) not shown (--top %d)." % (
-            len(rest), "" if len(rest) == 1 else "s", sum(g["bytes"] for g in rest),
-            _plural(sum(g["count"] for g in rest), "allocation"), top))
-    out.append("")
-    summary = "SUMMARY: spyreshim: %d bytes (%s) live in %s" % (
-        merged["reported_bytes"], format_size(merged["reported_bytes"]),
-        _plural(merged["reported_allocations"], "allocation"))
+        out.append("... and %d more group(s): %d byte(s) in %d allocation(s) (--top %d)" % (
+            len(rest), sum(g["bytes"] for g in rest), sum(g["count"] for g in rest), top))
     if merged["suppressed_allocations"]:
-        summary += "; %d bytes in %s suppressed" % (
-            merged["suppressed_bytes"], _plural(merged["suppressed_allocations"], "allocation"))
-    out.append(summary + ".")
+        out.append("")
+        out.append("Suppressed: %d byte(s) in %d allocation(s) matched suppressions." % (
+            merged["suppressed_bytes"], merged["suppressed_allocations"]))
+    out.append("")
+    out.append("SUMMARY: spyreshim: %d byte(s) %s in %d allocation(s)." % (
+        merged["reported_bytes"], "leaked" if leaks else "live", merged["reported_allocations"]))
     return "\n".join(out) + "\n"
