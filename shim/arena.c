@@ -31,15 +31,17 @@
  *   fragmentation on the benchmark traces; speed did not change.
  * - The last region shrinks to what the limit and the runtime's free memory
  *   leave, as long as the request still fits.
- * - A request above half the next region size gets a dedicated region of
- *   exactly its (aligned) size, released to the runtime as soon as it is
- *   freed.
+ * - A request above half the next region size, when no free block fits it,
+ *   gets a dedicated region of its size class (its exact aligned size when
+ *   that is all the limit leaves).
  * - When the runtime refuses a region, smaller ones (halving, down to the
  *   request itself) are tried before giving up.
- * - At most one empty shared region is kept cached for reuse; a second one
- *   is released at once. shim_arena_trim releases cached ones (the owner
- *   calls it under pressure), and a request that cannot get a new region
- *   releases them and tries again before failing.
+ * - The region that became empty last, shared or dedicated, stays cached
+ *   for reuse (a loop that frees and reallocates a large tensor then costs
+ *   no runtime call); an older empty region is released at that moment.
+ *   shim_arena_trim releases cached ones (the owner calls it under
+ *   pressure), and a request that cannot get a new region releases them and
+ *   tries again before failing.
  */
 #include "arena.h"
 
@@ -327,6 +329,16 @@ static void region_release(shim_arena *a, uint32_t r, uint32_t n)
     a->free_region = r;
 }
 
+/* Releases cached empty region r (its one node is in a bin); returns bytes. */
+static size_t release_cached(shim_arena *a, uint32_t r)
+{
+    uint32_t n = a->regions[r].first;
+    size_t sz = a->regions[r].size;
+    bin_remove(a, n);
+    region_release(a, r, n);
+    return sz;
+}
+
 static size_t align_down(const shim_arena *a, size_t x)
 {
     return x & ~(((size_t)1 << a->shift) - 1);
@@ -380,9 +392,12 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     size_t rs = next_region_size(a);
     if (rs > ((size_t)MAX_UNITS << a->shift))
         rs = (size_t)MAX_UNITS << a->shift;
+    /* A dedicated region has the request's bin size, so that the same
+     * request finds it again once it is freed and cached; near the limit,
+     * the request's exact size. */
     bool dedicated = exact > rs / 2 || need > room;
     if (dedicated) {
-        rs = exact;
+        rs = need > room ? exact : need;
     } else {
         if (rs > room)
             rs = room;
@@ -391,17 +406,24 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
             align_down(a, fr) >= need && rs > align_down(a, fr))
             rs = align_down(a, fr);
     }
+    /* Refused: halve down to what the request needs, and as a last resort
+     * its exact aligned size (the runtime may have room for the request but
+     * not for a whole region, nor for the request's size class). */
     uintptr_t addr = 0;
-    for (;;) {
-        if (a->be.reserve(a->be.ctx, rs, &addr) == 0)
-            break;
-        size_t min = dedicated ? exact : need;
-        if (rs <= min)
+    size_t min = dedicated ? exact : need;
+    while (a->be.reserve(a->be.ctx, rs, &addr) != 0) {
+        if (rs > min) {
+            rs = align_down(a, rs / 2);
+            if (rs < min)
+                rs = min;
+        } else if (rs > exact) {
+            rs = exact;
+        } else {
             return NIL;
-        rs = align_down(a, rs / 2);
-        if (rs < min)
-            rs = min;
+        }
     }
+    if (rs < need)
+        dedicated = true;
 
     uint32_t r = a->free_region;
     region *g = &a->regions[r];
@@ -559,12 +581,11 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
         n = p;
     }
     if (n->addr_prev == NIL && n->addr_next == NIL) {
-        uint32_t r = n->region;
-        if (a->regions[r].dedicated || a->c.empty_regions >= KEEP_EMPTY_REGIONS) {
-            region_release(a, r, i);
-            return bytes;
-        }
-        set_empty(a, r, true);
+        /* The region is empty: it stays cached, and older empty regions
+         * beyond the cache's size go back to the runtime. */
+        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
+            release_cached(a, a->empty_head);
+        set_empty(a, n->region, true);
     }
     bin_insert(a, i);
     return bytes;
@@ -597,14 +618,8 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
 size_t shim_arena_trim(shim_arena *a, size_t keep)
 {
     size_t released = 0;
-    while (a->empty_head != NIL && a->c.empty_bytes > keep) {
-        uint32_t r = a->empty_head;
-        uint32_t n = a->regions[r].first;
-        size_t sz = a->regions[r].size;
-        bin_remove(a, n);
-        region_release(a, r, n);
-        released += sz;
-    }
+    while (a->empty_head != NIL && a->c.empty_bytes > keep)
+        released += release_cached(a, a->empty_head);
     return released;
 }
 
