@@ -48,7 +48,7 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);
 /* What `addr` is, for diagnostics of a pointer that is not in the live
- * table; *region_base/*region_size describe the region when it is in one. */
+ * table; *region_base and *region_size describe the region when it is in one. */
 enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
                                          uintptr_t *region_base, size_t *region_size);
 /* Gives empty regions back to the runtime until at most `keep` bytes of

@@ -1,0 +1,73 @@
+/* Interposition of a runtime's allocation entry points.
+ *
+ * Every runtime has the same three roles (allocate, free, memory info), with
+ * the shapes of cudaMalloc/cudaFree/cudaMemGetInfo. A runtime's file (one
+ * per runtime) lists its entry points once, as a table, and the macros here
+ * generate the exported wrappers, the real-function slots and their
+ * resolution:
+ *
+ *     #define ENTRY_POINTS(X) \
+ *         X(MALLOC, simdevMalloc) X(FREE, simdevFree) X(MEMINFO, simdevMemGetInfo)
+ *     SHIM_HOOK_RUNTIME("simdev", ENTRY_POINTS, 1, 2, 256)
+ *
+ * No runtime header is needed at build time: the prototypes are ours. */
+#ifndef SHIM_HOOKS_H
+#define SHIM_HOOKS_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include "device.h"
+
+/* Finds the real definition of `name`: the next object after us in the
+ * global scope, else an already-loaded object that defines it in a local
+ * scope (an extension module and the runtime it depends on are opened
+ * RTLD_LOCAL). Never loads anything. NULL when nothing defines it. */
+void *shim_resolve_real(const char *name);
+
+enum { SHIM_ROLE_MALLOC, SHIM_ROLE_FREE, SHIM_ROLE_MEMINFO, SHIM_ROLES };
+
+typedef struct shim_hook_slots {
+    const char *names[SHIM_ROLES];
+    shim_runtime rt;
+    pthread_mutex_t mu;            /* serializes resolution */
+    _Atomic(shim_device *) device; /* set once everything is resolved */
+} shim_hook_slots;
+
+/* The device behind `s`, resolving the real functions on first use; NULL
+ * while the runtime cannot be found (the next call tries again). */
+shim_device *shim_hook_device(shim_hook_slots *s);
+
+#define SHIM_HOOK_NAME_(role, sym) [SHIM_ROLE_##role] = #sym,
+
+#define SHIM_HOOK_WRAP_MALLOC(sym)                                                \
+    __attribute__((visibility("default"))) int sym(void **ptr, size_t size)       \
+    {                                                                             \
+        shim_device *d = shim_hook_device(&slots);                                \
+        return d ? shim_device_malloc(d, ptr, size) : slots.rt.err_invalid;      \
+    }
+#define SHIM_HOOK_WRAP_FREE(sym)                                                  \
+    __attribute__((visibility("default"))) int sym(void *ptr)                     \
+    {                                                                             \
+        shim_device *d = shim_hook_device(&slots);                                \
+        return d ? shim_device_free(d, ptr) : slots.rt.err_invalid;              \
+    }
+#define SHIM_HOOK_WRAP_MEMINFO(sym)                                               \
+    __attribute__((visibility("default"))) int sym(size_t *free, size_t *total)  \
+    {                                                                             \
+        shim_device *d = shim_hook_device(&slots);                                \
+        return d ? shim_device_mem_info(d, free, total) : slots.rt.err_invalid;  \
+    }
+#define SHIM_HOOK_WRAP_(role, sym) SHIM_HOOK_WRAP_##role(sym)
+
+/* One per runtime file: the slots (named `slots`) and the wrappers. */
+#define SHIM_HOOK_RUNTIME(label, ENTRY_POINTS, einval, eoom, align)               \
+    static shim_hook_slots slots = {                                              \
+        .names = {ENTRY_POINTS(SHIM_HOOK_NAME_)},                                 \
+        .rt = {.name = label, .err_invalid = einval, .err_oom = eoom,            \
+               .alignment = align},                                               \
+        .mu = PTHREAD_MUTEX_INITIALIZER,                                          \
+    };                                                                            \
+    ENTRY_POINTS(SHIM_HOOK_WRAP_)
+
+#endif

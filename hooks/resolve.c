@@ -1,0 +1,121 @@
+/* Finding a runtime's real entry points without ever loading a runtime.
+ *
+ * dlsym(RTLD_NEXT) covers a runtime in the global scope (a program linked
+ * against it). When a Python extension module is imported, it and the
+ * runtime it depends on are opened RTLD_LOCAL: the extension's calls still
+ * bind to our preloaded wrappers (the global scope comes first), but
+ * RTLD_NEXT cannot see the real ones. Then we walk the loaded objects and
+ * ask each, through a RTLD_NOLOAD handle, for the symbol. Nothing is loaded
+ * by name: libcudart may be in the loader cache and must not be pulled into
+ * a process that did not load it. Never called with an allocator lock
+ * held. */
+#include <dlfcn.h>
+#include <link.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hooks.h"
+#include "log.h"
+
+struct paths {
+    char **v;
+    size_t n, cap;
+};
+
+static int collect(struct dl_phdr_info *info, size_t size, void *user)
+{
+    (void)size;
+    struct paths *p = user;
+    if (!info->dlpi_name || !info->dlpi_name[0])
+        return 0; /* the executable: already covered by RTLD_NEXT */
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        char **v = realloc(p->v, cap * sizeof *v);
+        if (!v)
+            return 1;
+        p->v = v;
+        p->cap = cap;
+    }
+    p->v[p->n] = strdup(info->dlpi_name);
+    if (p->v[p->n])
+        p->n++;
+    return 0;
+}
+
+static const char *self_path(void)
+{
+    static const char *path;
+    if (!path) {
+        Dl_info di;
+        if (dladdr((void *)shim_resolve_real, &di) && di.dli_fname)
+            path = di.dli_fname;
+        else
+            path = "";
+    }
+    return path;
+}
+
+static bool is_ours(void *addr)
+{
+    Dl_info di;
+    return dladdr(addr, &di) && di.dli_fname && !strcmp(di.dli_fname, self_path());
+}
+
+void *shim_resolve_real(const char *name)
+{
+    void *f = dlsym(RTLD_NEXT, name);
+    if (f && !is_ours(f))
+        return f;
+
+    /* Paths first, dlopen after: no loader calls inside dl_iterate_phdr's
+     * callback, which runs under the loader's own lock. */
+    struct paths p = {0};
+    dl_iterate_phdr(collect, &p);
+    f = NULL;
+    for (size_t i = 0; i < p.n; i++) {
+        if (!f && strcmp(p.v[i], self_path()) != 0) {
+            void *h = dlopen(p.v[i], RTLD_LAZY | RTLD_NOLOAD | RTLD_LOCAL);
+            if (h) {
+                void *cand = dlsym(h, name);
+                if (cand && !is_ours(cand)) {
+                    f = cand;
+                    shim_debug("resolved %s in %s (local scope)", name, p.v[i]);
+                }
+                dlclose(h);
+            }
+        }
+        free(p.v[i]);
+    }
+    free(p.v);
+    return f;
+}
+
+shim_device *shim_hook_device(shim_hook_slots *s)
+{
+    shim_device *d = atomic_load_explicit(&s->device, memory_order_acquire);
+    if (d)
+        return d;
+    pthread_mutex_lock(&s->mu);
+    d = atomic_load_explicit(&s->device, memory_order_relaxed);
+    if (!d) {
+        void *f[SHIM_ROLES];
+        bool all = true;
+        for (int r = 0; r < SHIM_ROLES; r++)
+            all &= (f[r] = shim_resolve_real(s->names[r])) != NULL;
+        if (all) {
+            s->rt.real_malloc = (int (*)(void **, size_t))f[SHIM_ROLE_MALLOC];
+            s->rt.real_free = (int (*)(void *))f[SHIM_ROLE_FREE];
+            s->rt.real_mem_info = (int (*)(size_t *, size_t *))f[SHIM_ROLE_MEMINFO];
+            d = shim_device_get(&s->rt);
+            atomic_store_explicit(&s->device, d, memory_order_release);
+        } else {
+            static _Atomic bool warned;
+            if (!atomic_exchange(&warned, true))
+                shim_warn("%s: the runtime's real %s was not found in the process; "
+                          "calls fail with 'invalid value'", s->rt.name,
+                          f[SHIM_ROLE_MALLOC] ? s->names[SHIM_ROLE_FREE] : s->names[SHIM_ROLE_MALLOC]);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return d;
+}

@@ -1,0 +1,25 @@
+#!/bin/bash
+# Installs the Debian packages the build, the tests and the demo need, when
+# missing (as root, on Debian 12). Nothing is downloaded from anywhere else.
+set -euo pipefail
+pkgs=(
+  meson ninja-build gcc g++ pkg-config
+  libcriterion-dev libunwind-dev libjemalloc2 libjemalloc-dev
+  python3 python3-dev python3-pytest python3.11-dbg
+  pypy3 pypy3-dev
+  chromium heaptrack
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}" >&2
+  if [ "$(id -u)" != 0 ]; then
+    echo "deps: not root; install these packages first: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

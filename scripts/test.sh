@@ -1,0 +1,10 @@
+#!/bin/bash
+# The test command: installs what is missing, builds, runs the unit tests
+# (Criterion, through meson test) and the integration tests (pytest).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+export SPYRESHIM_BUILD=${SPYRESHIM_BUILD:-$PWD/build}
+scripts/build.sh
+meson test -C "$SPYRESHIM_BUILD" --print-errorlogs --suite unit
+/usr/bin/python3 -m pytest -p no:cacheprovider -rs tests/integration "$@"

@@ -1,0 +1,600 @@
+/* The region allocator: regions reserved from a runtime through a backend,
+ * suballocated into blocks with O(1) two-level size-class bins.
+ *
+ * Owns: the node array (one node per block, free or live, addressed by a
+ * uint32 index), the bins, the regions and their address-sorted index.
+ * Guarded by: the owner's allocator lock (device.c); nothing here locks.
+ * Never: dereferences a device address (all metadata is host memory), or
+ * calls back into the shim (the backend is the only way out).
+ *
+ * Bins. Sizes are counted in units of the backend's alignment. A size u
+ * below SL_COUNT units has a bin of its own; above, a bin is a power-of-two
+ * range [2^e, 2^(e+1)) split into SL_COUNT equal sub-bins, so a bin's lower
+ * bound is within 1/SL_COUNT of any size in it. Every request is rounded up
+ * to the lower bound of the next bin, so that any free block in that bin or
+ * above fits (no search inside a bin) and so that the blocks carved out come
+ * in a few shared sizes, which merge and get reused well. A bitmap of the
+ * first-level ranges and one bitmap of sub-bins per range find the smallest
+ * non-empty fitting bin with two count-trailing-zeros.
+ *
+ * Free merges both address neighbours when they are free; a node spanning
+ * its whole region (no neighbours) means the region is empty, in O(1).
+ *
+ * Region-size policy (see docs/allocator.md, "Regions"):
+ * - The capacity is the runtime's total (backend mem_info) capped by the
+ *   limit. The base region size is capacity/64 rounded down to a power of
+ *   two, clamped to [2 MiB, 64 MiB]; once more is reserved, a new region is
+ *   reserved/REGION_GROWTH_DIV so the number of regions grows slowly while
+ *   the slack in the last region stays a small fraction of the total.
+ * - The last region shrinks to what the limit and the runtime's free memory
+ *   leave, as long as the request still fits.
+ * - A request above half the next region size gets a dedicated region of
+ *   exactly its (aligned) size, released to the runtime as soon as it is
+ *   freed.
+ * - When the runtime refuses a region, smaller ones (halving, down to the
+ *   request itself) are tried before giving up.
+ * - At most one empty shared region is kept cached for reuse; a second one
+ *   is released at once. shim_arena_trim releases cached ones (the owner
+ *   calls it under pressure), and a request that cannot get a new region
+ *   releases them and tries again before failing.
+ */
+#include "arena.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef SHIM_ARENA_SL_BITS
+#define SHIM_ARENA_SL_BITS 5
+#endif
+#define SL_BITS SHIM_ARENA_SL_BITS
+#define SL_COUNT (1u << SL_BITS)
+#define FL_COUNT (64 - SL_BITS + 1)
+#define BIN_COUNT (FL_COUNT * SL_COUNT)
+#define NIL UINT32_MAX
+
+#define MIB ((size_t)1 << 20)
+#define REGION_MIN (2 * MIB)
+#define REGION_BASE_MAX (64 * MIB)
+#ifndef REGION_GROWTH_DIV
+#define REGION_GROWTH_DIV 16
+#endif
+#define KEEP_EMPTY_REGIONS 1
+/* Requests above this many bytes are refused outright: the bin arithmetic
+ * must not overflow, and no runtime has this much memory. */
+#define MAX_REQUEST ((size_t)1 << 56)
+
+enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE };
+
+typedef struct node {
+    uintptr_t addr;
+    uint64_t size;                 /* bytes */
+    uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
+    uint32_t bin_prev, bin_next;   /* free list of the bin; bin_next chains unused slots */
+    uint32_t region;
+    uint32_t state;
+} node;
+
+typedef struct region {
+    uintptr_t base;
+    size_t size;
+    uint32_t first;                /* node at base: merges keep the lower node */
+    uint32_t empty_prev, empty_next; /* list of cached empty regions */
+    bool dedicated, empty, in_use;
+} region;
+
+struct shim_arena {
+    shim_region_backend be;
+    unsigned shift;                /* log2(alignment) */
+    size_t limit;
+    size_t fixed_region;           /* 0 = adaptive */
+    size_t capacity;               /* 0 until first asked */
+
+    uint64_t fl_map;
+    uint64_t sl_map[FL_COUNT];
+    uint32_t heads[BIN_COUNT];
+
+    node *nodes;
+    uint32_t nodes_cap, nodes_used, free_slot;
+
+    region *regions;
+    uint32_t regions_cap, free_region;
+    uint32_t *sorted;              /* region ids by base address */
+    uint32_t nsorted;
+    uint32_t empty_head;           /* cached empty regions */
+
+    shim_arena_counters c;
+};
+
+/* ---- bins ---------------------------------------------------------- */
+
+static inline uint32_t bin_floor(uint64_t u)
+{
+    if (u < SL_COUNT)
+        return (uint32_t)u;
+    unsigned fl = 63u - (unsigned)__builtin_clzll(u);
+    unsigned shift = fl - SL_BITS;
+    uint32_t mant = (uint32_t)(u >> shift) & (SL_COUNT - 1);
+    return ((fl - SL_BITS + 1) << SL_BITS) | mant;
+}
+
+static inline uint64_t bin_size(uint32_t b)
+{
+    uint32_t e = b >> SL_BITS, m = b & (SL_COUNT - 1);
+    if (e == 0)
+        return m;
+    return (uint64_t)(SL_COUNT | m) << (e - 1);
+}
+
+static inline uint32_t bin_ceil(uint64_t u)
+{
+    uint32_t b = bin_floor(u);
+    return bin_size(b) < u ? b + 1 : b;
+}
+
+static void bin_insert(shim_arena *a, uint32_t i)
+{
+    node *n = &a->nodes[i];
+    uint32_t b = bin_floor(n->size >> a->shift);
+    uint32_t head = a->heads[b];
+    n->state = NODE_FREE;
+    n->bin_prev = NIL;
+    n->bin_next = head;
+    if (head != NIL)
+        a->nodes[head].bin_prev = i;
+    a->heads[b] = i;
+    a->fl_map |= 1ull << (b >> SL_BITS);
+    a->sl_map[b >> SL_BITS] |= 1ull << (b & (SL_COUNT - 1));
+}
+
+static void bin_remove(shim_arena *a, uint32_t i)
+{
+    node *n = &a->nodes[i];
+    if (n->bin_prev != NIL) {
+        a->nodes[n->bin_prev].bin_next = n->bin_next;
+    } else {
+        uint32_t b = bin_floor(n->size >> a->shift);
+        a->heads[b] = n->bin_next;
+        if (n->bin_next == NIL) {
+            uint32_t fl = b >> SL_BITS;
+            a->sl_map[fl] &= ~(1ull << (b & (SL_COUNT - 1)));
+            if (a->sl_map[fl] == 0)
+                a->fl_map &= ~(1ull << fl);
+        }
+    }
+    if (n->bin_next != NIL)
+        a->nodes[n->bin_next].bin_prev = n->bin_prev;
+}
+
+/* The head of the smallest non-empty bin >= b, or NIL. */
+static uint32_t bin_find(const shim_arena *a, uint32_t b)
+{
+    uint32_t fl = b >> SL_BITS, sl = b & (SL_COUNT - 1);
+    if (fl >= FL_COUNT)
+        return NIL;
+    uint64_t m = a->sl_map[fl] & (~0ull << sl);
+    if (m == 0) {
+        if (fl + 1 >= FL_COUNT)
+            return NIL;
+        uint64_t f = a->fl_map & (~0ull << (fl + 1));
+        if (f == 0)
+            return NIL;
+        fl = (uint32_t)__builtin_ctzll(f);
+        m = a->sl_map[fl];
+    }
+    return a->heads[(fl << SL_BITS) | (uint32_t)__builtin_ctzll(m)];
+}
+
+/* ---- node slots ---------------------------------------------------- */
+
+/* Makes sure `k` slots can be taken without failing. */
+static bool nodes_reserve(shim_arena *a, uint32_t k)
+{
+    if (a->free_slot != NIL && k <= 1)
+        return true;
+    if (a->nodes_used + k <= a->nodes_cap)
+        return true;
+    uint32_t cap = a->nodes_cap ? a->nodes_cap : 1024;
+    while (cap < a->nodes_used + k) {
+        if (cap > UINT32_MAX / 2)
+            return false;
+        cap *= 2;
+    }
+    node *nn = realloc(a->nodes, (size_t)cap * sizeof *nn);
+    if (!nn)
+        return false;
+    a->nodes = nn;
+    a->nodes_cap = cap;
+    return true;
+}
+
+static uint32_t node_take(shim_arena *a)
+{
+    uint32_t i = a->free_slot;
+    if (i != NIL)
+        a->free_slot = a->nodes[i].bin_next;
+    else
+        i = a->nodes_used++;
+    return i;
+}
+
+static void node_drop(shim_arena *a, uint32_t i)
+{
+    a->nodes[i].state = NODE_UNUSED;
+    a->nodes[i].bin_next = a->free_slot;
+    a->free_slot = i;
+}
+
+/* ---- counters ------------------------------------------------------ */
+
+static inline void add_used(shim_arena *a, uint64_t n)
+{
+    a->c.used_bytes += n;
+    if (a->c.used_bytes > a->c.peak_used_bytes)
+        a->c.peak_used_bytes = a->c.used_bytes;
+}
+
+static void set_empty(shim_arena *a, uint32_t r, bool empty)
+{
+    region *g = &a->regions[r];
+    if (g->empty == empty)
+        return;
+    g->empty = empty;
+    if (empty) {
+        g->empty_prev = NIL;
+        g->empty_next = a->empty_head;
+        if (a->empty_head != NIL)
+            a->regions[a->empty_head].empty_prev = r;
+        a->empty_head = r;
+        a->c.empty_regions++;
+        a->c.empty_bytes += g->size;
+    } else {
+        if (g->empty_prev != NIL)
+            a->regions[g->empty_prev].empty_next = g->empty_next;
+        else
+            a->empty_head = g->empty_next;
+        if (g->empty_next != NIL)
+            a->regions[g->empty_next].empty_prev = g->empty_prev;
+        a->c.empty_regions--;
+        a->c.empty_bytes -= g->size;
+    }
+}
+
+/* ---- regions ------------------------------------------------------- */
+
+/* Position of the first region whose base is > addr. */
+static uint32_t sorted_upper(const shim_arena *a, uintptr_t addr)
+{
+    uint32_t lo = 0, hi = a->nsorted;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (a->regions[a->sorted[mid]].base <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static bool regions_reserve(shim_arena *a)
+{
+    if (a->free_region != NIL)
+        return true;
+    uint32_t cap = a->regions_cap ? a->regions_cap * 2 : 16;
+    region *nr = realloc(a->regions, (size_t)cap * sizeof *nr);
+    if (!nr)
+        return false;
+    a->regions = nr;
+    uint32_t *ns = realloc(a->sorted, (size_t)cap * sizeof *ns);
+    if (!ns)
+        return false;
+    a->sorted = ns;
+    for (uint32_t i = cap; i-- > a->regions_cap;) {
+        a->regions[i].in_use = false;
+        a->regions[i].empty_next = a->free_region;
+        a->free_region = i;
+    }
+    a->regions_cap = cap;
+    return true;
+}
+
+/* Releases region r, whose single free node is `n` (not in a bin). */
+static void region_release(shim_arena *a, uint32_t r, uint32_t n)
+{
+    region *g = &a->regions[r];
+    set_empty(a, r, false);
+    node_drop(a, n);
+    uint32_t pos = sorted_upper(a, g->base) - 1;
+    memmove(&a->sorted[pos], &a->sorted[pos + 1], (a->nsorted - pos - 1) * sizeof *a->sorted);
+    a->nsorted--;
+    a->be.release(a->be.ctx, g->base, g->size);
+    a->c.reserved_bytes -= g->size;
+    a->c.regions--;
+    a->c.regions_released++;
+    g->in_use = false;
+    g->empty_next = a->free_region;
+    a->free_region = r;
+}
+
+static size_t align_down(const shim_arena *a, size_t x)
+{
+    return x & ~(((size_t)1 << a->shift) - 1);
+}
+
+static size_t pow2_floor(size_t x)
+{
+    return x ? (size_t)1 << (63 - __builtin_clzll(x)) : 0;
+}
+
+static size_t capacity(shim_arena *a)
+{
+    if (a->capacity == 0) {
+        size_t fr = 0, total = 0;
+        if (!a->be.mem_info || a->be.mem_info(a->be.ctx, &fr, &total) != 0 || total == 0)
+            total = SIZE_MAX;
+        a->capacity = (a->limit && a->limit < total) ? a->limit : total;
+    }
+    return a->capacity;
+}
+
+/* The size of the next shared region, before the limit and the runtime's
+ * free memory cut it. */
+static size_t next_region_size(shim_arena *a)
+{
+    if (a->fixed_region)
+        return a->fixed_region;
+    size_t cap = capacity(a);
+    size_t base = pow2_floor(cap / 64);
+    if (base < REGION_MIN)
+        base = REGION_MIN;
+    if (base > REGION_BASE_MAX)
+        base = REGION_BASE_MAX;
+    size_t grow = (size_t)(a->c.reserved_bytes / REGION_GROWTH_DIV);
+    grow = (grow + REGION_MIN - 1) & ~(REGION_MIN - 1);
+    return align_down(a, grow > base ? grow : base);
+}
+
+/* Reserves a region able to hold `need` bytes (bin-rounded) or at least
+ * `exact` (aligned) bytes; inserts its single free node and returns it
+ * (not in a bin), or NIL. */
+static uint32_t grow(shim_arena *a, size_t need, size_t exact)
+{
+    if (!regions_reserve(a) || !nodes_reserve(a, 2))
+        return NIL;
+    size_t room = SIZE_MAX;
+    if (a->limit)
+        room = a->limit > a->c.reserved_bytes ? align_down(a, a->limit - a->c.reserved_bytes) : 0;
+    if (exact > room)
+        return NIL;
+    size_t rs = next_region_size(a);
+    bool dedicated = exact > rs / 2 || need > room;
+    if (dedicated) {
+        rs = exact;
+    } else {
+        if (rs > room)
+            rs = room;
+        size_t fr, total;
+        if (a->be.mem_info && a->be.mem_info(a->be.ctx, &fr, &total) == 0 &&
+            align_down(a, fr) >= need && rs > align_down(a, fr))
+            rs = align_down(a, fr);
+    }
+    uintptr_t addr = 0;
+    for (;;) {
+        if (a->be.reserve(a->be.ctx, rs, &addr) == 0)
+            break;
+        size_t min = dedicated ? exact : need;
+        if (rs <= min)
+            return NIL;
+        rs = align_down(a, rs / 2);
+        if (rs < min)
+            rs = min;
+    }
+
+    uint32_t r = a->free_region;
+    region *g = &a->regions[r];
+    a->free_region = g->empty_next;
+    uint32_t i = node_take(a);
+    *g = (region){ .base = addr, .size = rs, .first = i, .empty_prev = NIL, .empty_next = NIL,
+                   .dedicated = dedicated, .empty = false, .in_use = true };
+    a->nodes[i] = (node){ .addr = addr, .size = rs, .addr_prev = NIL, .addr_next = NIL,
+                          .bin_prev = NIL, .bin_next = NIL, .region = r, .state = NODE_FREE };
+    uint32_t pos = sorted_upper(a, addr);
+    memmove(&a->sorted[pos + 1], &a->sorted[pos], (a->nsorted - pos) * sizeof *a->sorted);
+    a->sorted[pos] = r;
+    a->nsorted++;
+    a->c.reserved_bytes += rs;
+    if (a->c.reserved_bytes > a->c.peak_reserved_bytes)
+        a->c.peak_reserved_bytes = a->c.reserved_bytes;
+    a->c.regions++;
+    a->c.regions_reserved++;
+    return i;
+}
+
+/* ---- public -------------------------------------------------------- */
+
+shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_t region_size)
+{
+    if (!be || !be->reserve || !be->release || be->alignment == 0 ||
+        (be->alignment & (be->alignment - 1)) != 0)
+        return NULL;
+    shim_arena *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+    a->be = *be;
+    a->shift = (unsigned)__builtin_ctzll(be->alignment);
+    a->limit = limit ? align_down(a, limit) : 0;
+    if (region_size) {
+        a->fixed_region = align_down(a, region_size);
+        if (a->fixed_region == 0)
+            a->fixed_region = be->alignment;
+    }
+    for (uint32_t b = 0; b < BIN_COUNT; b++)
+        a->heads[b] = NIL;
+    a->free_slot = NIL;
+    a->free_region = NIL;
+    a->empty_head = NIL;
+    return a;
+}
+
+void shim_arena_destroy(shim_arena *a)
+{
+    if (!a)
+        return;
+    for (uint32_t k = 0; k < a->nsorted; k++) {
+        region *g = &a->regions[a->sorted[k]];
+        a->be.release(a->be.ctx, g->base, g->size);
+    }
+    free(a->sorted);
+    free(a->regions);
+    free(a->nodes);
+    free(a);
+}
+
+/* Takes `take` bytes from the start of free node i (already out of its bin). */
+static void carve(shim_arena *a, uint32_t i, uint64_t take)
+{
+    node *n = &a->nodes[i];
+    uint64_t rest = n->size - take;
+    if (rest >= ((uint64_t)1 << a->shift)) {
+        uint32_t j = node_take(a);
+        n = &a->nodes[i];
+        node *m = &a->nodes[j];
+        m->addr = n->addr + take;
+        m->size = rest;
+        m->addr_prev = i;
+        m->addr_next = n->addr_next;
+        m->region = n->region;
+        if (n->addr_next != NIL)
+            a->nodes[n->addr_next].addr_prev = j;
+        n->addr_next = j;
+        n->size = take;
+        bin_insert(a, j);
+    }
+    n->state = NODE_LIVE;
+}
+
+int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
+{
+    if (size > MAX_REQUEST)
+        return -1;
+    uint64_t unit = (uint64_t)1 << a->shift;
+    uint64_t u = (size + unit - 1) >> a->shift;
+    if (u == 0)
+        u = 1;
+    uint32_t b = bin_ceil(u);
+    uint64_t need = bin_size(b) << a->shift;
+    if (!nodes_reserve(a, 1))
+        return -1;
+    uint32_t i = bin_find(a, b);
+    if (i != NIL) {
+        bin_remove(a, i);
+        set_empty(a, a->nodes[i].region, false);
+    } else {
+        i = grow(a, need, u << a->shift);
+        if (i == NIL && a->c.empty_bytes) {
+            shim_arena_trim(a, 0);
+            i = grow(a, need, u << a->shift);
+        }
+        if (i == NIL)
+            return -1;
+        if (a->regions[a->nodes[i].region].dedicated)
+            need = a->nodes[i].size;
+    }
+    carve(a, i, need);
+    node *n = &a->nodes[i];
+    add_used(a, n->size);
+    *addr = n->addr;
+    *node_out = i;
+    *taken = n->size;
+    return 0;
+}
+
+size_t shim_arena_free_node(shim_arena *a, uint32_t i)
+{
+    if (i >= a->nodes_used || a->nodes[i].state != NODE_LIVE)
+        return 0;
+    node *n = &a->nodes[i];
+    size_t bytes = n->size;
+    a->c.used_bytes -= bytes;
+    n->state = NODE_FREE;
+
+    uint32_t nx = n->addr_next;
+    if (nx != NIL && a->nodes[nx].state == NODE_FREE) {
+        bin_remove(a, nx);
+        node *m = &a->nodes[nx];
+        n->size += m->size;
+        n->addr_next = m->addr_next;
+        if (m->addr_next != NIL)
+            a->nodes[m->addr_next].addr_prev = i;
+        node_drop(a, nx);
+    }
+    uint32_t pv = n->addr_prev;
+    if (pv != NIL && a->nodes[pv].state == NODE_FREE) {
+        bin_remove(a, pv);
+        node *p = &a->nodes[pv];
+        p->size += n->size;
+        p->addr_next = n->addr_next;
+        if (n->addr_next != NIL)
+            a->nodes[n->addr_next].addr_prev = pv;
+        node_drop(a, i);
+        i = pv;
+        n = p;
+    }
+    if (n->addr_prev == NIL && n->addr_next == NIL) {
+        uint32_t r = n->region;
+        if (a->regions[r].dedicated || a->c.empty_regions >= KEEP_EMPTY_REGIONS) {
+            region_release(a, r, i);
+            return bytes;
+        }
+        set_empty(a, r, true);
+    }
+    bin_insert(a, i);
+    return bytes;
+}
+
+enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
+                                         uintptr_t *region_base, size_t *region_size)
+{
+    uint32_t pos = sorted_upper(a, addr);
+    if (pos == 0)
+        return SHIM_ADDR_OUTSIDE;
+    const region *g = &a->regions[a->sorted[pos - 1]];
+    if (addr - g->base >= g->size)
+        return SHIM_ADDR_OUTSIDE;
+    if (region_base)
+        *region_base = g->base;
+    if (region_size)
+        *region_size = g->size;
+    for (uint32_t i = g->first; i != NIL; i = a->nodes[i].addr_next) {
+        const node *n = &a->nodes[i];
+        if (addr - n->addr < n->size) {
+            if (addr != n->addr)
+                return SHIM_ADDR_INTERIOR;
+            return n->state == NODE_LIVE ? SHIM_ADDR_LIVE_START : SHIM_ADDR_FREE_START;
+        }
+    }
+    return SHIM_ADDR_INTERIOR; /* unreachable: the nodes tile the region */
+}
+
+size_t shim_arena_trim(shim_arena *a, size_t keep)
+{
+    size_t released = 0;
+    while (a->empty_head != NIL && a->c.empty_bytes > keep) {
+        uint32_t r = a->empty_head;
+        uint32_t n = a->regions[r].first;
+        size_t sz = a->regions[r].size;
+        bin_remove(a, n);
+        region_release(a, r, n);
+        released += sz;
+    }
+    return released;
+}
+
+void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c)
+{
+    *c = a->c;
+}
+
+size_t shim_arena_limit(const shim_arena *a)
+{
+    return a->limit;
+}

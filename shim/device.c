@@ -1,0 +1,410 @@
+/* One intercepted runtime: its arena, its live table, its allocator lock
+ * and its pressure state. Every entry point of hooks/ lands here.
+ *
+ * Lock: `lock` guards the arena, the table, the pressure state and the
+ * counters below. It is held across the runtime's own region reserve and
+ * release (so a region cannot be handed out twice), never across stack
+ * capture, logging of leak reports, or a foreign pointer's real free.
+ * Never dereferences a device address. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+#include "device.h"
+#include "leak.h"
+#include "lock.h"
+#include "log.h"
+#include "options.h"
+#include "pressure.h"
+
+struct shim_device {
+    const shim_runtime *rt;
+    spyreshim_lock lock;
+    shim_arena *arena;
+    shim_table *table;
+    shim_region_backend backend;
+    shim_pressure_state ps;
+    /* Guarded by lock. */
+    uint64_t allocs, frees, failed, invalid_frees, foreign_frees;
+    uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
+};
+
+static pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
+static shim_device *devices[SHIM_MAX_DEVICES];
+static _Atomic size_t ndevices;
+static _Atomic uint64_t seq_counter;
+
+static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
+{
+    shim_device *d = ctx;
+    void *p = NULL;
+    int rc = d->rt->real_malloc(&p, size);
+    if (rc != 0 || !p)
+        return rc ? rc : d->rt->err_oom;
+    *addr = (uintptr_t)p;
+    shim_debug("%s: reserved region %p + %zu", d->rt->name, p, size);
+    return 0;
+}
+
+static void backend_release(void *ctx, uintptr_t addr, size_t size)
+{
+    shim_device *d = ctx;
+    int rc = d->rt->real_free((void *)addr);
+    if (rc != 0)
+        shim_warn("%s: the runtime refused to free region %#lx + %zu (error %d)",
+                  d->rt->name, (unsigned long)addr, size, rc);
+    else
+        shim_debug("%s: released region %#lx + %zu", d->rt->name, (unsigned long)addr, size);
+}
+
+static int backend_mem_info(void *ctx, size_t *free, size_t *total)
+{
+    shim_device *d = ctx;
+    return d->rt->real_mem_info(free, total);
+}
+
+static shim_device *device_create(const shim_runtime *rt)
+{
+    shim_device *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->rt = rt;
+    shim_lock_init(&d->lock);
+    shim_pressure_state_init(&d->ps);
+    d->backend = (shim_region_backend){
+        .ctx = d,
+        .reserve = backend_reserve,
+        .release = backend_release,
+        .mem_info = backend_mem_info,
+        .alignment = rt->alignment,
+    };
+    const shim_options *o = shim_opts();
+    d->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
+    d->table = shim_table_create(1024);
+    if (!d->arena || !d->table) {
+        if (d->arena)
+            shim_arena_destroy(d->arena);
+        if (d->table)
+            shim_table_destroy(d->table);
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+shim_device *shim_device_get(const shim_runtime *rt)
+{
+    size_t n = atomic_load_explicit(&ndevices, memory_order_acquire);
+    for (size_t i = 0; i < n; i++)
+        if (devices[i]->rt == rt)
+            return devices[i];
+
+    pthread_mutex_lock(&devices_mu);
+    shim_device *d = NULL;
+    n = atomic_load_explicit(&ndevices, memory_order_relaxed);
+    for (size_t i = 0; i < n && !d; i++)
+        if (devices[i]->rt == rt)
+            d = devices[i];
+    if (!d && n < SHIM_MAX_DEVICES) {
+        d = device_create(rt);
+        if (d) {
+            devices[n] = d;
+            atomic_store_explicit(&ndevices, n + 1, memory_order_release);
+            shim_debug("%s: serving allocations (limit %zu bytes)", rt->name, shim_opts()->limit);
+        }
+    }
+    pthread_mutex_unlock(&devices_mu);
+    return d;
+}
+
+const char *shim_device_name(const shim_device *d)
+{
+    return d->rt->name;
+}
+
+size_t shim_device_count(void)
+{
+    return atomic_load_explicit(&ndevices, memory_order_acquire);
+}
+
+shim_device *shim_device_at(size_t i)
+{
+    return i < shim_device_count() ? devices[i] : NULL;
+}
+
+uint64_t shim_device_seq_now(void)
+{
+    return atomic_load_explicit(&seq_counter, memory_order_relaxed);
+}
+
+/* Takes the lock unless this thread holds it already: a pressure callback
+ * that frees (or allocates) before releasing the lock must not deadlock on
+ * itself. Returns whether it was taken here. */
+static bool lock_unless_mine(shim_device *d)
+{
+    if (shim_lock_held_by_me(&d->lock))
+        return false;
+    shim_lock_acquire(&d->lock);
+    return true;
+}
+
+static bool has_empty_regions(const shim_device *d)
+{
+    shim_arena_counters c;
+    shim_arena_get_counters(d->arena, &c);
+    return c.empty_regions > 0;
+}
+
+int shim_device_malloc(shim_device *d, void **ptr, size_t size)
+{
+    const shim_runtime *rt = d->rt;
+    if (!ptr)
+        return rt->err_invalid;
+    if (size == 0)
+        return rt->real_malloc(ptr, 0); /* whatever the runtime does */
+    if (size > (SIZE_MAX >> 1))
+        return rt->err_oom;
+
+    uint32_t nstack = 0, pystack = 0;
+    if (shim_leak_enabled())
+        shim_leak_capture(&nstack, &pystack);
+
+    bool taken = lock_unless_mine(d);
+    /* Already holding the lock means a callback allocates before releasing
+     * it: serve it if memory is there, never start pressure work. */
+    bool may_relieve = taken;
+    unsigned rounds = 0, max_rounds = shim_opts()->pressure_rounds;
+    bool trimmed = false;
+    for (;;) {
+        uintptr_t addr;
+        uint32_t node;
+        size_t block;
+        if (shim_arena_alloc(d->arena, size, &addr, &node, &block) == 0) {
+            shim_record rec = {
+                .ptr = addr,
+                .size = size,
+                .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
+                .node = node,
+                .native_stack = nstack,
+                .python_stack = pystack,
+            };
+            if (shim_table_insert(d->table, &rec) != 0) {
+                shim_arena_free_node(d->arena, node);
+                break; /* out of host memory for the table: report OOM */
+            }
+            d->allocs++;
+            d->live_bytes += size;
+            if (d->live_bytes > d->peak_live_bytes)
+                d->peak_live_bytes = d->live_bytes;
+            if (taken)
+                shim_lock_release(&d->lock);
+            *ptr = (void *)addr;
+            return 0;
+        }
+        if (!may_relieve || shim_pressure_in_event())
+            break;
+        /* Cached empty regions are free memory the runtime cannot see:
+         * give them back first, so a larger region can be reserved. */
+        if (!trimmed && has_empty_regions(d)) {
+            trimmed = true;
+            shim_arena_trim(d->arena, 0);
+            continue;
+        }
+        if (rounds++ >= max_rounds)
+            break;
+        if (!shim_pressure_relieve(&d->ps, &d->lock, size))
+            break;
+        trimmed = false;
+    }
+    d->failed++;
+    if (taken)
+        shim_lock_release(&d->lock);
+    shim_debug("%s: out of memory for %zu bytes", rt->name, size);
+    if (taken)
+        shim_leak_on_oom(rt->name, size);
+    return rt->err_oom;
+}
+
+static const char *kind_name(enum shim_block_kind k)
+{
+    switch (k) {
+    case SHIM_ADDR_FREE_START: return "double free (the block is already free)";
+    case SHIM_ADDR_INTERIOR: return "pointer into the middle of a block";
+    case SHIM_ADDR_LIVE_START: return "block without a live record";
+    default: return "unknown pointer";
+    }
+}
+
+int shim_device_free(shim_device *d, void *ptr)
+{
+    const shim_runtime *rt = d->rt;
+    if (!ptr)
+        return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
+
+    bool taken = lock_unless_mine(d);
+    shim_record rec;
+    if (shim_table_remove(d->table, (uintptr_t)ptr, &rec)) {
+        shim_arena_free_node(d->arena, rec.node);
+        d->frees++;
+        d->live_bytes -= rec.size;
+        if (taken)
+            shim_lock_release(&d->lock);
+        shim_pressure_note_freed(rec.size);
+        return 0;
+    }
+    uintptr_t base = 0;
+    size_t rsize = 0;
+    enum shim_block_kind k = shim_arena_classify(d->arena, (uintptr_t)ptr, &base, &rsize);
+    if (k == SHIM_ADDR_OUTSIDE) {
+        d->foreign_frees++;
+        if (taken)
+            shim_lock_release(&d->lock);
+        /* Allocated before the shim took over, or by other means. */
+        return rt->real_free(ptr);
+    }
+    d->invalid_frees++;
+    if (taken)
+        shim_lock_release(&d->lock);
+    shim_warn("%s: invalid free of %p: %s, in region %#lx + %zu; rejected", rt->name, ptr,
+              kind_name(k), (unsigned long)base, rsize);
+    return rt->err_invalid;
+}
+
+int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
+{
+    const shim_runtime *rt = d->rt;
+    if (!free_out || !total_out)
+        return rt->err_invalid;
+    size_t rfree = 0, rtotal = 0;
+    int rc = rt->real_mem_info(&rfree, &rtotal);
+    if (rc != 0)
+        return rc;
+    bool taken = lock_unless_mine(d);
+    shim_arena_counters c;
+    shim_arena_get_counters(d->arena, &c);
+    if (taken)
+        shim_lock_release(&d->lock);
+
+    /* The shim's view: what the program could still get. The runtime's
+     * free memory plus the unused part of the shim's regions, capped by
+     * the limit; never more than total, never below zero. */
+    size_t total = rtotal;
+    size_t limit = shim_arena_limit(d->arena);
+    if (limit && limit < total)
+        total = limit;
+    uint64_t inside = c.reserved_bytes > c.used_bytes ? c.reserved_bytes - c.used_bytes : 0;
+    uint64_t avail = (uint64_t)rfree + inside;
+    if (limit) {
+        uint64_t room = limit > c.used_bytes ? limit - c.used_bytes : 0;
+        if (avail > room)
+            avail = room;
+    }
+    if (avail > total)
+        avail = total;
+    *free_out = (size_t)avail;
+    *total_out = total;
+    return 0;
+}
+
+struct live_ctx {
+    shim_record *out;
+    size_t n, cap;
+    uint64_t since;
+};
+
+static void collect_live(const shim_record *r, void *user)
+{
+    struct live_ctx *c = user;
+    if (r->seq <= c->since || c->n == c->cap)
+        return;
+    c->out[c->n++] = *r;
+}
+
+shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
+{
+    *n = 0;
+    bool taken = lock_unless_mine(d);
+    size_t count = shim_table_count(d->table);
+    struct live_ctx c = {.out = malloc((count ? count : 1) * sizeof(shim_record)),
+                         .cap = count, .since = since};
+    if (c.out)
+        shim_table_foreach(d->table, collect_live, &c);
+    if (taken)
+        shim_lock_release(&d->lock);
+    *n = c.n;
+    return c.out;
+}
+
+void shim_device_add_stats(shim_device *d, spyreshim_stats *s)
+{
+    bool taken = lock_unless_mine(d);
+    shim_arena_counters c;
+    shim_arena_get_counters(d->arena, &c);
+    s->reserved_bytes += c.reserved_bytes;
+    s->used_bytes += d->live_bytes;
+    s->peak_reserved_bytes += c.peak_reserved_bytes;
+    s->peak_used_bytes += d->peak_live_bytes;
+    s->regions += c.regions;
+    s->regions_reserved += c.regions_reserved;
+    s->regions_released += c.regions_released;
+    s->allocs += d->allocs;
+    s->frees += d->frees;
+    s->failed_allocs += d->failed;
+    s->invalid_frees += d->invalid_frees;
+    s->foreign_frees += d->foreign_frees;
+    s->pressure_events += d->ps.events;
+    s->pressure_waits += d->ps.waits;
+    s->callback_runs += d->ps.callback_runs;
+    s->callback_recovered_bytes += d->ps.recovered_bytes;
+    if (taken)
+        shim_lock_release(&d->lock);
+}
+
+size_t shim_device_trim(shim_device *d)
+{
+    bool taken = lock_unless_mine(d);
+    size_t n = shim_arena_trim(d->arena, 0);
+    if (taken)
+        shim_lock_release(&d->lock);
+    return n;
+}
+
+void shim_device_atfork_prepare(void)
+{
+    pthread_mutex_lock(&devices_mu);
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        shim_lock_acquire(&devices[i]->lock);
+}
+
+void shim_device_atfork_parent(void)
+{
+    size_t n = shim_device_count();
+    for (size_t i = n; i-- > 0;)
+        shim_lock_release(&devices[i]->lock);
+    pthread_mutex_unlock(&devices_mu);
+}
+
+void shim_device_atfork_child(void)
+{
+    size_t n = shim_device_count();
+    for (size_t i = n; i-- > 0;) {
+        shim_device *d = devices[i];
+        /* A pressure event of a thread that does not exist in the child
+         * would never end: nobody is running it here. */
+        d->ps.active = false;
+        d->ps.owner = 0;
+        pthread_cond_init(&d->ps.done, NULL);
+        shim_lock_release(&d->lock);
+    }
+    pthread_mutex_unlock(&devices_mu);
+}
+
+void shim_device_reset_for_tests(void)
+{
+    pthread_mutex_lock(&devices_mu);
+    atomic_store(&ndevices, 0);
+    pthread_mutex_unlock(&devices_mu);
+}

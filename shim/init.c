@@ -1,0 +1,39 @@
+/* Library lifecycle: what runs when libspyreshim.so is loaded and when the
+ * process exits. Loading must cost nothing measurable and print nothing in
+ * a process that never touches a device runtime: options are parsed (cheap)
+ * and everything else waits for the first intercepted call. */
+#include <pthread.h>
+
+#include "device.h"
+#include "leak.h"
+#include "log.h"
+#include "options.h"
+#include "pygc.h"
+#include "stats.h"
+
+static void atfork_prepare(void) { shim_device_atfork_prepare(); }
+static void atfork_parent(void) { shim_device_atfork_parent(); }
+static void atfork_child(void)
+{
+    shim_device_atfork_child();
+    shim_pygc_atfork_child();
+}
+
+__attribute__((constructor)) static void shim_init(void)
+{
+    const shim_options *o = shim_opts();
+    if (o->log_level == SHIM_LOG_DEBUG)
+        shim_options_dump(2);
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    shim_pygc_init();
+    shim_leak_init();
+}
+
+/* Runs after main returned or exit() was called, so after an embedded
+ * interpreter has finalized. The leak report comes last: it may end the
+ * process with SPYRESHIM_EXITCODE. */
+__attribute__((destructor)) static void shim_fini(void)
+{
+    shim_stats_at_exit();
+    shim_leak_at_exit();
+}

@@ -1,0 +1,46 @@
+/* The allocator lock (see lock.h). Owns nothing but the mutex and the
+ * owner word; `owner` is written only by the holder, read by anyone (the
+ * contract checks and the re-entrant free path). */
+#include "lock.h"
+
+void shim_lock_init(spyreshim_lock *l)
+{
+    pthread_mutex_init(&l->mu, NULL);
+    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
+}
+
+void shim_lock_acquire(spyreshim_lock *l)
+{
+    pthread_mutex_lock(&l->mu);
+    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+}
+
+void shim_lock_release(spyreshim_lock *l)
+{
+    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&l->mu);
+}
+
+bool shim_lock_held_by_me(const spyreshim_lock *l)
+{
+    /* Only the holder stores its own id, so a match cannot be stale. */
+    return atomic_load_explicit(&l->owner, memory_order_relaxed) ==
+           (unsigned long)pthread_self();
+}
+
+void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
+{
+    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
+    pthread_cond_wait(cv, &l->mu);
+    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+}
+
+SPYRESHIM_API void spyreshim_lock_release(spyreshim_lock *lock)
+{
+    shim_lock_release(lock);
+}
+
+SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock)
+{
+    shim_lock_acquire(lock);
+}

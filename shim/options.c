@@ -1,0 +1,275 @@
+/* SPYRESHIM_* configuration: one table row per variable (name, kind,
+ * default, bounds, doc). The same table parses, validates (one warning per
+ * bad value, naming the variable and the default used), dumps the effective
+ * configuration for SPYRESHIM_LOG=debug, and is what README's table is
+ * written from. No other file calls getenv for SPYRESHIM_*.
+ *
+ * Parsing must not call shim_log(): shim_log() reads the options, and the
+ * options are being built. Warnings go through warn_bad() instead. */
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/auxv.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "options.h"
+
+enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_LOGLEVEL };
+
+struct row {
+    const char *name;
+    enum kind kind;
+    size_t offset;
+    const char *def;      /* default, as the user would write it */
+    long long min, max;   /* K_UINT/K_INT bounds; K_SIZE minimum (0 always allowed) */
+    const char *doc;
+};
+
+#define OFF(f) offsetof(shim_options, f)
+static const struct row rows[] = {
+    {"SPYRESHIM_LOG", K_LOGLEVEL, OFF(log_level), "warn", 0, 0,
+     "debug|info|warn|off; info prints a one-line summary at exit"},
+    {"SPYRESHIM_LIMIT", K_SIZE, OFF(limit), "0", 0, 0,
+     "cap on bytes reserved from the runtime (K/M/G/T suffixes, binary); 0 = the runtime's capacity"},
+    {"SPYRESHIM_STATS", K_PATH, OFF(stats_path), "", 0, 0,
+     "write statistics as one JSON object to this path at exit (%p = pid)"},
+    {"SPYRESHIM_REGION_SIZE", K_SIZE, OFF(region_size), "0", 1 << 20, 0,
+     "size of the regions reserved from the runtime; 0 = adaptive"},
+    {"SPYRESHIM_PRESSURE_ROUNDS", K_UINT, OFF(pressure_rounds), "3", 1, 16,
+     "pressure events (callbacks, then retry) before out-of-memory is returned"},
+    {"SPYRESHIM_GC", K_BOOL, OFF(gc), "1", 0, 0,
+     "collect garbage in the embedded Python under memory pressure"},
+    {"SPYRESHIM_GC_TIMEOUT_MS", K_UINT, OFF(gc_timeout_ms), "2000", 1, 3600000,
+     "longest wait of a thread without the GIL for a collection done on its behalf"},
+    {"SPYRESHIM_LEAK_CHECK", K_BOOL, OFF(leak_check), "0", 0, 0,
+     "record stacks of live allocations; report leaks at exit"},
+    {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "32", 1, 256,
+     "native frames recorded per allocation"},
+    {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
+     "with leak checking, also record the Python stack of the allocating thread"},
+    {"SPYRESHIM_REPORT", K_PATH, OFF(report_path), "", 0, 0,
+     "write the leak report as JSON to this path at exit (%p = pid)"},
+    {"SPYRESHIM_EXITCODE", K_INT, OFF(exitcode), "23", 0, 255,
+     "exit status when leaks remain at exit (leak checking on)"},
+    {"SPYRESHIM_SUPPRESSIONS", K_PATH, OFF(suppressions), "", 0, 0,
+     "file of leak:<pattern> lines; matching leaks are not reported"},
+    {"SPYRESHIM_OOM_REPORT", K_UINT, OFF(oom_report_top), "10", 0, 1000,
+     "stack groups printed when a request finally fails; 0 = none"},
+};
+#undef OFF
+
+static shim_options opts;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void write_err(const char *s)
+{
+    size_t n = strlen(s);
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, s, n);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR)
+                continue;
+            return;
+        }
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+static void warn_bad(const struct row *r, const char *value, const char *why)
+{
+    if (opts.log_level >= SHIM_LOG_OFF)
+        return;
+    char buf[512];
+    snprintf(buf, sizeof buf,
+             "spyreshim: warning: %s=\"%.64s\" is invalid (%s); using the default %s\n",
+             r->name, value, why, r->def[0] ? r->def : "(unset)");
+    write_err(buf);
+}
+
+int shim_parse_size(const char *s, size_t *out)
+{
+    if (!s || !*s)
+        return -1;
+    while (*s == ' ')
+        s++;
+    if (*s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno)
+        return -1;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10; end++; break;
+    case 'm': case 'M': shift = 20; end++; break;
+    case 'g': case 'G': shift = 30; end++; break;
+    case 't': case 'T': shift = 40; end++; break;
+    default: break;
+    }
+    /* "64M", "64MB" and "64MiB" all mean 64 * 2^20: device memory is
+     * always counted in binary units. */
+    if (shift && (end[0] == 'i' || end[0] == 'I') && (end[1] == 'b' || end[1] == 'B'))
+        end += 2;
+    else if (end[0] == 'b' || end[0] == 'B')
+        end++;
+    if (*end)
+        return -1;
+    if (shift && v > (ULLONG_MAX >> shift))
+        return -1;
+    v <<= shift;
+    if (v > SIZE_MAX)
+        return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+    static const char *yes[] = {"1", "true", "yes", "on"};
+    static const char *no[] = {"0", "false", "no", "off"};
+    for (size_t i = 0; i < 4; i++) {
+        if (!strcasecmp(s, yes[i])) { *out = true; return 0; }
+        if (!strcasecmp(s, no[i])) { *out = false; return 0; }
+    }
+    return -1;
+}
+
+static int parse_ll(const char *s, long long min, long long max, long long *out)
+{
+    if (!*s)
+        return -1;
+    errno = 0;
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_level(const char *s, int *out)
+{
+    static const char *names[] = {"debug", "info", "warn", "off"};
+    for (int i = 0; i < 4; i++)
+        if (!strcasecmp(s, names[i])) { *out = i; return 0; }
+    if (!strcasecmp(s, "warning")) { *out = SHIM_LOG_WARN; return 0; }
+    return -1;
+}
+
+/* Returns 0 and stores, or -1 with *why set. The default strings in the
+ * table always parse. */
+static int apply(const struct row *r, const char *s, const char **why)
+{
+    char *field = (char *)&opts + r->offset;
+    switch (r->kind) {
+    case K_SIZE: {
+        size_t v;
+        if (shim_parse_size(s, &v)) { *why = "expected bytes with an optional K/M/G/T suffix"; return -1; }
+        if (v != 0 && (long long)v < r->min) { *why = "below the minimum of 1M"; return -1; }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case K_BOOL: {
+        bool v;
+        if (parse_bool(s, &v)) { *why = "expected 0 or 1"; return -1; }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case K_UINT: {
+        long long v;
+        if (parse_ll(s, r->min, r->max, &v)) { *why = "expected an integer in range"; return -1; }
+        unsigned u = (unsigned)v;
+        memcpy(field, &u, sizeof u);
+        return 0;
+    }
+    case K_INT: {
+        long long v;
+        if (parse_ll(s, r->min, r->max, &v)) { *why = "expected an integer from 0 to 255"; return -1; }
+        int i = (int)v;
+        memcpy(field, &i, sizeof i);
+        return 0;
+    }
+    case K_PATH: {
+        const char *v = *s ? strdup(s) : NULL;
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case K_LOGLEVEL: {
+        int v;
+        if (parse_level(s, &v)) { *why = "expected debug, info, warn or off"; return -1; }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static void parse(void)
+{
+    memset(&opts, 0, sizeof opts);
+    opts.secure = getauxval(AT_SECURE) != 0;
+    const char *why;
+    /* Defaults first, so that a warning about one variable already sees
+     * the default log level. */
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        apply(&rows[i], rows[i].def, &why);
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const struct row *r = &rows[i];
+        const char *v = getenv(r->name);
+        if (!v)
+            continue;
+        if (r->kind == K_PATH && opts.secure)
+            continue; /* setuid: the environment is not trusted with paths */
+        if (apply(r, v, &why) != 0) {
+            warn_bad(r, v, why);
+            apply(r, r->def, &why);
+        }
+    }
+}
+
+const shim_options *shim_opts(void)
+{
+    pthread_once(&once, parse);
+    return &opts;
+}
+
+void shim_options_reload(void)
+{
+    pthread_once(&once, parse);
+    parse();
+}
+
+void shim_options_dump(int fd)
+{
+    const shim_options *o = shim_opts();
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const struct row *r = &rows[i];
+        const char *field = (const char *)o + r->offset;
+        char val[256];
+        switch (r->kind) {
+        case K_SIZE: { size_t v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%zu", v); break; }
+        case K_BOOL: { bool v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%d", v); break; }
+        case K_UINT: { unsigned v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%u", v); break; }
+        case K_INT: { int v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%d", v); break; }
+        case K_PATH: { const char *v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%s", v ? v : ""); break; }
+        case K_LOGLEVEL: {
+            static const char *names[] = {"debug", "info", "warn", "off"};
+            int v; memcpy(&v, field, sizeof v);
+            snprintf(val, sizeof val, "%s", names[v & 3]);
+            break;
+        }
+        }
+        dprintf(fd, "spyreshim: option %s=%s  # %s\n", r->name, val, r->doc);
+    }
+    if (o->secure)
+        dprintf(fd, "spyreshim: secure mode (AT_SECURE): path variables ignored\n");
+}

@@ -1,0 +1,172 @@
+/* Pressure callbacks and the pressure event.
+ *
+ * Locks: the registry has its own leaf mutex, held only to copy or edit the
+ * table, never while a callback runs. A pressure event runs with the owning
+ * device's allocator lock held on entry and exit; callbacks release it
+ * around anything that blocks, which is what lets frees from other threads
+ * (and from finalizers on this one) go through meanwhile.
+ *
+ * Only one event per device runs at a time: a thread that hits pressure
+ * while another thread's event runs waits for that event to end and then
+ * retries, instead of starting a second collection. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "pressure.h"
+
+#define MAX_CALLBACKS 32
+
+struct entry {
+    spyreshim_pressure_fn fn;
+    void *user;
+};
+
+static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct entry registry[MAX_CALLBACKS];
+static size_t registry_len;
+
+static _Atomic uint64_t freed_total;
+
+/* Depth of pressure work on this thread: running an event's callbacks, or
+ * serving one (the GC thread). Non-zero means an allocation must not start
+ * another event. */
+static __thread unsigned tls_in_event;
+static __thread bool tls_give_up;
+
+SPYRESHIM_API int spyreshim_register_pressure_callback(spyreshim_pressure_fn fn, void *user)
+{
+    if (!fn)
+        return -1;
+    int rc = -1;
+    pthread_mutex_lock(&registry_mu);
+    for (size_t i = 0; i < registry_len; i++) {
+        if (registry[i].fn == fn && registry[i].user == user) {
+            rc = 0;
+            goto out;
+        }
+    }
+    if (registry_len < MAX_CALLBACKS) {
+        registry[registry_len++] = (struct entry){fn, user};
+        rc = 0;
+    }
+out:
+    pthread_mutex_unlock(&registry_mu);
+    return rc;
+}
+
+SPYRESHIM_API int spyreshim_unregister_pressure_callback(spyreshim_pressure_fn fn, void *user)
+{
+    int rc = -1;
+    pthread_mutex_lock(&registry_mu);
+    for (size_t i = 0; i < registry_len; i++) {
+        if (registry[i].fn == fn && registry[i].user == user) {
+            memmove(&registry[i], &registry[i + 1], (registry_len - i - 1) * sizeof registry[0]);
+            registry_len--;
+            rc = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_mu);
+    return rc;
+}
+
+void shim_pressure_state_init(shim_pressure_state *ps)
+{
+    memset(ps, 0, sizeof *ps);
+    pthread_cond_init(&ps->done, NULL);
+}
+
+bool shim_pressure_in_event(void)
+{
+    return tls_in_event != 0;
+}
+
+void shim_pressure_enter_service(void)
+{
+    tls_in_event++;
+}
+
+void shim_pressure_leave_service(void)
+{
+    if (tls_in_event)
+        tls_in_event--;
+}
+
+void shim_pressure_give_up(void)
+{
+    tls_give_up = true;
+}
+
+uint64_t shim_pressure_freed_total(void)
+{
+    return atomic_load_explicit(&freed_total, memory_order_relaxed);
+}
+
+void shim_pressure_note_freed(uint64_t bytes)
+{
+    atomic_fetch_add_explicit(&freed_total, bytes, memory_order_relaxed);
+}
+
+static void check_contract(spyreshim_lock *lock, spyreshim_pressure_fn fn)
+{
+    if (shim_lock_held_by_me(lock))
+        return;
+#ifndef NDEBUG
+    shim_log(SHIM_LOG_WARN,
+             "pressure callback %p returned without re-acquiring the allocator lock "
+             "(contract: spyreshim_lock_acquire before returning)", (void *)(uintptr_t)fn);
+    abort();
+#else
+    static _Atomic bool warned;
+    if (!atomic_exchange(&warned, true))
+        shim_log(SHIM_LOG_WARN,
+                 "pressure callback %p returned without re-acquiring the allocator lock; "
+                 "re-acquiring it for the callback", (void *)(uintptr_t)fn);
+    shim_lock_acquire(lock);
+#endif
+}
+
+bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
+{
+    if (tls_in_event)
+        return false; /* nested: an allocation made by pressure work itself */
+
+    if (ps->active) {
+        uint64_t gen = ps->generation;
+        ps->waits++;
+        while (ps->active && ps->generation == gen)
+            shim_lock_wait(lock, &ps->done);
+        return true;
+    }
+
+    struct entry cbs[MAX_CALLBACKS];
+    pthread_mutex_lock(&registry_mu);
+    size_t n = registry_len;
+    memcpy(cbs, registry, n * sizeof cbs[0]);
+    pthread_mutex_unlock(&registry_mu);
+
+    ps->active = true;
+    ps->owner = (unsigned long)pthread_self();
+    ps->events++;
+    tls_in_event++;
+    tls_give_up = false;
+    uint64_t before = shim_pressure_freed_total();
+
+    for (size_t i = 0; i < n && !tls_give_up; i++) {
+        ps->callback_runs++;
+        cbs[i].fn(lock, want, cbs[i].user);
+        check_contract(lock, cbs[i].fn);
+    }
+
+    ps->recovered_bytes += shim_pressure_freed_total() - before;
+    tls_in_event--;
+    bool retry = !tls_give_up;
+    tls_give_up = false;
+    ps->active = false;
+    ps->owner = 0;
+    ps->generation++;
+    pthread_cond_broadcast(&ps->done);
+    return retry && n > 0;
+}

@@ -1,0 +1,139 @@
+/* Statistics: the public spyreshim_get_stats, the SPYRESHIM_STATS JSON
+ * file and the SPYRESHIM_LOG=info summary line. Reads each device's
+ * counters under that device's lock, one device at a time. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device.h"
+#include "log.h"
+#include "options.h"
+#include "pygc.h"
+#include "stats.h"
+
+SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
+{
+    if (!out || out->size < sizeof(size_t))
+        return -1;
+    spyreshim_stats s;
+    memset(&s, 0, sizeof s);
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        shim_device_add_stats(shim_device_at(i), &s);
+    shim_pygc_add_stats(&s);
+    size_t len = out->size < sizeof s ? out->size : sizeof s;
+    s.size = len;
+    memcpy(out, &s, len);
+    return 0;
+}
+
+/* Expands %p to the pid (and %% to %), as LeakSanitizer's log_path. */
+int shim_expand_path(const char *tmpl, char *out, size_t cap)
+{
+    size_t o = 0;
+    for (const char *p = tmpl; *p; p++) {
+        char tmp[32];
+        const char *piece = tmp;
+        if (p[0] == '%' && p[1] == 'p') {
+            snprintf(tmp, sizeof tmp, "%d", (int)getpid());
+            p++;
+        } else if (p[0] == '%' && p[1] == '%') {
+            tmp[0] = '%', tmp[1] = 0;
+            p++;
+        } else {
+            tmp[0] = *p, tmp[1] = 0;
+        }
+        size_t k = strlen(piece);
+        if (o + k + 1 > cap)
+            return -1;
+        memcpy(out + o, piece, k);
+        o += k;
+    }
+    out[o] = 0;
+    return 0;
+}
+
+static void write_json(FILE *f, const spyreshim_stats *s)
+{
+    fprintf(f, "{\n");
+#define FIELD(name) fprintf(f, "  \"%s\": %" PRIu64 ",\n", #name, s->name)
+    FIELD(reserved_bytes);
+    FIELD(used_bytes);
+    FIELD(peak_reserved_bytes);
+    FIELD(peak_used_bytes);
+    FIELD(allocs);
+    FIELD(frees);
+    FIELD(failed_allocs);
+    FIELD(regions);
+    FIELD(regions_reserved);
+    FIELD(regions_released);
+    FIELD(invalid_frees);
+    FIELD(foreign_frees);
+    FIELD(pressure_events);
+    FIELD(pressure_waits);
+    FIELD(callback_runs);
+    FIELD(callback_recovered_bytes);
+    FIELD(gc_collections);
+    FIELD(gc_time_ns);
+    FIELD(gc_recovered_bytes);
+    FIELD(gc_timeouts);
+    FIELD(gc_skipped);
+#undef FIELD
+    fprintf(f, "  \"gc_backoff_skips\": %" PRIu64, s->gc_backoff_skips);
+    shim_pygc_write_json(f);
+    fprintf(f, ",\n  \"pid\": %d,\n  \"runtimes\": [", (int)getpid());
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++) {
+        spyreshim_stats one;
+        memset(&one, 0, sizeof one);
+        shim_device *d = shim_device_at(i);
+        shim_device_add_stats(d, &one);
+        fprintf(f, "%s\n    {\"name\": \"%s\", \"reserved_bytes\": %" PRIu64
+                   ", \"used_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64
+                   ", \"peak_used_bytes\": %" PRIu64 ", \"allocs\": %" PRIu64
+                   ", \"frees\": %" PRIu64 ", \"pressure_events\": %" PRIu64 "}",
+                i ? "," : "", shim_device_name(d), one.reserved_bytes, one.used_bytes,
+                one.peak_reserved_bytes, one.peak_used_bytes, one.allocs, one.frees,
+                one.pressure_events);
+    }
+    fprintf(f, "%s]\n}\n", n ? "\n  " : "");
+}
+
+void shim_stats_at_exit(void)
+{
+    const shim_options *o = shim_opts();
+    if (shim_device_count() == 0)
+        return; /* never touched a runtime: stay silent, write nothing */
+
+    spyreshim_stats s = {.size = sizeof s};
+    spyreshim_get_stats(&s);
+
+    if (o->stats_path) {
+        char path[4096];
+        if (shim_expand_path(o->stats_path, path, sizeof path) != 0) {
+            shim_warn("SPYRESHIM_STATS: path too long; statistics not written");
+        } else {
+            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+            FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+            if (!f) {
+                shim_warn("SPYRESHIM_STATS: cannot write %s: %s", path, strerror(errno));
+                if (fd >= 0)
+                    close(fd);
+            } else {
+                write_json(f, &s);
+                fclose(f);
+            }
+        }
+    }
+
+    shim_info("%" PRIu64 " allocs, %" PRIu64 " frees, peak %" PRIu64 " B in use / %" PRIu64
+              " B reserved, %" PRIu64 " pressure events, %" PRIu64 " callback runs, %" PRIu64
+              " B recovered, %" PRIu64 " collections (%.1f ms, %" PRIu64 " B recovered, %" PRIu64
+              " timeouts), %" PRIu64 " failed allocs",
+              s.allocs, s.frees, s.peak_used_bytes, s.peak_reserved_bytes, s.pressure_events,
+              s.callback_runs, s.callback_recovered_bytes, s.gc_collections,
+              (double)s.gc_time_ns / 1e6, s.gc_recovered_bytes, s.gc_timeouts, s.failed_allocs);
+}

@@ -1,0 +1,125 @@
+"""The preload library in real processes: programs linked against the
+simulated device, the simdev Python module (a runtime in a local scope),
+unrelated programs, bad configuration."""
+import json
+import os
+
+import pytest
+
+import pythons
+
+
+def ops(*args, env=None, preload=True, timeout=60):
+    exe = pythons.builddir() / "tests" / "simdev_ops"
+    full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SIMDEV_MEMORY": "1G"}
+    if preload:
+        full["LD_PRELOAD"] = str(pythons.shim_lib())
+    full.update(env or {})
+    return pythons.run([str(exe), *args], env=full, timeout=timeout)
+
+
+def stats_of(tmp_path, *args, env=None):
+    path = tmp_path / "stats.json"
+    r = ops(*args, env={"SPYRESHIM_STATS": str(path), **(env or {})})
+    r.check()
+    return r, json.loads(path.read_text())
+
+
+def test_programs_that_never_touch_a_device_stay_silent(shim_lib):
+    for argv in (["ls", "/"], ["/usr/bin/python3.11", "-c", "pass"], ["python3", "-c", "pass"]):
+        r = pythons.run(argv, env={"PATH": os.environ["PATH"], "LD_PRELOAD": str(shim_lib)})
+        assert r.returncode == 0, r
+        assert r.stderr == "", r
+
+
+def test_the_shim_never_loads_a_runtime(shim_lib):
+    r = pythons.run(["/usr/bin/python3.11", "-c", "print(open('/proc/self/maps').read())"],
+                    env={"LD_PRELOAD": str(shim_lib)})
+    r.check()
+    assert "libspyreshim.so" in r.stdout
+    assert "cudart" not in r.stdout and "libsimdev" not in r.stdout
+
+
+def test_allocations_are_served_by_the_shim(tmp_path, shim_lib):
+    r, s = stats_of(tmp_path, *["a:1M"] * 20, "F", "i")
+    assert "freeall corrupt=0" in r.stdout
+    for key in ("reserved_bytes", "used_bytes", "peak_reserved_bytes", "peak_used_bytes",
+                "allocs", "frees", "pressure_events"):
+        assert key in s
+    assert s["allocs"] == 20 and s["frees"] == 20
+    assert s["used_bytes"] == 0
+    assert s["peak_used_bytes"] == 20 << 20
+    assert s["regions_reserved"] < 20  # regions, not one runtime call per block
+
+
+def test_limit_caps_what_is_served(tmp_path, shim_lib):
+    r, s = stats_of(tmp_path, "fill:1M", "i", env={"SPYRESHIM_LIMIT": "64M"})
+    filled = int(r.stdout.split("filled ")[1].split()[0])
+    assert 60 <= filled <= 64, r.stdout
+    assert "rc=2" in r.stdout.split("filled ")[1].splitlines()[0]
+    info = [l for l in r.stdout.splitlines() if l.startswith("info")][0]
+    total = int(info.split("total=")[1])
+    free = int(info.split("free=")[1].split()[0])
+    assert total == 64 << 20 and free <= total
+    assert s["peak_reserved_bytes"] <= 64 << 20
+
+
+def test_double_free_is_reported_and_rejected(shim_lib):
+    r = ops("a:1M", "a:2M", "f", "d", "a:4M", "F")
+    assert r.returncode == 0, r
+    assert "doublefree rc=1" in r.stdout
+    assert "freeall corrupt=0" in r.stdout
+    lines = [l for l in r.stderr.splitlines() if "invalid free" in l]
+    assert len(lines) == 1 and "double free" in lines[0] and "region" in lines[0], r.stderr
+
+
+def test_fork_child_allocates_and_frees(shim_lib):
+    r = ops("a:1M", "fork", "F")
+    assert r.returncode == 0, r
+    assert "child ok" in r.stdout and "fork status=0" in r.stdout
+
+
+@pytest.mark.parametrize("name,value", [
+    ("SPYRESHIM_LIMIT", "lots"),
+    ("SPYRESHIM_LOG", "loud"),
+    ("SPYRESHIM_GC_TIMEOUT_MS", "-5"),
+    ("SPYRESHIM_PRESSURE_ROUNDS", "999"),
+    ("SPYRESHIM_REGION_SIZE", "12"),
+])
+def test_bad_variable_warns_once_and_runs(shim_lib, name, value):
+    r = ops("a:1M", "F", env={name: value})
+    assert r.returncode == 0, r
+    warnings = [l for l in r.stderr.splitlines() if name in l]
+    assert len(warnings) == 1, r.stderr
+    assert "default" in warnings[0]
+
+
+def test_info_log_prints_one_summary_line(shim_lib):
+    r = ops("a:1M", "F", env={"SPYRESHIM_LOG": "info"})
+    r.check()
+    lines = [l for l in r.stderr.splitlines() if l.startswith("spyreshim:")]
+    assert len(lines) == 1 and "1 allocs" in lines[0], r.stderr
+
+
+def test_same_program_without_the_shim_runs_alone():
+    r = ops("a:1M", "fill:1M", "F", preload=False)
+    r.check()
+    assert "freeall corrupt=0" in r.stdout
+
+
+@pytest.mark.parametrize("name", ["cpython3.11-shared", "cpython3.11-static"])
+def test_python_module_in_a_local_scope_is_intercepted(tmp_path, name, shim_lib):
+    interp = pythons.get(name).require()
+    stats = tmp_path / "s.json"
+    r = pythons.run_python(interp, source=(
+        "import simdev\n"
+        "ts = [simdev.Tensor(1 << 20) for _ in range(8)]\n"
+        "ts[0].write(b'x' * 16)\n"
+        "assert ts[0].read()[:16] == b'x' * 16\n"
+        "free, total = simdev.mem_info()\n"
+        "assert total == 64 << 20 and free <= total - (8 << 20), (free, total)\n"
+        "del ts\n"),
+        simdev_memory="1G", env={"SPYRESHIM_STATS": str(stats), "SPYRESHIM_LIMIT": "64M"})
+    r.check()
+    s = json.loads(stats.read_text())
+    assert s["allocs"] == 8 and s["frees"] == 8

@@ -1,0 +1,63 @@
+"""The shared test infrastructure itself (pythons.py): the interpreter
+matrix is complete and honest, and a runaway script cannot hang the run."""
+import os
+import signal
+import time
+
+import pythons
+
+
+def test_every_expected_interpreter_is_reported():
+    names = [i.name for i in pythons.interpreters()]
+    assert names == list(pythons.NAMES)
+    for i in pythons.interpreters():
+        if i.available:
+            assert os.access(i.exe, os.X_OK), i
+            assert i.kind in ("cpython", "pypy") and len(i.version) == 3, i
+            assert i.ext_suffix.endswith(".so") and os.path.isdir(i.include), i
+        else:
+            assert isinstance(i.skip_reason, str) and i.skip_reason, i
+
+
+def test_flags_match_the_names():
+    for i in pythons.interpreters():
+        if not i.available:
+            continue
+        assert i.free_threaded == i.name.endswith("t"), i
+        assert i.kind == ("pypy" if i.name.startswith("pypy") else "cpython"), i
+        if i.name == "cpython3.11-shared":
+            assert not i.static, i
+        if i.name == "cpython3.11-dbg":
+            assert i.debug, i
+        if i.kind == "cpython":
+            assert i.name.startswith("cpython%d.%d" % i.version[:2]), i
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    pidfile = tmp_path / "grandchild"
+    res = pythons.run(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], timeout=2)
+    assert res.timed_out and res.returncode == -signal.SIGKILL, res.describe()
+    pid = int(pidfile.read_text())
+    for _ in range(100):             # the kernel reaps it asynchronously
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(") ")[1].startswith("Z"):
+                break                # a zombie is dead too
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"grandchild {pid} survived the timeout")
+
+
+def test_run_python_environment(interpreter, tmp_path):
+    res = pythons.run_python(interpreter, """
+import os, sys, simdev
+print(os.environ.get("LD_PRELOAD", "-"), os.environ["SIMDEV_MEMORY"], os.environ["EXTRA"])
+print(simdev.mem_info()[1])
+""", preload=False, simdev_memory="2M", env={"EXTRA": "x"})
+    res.check()
+    lines = res.stdout.split("\n")
+    assert lines[0] == "- 2M x", res.describe()
+    assert lines[1] == str(2 << 20), res.describe()

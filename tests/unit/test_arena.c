@@ -1,0 +1,671 @@
+/* The region allocator against a fake backend: the backend keeps host-side
+ * bookkeeping of the ranges it reserved at fake addresses (never touched),
+ * and the tests compare the arena with a reference model: a sorted array of
+ * live ranges. SEED=n in the environment replays a randomized test. */
+#include <criterion/criterion.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "arena.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define GIB ((size_t)1 << 30)
+
+/* ---- fake backend -------------------------------------------------- */
+
+typedef struct range {
+    uintptr_t base;
+    size_t size;
+} range;
+
+typedef struct fake {
+    uintptr_t next;          /* bump pointer of fake address space */
+    size_t total;            /* what mem_info reports as total */
+    size_t max_reserve;      /* refuse single reservations above this (0 = none) */
+    bool refuse_all;
+    bool info_fails;
+    size_t held;             /* bytes reserved now */
+    range ranges[4096];
+    size_t nranges;
+    size_t reserves, releases, refusals;
+} fake;
+
+static int fake_reserve(void *ctx, size_t size, uintptr_t *addr)
+{
+    fake *f = ctx;
+    if (f->refuse_all || (f->max_reserve && size > f->max_reserve) ||
+        f->held + size > f->total || f->nranges == 4096) {
+        f->refusals++;
+        return 1;
+    }
+    /* A gap between ranges, so that neighbouring regions never touch and
+     * an off-by-one in the region lookup shows. */
+    *addr = f->next;
+    f->next += (size + 64 * KIB + 0xffff) & ~(uintptr_t)0xffff;
+    f->ranges[f->nranges++] = (range){ *addr, size };
+    f->held += size;
+    f->reserves++;
+    return 0;
+}
+
+static void fake_release(void *ctx, uintptr_t addr, size_t size)
+{
+    fake *f = ctx;
+    for (size_t i = 0; i < f->nranges; i++) {
+        if (f->ranges[i].base == addr) {
+            cr_assert_eq(f->ranges[i].size, size, "release with a size other than reserved");
+            f->ranges[i] = f->ranges[--f->nranges];
+            f->held -= size;
+            f->releases++;
+            return;
+        }
+    }
+    cr_assert_fail("release of a range never reserved: %#" PRIxPTR, addr);
+}
+
+static int fake_mem_info(void *ctx, size_t *fr, size_t *total)
+{
+    fake *f = ctx;
+    if (f->info_fails)
+        return 1;
+    *total = f->total;
+    *fr = f->total - f->held;
+    return 0;
+}
+
+static const range *fake_find(const fake *f, uintptr_t addr)
+{
+    for (size_t i = 0; i < f->nranges; i++)
+        if (addr >= f->ranges[i].base && addr - f->ranges[i].base < f->ranges[i].size)
+            return &f->ranges[i];
+    return NULL;
+}
+
+static fake *fake_new(size_t total)
+{
+    fake *f = calloc(1, sizeof *f);
+    f->next = (uintptr_t)0x7f0000000000;
+    f->total = total;
+    return f;
+}
+
+static shim_region_backend backend_of(fake *f, size_t alignment)
+{
+    return (shim_region_backend){ .ctx = f, .reserve = fake_reserve, .release = fake_release,
+                                  .mem_info = fake_mem_info, .alignment = alignment };
+}
+
+/* ---- helpers ------------------------------------------------------- */
+
+typedef struct blk {
+    uintptr_t addr;
+    size_t size, taken;
+    uint32_t node;
+} blk;
+
+static blk must_alloc(shim_arena *a, size_t size)
+{
+    blk b = { .size = size };
+    int rc = shim_arena_alloc(a, size, &b.addr, &b.node, &b.taken);
+    cr_assert_eq(rc, 0, "alloc of %zu bytes failed", size);
+    return b;
+}
+
+static shim_arena_counters counters(shim_arena *a)
+{
+    shim_arena_counters c;
+    shim_arena_get_counters(a, &c);
+    return c;
+}
+
+static uint64_t seed_from_env(uint64_t dflt)
+{
+    const char *s = getenv("SEED");
+    return s && *s ? strtoull(s, NULL, 0) : dflt;
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Log-uniform-ish sizes from 1 byte to `max`, not aligned. */
+static size_t rand_size(uint64_t *s, size_t max)
+{
+    unsigned bits = 63u - (unsigned)__builtin_clzll(max);
+    unsigned e = (unsigned)(rng_next(s) % (bits + 1));
+    size_t lo = (size_t)1 << e;
+    size_t v = lo + rng_next(s) % lo;
+    return v > max ? max : v;
+}
+
+/* ---- reference model ----------------------------------------------- */
+
+typedef struct model {
+    blk *v;                  /* sorted by addr */
+    size_t n, cap;
+    uint64_t seed;
+} model;
+
+static size_t model_pos(const model *m, uintptr_t addr)
+{
+    size_t lo = 0, hi = m->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (m->v[mid].addr < addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void model_add(model *m, blk b)
+{
+    if (m->n == m->cap) {
+        m->cap = m->cap ? m->cap * 2 : 256;
+        m->v = realloc(m->v, m->cap * sizeof *m->v);
+    }
+    size_t p = model_pos(m, b.addr);
+    if (p < m->n)
+        cr_assert(b.addr + b.taken <= m->v[p].addr,
+                  "seed=%" PRIu64 ": block %#" PRIxPTR "+%zu overlaps the next live block %#" PRIxPTR,
+                  m->seed, b.addr, b.taken, m->v[p].addr);
+    if (p > 0)
+        cr_assert(m->v[p - 1].addr + m->v[p - 1].taken <= b.addr,
+                  "seed=%" PRIu64 ": block %#" PRIxPTR " overlaps the previous live block %#" PRIxPTR
+                  "+%zu", m->seed, b.addr, m->v[p - 1].addr, m->v[p - 1].taken);
+    memmove(&m->v[p + 1], &m->v[p], (m->n - p) * sizeof *m->v);
+    m->v[p] = b;
+    m->n++;
+}
+
+static blk model_take(model *m, size_t p)
+{
+    blk b = m->v[p];
+    memmove(&m->v[p], &m->v[p + 1], (m->n - p - 1) * sizeof *m->v);
+    m->n--;
+    return b;
+}
+
+/* Everything the model can say about the arena's state. */
+static void model_check(const model *m, shim_arena *a, const fake *f, size_t limit)
+{
+    shim_arena_counters c = counters(a);
+    uint64_t used = 0;
+    for (size_t i = 0; i < m->n; i++) {
+        const blk *b = &m->v[i];
+        used += b->taken;
+        uintptr_t rb = 0;
+        size_t rs = 0;
+        cr_assert_eq(shim_arena_classify(a, b->addr, &rb, &rs), SHIM_ADDR_LIVE_START,
+                     "seed=%" PRIu64 ": live block %#" PRIxPTR " not classified live", m->seed, b->addr);
+        /* The blocks tile their region: whatever follows a live block in
+         * the region starts a block. */
+        if (b->addr + b->taken < rb + rs) {
+            enum shim_block_kind k = shim_arena_classify(a, b->addr + b->taken, NULL, NULL);
+            cr_assert(k == SHIM_ADDR_LIVE_START || k == SHIM_ADDR_FREE_START,
+                      "seed=%" PRIu64 ": the end of block %#" PRIxPTR " is not a block start (%d)",
+                      m->seed, b->addr, (int)k);
+        }
+    }
+    cr_assert_eq(c.used_bytes, used, "seed=%" PRIu64 ": used %" PRIu64 " != model %" PRIu64,
+                 m->seed, c.used_bytes, used);
+    cr_assert_eq(c.reserved_bytes, f->held, "seed=%" PRIu64 ": reserved %" PRIu64 " != backend %zu",
+                 m->seed, c.reserved_bytes, f->held);
+    cr_assert_eq(c.regions, f->nranges, "seed=%" PRIu64, m->seed);
+    cr_assert_geq(c.reserved_bytes, c.used_bytes + c.empty_bytes, "seed=%" PRIu64, m->seed);
+    cr_assert_geq(c.peak_reserved_bytes, c.reserved_bytes, "seed=%" PRIu64, m->seed);
+    cr_assert_geq(c.peak_used_bytes, c.used_bytes, "seed=%" PRIu64, m->seed);
+    cr_assert_eq(c.regions_reserved - c.regions_released, c.regions, "seed=%" PRIu64, m->seed);
+    if (limit)
+        cr_assert_leq(c.reserved_bytes, limit, "seed=%" PRIu64 ": over the limit", m->seed);
+}
+
+/* One randomized run: mixed allocs and frees, checking each new block
+ * against the model and the whole state now and then; at the end frees
+ * everything and checks that every byte came back (only possible when
+ * both neighbours merge and empty regions are detected). */
+static void random_run(uint64_t seed, size_t alignment, size_t limit, size_t region_size,
+                       size_t max_size, unsigned ops)
+{
+    fake *f = fake_new(64 * GIB);
+    shim_region_backend be = backend_of(f, alignment);
+    shim_arena *a = shim_arena_create(&be, limit, region_size);
+    cr_assert_not_null(a);
+    model m = { .seed = seed };
+    uint64_t s = seed;
+    for (unsigned op = 0; op < ops; op++) {
+        bool do_alloc = m.n == 0 || rng_next(&s) % 100 < 55;
+        if (do_alloc) {
+            size_t size = rand_size(&s, max_size);
+            blk b = { .size = size };
+            int rc = shim_arena_alloc(a, size, &b.addr, &b.node, &b.taken);
+            if (rc != 0) {
+                cr_assert(limit != 0, "seed=%" PRIu64 ": alloc of %zu failed without a limit",
+                          seed, size);
+                continue;
+            }
+            cr_assert_eq(b.addr % alignment, 0, "seed=%" PRIu64 ": misaligned %#" PRIxPTR, seed, b.addr);
+            cr_assert_geq(b.taken, size, "seed=%" PRIu64, seed);
+            cr_assert_eq(b.taken % alignment, 0, "seed=%" PRIu64, seed);
+            const range *r = fake_find(f, b.addr);
+            cr_assert_not_null(r, "seed=%" PRIu64 ": block outside every region", seed);
+            cr_assert_leq(b.addr + b.taken, r->base + r->size,
+                          "seed=%" PRIu64 ": block crosses its region's end", seed);
+            model_add(&m, b);
+        } else {
+            blk b = model_take(&m, rng_next(&s) % m.n);
+            cr_assert_eq(shim_arena_free_node(a, b.node), b.taken, "seed=%" PRIu64, seed);
+            cr_assert_eq(shim_arena_classify(a, b.addr, NULL, NULL) != SHIM_ADDR_LIVE_START, 1,
+                         "seed=%" PRIu64 ": freed block still live", seed);
+        }
+        if (op % 997 == 0)
+            model_check(&m, a, f, limit);
+    }
+    model_check(&m, a, f, limit);
+    while (m.n)
+        shim_arena_free_node(a, model_take(&m, rng_next(&s) % m.n).node);
+    shim_arena_counters c = counters(a);
+    cr_assert_eq(c.used_bytes, 0, "seed=%" PRIu64, seed);
+    cr_assert_eq(c.reserved_bytes, c.empty_bytes,
+                 "seed=%" PRIu64 ": with nothing live, %" PRIu64 " reserved but %" PRIu64
+                 " in empty regions", seed, c.reserved_bytes, c.empty_bytes);
+    shim_arena_trim(a, 0);
+    cr_assert_eq(f->held, 0, "seed=%" PRIu64 ": %zu bytes still held after trim", seed, f->held);
+    shim_arena_destroy(a);
+    free(m.v);
+    free(f);
+}
+
+Test(arena, random_sequences_keep_blocks_disjoint_aligned_and_accounted)
+{
+    uint64_t seed = seed_from_env(0x5eed);
+    fprintf(stderr, "arena random: SEED=%" PRIu64 "\n", seed);
+    for (unsigned k = 0; k < 4; k++)
+        random_run(seed + k, 256, 0, 0, 8 * MIB, 20000);
+}
+
+Test(arena, random_sequences_with_small_fixed_regions_and_dedicated_blocks)
+{
+    uint64_t seed = seed_from_env(0x5eed) + 100;
+    fprintf(stderr, "arena random small regions: SEED=%" PRIu64 "\n", seed);
+    random_run(seed, 256, 0, 1 * MIB, 2 * MIB, 20000);
+}
+
+Test(arena, random_sequences_under_a_limit_never_exceed_it)
+{
+    uint64_t seed = seed_from_env(0x5eed) + 200;
+    fprintf(stderr, "arena random limit: SEED=%" PRIu64 "\n", seed);
+    random_run(seed, 256, 96 * MIB, 0, 4 * MIB, 20000);
+}
+
+Test(arena, random_sequences_honour_a_larger_backend_alignment)
+{
+    uint64_t seed = seed_from_env(0x5eed) + 300;
+    fprintf(stderr, "arena random 64K alignment: SEED=%" PRIu64 "\n", seed);
+    random_run(seed, 64 * KIB, 0, 0, 4 * MIB, 10000);
+}
+
+/* ---- directed tests ------------------------------------------------ */
+
+typedef struct setup {
+    fake *f;
+    shim_arena *a;
+} setup;
+
+static setup make(size_t total, size_t limit, size_t region)
+{
+    setup s = { .f = fake_new(total) };
+    shim_region_backend be = backend_of(s.f, 256);
+    s.a = shim_arena_create(&be, limit, region);
+    cr_assert_not_null(s.a);
+    return s;
+}
+
+static void unmake(setup s)
+{
+    shim_arena_destroy(s.a);
+    cr_assert_eq(s.f->held, 0, "destroy must release every region");
+    free(s.f);
+}
+
+Test(arena, freeing_a_block_between_two_free_blocks_merges_all_three)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk x = must_alloc(s.a, 256 * KIB);
+    blk y = must_alloc(s.a, 256 * KIB);
+    blk z = must_alloc(s.a, 256 * KIB);
+    blk w = must_alloc(s.a, 256 * KIB);   /* fills the region */
+    cr_assert_eq(counters(s.a).regions, 1);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, z.node);
+    /* Neither free neighbour alone holds 768 KiB. */
+    shim_arena_free_node(s.a, y.node);
+    blk big = must_alloc(s.a, 768 * KIB);
+    cr_assert_eq(big.addr, x.addr, "the three blocks merged into one at the first's address");
+    cr_assert_eq(counters(s.a).regions_reserved, 1, "served without a new region");
+    shim_arena_free_node(s.a, big.node);
+    shim_arena_free_node(s.a, w.node);
+    cr_assert_eq(counters(s.a).empty_regions, 1, "the region is detected empty");
+    cr_assert_eq(counters(s.a).empty_bytes, 1 * MIB);
+    unmake(s);
+}
+
+Test(arena, a_fully_free_region_serves_a_region_sized_request)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = must_alloc(s.a, 128 * KIB);
+    int order[8] = { 3, 0, 7, 5, 1, 6, 2, 4 };
+    for (int i = 0; i < 8; i++)
+        shim_arena_free_node(s.a, b[order[i]].node);
+    blk all = must_alloc(s.a, 512 * KIB);
+    cr_assert_eq(counters(s.a).regions_reserved, 1);
+    shim_arena_free_node(s.a, all.node);
+    unmake(s);
+}
+
+Test(arena, request_above_half_a_region_gets_a_dedicated_exact_region_released_on_free)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk small = must_alloc(s.a, 512 * KIB);   /* leaves less than the big one needs */
+    blk big = must_alloc(s.a, 600 * KIB + 1);
+    size_t exact = (600 * KIB + 1 + 255) & ~(size_t)255;
+    cr_assert_eq(big.taken, exact, "a dedicated block is the exact aligned size, not rounded to a bin");
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.regions, 2);
+    cr_assert_eq(c.reserved_bytes, 1 * MIB + exact);
+    const range *r = fake_find(s.f, big.addr);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->base, big.addr);
+    cr_assert_eq(r->size, exact);
+    cr_assert_eq(shim_arena_free_node(s.a, big.node), exact);
+    c = counters(s.a);
+    cr_assert_eq(c.regions, 1, "the dedicated region went back to the runtime at once");
+    cr_assert_eq(c.regions_released, 1);
+    cr_assert_eq(c.reserved_bytes, 1 * MIB);
+    cr_assert_eq(shim_arena_classify(s.a, big.addr, NULL, NULL), SHIM_ADDR_OUTSIDE);
+    shim_arena_free_node(s.a, small.node);
+    unmake(s);
+}
+
+Test(arena, keeps_one_empty_region_and_releases_the_rest)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[3];
+    for (int i = 0; i < 3; i++)
+        b[i] = must_alloc(s.a, 512 * KIB);   /* half a region: shared, two per region */
+    blk c3 = must_alloc(s.a, 512 * KIB);
+    cr_assert_eq(counters(s.a).regions, 2);
+    shim_arena_free_node(s.a, b[0].node);
+    shim_arena_free_node(s.a, b[1].node);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.empty_regions, 1, "one empty region stays cached");
+    cr_assert_eq(c.regions, 2);
+    shim_arena_free_node(s.a, b[2].node);
+    shim_arena_free_node(s.a, c3.node);
+    c = counters(s.a);
+    cr_assert_eq(c.regions, 1, "a second empty region is released");
+    cr_assert_eq(c.empty_regions, 1);
+    cr_assert_eq(c.regions_released, 1);
+    /* The cached region is reused without a new reservation. */
+    blk again = must_alloc(s.a, 512 * KIB);
+    cr_assert_eq(counters(s.a).regions_reserved, 2);
+    cr_assert_eq(counters(s.a).empty_regions, 0, "a region in use is not empty");
+    shim_arena_free_node(s.a, again.node);
+    unmake(s);
+}
+
+Test(arena, trim_releases_cached_empty_regions_down_to_keep)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, b.node);
+    cr_assert_eq(counters(s.a).empty_bytes, 1 * MIB);
+    cr_assert_eq(shim_arena_trim(s.a, 1 * MIB), 0, "keep covers the cached region");
+    cr_assert_eq(shim_arena_trim(s.a, 0), 1 * MIB);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.reserved_bytes, 0);
+    cr_assert_eq(c.regions, 0);
+    cr_assert_eq(c.empty_regions, 0);
+    cr_assert_eq(c.empty_bytes, 0);
+    cr_assert_eq(s.f->held, 0);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB, "peaks survive a trim");
+    /* Works again after everything was released. */
+    b = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, b.node);
+    unmake(s);
+}
+
+Test(arena, a_64M_limit_serves_close_to_64_MiB_of_1M_requests)
+{
+    setup s = make(16 * GIB, 64 * MIB, 0);
+    unsigned ok = 0;
+    blk b[128];
+    while (ok < 128) {
+        blk x = { 0 };
+        if (shim_arena_alloc(s.a, 1 * MIB, &x.addr, &x.node, &x.taken) != 0)
+            break;
+        b[ok++] = x;
+    }
+    cr_assert_geq(ok, 63, "only %u MiB served under a 64 MiB limit", ok);
+    cr_assert_leq(ok, 64);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_leq(c.reserved_bytes, 64 * MIB);
+    cr_assert_eq(shim_arena_limit(s.a), 64 * MIB);
+    for (unsigned i = 0; i < ok; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    unmake(s);
+}
+
+Test(arena, a_request_above_the_limit_fails_without_reserving)
+{
+    setup s = make(16 * GIB, 64 * MIB, 0);
+    blk x = { 0 };
+    cr_assert_eq(shim_arena_alloc(s.a, 65 * MIB, &x.addr, &x.node, &x.taken), -1);
+    cr_assert_eq(s.f->reserves, 0);
+    cr_assert_eq(counters(s.a).reserved_bytes, 0);
+    unmake(s);
+}
+
+Test(arena, the_limit_frees_cached_empty_regions_to_make_room)
+{
+    setup s = make(16 * GIB, 4 * MIB, 2 * MIB);
+    blk a1 = must_alloc(s.a, 1 * MIB);
+    blk a2 = must_alloc(s.a, 1 * MIB + 512 * KIB);   /* second region */
+    shim_arena_free_node(s.a, a1.node);             /* first region empty, cached */
+    shim_arena_free_node(s.a, a2.node);             /* second released */
+    cr_assert_eq(counters(s.a).reserved_bytes, 2 * MIB);
+    /* 3 MiB needs a dedicated region; only the cached region's release
+     * makes room for it under the limit. */
+    blk big = must_alloc(s.a, 3 * MIB);
+    cr_assert_eq(counters(s.a).reserved_bytes, 3 * MIB);
+    shim_arena_free_node(s.a, big.node);
+    unmake(s);
+}
+
+Test(arena, backend_refusing_every_region_makes_alloc_fail_cleanly)
+{
+    setup s = make(16 * GIB, 0, 0);
+    s.f->refuse_all = true;
+    blk x = { 0 };
+    cr_assert_eq(shim_arena_alloc(s.a, 4096, &x.addr, &x.node, &x.taken), -1);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.reserved_bytes, 0);
+    cr_assert_eq(c.regions, 0);
+    cr_assert_eq(c.used_bytes, 0);
+    s.f->refuse_all = false;
+    blk y = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, y.node);
+    unmake(s);
+}
+
+Test(arena, backend_refusing_a_whole_region_still_serves_a_request_that_fits)
+{
+    setup s = make(16 * GIB, 0, 64 * MIB);
+    s.f->max_reserve = 5 * MIB;
+    s.f->info_fails = true;
+    blk x = must_alloc(s.a, 3 * MIB);
+    cr_assert_geq(s.f->refusals, 1);
+    const range *r = fake_find(s.f, x.addr);
+    cr_assert_not_null(r);
+    cr_assert_leq(r->size, 5 * MIB);
+    shim_arena_free_node(s.a, x.node);
+    unmake(s);
+}
+
+Test(arena, regions_shrink_to_the_runtimes_free_memory)
+{
+    setup s = make(3 * MIB, 0, 64 * MIB);
+    blk x = must_alloc(s.a, 1 * MIB);
+    blk y = must_alloc(s.a, 1 * MIB);
+    cr_assert_eq(s.f->refusals, 0, "the region was cut to what mem_info reports free");
+    cr_assert_leq(counters(s.a).reserved_bytes, 3 * MIB);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    unmake(s);
+}
+
+Test(arena, counters_track_usage_and_peaks)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk x = must_alloc(s.a, 100 * KIB);
+    blk y = must_alloc(s.a, 200 * KIB);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.used_bytes, x.taken + y.taken);
+    cr_assert_eq(c.reserved_bytes, 1 * MIB);
+    cr_assert_eq(c.regions, 1);
+    cr_assert_eq(c.regions_reserved, 1);
+    shim_arena_free_node(s.a, y.node);
+    c = counters(s.a);
+    cr_assert_eq(c.used_bytes, x.taken);
+    cr_assert_eq(c.peak_used_bytes, x.taken + y.taken);
+    blk d = must_alloc(s.a, 950 * KIB);           /* more than is free: dedicated */
+    c = counters(s.a);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + 950 * KIB);
+    shim_arena_free_node(s.a, d.node);
+    shim_arena_free_node(s.a, x.node);
+    c = counters(s.a);
+    cr_assert_eq(c.used_bytes, 0);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + 950 * KIB);
+    cr_assert_eq(c.peak_used_bytes, x.taken + d.taken);
+    cr_assert_eq(c.regions_released, 1);
+    unmake(s);
+}
+
+Test(arena, requests_are_rounded_up_to_their_size_class_only)
+{
+    setup s = make(16 * GIB, 0, 0);
+    uint64_t seed = 7;
+    for (int i = 0; i < 2000; i++) {
+        size_t size = rand_size(&seed, 8 * MIB);
+        blk b = must_alloc(s.a, size);
+        size_t aligned = (size + 255) & ~(size_t)255;
+        cr_assert_geq(b.taken, aligned);
+        /* Within one sub-bin of 1/32 above the aligned size. */
+        cr_assert_leq((double)b.taken, (double)aligned * (1.0 + 1.0 / 16), "size %zu took %zu",
+                      size, b.taken);
+        shim_arena_free_node(s.a, b.node);
+    }
+    unmake(s);
+}
+
+Test(arena, classify_tells_live_free_interior_and_outside_addresses)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk x = must_alloc(s.a, 4096);
+    blk y = must_alloc(s.a, 4096);
+    blk z = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, y.node);
+    uintptr_t rb = 0;
+    size_t rs = 0;
+    cr_assert_eq(shim_arena_classify(s.a, x.addr, &rb, &rs), SHIM_ADDR_LIVE_START);
+    cr_assert_eq(rs, 1 * MIB);
+    cr_assert(x.addr >= rb && x.addr < rb + rs);
+    cr_assert_eq(shim_arena_classify(s.a, y.addr, NULL, NULL), SHIM_ADDR_FREE_START,
+                 "a freed block's start reads as a double free");
+    cr_assert_eq(shim_arena_classify(s.a, x.addr + 256, NULL, NULL), SHIM_ADDR_INTERIOR);
+    cr_assert_eq(shim_arena_classify(s.a, z.addr + 4095, NULL, NULL), SHIM_ADDR_INTERIOR);
+    cr_assert_eq(shim_arena_classify(s.a, z.addr, NULL, NULL), SHIM_ADDR_LIVE_START);
+    /* The trailing free block is free at its start and interior beyond. */
+    uintptr_t tail = z.addr + z.taken;
+    cr_assert_eq(shim_arena_classify(s.a, tail, NULL, NULL), SHIM_ADDR_FREE_START);
+    cr_assert_eq(shim_arena_classify(s.a, tail + 512, NULL, NULL), SHIM_ADDR_INTERIOR);
+    cr_assert_eq(shim_arena_classify(s.a, rb - 1, NULL, NULL), SHIM_ADDR_OUTSIDE);
+    cr_assert_eq(shim_arena_classify(s.a, rb + rs, NULL, NULL), SHIM_ADDR_OUTSIDE);
+    cr_assert_eq(shim_arena_classify(s.a, 0x1000, NULL, NULL), SHIM_ADDR_OUTSIDE);
+    cr_assert_eq(shim_arena_classify(s.a, UINTPTR_MAX, NULL, NULL), SHIM_ADDR_OUTSIDE);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, z.node);
+    unmake(s);
+}
+
+Test(arena, classify_finds_the_right_region_among_many)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[40];
+    for (int i = 0; i < 40; i++)
+        b[i] = must_alloc(s.a, 700 * KIB);          /* one region each (dedicated) */
+    for (int i = 0; i < 40; i++) {
+        uintptr_t rb = 0;
+        size_t rs = 0;
+        cr_assert_eq(shim_arena_classify(s.a, b[i].addr, &rb, &rs), SHIM_ADDR_LIVE_START);
+        cr_assert_eq(rb, b[i].addr);
+        cr_assert_eq(shim_arena_classify(s.a, b[i].addr + b[i].taken, NULL, NULL), SHIM_ADDR_OUTSIDE,
+                     "the gap after a region is outside");
+    }
+    for (int i = 0; i < 40; i += 2)
+        shim_arena_free_node(s.a, b[i].node);
+    for (int i = 0; i < 40; i++)
+        cr_assert_eq(shim_arena_classify(s.a, b[i].addr, NULL, NULL),
+                     i % 2 ? SHIM_ADDR_LIVE_START : SHIM_ADDR_OUTSIDE);
+    for (int i = 1; i < 40; i += 2)
+        shim_arena_free_node(s.a, b[i].node);
+    unmake(s);
+}
+
+Test(arena, freeing_a_handle_twice_or_a_bogus_handle_changes_nothing)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk x = must_alloc(s.a, 4096);
+    blk y = must_alloc(s.a, 4096);
+    cr_assert_eq(shim_arena_free_node(s.a, x.node), x.taken);
+    shim_arena_counters before = counters(s.a);
+    cr_assert_eq(shim_arena_free_node(s.a, x.node), 0);
+    cr_assert_eq(shim_arena_free_node(s.a, 123456), 0);
+    cr_assert_eq(shim_arena_free_node(s.a, UINT32_MAX), 0);
+    shim_arena_counters after = counters(s.a);
+    cr_assert_eq(memcmp(&before, &after, sizeof before), 0);
+    shim_arena_free_node(s.a, y.node);
+    unmake(s);
+}
+
+Test(arena, adaptive_regions_are_small_for_a_small_runtime_and_grow_with_use)
+{
+    setup s = make(256 * MIB, 0, 0);
+    blk x = must_alloc(s.a, 4096);
+    cr_assert_leq(counters(s.a).reserved_bytes, 8 * MIB,
+                  "a 256 MiB runtime does not get a huge first region");
+    shim_arena_free_node(s.a, x.node);
+    unmake(s);
+
+    s = make(64 * GIB, 0, 0);
+    blk b[400];
+    for (int i = 0; i < 400; i++)
+        b[i] = must_alloc(s.a, 4 * MIB);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_leq((double)c.reserved_bytes, 400.0 * 4 * MIB * 1.15,
+                  "the slack stays a small fraction (%" PRIu64 " reserved)", c.reserved_bytes);
+    cr_assert_lt(c.regions, 60, "regions grow with use (%" PRIu64 " regions)", c.regions);
+    for (int i = 0; i < 400; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    unmake(s);
+}

@@ -1,0 +1,133 @@
+/* The device layer's behaviour at its edges: bad frees, foreign pointers,
+ * the limit, the memory-info view, size 0, fork. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "fake_runtime.h"
+#include "options.h"
+
+#define MB ((size_t)1 << 20)
+
+static spyreshim_stats stats_of(shim_device *d)
+{
+    spyreshim_stats s = {.size = sizeof s};
+    shim_device_add_stats(d, &s);
+    return s;
+}
+
+Test(device, double_free_and_interior_pointer_are_rejected_and_state_survives)
+{
+    shim_device *d = fake_device(256 * MB);
+    void *a, *b;
+    cr_assert_eq(shim_device_malloc(d, &a, MB), 0);
+    cr_assert_eq(shim_device_malloc(d, &b, MB), 0);
+    cr_assert_eq(shim_device_free(d, (char *)b + 256), 1, "interior pointer accepted");
+    cr_assert_eq(shim_device_free(d, a), 0);
+    cr_assert_eq(shim_device_free(d, a), 1, "double free accepted");
+    spyreshim_stats s = stats_of(d);
+    cr_assert_eq(s.invalid_frees, 2);
+    cr_assert_eq(s.used_bytes, MB);
+    cr_assert_eq(fake.bad_frees, 0, "a bad pointer reached the runtime");
+    /* The allocator still works and b is intact. */
+    cr_assert_eq(shim_device_malloc(d, &a, MB), 0);
+    cr_assert_neq(a, b);
+    cr_assert_eq(shim_device_free(d, b), 0);
+    cr_assert_eq(shim_device_free(d, a), 0);
+    cr_assert_eq(stats_of(d).used_bytes, 0);
+}
+
+Test(device, foreign_pointer_is_passed_to_the_real_free)
+{
+    shim_device *d = fake_device(256 * MB);
+    void *mine;
+    cr_assert_eq(shim_device_malloc(d, &mine, MB), 0);
+    void *foreign;
+    cr_assert_eq(fake_malloc(&foreign, 4096), 0); /* allocated behind the shim's back */
+    unsigned frees = fake.frees;
+    cr_assert_eq(shim_device_free(d, foreign), 0);
+    cr_assert_eq(fake.frees, frees + 1);
+    cr_assert_eq(stats_of(d).foreign_frees, 1);
+    cr_assert_eq(shim_device_free(d, NULL), 0);
+}
+
+static void limit_64m(void)
+{
+    setenv("SPYRESHIM_LIMIT", "64M", 1);
+    shim_options_reload();
+}
+
+Test(device, limit_serves_close_to_the_limit_and_no_more, .init = limit_64m)
+{
+    shim_device *d = fake_device((size_t)1 << 30);
+    void *p;
+    size_t n = 0;
+    while (shim_device_malloc(d, &p, MB) == 0)
+        n++;
+    cr_assert_geq(n, 60, "only %zu MiB served under a 64 MiB limit", n);
+    cr_assert_leq(n, 64);
+    spyreshim_stats s = stats_of(d);
+    cr_assert_leq(s.peak_reserved_bytes, 64 * MB);
+    size_t f, t;
+    cr_assert_eq(shim_device_mem_info(d, &f, &t), 0);
+    cr_assert_eq(t, 64 * MB);
+    cr_assert_leq(f, t);
+    cr_assert_lt(f, MB, "free %zu reported while 1 MiB requests fail", f);
+}
+
+Test(device, mem_info_never_exceeds_the_runtime)
+{
+    shim_device *d = fake_device(128 * MB);
+    size_t f, t;
+    cr_assert_eq(shim_device_mem_info(d, &f, &t), 0);
+    cr_assert_eq(t, 128 * MB);
+    cr_assert_leq(f, t);
+    void *p;
+    cr_assert_eq(shim_device_malloc(d, &p, 10 * MB), 0);
+    cr_assert_eq(shim_device_mem_info(d, &f, &t), 0);
+    cr_assert_leq(f, 118 * MB);
+    cr_assert_geq(f, 100 * MB);
+    cr_assert_eq(shim_device_mem_info(d, NULL, &t), 1);
+}
+
+Test(device, zero_size_behaves_as_the_runtime)
+{
+    shim_device *d = fake_device(128 * MB);
+    void *p = (void *)1;
+    cr_assert_eq(shim_device_malloc(d, &p, 0), 0);
+    cr_assert_null(p);
+    cr_assert_eq(shim_device_malloc(d, NULL, 16), 1);
+    cr_assert_eq(stats_of(d).allocs, 0);
+}
+
+Test(device, blocks_are_aligned_and_distinct)
+{
+    shim_device *d = fake_device(512 * MB);
+    void *p[64];
+    for (int i = 0; i < 64; i++) {
+        cr_assert_eq(shim_device_malloc(d, &p[i], 1000 + (size_t)i * 4099), 0);
+        cr_assert_eq((uintptr_t)p[i] % 256, 0);
+        for (int j = 0; j < i; j++)
+            cr_assert_neq(p[i], p[j]);
+    }
+    cr_assert_eq(stats_of(d).allocs, 64);
+}
+
+Test(device, fork_child_can_allocate_and_free)
+{
+    shim_device *d = fake_device(256 * MB);
+    void *p;
+    cr_assert_eq(shim_device_malloc(d, &p, MB), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        void *q;
+        int ok = shim_device_malloc(d, &q, MB) == 0 && shim_device_free(d, q) == 0 &&
+                 shim_device_free(d, p) == 0;
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    cr_assert_eq(shim_device_free(d, p), 0);
+}
