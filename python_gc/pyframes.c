@@ -173,7 +173,8 @@ static bool use_debug_offsets(const shim_python *py, shim_pylayout *L)
     return true;
 }
 
-int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, const char **why)
+int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published,
+                         const char **why)
 {
     memset(L, 0, sizeof *L);
     if (!py || py->kind != SHIM_PY_CPYTHON) {
@@ -210,6 +211,8 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, const char **w
         return -1;
     }
     size_t shift = L->ob_type - 8;
+    /* PyASCIIObject: the header, the length, then the hash. */
+    L->str_hash = L->ob_type + 8 + 8;
     L->minor = py->minor;
     L->free_threaded = py->free_threaded || (shift && py->minor >= 13);
     L->check_refcnt = shift == 0;
@@ -227,7 +230,7 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, const char **w
     L->co_code_adaptive = B->co_code_adaptive ? B->co_code_adaptive + shift : 0;
     L->co_firsttraceable = B->co_firsttraceable ? B->co_firsttraceable + shift : 0;
     L->source = "built-in table";
-    if (py->minor == 13)
+    if (published && py->minor == 13)
         use_debug_offsets(py, L);
     if (L->instr == SHIM_PYINSTR_POINTER) {
         /* Code objects are variable-sized with the bytecode last, so the
@@ -270,10 +273,11 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
     if (type != L->code_type)
         return false;           /* 3.13 shim frames hold None */
     int32_t line;
-    uintptr_t name, file;
+    uintptr_t name, file, hash;
     if (!rd_i32(safe, code + L->co_firstlineno, &line) ||
         !rd_word(safe, code + L->co_name, &name) ||
-        !rd_word(safe, code + L->co_filename, &file)) {
+        !rd_word(safe, code + L->co_filename, &file) ||
+        !plausible(name) || !rd_word(safe, name + L->str_hash, &hash)) {
         *stop = true;
         return false;
     }
@@ -312,6 +316,7 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
     }
     f->code = code;
     f->name = name;
+    f->name_hash = (intptr_t)hash;
     f->file = file;
     f->firstlineno = line;
     f->offset = off;
@@ -350,11 +355,13 @@ unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
 bool shim_pyframes_still_alive(const shim_pylayout *L, const shim_pyrawframe *f)
 {
     uintptr_t type, name, file, refcnt;
+    intptr_t hash;
     int32_t line;
     if (!plausible(f->code) ||
         !safe_copy(&type, f->code + L->ob_type, sizeof type) || type != L->code_type ||
         !safe_copy(&line, f->code + L->co_firstlineno, sizeof line) || line != f->firstlineno ||
         !safe_copy(&name, f->code + L->co_name, sizeof name) || name != f->name ||
+        !safe_copy(&hash, name + L->str_hash, sizeof hash) || hash != f->name_hash ||
         !safe_copy(&file, f->code + L->co_filename, sizeof file) || file != f->file)
         return false;
     /* A freed block's first word is the allocator's free-list link, far

@@ -9,11 +9,15 @@
 #include <stdint.h>
 #include "find.h"
 
-/* One frame as read from memory. `name`, `file` and `firstlineno` are read
- * only to recognize the code object later (its address may be reused). */
+/* One frame as read from memory. `name`, `name_hash`, `file` and
+ * `firstlineno` are read only to recognize the code object later: its
+ * address may be reused, and so may its name's; the name's hash is
+ * content, cached in every str from 3.8 on (code names are interned, so
+ * the hash is always computed). */
 typedef struct shim_pyrawframe {
     uintptr_t code;
     uintptr_t name;          /* co_name */
+    intptr_t name_hash;      /* co_name's cached hash */
     uintptr_t file;          /* co_filename */
     int32_t offset;          /* instruction offset in bytes (PyCode_Addr2Line's unit) */
     int32_t firstlineno;
@@ -30,6 +34,7 @@ typedef struct shim_pylayout {
     bool free_threaded;
     bool check_refcnt;           /* ob_refcnt is one plain word at offset 0 */
     size_t ob_type;              /* PyObject.ob_type */
+    size_t str_hash;             /* PyASCIIObject.hash */
     uintptr_t code_type;         /* &PyCode_Type */
     uintptr_t frame_type;        /* &PyFrame_Type (3.8-3.10 frames are objects) */
     /* Thread state to innermost frame: tstate->ts_frame, then, on 3.11 and
@@ -48,10 +53,13 @@ typedef struct shim_pylayout {
     const char *source;          /* "built-in table" or "_Py_DebugOffsets" */
 } shim_pylayout;
 
-/* Fills *L for interpreter `py`; reads a few process-global symbols. Returns
+/* Fills *L for interpreter `py`; reads a few process-global symbols. With
+ * `published`, offsets the runtime publishes (3.13's _Py_DebugOffsets) win
+ * over the built-in table (tests turn it off to check the table). Returns
  * 0, or -1 with a one-line reason in *why (an unsupported version, PyPy, a
- * missing symbol). */
-int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, const char **why);
+ * missing symbol, a layout that does not match the running build). */
+int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published,
+                         const char **why);
 
 /* Walks the frame chain of thread state `tstate`, innermost first, into
  * out[0..max). Stops at the first pointer that fails validation, so a wrong

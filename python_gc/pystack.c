@@ -111,13 +111,14 @@ static inline uint64_t frame_hash(const shim_pyrawframe *f, uint32_t ep)
 {
     uint64_t h = mix(ep, f->code);
     h = mix(h, ((uint64_t)(uint32_t)f->offset << 32) | (uint32_t)f->firstlineno);
-    return mix(h, f->name ^ (f->file << 1));
+    h = mix(h, f->name ^ (f->file << 1));
+    return mix(h, (uint64_t)f->name_hash);
 }
 
 static inline bool raw_equal(const shim_pyrawframe *a, const shim_pyrawframe *b)
 {
     return a->code == b->code && a->offset == b->offset && a->name == b->name &&
-           a->file == b->file && a->firstlineno == b->firstlineno;
+           a->name_hash == b->name_hash && a->file == b->file && a->firstlineno == b->firstlineno;
 }
 
 static void lock_atfork_prepare(void) { pthread_mutex_lock(&stack_lock); }
@@ -130,46 +131,59 @@ static void lock_atfork_register(void)
 
 static void on_finalize(void);
 
-#define SYM(field, name) ((*(void **)&api.field = shim_python_sym(py, name)) != NULL)
+#define SYM(field, name) ((*(void **)&a.field = shim_python_sym(py, name)) != NULL)
 
-/* Locates the interpreter and its layout. Called under stack_lock. */
-static void setup_locked(void)
+/* Locates the interpreter, its layout and entry points. Runs without
+ * stack_lock: discovery and symbol lookup take the dynamic loader's lock,
+ * which a library constructor that allocates holds while it waits for
+ * ours. Concurrent first captures may both do it; the first publishes. */
+static void setup(void)
 {
-    if (atomic_load(&state) != ST_UNKNOWN)
-        return;
     const shim_python *py = shim_python_find();
     if (!py)
         return;                      /* maybe later: Python may be loaded yet */
+    shim_pylayout l;
+    pyapi a;
     const char *why = NULL;
-    if (shim_pyframes_layout(py, &L, &why) != 0) {
+    int result = ST_READY;
+    if (shim_pyframes_layout(py, &l, true, &why) != 0) {
         if (py->kind == SHIM_PY_CPYTHON)
             shim_warn("Python stacks off for CPython %d.%d: %s", py->major, py->minor, why);
         else
             shim_debug("Python stacks off: %s", why);
-        atomic_store(&state, ST_OFF);
-        return;
+        result = ST_OFF;
+    } else {
+        bool ok = SYM(gilstate_tstate, "PyGILState_GetThisThreadState");
+        ok &= SYM(current_tstate, "PyThreadState_GetUnchecked") ||
+              SYM(current_tstate, "_PyThreadState_UncheckedGet");
+        ok &= SYM(incref, "Py_IncRef");
+        ok &= SYM(decref, "Py_DecRef");
+        ok &= SYM(addr2line, "PyCode_Addr2Line");
+        ok &= SYM(as_utf8, "PyUnicode_AsUTF8");
+        ok &= SYM(is_initialized, "Py_IsInitialized");
+        ok &= SYM(is_finalizing, "Py_IsFinalizing") || SYM(is_finalizing, "_Py_IsFinalizing");
+        ok &= SYM(err_fetch, "PyErr_Fetch");
+        ok &= SYM(err_restore, "PyErr_Restore");
+        if (!ok) {
+            shim_warn("Python stacks off: a C API function is missing from %s",
+                      py->path ? py->path : "the interpreter");
+            result = ST_OFF;
+        }
     }
-    bool ok = SYM(gilstate_tstate, "PyGILState_GetThisThreadState");
-    ok &= SYM(current_tstate, "PyThreadState_GetUnchecked") ||
-          SYM(current_tstate, "_PyThreadState_UncheckedGet");
-    ok &= SYM(incref, "Py_IncRef");
-    ok &= SYM(decref, "Py_DecRef");
-    ok &= SYM(addr2line, "PyCode_Addr2Line");
-    ok &= SYM(as_utf8, "PyUnicode_AsUTF8");
-    ok &= SYM(is_initialized, "Py_IsInitialized");
-    ok &= SYM(is_finalizing, "Py_IsFinalizing") || SYM(is_finalizing, "_Py_IsFinalizing");
-    ok &= SYM(err_fetch, "PyErr_Fetch");
-    ok &= SYM(err_restore, "PyErr_Restore");
-    if (!ok) {
-        shim_warn("Python stacks off: a C API function is missing from %s",
-                  py->path ? py->path : "the interpreter");
-        atomic_store(&state, ST_OFF);
-        return;
+    bool first = false;
+    pthread_mutex_lock(&stack_lock);
+    if (atomic_load(&state) == ST_UNKNOWN) {
+        L = l;
+        api = a;
+        atomic_store_explicit(&state, result, memory_order_release);
+        first = result == ST_READY;
     }
-    shim_debug("Python stacks: CPython %d.%d%s, frame layout from the %s", py->major, py->minor,
-               L.free_threaded ? " (free-threaded)" : "", L.source);
-    shim_pygc_on_finalize(on_finalize);
-    atomic_store(&state, ST_READY);
+    pthread_mutex_unlock(&stack_lock);
+    if (first) {
+        shim_debug("Python stacks: CPython %d.%d%s, frame layout from the %s", py->major,
+                   py->minor, L.free_threaded ? " (free-threaded)" : "", L.source);
+        shim_pygc_on_finalize(on_finalize);
+    }
 }
 
 static bool ready(void)
@@ -181,9 +195,7 @@ static bool ready(void)
         return false;
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, lock_atfork_register);
-    pthread_mutex_lock(&stack_lock);
-    setup_locked();
-    pthread_mutex_unlock(&stack_lock);
+    setup();
     return atomic_load_explicit(&state, memory_order_acquire) == ST_READY;
 }
 

@@ -115,19 +115,19 @@ EXPORT int pystack_test_finalize(void)
 
 /* The layout in use, "name value" per line, for comparison with offsets
  * compiled from the interpreter's own headers. */
-EXPORT int pystack_test_layout(char *buf, size_t size)
+EXPORT int pystack_test_layout(int published, char *buf, size_t size)
 {
     shim_pylayout L;
     const char *why = "";
-    if (shim_pyframes_layout(shim_python_find(), &L, &why) != 0) {
+    if (shim_pyframes_layout(shim_python_find(), &L, published != 0, &why) != 0) {
         snprintf(buf, size, "error %s\n", why);
         return -1;
     }
     snprintf(buf, size,
-             "ob_type %zu\nts_frame %zu\ncf_current %td\nfr_back %zu\nfr_code %zu\n"
+             "ob_type %zu\nstr_hash %zu\nts_frame %zu\ncf_current %td\nfr_back %zu\nfr_code %zu\n"
              "fr_instr %zu\nfr_owner %td\nco_firstlineno %zu\nco_filename %zu\nco_name %zu\n"
              "co_qualname %td\nco_code_adaptive %zu\nco_firsttraceable %zu\nsource %s\n",
-             L.ob_type, L.ts_frame, L.cf_current, L.fr_back, L.fr_code, L.fr_instr, L.fr_owner,
+             L.ob_type, L.str_hash, L.ts_frame, L.cf_current, L.fr_back, L.fr_code, L.fr_instr, L.fr_owner,
              L.co_firstlineno, L.co_filename, L.co_name, L.co_qualname, L.co_code_adaptive,
              L.co_firsttraceable, L.source);
     return 0;
