@@ -1,9 +1,341 @@
-/* The Python GC pressure callback (first version: interface only; the
- * collection itself follows). */
-#include "pygc.h"
+/* The pressure callback that runs Python's garbage collector, and its
+ * adaptive back-off and statistics.
+ *
+ * Entered with the allocator lock held (the contract in spyreshim.h); it
+ * releases the lock at once, because everything after may block: looking
+ * for the interpreter (the dynamic loader's lock), the GIL, waiting for the
+ * GC thread. It re-acquires it before returning. Lock order, always:
+ * allocator lock -> (release) -> GIL -> (release) -> allocator lock.
+ *
+ * Paths: a thread attached to Python collects inline (it holds the GIL
+ * already); any other thread hands the collection to the shim's GC thread
+ * and waits with a bound (SPYRESHIM_GC_TIMEOUT_MS), failing just that one
+ * request when the bound passes. Never PyGILState_Ensure on a thread the
+ * shim does not own.
+ *
+ * Owns: the counters (atomics) and the back-off state (atomics). No lock. */
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
-void shim_pygc_init(void) {}
-void shim_pygc_add_stats(spyreshim_stats *s) { (void)s; }
-void shim_pygc_write_json(FILE *f) { (void)f; }
-void shim_pygc_on_finalize(void (*fn)(void)) { (void)fn; }
-void shim_pygc_atfork_child(void) {}
+#include "collect.h"
+#include "gate.h"
+#include "gcthread.h"
+#include "log.h"
+#include "options.h"
+#include "pressure.h"
+#include "pygc.h"
+#include "pyapi.h"
+
+#define SKIP_REASONS(X)                                                            \
+    X(not_initialized, "the interpreter is not initialized")                      \
+    X(finalizing, "the interpreter is finalizing")                                \
+    X(gate_closed, "the exit gate is closed")                                     \
+    X(subinterpreter, "a subinterpreter's thread holds the GIL (3.11 and older)") \
+    X(subinterpreter_unarmed, "subinterpreter caller before the gate was armed")  \
+    X(pypy_threads, "PyPy threads not initialized yet; caller is a foreign thread") \
+    X(no_thread, "the GC thread could not be started")
+
+enum skip_reason {
+#define X(name, doc) SKIP_##name,
+    SKIP_REASONS(X)
+#undef X
+    SKIP_COUNT
+};
+
+static const char *const skip_names[SKIP_COUNT] = {
+#define X(name, doc) #name,
+    SKIP_REASONS(X)
+#undef X
+};
+
+static struct {
+    _Atomic uint64_t events;          /* callback invocations */
+    _Atomic uint64_t event_ns;        /* callback wall time, waits included */
+    _Atomic uint64_t collections, inline_collections, thread_collections;
+    _Atomic uint64_t collect_ns, max_collect_ns;
+    _Atomic uint64_t recovered;
+    _Atomic uint64_t timeouts;
+    _Atomic uint64_t skipped[SKIP_COUNT];
+    _Atomic uint64_t backoff_skips;
+    _Atomic uint64_t no_python;       /* events in a process without Python */
+    _Atomic uint64_t detaches;        /* waits for another event, detached */
+} st;
+
+/* Back-off: after a collection that freed nothing, pressure events within
+ * a window are not collected. The window is the fruitless event's own
+ * duration times 2^level (level grows with consecutive fruitless
+ * collections, at most 1 s), so a program that is simply out of memory
+ * spends a bounded fraction of its time collecting; the first collection
+ * that frees anything resets it. */
+#define BACKOFF_MAX_LEVEL 10
+#define BACKOFF_MAX_NS 1000000000ull
+#define BACKOFF_MIN_NS 50000ull
+static _Atomic uint64_t backoff_until;
+static _Atomic unsigned backoff_level;
+
+static _Atomic bool enabled;
+static unsigned timeout_ms;
+
+static void skip(enum skip_reason r)
+{
+    atomic_fetch_add(&st.skipped[r], 1);
+}
+
+static void note_collection(const shim_collect_result *r, bool on_thread)
+{
+    atomic_fetch_add(&st.collections, 1);
+    atomic_fetch_add(on_thread ? &st.thread_collections : &st.inline_collections, 1);
+    atomic_fetch_add(&st.collect_ns, r->ns);
+    atomic_fetch_add(&st.recovered, r->freed);
+    uint64_t m = atomic_load(&st.max_collect_ns);
+    while (r->ns > m && !atomic_compare_exchange_weak(&st.max_collect_ns, &m, r->ns))
+        ;
+}
+
+static void thread_observer(const shim_collect_result *r)
+{
+    note_collection(r, true);
+}
+
+static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
+{
+    if (freed > 0) {
+        atomic_store(&backoff_level, 0);
+        atomic_store(&backoff_until, 0);
+        return;
+    }
+    unsigned level = atomic_load(&backoff_level);
+    if (level < BACKOFF_MAX_LEVEL)
+        level++;
+    atomic_store(&backoff_level, level);
+    uint64_t window = (event_ns > BACKOFF_MIN_NS ? event_ns : BACKOFF_MIN_NS) << level;
+    if (window > BACKOFF_MAX_NS)
+        window = BACKOFF_MAX_NS;
+    atomic_store(&backoff_until, now + window);
+}
+
+/* GIL held (the caller is attached): collect on this thread. */
+static bool collect_inline(const shim_pyapi *api, enum shim_py_attach a, shim_collect_result *r)
+{
+    if (api->pypy && api->is_finalizing()) {
+        skip(SKIP_finalizing);
+        return false;
+    }
+    enum shim_gate_verdict v = shim_gate_enter(api);
+    if (v == SHIM_GATE_REFUSE) {
+        skip(SKIP_gate_closed);
+        return false;
+    }
+    if (v == SHIM_GATE_ADMIT_UNARMED) {
+        if (a != SHIM_PY_ATTACHED_MAIN) {
+            shim_gate_leave();
+            skip(SKIP_subinterpreter_unarmed);
+            return false;
+        }
+        shim_gate_arm(api);
+    }
+    if (api->pypy)
+        shim_pypy_threads_init(api);
+    shim_collect_with_gil(api, r);
+    shim_gate_leave();
+    note_collection(r, false);
+    return true;
+}
+
+static bool is_main_thread(void)
+{
+    return (pid_t)syscall(SYS_gettid) == getpid();
+}
+
+/* Allocator lock NOT held. */
+static void run_event(void)
+{
+    const shim_pyapi *api = shim_pyapi_get();
+    if (!api) {
+        atomic_fetch_add(&st.no_python, 1);
+        return;
+    }
+    uint64_t start = shim_now_ns();
+    if (start < atomic_load(&backoff_until)) {
+        atomic_fetch_add(&st.backoff_skips, 1);
+        return;
+    }
+    if (!api->pypy) {
+        if (!api->is_initialized()) {
+            skip(SKIP_not_initialized);
+            return;
+        }
+        if (api->is_finalizing()) {
+            skip(SKIP_finalizing);
+            return;
+        }
+    }
+
+    uint64_t freed0 = shim_pressure_freed_total();
+    shim_collect_result r;
+    bool collected = false;
+    enum shim_py_attach a = shim_py_attachment(api);
+    switch (a) {
+    case SHIM_PY_ATTACHED_MAIN:
+    case SHIM_PY_ATTACHED_SUB:
+        collected = collect_inline(api, a, &r);
+        break;
+    case SHIM_PY_SUB_UNKNOWN:
+        skip(SKIP_subinterpreter);
+        return;
+    case SHIM_PY_DETACHED:
+        if (api->pypy && !shim_pypy_threads_ready() && !is_main_thread()) {
+            /* Only the main thread has run Python so far: the GIL may be
+             * held, and waiting for an uninitialized one aborts. */
+            skip(SKIP_pypy_threads);
+            return;
+        }
+        switch (shim_gcthread_collect(api, timeout_ms, &r)) {
+        case SHIM_GCT_COLLECTED:
+            collected = true;
+            break;
+        case SHIM_GCT_TIMEOUT:
+            atomic_fetch_add(&st.timeouts, 1);
+            shim_pressure_give_up();
+            shim_debug("python_gc: no collection within %u ms; failing this request", timeout_ms);
+            return;
+        case SHIM_GCT_NOT_RUNNING:
+            skip(SKIP_finalizing);
+            return;
+        case SHIM_GCT_GATE_CLOSED:
+            skip(SKIP_gate_closed);
+            return;
+        case SHIM_GCT_NO_THREAD:
+            skip(SKIP_no_thread);
+            return;
+        }
+        break;
+    }
+    if (collected) {
+        uint64_t end = shim_now_ns();
+        update_backoff(shim_pressure_freed_total() - freed0, end - start, end);
+    }
+}
+
+static void pressure_cb(spyreshim_lock *lock, size_t want, void *user)
+{
+    (void)want;
+    (void)user;
+    spyreshim_lock_release(lock);
+    uint64_t t0 = shim_now_ns();
+    atomic_fetch_add(&st.events, 1);
+    run_event();
+    atomic_fetch_add(&st.event_ns, shim_now_ns() - t0);
+    spyreshim_lock_acquire(lock);
+}
+
+void shim_pygc_init(void)
+{
+    const shim_options *o = shim_opts();
+    if (!o->gc)
+        return;
+    timeout_ms = o->gc_timeout_ms ? o->gc_timeout_ms : 1;
+    unsigned gate_ms = timeout_ms * 4 < 10000 ? 10000 : timeout_ms * 4;
+    shim_gate_set_wait_ms(gate_ms > 60000 ? 60000 : gate_ms);
+    shim_gcthread_set_observer(thread_observer);
+    if (spyreshim_register_pressure_callback(pressure_cb, NULL) != 0) {
+        shim_warn("python_gc: cannot register the pressure callback");
+        return;
+    }
+    atomic_store(&enabled, true);
+}
+
+static __thread shim_pytstate *detached_ts;
+static __thread const shim_pyapi *detached_api;
+
+void *shim_pygc_detach(void)
+{
+    if (!atomic_load(&enabled) || detached_api)
+        return NULL;
+    const shim_pyapi *api = shim_pyapi_cached();
+    if (!api)
+        return NULL;
+    if (!api->pypy && (!api->is_initialized() || api->is_finalizing()))
+        return NULL;
+    enum shim_py_attach a = shim_py_attachment(api);
+    if (a != SHIM_PY_ATTACHED_MAIN && a != SHIM_PY_ATTACHED_SUB)
+        return NULL;
+    if (api->pypy && api->is_finalizing())
+        return NULL;
+    if (api->pypy)
+        shim_pypy_threads_init(api);
+    atomic_fetch_add(&st.detaches, 1);
+    detached_ts = api->save_thread();
+    detached_api = api;
+    return (void *)&detached_api;
+}
+
+void shim_pygc_reattach(void *token)
+{
+    if (!token || !detached_api)
+        return;
+    const shim_pyapi *api = detached_api;
+    shim_pytstate *ts = detached_ts;
+    detached_api = NULL;
+    detached_ts = NULL;
+    api->restore_thread(ts);
+}
+
+void shim_pygc_add_stats(spyreshim_stats *s)
+{
+    s->gc_collections += atomic_load(&st.collections);
+    s->gc_time_ns += atomic_load(&st.collect_ns);
+    s->gc_recovered_bytes += atomic_load(&st.recovered);
+    s->gc_timeouts += atomic_load(&st.timeouts);
+    uint64_t skipped = 0;
+    for (int i = 0; i < SKIP_COUNT; i++)
+        skipped += atomic_load(&st.skipped[i]);
+    s->gc_skipped += skipped;
+    s->gc_backoff_skips += atomic_load(&st.backoff_skips);
+}
+
+void shim_pygc_write_json(FILE *f)
+{
+    const shim_pyapi *api = shim_pyapi_cached();
+    fprintf(f, ",\n  \"gc_enabled\": %s", atomic_load(&enabled) ? "true" : "false");
+    if (api)
+        fprintf(f, ",\n  \"gc_interpreter\": \"%s %d.%d.%d%s\"",
+                api->pypy ? "PyPy" : "CPython", api->py->major, api->py->minor,
+                api->py->micro, api->py->free_threaded ? " free-threaded" : "");
+    else
+        fprintf(f, ",\n  \"gc_interpreter\": null");
+    fprintf(f, ",\n  \"gc_events\": %" PRIu64, atomic_load(&st.events));
+    fprintf(f, ",\n  \"gc_event_ns\": %" PRIu64, atomic_load(&st.event_ns));
+    fprintf(f, ",\n  \"gc_inline_collections\": %" PRIu64, atomic_load(&st.inline_collections));
+    fprintf(f, ",\n  \"gc_thread_collections\": %" PRIu64, atomic_load(&st.thread_collections));
+    fprintf(f, ",\n  \"gc_max_collect_ns\": %" PRIu64, atomic_load(&st.max_collect_ns));
+    fprintf(f, ",\n  \"gc_events_without_python\": %" PRIu64, atomic_load(&st.no_python));
+    fprintf(f, ",\n  \"gc_detached_waits\": %" PRIu64, atomic_load(&st.detaches));
+    fprintf(f, ",\n  \"gc_skipped_by_reason\": {");
+    for (int i = 0; i < SKIP_COUNT; i++)
+        fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", skip_names[i],
+                atomic_load(&st.skipped[i]));
+    fprintf(f, "}");
+    uint64_t until = atomic_load(&backoff_until);
+    fprintf(f, ",\n  \"gc_backoff\": {\"level\": %u, \"active\": %s}",
+            atomic_load(&backoff_level), until > shim_now_ns() ? "true" : "false");
+    fprintf(f, ",\n  \"gc_interpreter_cycles\": %lu", shim_gate_cycles());
+}
+
+void shim_pygc_on_finalize(void (*fn)(void))
+{
+    if (!fn)
+        return;
+    shim_gate_on_close(fn);
+    /* The functions run only when the gate closes, so it must be armed even
+     * in a program that never runs short of memory. */
+    shim_gate_schedule_arm(shim_pyapi_get());
+}
+
+void shim_pygc_atfork_child(void)
+{
+    shim_gcthread_atfork_child();
+    shim_gate_atfork_child();
+}

@@ -18,6 +18,15 @@ void shim_pygc_write_json(FILE *f);
  * finalization begins (for resolving Python frames while they still exist).
  * Registered functions run once per interpreter lifetime. */
 void shim_pygc_on_finalize(void (*fn)(void));
+/* For the pressure event (pressure.c), around a wait for ANOTHER thread's
+ * event: when the calling thread is attached to Python, detaches it
+ * (PyEval_SaveThread) so that the collection that event runs can take the
+ * GIL, or stop the world on free-threaded builds; otherwise does nothing and
+ * returns NULL. Never blocks, so it may be called with the allocator lock
+ * held. shim_pygc_reattach(token) re-attaches (it waits for the GIL): call
+ * it WITHOUT the allocator lock. */
+void *shim_pygc_detach(void);
+void shim_pygc_reattach(void *token);
 /* fork(): the child has no GC thread; it is started again on demand. */
 void shim_pygc_atfork_child(void);
 

@@ -15,6 +15,7 @@
 
 #include "log.h"
 #include "pressure.h"
+#include "pygc.h"
 
 #define MAX_CALLBACKS 32
 
@@ -136,8 +137,19 @@ bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t
     if (ps->active) {
         uint64_t gen = ps->generation;
         ps->waits++;
+        /* A thread attached to Python must not wait while attached: the
+         * event it waits for may need the GIL (inline collections drop it
+         * between bytecodes; the GC thread needs it) or stop the world
+         * (free-threaded builds). Detaching never blocks; re-attaching
+         * waits for the GIL, so it happens without the lock. */
+        void *py = shim_pygc_detach();
         while (ps->active && ps->generation == gen)
             shim_lock_wait(lock, &ps->done);
+        if (py) {
+            shim_lock_release(lock);
+            shim_pygc_reattach(py);
+            shim_lock_acquire(lock);
+        }
         return true;
     }
 

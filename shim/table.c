@@ -14,21 +14,16 @@
 struct shim_table {
     shim_record *slots;
     size_t mask;                   /* capacity - 1 */
+    unsigned shift;                /* 64 - log2(capacity) */
     size_t count;
 };
 
-/* Device pointers are aligned (256 bytes and more), so their low bits carry
- * nothing: a multiplicative mix followed by a fold spreads every input bit
- * over the bits the mask keeps. */
-static inline size_t hash_ptr(uintptr_t p)
+/* Fibonacci hashing: multiply by 2^64/phi and keep the top bits. Device
+ * pointers are aligned (256 bytes and more), so their low bits carry
+ * nothing; the product's top bits depend on every bit above them. */
+static inline size_t slot_of(const shim_table *t, uintptr_t p)
 {
-    uint64_t x = (uint64_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    x ^= x >> 33;
-    return (size_t)x;
+    return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> t->shift);
 }
 
 static size_t pow2_ceil(size_t x)
@@ -51,6 +46,7 @@ shim_table *shim_table_create(size_t initial_capacity)
         return NULL;
     }
     t->mask = cap - 1;
+    t->shift = 64u - (unsigned)__builtin_ctzll(cap);
     t->count = 0;
     return t;
 }
@@ -69,10 +65,11 @@ static int rehash(shim_table *t, size_t cap)
     if (!ns)
         return -1;
     size_t mask = cap - 1;
+    unsigned shift = 64u - (unsigned)__builtin_ctzll(cap);
     for (size_t i = 0; i <= t->mask; i++) {
         if (t->slots[i].ptr == 0)
             continue;
-        size_t j = hash_ptr(t->slots[i].ptr) & mask;
+        size_t j = (size_t)(((uint64_t)t->slots[i].ptr * 0x9e3779b97f4a7c15ull) >> shift);
         while (ns[j].ptr != 0)
             j = (j + 1) & mask;
         ns[j] = t->slots[i];
@@ -80,6 +77,7 @@ static int rehash(shim_table *t, size_t cap)
     free(t->slots);
     t->slots = ns;
     t->mask = mask;
+    t->shift = shift;
     return 0;
 }
 
@@ -87,7 +85,7 @@ int shim_table_insert(shim_table *t, const shim_record *rec)
 {
     if (rec->ptr == 0)
         return -1;
-    size_t i = hash_ptr(rec->ptr) & t->mask;
+    size_t i = slot_of(t, rec->ptr);
     for (;; i = (i + 1) & t->mask) {
         if (t->slots[i].ptr == rec->ptr) {
             t->slots[i] = *rec;
@@ -99,7 +97,7 @@ int shim_table_insert(shim_table *t, const shim_record *rec)
     if ((t->count + 1) * 2 > t->mask + 1) {
         if (rehash(t, (t->mask + 1) * 2) != 0)
             return -1;
-        i = hash_ptr(rec->ptr) & t->mask;
+        i = slot_of(t, rec->ptr);
         while (t->slots[i].ptr != 0)
             i = (i + 1) & t->mask;
     }
@@ -112,7 +110,7 @@ static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
     if (ptr == 0)
         return SIZE_MAX;
-    for (size_t i = hash_ptr(ptr) & t->mask;; i = (i + 1) & t->mask) {
+    for (size_t i = slot_of(t, ptr);; i = (i + 1) & t->mask) {
         if (t->slots[i].ptr == ptr)
             return i;
         if (t->slots[i].ptr == 0)
@@ -131,7 +129,7 @@ bool shim_table_remove(shim_table *t, uintptr_t ptr, shim_record *out)
      * the hole lies on its probe path (between its home slot and it). */
     size_t hole = i;
     for (size_t j = (i + 1) & t->mask; t->slots[j].ptr != 0; j = (j + 1) & t->mask) {
-        size_t home = hash_ptr(t->slots[j].ptr) & t->mask;
+        size_t home = slot_of(t, t->slots[j].ptr);
         if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
             t->slots[hole] = t->slots[j];
             hole = j;

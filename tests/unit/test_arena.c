@@ -373,27 +373,40 @@ Test(arena, a_fully_free_region_serves_a_region_sized_request)
     unmake(s);
 }
 
-Test(arena, request_above_half_a_region_gets_a_dedicated_exact_region_released_on_free)
+Test(arena, request_above_half_a_region_gets_a_dedicated_region_of_its_size_cached_when_freed)
 {
     setup s = make(1 * GIB, 0, 1 * MIB);
     blk small = must_alloc(s.a, 512 * KIB);   /* leaves less than the big one needs */
     blk big = must_alloc(s.a, 600 * KIB + 1);
-    size_t exact = (600 * KIB + 1 + 255) & ~(size_t)255;
-    cr_assert_eq(big.taken, exact, "a dedicated block is the exact aligned size, not rounded to a bin");
+    size_t exact = big.taken;
+    cr_assert_geq(exact, 600 * KIB + 1);
+    cr_assert_leq(exact, 600 * KIB + 600 * KIB / 64 + 256, "a dedicated region fits its request");
     shim_arena_counters c = counters(s.a);
     cr_assert_eq(c.regions, 2);
     cr_assert_eq(c.reserved_bytes, 1 * MIB + exact);
     const range *r = fake_find(s.f, big.addr);
     cr_assert_not_null(r);
     cr_assert_eq(r->base, big.addr);
-    cr_assert_eq(r->size, exact);
+    cr_assert_eq(r->size, exact, "the block is the whole region");
     cr_assert_eq(shim_arena_free_node(s.a, big.node), exact);
     c = counters(s.a);
-    cr_assert_eq(c.regions, 1, "the dedicated region went back to the runtime at once");
+    cr_assert_eq(c.regions, 2, "the freed dedicated region stays cached");
+    cr_assert_eq(c.empty_regions, 1);
+    cr_assert_eq(c.empty_bytes, exact);
+    /* Freeing and reallocating a large block in a loop costs no runtime call. */
+    for (int k = 0; k < 5; k++) {
+        blk again = must_alloc(s.a, 600 * KIB + 1);
+        cr_assert_eq(again.addr, big.addr);
+        shim_arena_free_node(s.a, again.node);
+    }
+    cr_assert_eq(s.f->reserves, 2);
+    /* Another region becoming empty sends the older empty one back. */
+    shim_arena_free_node(s.a, small.node);
+    c = counters(s.a);
+    cr_assert_eq(c.regions, 1);
     cr_assert_eq(c.regions_released, 1);
     cr_assert_eq(c.reserved_bytes, 1 * MIB);
     cr_assert_eq(shim_arena_classify(s.a, big.addr, NULL, NULL), SHIM_ADDR_OUTSIDE);
-    shim_arena_free_node(s.a, small.node);
     unmake(s);
 }
 
@@ -480,15 +493,28 @@ Test(arena, the_limit_frees_cached_empty_regions_to_make_room)
 {
     setup s = make(16 * GIB, 4 * MIB, 2 * MIB);
     blk a1 = must_alloc(s.a, 1 * MIB);
-    blk a2 = must_alloc(s.a, 1 * MIB + 512 * KIB);   /* second region */
+    blk a2 = must_alloc(s.a, 1 * MIB + 512 * KIB);   /* dedicated region */
     shim_arena_free_node(s.a, a1.node);             /* first region empty, cached */
-    shim_arena_free_node(s.a, a2.node);             /* second released */
-    cr_assert_eq(counters(s.a).reserved_bytes, 2 * MIB);
+    shim_arena_free_node(s.a, a2.node);             /* cached instead; the first released */
+    cr_assert_eq(counters(s.a).reserved_bytes, 1 * MIB + 512 * KIB);
+    cr_assert_eq(counters(s.a).empty_regions, 1);
     /* 3 MiB needs a dedicated region; only the cached region's release
      * makes room for it under the limit. */
     blk big = must_alloc(s.a, 3 * MIB);
     cr_assert_eq(counters(s.a).reserved_bytes, 3 * MIB);
     shim_arena_free_node(s.a, big.node);
+    unmake(s);
+}
+
+Test(arena, a_request_beyond_the_largest_block_fails_cleanly)
+{
+    setup s = make((size_t)1 << 62, 0, 0);
+    blk x = { 0 };
+    cr_assert_eq(shim_arena_alloc(s.a, (size_t)1 << 50, &x.addr, &x.node, &x.taken), -1);
+    cr_assert_eq(shim_arena_alloc(s.a, SIZE_MAX, &x.addr, &x.node, &x.taken), -1);
+    cr_assert_eq(s.f->reserves, 0);
+    blk y = must_alloc(s.a, 1000);
+    shim_arena_free_node(s.a, y.node);
     unmake(s);
 }
 
@@ -550,12 +576,12 @@ Test(arena, counters_track_usage_and_peaks)
     cr_assert_eq(c.peak_used_bytes, x.taken + y.taken);
     blk d = must_alloc(s.a, 950 * KIB);           /* more than is free: dedicated */
     c = counters(s.a);
-    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + 950 * KIB);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + d.taken);
     shim_arena_free_node(s.a, d.node);
     shim_arena_free_node(s.a, x.node);
     c = counters(s.a);
     cr_assert_eq(c.used_bytes, 0);
-    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + 950 * KIB);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + d.taken);
     cr_assert_eq(c.peak_used_bytes, x.taken + d.taken);
     cr_assert_eq(c.regions_released, 1);
     unmake(s);
@@ -624,9 +650,10 @@ Test(arena, classify_finds_the_right_region_among_many)
     }
     for (int i = 0; i < 40; i += 2)
         shim_arena_free_node(s.a, b[i].node);
+    /* The last one freed stays cached (free), the others went back. */
     for (int i = 0; i < 40; i++)
         cr_assert_eq(shim_arena_classify(s.a, b[i].addr, NULL, NULL),
-                     i % 2 ? SHIM_ADDR_LIVE_START : SHIM_ADDR_OUTSIDE);
+                     i % 2 ? SHIM_ADDR_LIVE_START : i == 38 ? SHIM_ADDR_FREE_START : SHIM_ADDR_OUTSIDE);
     for (int i = 1; i < 40; i += 2)
         shim_arena_free_node(s.a, b[i].node);
     unmake(s);

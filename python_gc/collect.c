@@ -1,0 +1,70 @@
+/* Running the interpreter's cyclic collector, GIL held.
+ *
+ * Owns nothing; takes no lock of the shim's (a free-threaded collection
+ * stops the world, and finalizers it runs free device memory through the
+ * allocator lock). Calls gc.collect rather than PyGC_Collect: the latter
+ * silently does nothing once a program called gc.disable(), which many
+ * training scripts do. */
+#include <time.h>
+
+#include "collect.h"
+#include "pressure.h"
+
+#define PYPY_MAX_ROUNDS 4
+
+uint64_t shim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static long gc_collect(const shim_pyapi *api)
+{
+    long n = -1;
+    shim_pyobj *gc = api->import_module("gc");
+    shim_pyobj *fn = gc ? api->getattr(gc, "collect") : NULL;
+    shim_pyobj *res = fn ? api->call_object(fn, NULL) : NULL;
+    if (res) {
+        n = api->long_as_long(res);
+        api->decref(res);
+    }
+    if (fn)
+        api->decref(fn);
+    if (gc)
+        api->decref(gc);
+    /* An exception out of the collector (a finalizer's is reported, not
+     * raised; this is an import or a KeyboardInterrupt) is not ours to
+     * surface in the middle of someone's allocation. */
+    api->err_clear();
+    return n;
+}
+
+void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r)
+{
+    shim_pyobj *t, *v, *tb;
+    api->err_fetch(&t, &v, &tb);
+    uint64_t freed0 = shim_pressure_freed_total();
+    uint64_t t0 = shim_now_ns();
+    r->objects = gc_collect(api);
+    r->rounds = 1;
+    if (api->pypy) {
+        /* Up to 7.3.13, gc.collect() returns before cpyext runs the
+         * tp_dealloc of the PyObjects it found dead; executing any
+         * statement runs them. */
+        for (;;) {
+            uint64_t before = shim_pressure_freed_total();
+            api->run_simple_string("pass");
+            api->err_clear();
+            if (shim_pressure_freed_total() == before || r->rounds >= PYPY_MAX_ROUNDS)
+                break;
+            r->rounds++;
+            long more = gc_collect(api);
+            if (more > 0)
+                r->objects += more;
+        }
+    }
+    r->ns = shim_now_ns() - t0;
+    r->freed = shim_pressure_freed_total() - freed0;
+    api->err_restore(t, v, tb);
+}

@@ -1,0 +1,219 @@
+/* The GC thread: a thread the shim owns, the only kind of thread on which
+ * the shim ever calls PyGILState_Ensure.
+ *
+ * A thread that hits pressure without holding the GIL (a C++ worker, a
+ * Python thread inside Py_BEGIN_ALLOW_THREADS, as every PyTorch op is) must
+ * not wait for the GIL without bound: the GIL holder may be waiting for a
+ * lock that thread holds. It hands the collection to this thread and waits
+ * with a bound; when the bound passes it gives up (its request fails) and
+ * the collection completes later anyway.
+ *
+ * Owns: the request/completion tickets and the thread itself, guarded by
+ * gct_mu, a leaf mutex never held while calling Python. Allocations made on
+ * this thread (by finalizers) fail at once instead of waiting for the
+ * pressure event that waits for them (shim_pressure_enter_service). The
+ * thread blocks every signal. If Python kills it (PyGILState_Ensure during
+ * finalization calls pthread_exit on 3.8 to 3.13.0), a cleanup handler
+ * leaves the books straight and the next request starts a new one. */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+
+#include "gate.h"
+#include "gcthread.h"
+#include "log.h"
+#include "pressure.h"
+
+static pthread_mutex_t gct_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t req_cv;      /* a request arrived */
+static pthread_cond_t done_cv;     /* a collection completed (CLOCK_MONOTONIC) */
+static pthread_once_t gct_once = PTHREAD_ONCE_INIT;
+static bool running;
+static uint64_t requested, completed;
+static const shim_pyapi *req_api;
+static enum shim_gcthread_status last_status;
+static shim_collect_result last_result;
+static _Atomic(shim_gcthread_observer) observer;
+static _Atomic bool pypy_threads_ready;
+
+static void gct_init_once(void)
+{
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&done_cv, &a);
+    pthread_condattr_destroy(&a);
+    pthread_cond_init(&req_cv, NULL);
+}
+
+void shim_gcthread_set_observer(shim_gcthread_observer fn)
+{
+    atomic_store(&observer, fn);
+}
+
+typedef struct job {
+    uint64_t target;
+    bool in_gate;
+    bool done;
+} job;
+
+static void finish(job *j, enum shim_gcthread_status st, const shim_collect_result *r)
+{
+    pthread_mutex_lock(&gct_mu);
+    if (completed < j->target)
+        completed = j->target;
+    last_status = st;
+    if (r)
+        last_result = *r;
+    pthread_cond_broadcast(&done_cv);
+    pthread_mutex_unlock(&gct_mu);
+    j->done = true;
+}
+
+/* pthread_exit from inside the interpreter: the thread is going away. */
+static void on_killed(void *arg)
+{
+    job *j = arg;
+    if (j->in_gate)
+        shim_gate_leave();
+    shim_pressure_leave_service();
+    pthread_mutex_lock(&gct_mu);
+    running = false;
+    pthread_mutex_unlock(&gct_mu);
+    if (!j->done)
+        finish(j, SHIM_GCT_NOT_RUNNING, NULL);
+    shim_warn("python_gc: the interpreter ended the GC thread (finalizing?)");
+}
+
+static void run_one(const shim_pyapi *api, job *j)
+{
+    if (!api->pypy && (!api->is_initialized() || api->is_finalizing())) {
+        finish(j, SHIM_GCT_NOT_RUNNING, NULL);
+        return;
+    }
+    enum shim_gate_verdict v = shim_gate_enter(api);
+    if (v == SHIM_GATE_REFUSE) {
+        finish(j, SHIM_GCT_GATE_CLOSED, NULL);
+        return;
+    }
+    j->in_gate = true;
+    int g = api->gil_ensure();
+    if (api->pypy)
+        shim_pypy_threads_init(api);
+    enum shim_gcthread_status st = SHIM_GCT_COLLECTED;
+    shim_collect_result r = { 0 };
+    if (api->is_finalizing()) {
+        st = SHIM_GCT_NOT_RUNNING;
+    } else {
+        if (v == SHIM_GATE_ADMIT_UNARMED)
+            shim_gate_arm(api);
+        shim_collect_with_gil(api, &r);
+    }
+    api->gil_release(g);
+    j->in_gate = false;
+    shim_gate_leave();
+    if (st == SHIM_GCT_COLLECTED) {
+        shim_gcthread_observer obs = atomic_load(&observer);
+        if (obs)
+            obs(&r);
+    }
+    finish(j, st, st == SHIM_GCT_COLLECTED ? &r : NULL);
+}
+
+static void *gc_thread_main(void *arg)
+{
+    (void)arg;
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL);
+    for (;;) {
+        pthread_mutex_lock(&gct_mu);
+        while (requested == completed)
+            pthread_cond_wait(&req_cv, &gct_mu);
+        job j = { .target = requested };
+        const shim_pyapi *api = req_api;
+        pthread_mutex_unlock(&gct_mu);
+
+        shim_pressure_enter_service();
+        pthread_cleanup_push(on_killed, &j);
+        run_one(api, &j);
+        pthread_cleanup_pop(0);
+        shim_pressure_leave_service();
+    }
+    return NULL;
+}
+
+static void deadline_after(struct timespec *ts, unsigned ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned timeout_ms,
+                                                shim_collect_result *out)
+{
+    pthread_once(&gct_once, gct_init_once);
+    pthread_mutex_lock(&gct_mu);
+    if (!running) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        /* The thread inherits our signal mask for the instant before it
+         * blocks everything itself; that is harmless. */
+        int rc = pthread_create(&t, &a, gc_thread_main, NULL);
+        pthread_attr_destroy(&a);
+        if (rc != 0) {
+            pthread_mutex_unlock(&gct_mu);
+            shim_warn("python_gc: cannot start the GC thread: %s", strerror(rc));
+            return SHIM_GCT_NO_THREAD;
+        }
+        running = true;
+        /* Requests a dead thread never served are void. */
+        completed = requested;
+    }
+    req_api = api;
+    uint64_t ticket = ++requested;
+    pthread_cond_signal(&req_cv);
+    struct timespec deadline;
+    deadline_after(&deadline, timeout_ms);
+    int rc = 0;
+    while (completed < ticket && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&done_cv, &gct_mu, &deadline);
+    enum shim_gcthread_status st = completed >= ticket ? last_status : SHIM_GCT_TIMEOUT;
+    if (st == SHIM_GCT_COLLECTED && out)
+        *out = last_result;
+    pthread_mutex_unlock(&gct_mu);
+    return st;
+}
+
+void shim_pypy_threads_init(const shim_pyapi *api)
+{
+    /* Before 7.3.14, a thread that waits for a GIL nobody initialized
+     * aborts the process: initialize it while holding it. */
+    if (!atomic_load(&pypy_threads_ready)) {
+        api->init_threads();
+        atomic_store(&pypy_threads_ready, true);
+    }
+}
+
+bool shim_pypy_threads_ready(void)
+{
+    return atomic_load(&pypy_threads_ready);
+}
+
+void shim_gcthread_atfork_child(void)
+{
+    pthread_mutex_init(&gct_mu, NULL);
+    gct_init_once();
+    running = false;
+    requested = completed = 0;
+}

@@ -1,0 +1,121 @@
+/* Resolving the C API table (pyapi.h) for the interpreter find.c located.
+ *
+ * Owns: the resolved tables, one per interpreter record, append-only and
+ * never freed (a published table is immutable, so readers need no lock).
+ * Guarded by api_mu, which is never held across a call into the loader.
+ * Never calls a Python function here: resolution is dlsym only. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "log.h"
+#include "pyapi.h"
+
+#define MAX_TABLES 16
+
+static pthread_mutex_t api_mu = PTHREAD_MUTEX_INITIALIZER;
+static shim_pyapi tables[MAX_TABLES];
+static int ntables;
+static _Atomic(const shim_pyapi *) current;
+/* The interpreter whose table failed to resolve: not retried, not re-logged. */
+static _Atomic(const shim_python *) unusable;
+
+static bool resolve(const shim_python *py, shim_pyapi *t)
+{
+    memset(t, 0, sizeof *t);
+    t->py = py;
+    t->pypy = py->kind == SHIM_PY_PYPY;
+    t->tls_tstate = !t->pypy && py->minor >= 12;
+    const char *missing = NULL;
+#define SHIM_PYAPI_RESOLVE(f, ret, params, n1, n2, np, rc, rp)                     \
+    do {                                                                           \
+        void *p = NULL;                                                            \
+        if (t->pypy) {                                                             \
+            if (np)                                                                \
+                p = shim_python_sym(py, np);                                       \
+        } else {                                                                   \
+            p = shim_python_sym(py, n1);                                           \
+            if (!p && n2)                                                          \
+                p = shim_python_sym(py, n2);                                       \
+        }                                                                          \
+        *(void **)&t->f = p;                                                       \
+        if (!p && !missing && (t->pypy ? (rp) : (rc)))                             \
+            missing = t->pypy ? (np) : (n1);                                       \
+    } while (0);
+    SHIM_PYAPI_FUNCTIONS(SHIM_PYAPI_RESOLVE)
+#undef SHIM_PYAPI_RESOLVE
+    t->none = shim_python_sym(py, t->pypy ? "_PyPy_NoneStruct" : "_Py_NoneStruct");
+    if (!t->none && !missing)
+        missing = "_Py_NoneStruct";
+    if (missing) {
+        shim_warn("python_gc: %s lacks %s; Python garbage collection is off", py->path, missing);
+        return false;
+    }
+    return true;
+}
+
+const shim_pyapi *shim_pyapi_cached(void)
+{
+    return atomic_load_explicit(&current, memory_order_acquire);
+}
+
+const shim_pyapi *shim_pyapi_get(void)
+{
+    const shim_python *py = shim_python_find();
+    const shim_pyapi *cur = shim_pyapi_cached();
+    if (!py || py == atomic_load(&unusable))
+        return NULL;
+    if (cur && cur->py == py)
+        return cur;
+
+    pthread_mutex_lock(&api_mu);
+    const shim_pyapi *found = NULL;
+    for (int i = 0; i < ntables; i++)
+        if (tables[i].py == py)
+            found = &tables[i];
+    if (!found && ntables < MAX_TABLES) {
+        if (resolve(py, &tables[ntables]))
+            found = &tables[ntables++];
+        else
+            atomic_store(&unusable, py);
+    }
+    if (found)
+        atomic_store_explicit(&current, found, memory_order_release);
+    pthread_mutex_unlock(&api_mu);
+    return found;
+}
+
+/* 3.8's PyThreadState begins with prev, next, interp: the layout is stable
+ * there and 3.9+ has an accessor. */
+static shim_pyinterp *interp_of(const shim_pyapi *api, shim_pytstate *ts)
+{
+    if (api->tstate_interp)
+        return api->tstate_interp(ts);
+    return ((shim_pyinterp **)ts)[2];
+}
+
+enum shim_py_attach shim_py_attachment(const shim_pyapi *api)
+{
+    if (api->pypy)
+        return api->gilstate_check() ? SHIM_PY_ATTACHED_MAIN : SHIM_PY_DETACHED;
+    shim_pytstate *ts = api->tstate_unchecked();
+    if (api->tls_tstate) {
+        /* 3.12+: the current thread state is this thread's own, NULL when
+         * it is detached; PyGILState_Check would be wrong once any
+         * subinterpreter exists and after finalization. */
+        if (!ts)
+            return SHIM_PY_DETACHED;
+        return interp_of(api, ts) == api->interp_main() ? SHIM_PY_ATTACHED_MAIN
+                                                        : SHIM_PY_ATTACHED_SUB;
+    }
+    /* 3.11 and older: the current thread state is the GIL holder's, global.
+     * It is this thread's when it equals this thread's GILState one. */
+    if (!ts)
+        return SHIM_PY_DETACHED;
+    if (ts == api->gilstate_this())
+        return SHIM_PY_ATTACHED_MAIN;
+    /* Someone else holds the GIL: waiting for it is fine (bounded), unless
+     * the holder is a subinterpreter's thread, which may be this very thread
+     * (the GILState API cannot tell): Ensure from there deadlocks. */
+    return interp_of(api, ts) == api->interp_main() ? SHIM_PY_DETACHED : SHIM_PY_SUB_UNKNOWN;
+}

@@ -1,0 +1,95 @@
+/* The slice of the Python C API the collector uses, resolved by name from
+ * the interpreter find.c located, with hand-written prototypes (no Python
+ * headers at build time). One table for CPython 3.8+ (newer names first,
+ * then older) and PyPy (PyPy-prefixed names). */
+#ifndef SHIM_PYAPI_H
+#define SHIM_PYAPI_H
+
+#include <stdbool.h>
+#include "find.h"
+
+typedef struct shim_pyobj shim_pyobj;     /* PyObject, never dereferenced */
+typedef struct shim_pytstate shim_pytstate;
+typedef struct shim_pyinterp shim_pyinterp;
+
+/* PyMethodDef's layout, stable since Python 3.0. */
+typedef struct shim_pymethoddef {
+    const char *ml_name;
+    shim_pyobj *(*ml_meth)(shim_pyobj *self, shim_pyobj *unused);
+    int ml_flags;
+    const char *ml_doc;
+} shim_pymethoddef;
+#define SHIM_METH_NOARGS 0x0004
+
+/* X(field, return type, parameters, CPython name, older CPython name or NULL,
+ *   PyPy name or NULL, required on CPython, required on PyPy) */
+#define SHIM_PYAPI_FUNCTIONS(X) \
+    X(is_initialized, int, (void), "Py_IsInitialized", NULL, "PyPy_IsInitialized", 1, 1) \
+    X(is_finalizing, int, (void), "Py_IsFinalizing", "_Py_IsFinalizing", "_PyPy_IsFinalizing", 1, 0) \
+    X(tstate_unchecked, shim_pytstate *, (void), "PyThreadState_GetUnchecked", \
+      "_PyThreadState_UncheckedGet", NULL, 1, 0) \
+    X(gilstate_this, shim_pytstate *, (void), "PyGILState_GetThisThreadState", NULL, NULL, 1, 0) \
+    X(gilstate_check, int, (void), "PyGILState_Check", NULL, "PyPyGILState_Check", 0, 1) \
+    X(gil_ensure, int, (void), "PyGILState_Ensure", NULL, "PyPyGILState_Ensure", 1, 1) \
+    X(gil_release, void, (int), "PyGILState_Release", NULL, "PyPyGILState_Release", 1, 1) \
+    X(save_thread, shim_pytstate *, (void), "PyEval_SaveThread", NULL, "PyPyEval_SaveThread", 1, 1) \
+    X(restore_thread, void, (shim_pytstate *), "PyEval_RestoreThread", NULL, \
+      "PyPyEval_RestoreThread", 1, 1) \
+    X(tstate_interp, shim_pyinterp *, (shim_pytstate *), "PyThreadState_GetInterpreter", NULL, \
+      NULL, 0, 0) \
+    X(interp_main, shim_pyinterp *, (void), "PyInterpreterState_Main", NULL, NULL, 1, 0) \
+    X(import_module, shim_pyobj *, (const char *), "PyImport_ImportModule", NULL, \
+      "PyPyImport_ImportModule", 1, 1) \
+    X(getattr, shim_pyobj *, (shim_pyobj *, const char *), "PyObject_GetAttrString", NULL, \
+      "PyPyObject_GetAttrString", 1, 1) \
+    X(call_object, shim_pyobj *, (shim_pyobj *, shim_pyobj *), "PyObject_CallObject", NULL, \
+      "PyPyObject_CallObject", 1, 1) \
+    X(call_objargs, shim_pyobj *, (shim_pyobj *, ...), "PyObject_CallFunctionObjArgs", NULL, \
+      "PyPyObject_CallFunctionObjArgs", 1, 0) \
+    X(incref, void, (shim_pyobj *), "Py_IncRef", NULL, "PyPy_IncRef", 1, 1) \
+    X(decref, void, (shim_pyobj *), "Py_DecRef", NULL, "PyPy_DecRef", 1, 1) \
+    X(err_fetch, void, (shim_pyobj **, shim_pyobj **, shim_pyobj **), "PyErr_Fetch", NULL, \
+      "PyPyErr_Fetch", 1, 1) \
+    X(err_restore, void, (shim_pyobj *, shim_pyobj *, shim_pyobj *), "PyErr_Restore", NULL, \
+      "PyPyErr_Restore", 1, 1) \
+    X(err_clear, void, (void), "PyErr_Clear", NULL, "PyPyErr_Clear", 1, 1) \
+    X(long_as_long, long, (shim_pyobj *), "PyLong_AsLong", NULL, "PyPyLong_AsLong", 1, 1) \
+    X(cfunction_new, shim_pyobj *, (shim_pymethoddef *, shim_pyobj *, shim_pyobj *), \
+      "PyCFunction_NewEx", NULL, NULL, 1, 0) \
+    X(add_pending_call, int, (int (*)(void *), void *), "Py_AddPendingCall", NULL, NULL, 0, 0) \
+    X(at_exit, int, (void (*)(void)), "Py_AtExit", NULL, "PyPy_AtExit", 1, 1) \
+    X(run_simple_string, int, (const char *), "PyRun_SimpleString", NULL, "PyPyRun_SimpleString", \
+      0, 1) \
+    X(init_threads, void, (void), "PyEval_InitThreads", NULL, "PyPyEval_InitThreads", 0, 1)
+
+typedef struct shim_pyapi {
+    const shim_python *py;
+    bool pypy;
+    bool tls_tstate;   /* 3.12+: the current thread state is thread-local */
+    shim_pyobj *none;  /* Py_None */
+#define SHIM_PYAPI_FIELD(f, ret, params, n1, n2, np, rc, rp) ret(*f) params;
+    SHIM_PYAPI_FUNCTIONS(SHIM_PYAPI_FIELD)
+#undef SHIM_PYAPI_FIELD
+} shim_pyapi;
+
+/* The table for the interpreter in the process, or NULL when there is none
+ * (or it lacks a required function: logged once). Looks for the interpreter
+ * again when objects were loaded since; may call into the dynamic loader, so
+ * never call it with the allocator lock held. */
+const shim_pyapi *shim_pyapi_get(void);
+/* The table resolved last, without looking again (any context). */
+const shim_pyapi *shim_pyapi_cached(void);
+
+/* How the calling thread stands with respect to the interpreter. Needs no
+ * GIL, takes no lock, on CPython. On PyPy only PyGILState_Check is safe
+ * without the GIL (everything else waits for it). */
+enum shim_py_attach {
+    SHIM_PY_DETACHED,       /* holds no GIL: must not wait for it unbounded */
+    SHIM_PY_ATTACHED_MAIN,  /* attached to the main interpreter */
+    SHIM_PY_ATTACHED_SUB,   /* attached to a subinterpreter (3.12+) */
+    SHIM_PY_SUB_UNKNOWN,    /* 3.11-: a subinterpreter's thread holds the GIL,
+                               possibly this one: neither collect nor wait */
+};
+enum shim_py_attach shim_py_attachment(const shim_pyapi *api);
+
+#endif

@@ -1,0 +1,180 @@
+/* Leak checking: the hooks the device layer calls (leak.h).
+ *
+ * Owns the on/off switch and the capture depth (written once by
+ * shim_leak_init from the constructor, read-only afterwards) and the
+ * at-exit and out-of-memory reports. Capture runs on the allocating thread
+ * before the allocator lock is taken and must stay cheap: a native unwind
+ * and an interning lookup (stack.c), plus a Python frame walk when asked
+ * (pystack). Reports run with no shim lock held; they copy the live records
+ * (each device lock taken briefly by shim_device_live) and work on the copy.
+ * Never touches a Python object: Python frames were resolved by the pystack
+ * module while the interpreter was alive.
+ */
+#include "leak.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "options.h"
+#include "pystack.h"
+#include "report.h"
+#include "reportfile.h"
+#include "spyreshim.h"
+#include "stack.h"
+#include "suppress.h"
+
+/* Python stacks come from the pystack module when the build has it. */
+#pragma weak shim_pystack_capture
+
+#define DEFAULT_DEPTH 32
+#define OOM_REPORTS_MAX 3
+
+static atomic_bool g_enabled;
+static unsigned g_depth = DEFAULT_DEPTH;
+static bool g_python;
+static atomic_uint g_oom_reports;
+static atomic_flag g_exit_done = ATOMIC_FLAG_INIT;
+
+void shim_leak_init(void)
+{
+    const shim_options *o = shim_opts();
+    if (!o->leak_check || atomic_load(&g_enabled))
+        return;
+    unsigned depth = o->stack_depth ? o->stack_depth : DEFAULT_DEPTH;
+    if (depth > SHIM_STACK_MAX_DEPTH) {
+        shim_warn("SPYRESHIM_STACK_DEPTH=%u is above %u: using %u", depth,
+                  SHIM_STACK_MAX_DEPTH, SHIM_STACK_MAX_DEPTH);
+        depth = SHIM_STACK_MAX_DEPTH;
+    }
+    g_depth = depth;
+    shim_stack_init();
+    pthread_atfork(shim_stack_atfork_prepare, shim_stack_atfork_parent, shim_stack_atfork_child);
+    g_python = o->python_stacks && shim_pystack_capture != NULL;
+    if (o->python_stacks && !g_python)
+        shim_info("leak check: this build has no Python stack support: native stacks only");
+    atomic_store_explicit(&g_enabled, true, memory_order_release);
+}
+
+bool shim_leak_enabled(void)
+{
+    return atomic_load_explicit(&g_enabled, memory_order_relaxed);
+}
+
+void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
+{
+    *native_stack = shim_stack_capture(g_depth);
+    *python_stack = g_python ? shim_pystack_capture(g_depth) : 0;
+}
+
+/* The expanded SPYRESHIM_REPORT path (plus `suffix`), or false when there is
+ * none or secure mode forbids paths from the environment. */
+static bool report_path(const char *suffix, char *out, size_t n)
+{
+    const shim_options *o = shim_opts();
+    if (!o->report_path || !o->report_path[0])
+        return false;
+    if (o->secure) {
+        shim_warn("secure mode: SPYRESHIM_REPORT ignored");
+        return false;
+    }
+    char tmpl[4096];
+    if ((size_t)snprintf(tmpl, sizeof tmpl, "%s%s", o->report_path, suffix) >= sizeof tmpl ||
+        shim_reportfile_expand(tmpl, out, n) != 0) {
+        shim_warn("SPYRESHIM_REPORT: path too long, no report written");
+        return false;
+    }
+    return true;
+}
+
+static void write_json(const shim_report *r, const char *suffix, const char *reason)
+{
+    char path[4096];
+    if (!report_path(suffix, path, sizeof path))
+        return;
+    FILE *f = shim_reportfile_open(path);
+    if (!f) {
+        shim_warn("cannot write report %s: %s", path,
+                  errno == EPERM ? "it belongs to another user" : strerror(errno));
+        return;
+    }
+    int rc = shim_report_write_json(r, f, reason);
+    int err = errno;
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -1;
+        err = errno;
+    }
+    if (rc != 0)
+        shim_warn("writing report %s failed: %s", path, strerror(err));
+}
+
+void shim_leak_on_oom(const char *runtime, size_t size)
+{
+    const shim_options *o = shim_opts();
+    if (o->oom_report_top == 0)
+        return;
+    /* A program that retries with smaller sizes would drown stderr. */
+    unsigned nth = atomic_fetch_add(&g_oom_reports, 1);
+    if (nth > OOM_REPORTS_MAX)
+        return;
+    if (nth == OOM_REPORTS_MAX) {
+        shim_warn("out of %s memory again (%zu bytes); further OOM reports suppressed", runtime, size);
+        return;
+    }
+    spyreshim_snapshot *s = spyreshim_snapshot_take(0);
+    if (!s)
+        return;
+    size_t n = spyreshim_snapshot_count(s);
+    /* What holds memory, all of it: suppressions are for leak verdicts. */
+    shim_report *r = shim_report_build(n ? spyreshim_snapshot_get(s, 0) : NULL, n, NULL);
+    if (r) {
+        char headline[256];
+        snprintf(headline, sizeof headline,
+                 "spyreshim: out of %s memory: a request of %zu bytes failed; "
+                 "top %u holders of device memory%s:",
+                 runtime, size, o->oom_report_top,
+                 shim_leak_enabled() ? "" : " (SPYRESHIM_LEAK_CHECK=1 records their stacks)");
+        shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LIVE, headline, o->oom_report_top);
+        if (nth == 0)
+            write_json(r, ".oom", "oom");
+        shim_report_free(r);
+    }
+    spyreshim_snapshot_free(s);
+}
+
+void shim_leak_at_exit(void)
+{
+    if (!shim_leak_enabled() || atomic_flag_test_and_set(&g_exit_done))
+        return;
+    const shim_options *o = shim_opts();
+    spyreshim_snapshot *s = spyreshim_snapshot_take(0);
+    if (!s) {
+        shim_warn("leak check: out of host memory, no report");
+        return;
+    }
+    size_t n = spyreshim_snapshot_count(s);
+    shim_report *r = shim_report_build(n ? spyreshim_snapshot_get(s, 0) : NULL, n,
+                                       shim_suppressions_active());
+    spyreshim_snapshot_free(s);
+    if (!r) {
+        shim_warn("leak check: out of host memory, no report");
+        return;
+    }
+    uint64_t leaked_bytes, leaked;
+    shim_report_totals(r, &leaked_bytes, &leaked, NULL, NULL);
+    if (leaked)
+        shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
+                          "ERROR: spyreshim: detected device memory leaks", 0);
+    write_json(r, "", "exit");
+    shim_report_free(r);
+    if (leaked && o->exitcode != 0) {
+        /* As LeakSanitizer: the verdict replaces the exit status. Flush
+         * what the program buffered, since _exit skips stdio. */
+        fflush(NULL);
+        _exit(o->exitcode);
+    }
+}

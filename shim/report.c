@@ -1,0 +1,415 @@
+/* Leak and live-memory reports: grouping, frame resolution, text, JSON.
+ *
+ * Owns nothing shared: a report is built from a copy of the live records
+ * (taken by the caller under the allocator locks, which are released by
+ * then) and is used by one thread. Never runs on the allocation path and
+ * never takes the allocator lock, so it may call anything (malloc, stdio,
+ * dladdr, libdw). Python frames come from the pystack module, which resolved
+ * them while the interpreter was alive; this file never touches a Python
+ * object.
+ */
+#include "report.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pystack.h"
+#include "stack.h"
+#include "symbolize.h"
+
+/* The Python-stack module may be absent from a build (unit tests link only
+ * what they use): then there are no Python frames. */
+#pragma weak shim_pystack_frames
+
+struct shim_report {
+    shim_report_group *groups;
+    size_t ngroups;
+    shim_symbolizer *sym;            /* owns the native names */
+    const shim_suppressions *sup;
+    uint64_t *sup_bytes, *sup_count; /* per pattern */
+};
+
+static int key_cmp(const spyreshim_alloc_info *a, const spyreshim_alloc_info *b)
+{
+    int c = strcmp(a->runtime ? a->runtime : "", b->runtime ? b->runtime : "");
+    if (c)
+        return c;
+    if (a->python_stack != b->python_stack)
+        return a->python_stack < b->python_stack ? -1 : 1;
+    if (a->native_stack != b->native_stack)
+        return a->native_stack < b->native_stack ? -1 : 1;
+    return 0;
+}
+
+static int info_cmp(const void *x, const void *y) { return key_cmp(x, y); }
+
+static int group_cmp(const void *x, const void *y)
+{
+    const shim_report_group *a = x, *b = y;
+    if (a->bytes != b->bytes)
+        return a->bytes > b->bytes ? -1 : 1;
+    if (a->count != b->count)
+        return a->count > b->count ? -1 : 1;
+    int c = strcmp(a->runtime ? a->runtime : "", b->runtime ? b->runtime : "");
+    if (c)
+        return c;
+    if (a->python_stack != b->python_stack)
+        return a->python_stack < b->python_stack ? -1 : 1;
+    return a->native_stack < b->native_stack ? -1 : a->native_stack > b->native_stack;
+}
+
+#define PY_FRAMES_MAX 256
+
+static int resolve_frames(shim_report *r, shim_report_group *g)
+{
+    shim_pyframe py[PY_FRAMES_MAX];
+    size_t npy = 0;
+    if (g->python_stack && shim_pystack_frames) {
+        npy = shim_pystack_frames(g->python_stack, py, PY_FRAMES_MAX);
+        if (npy > PY_FRAMES_MAX)
+            npy = PY_FRAMES_MAX;
+    }
+    const uintptr_t *nat = NULL;
+    size_t nn = g->native_stack ? shim_stack_frames(g->native_stack, &nat) : 0;
+    if (npy + nn == 0)
+        return 0;
+    g->frames = calloc(npy + nn, sizeof *g->frames);
+    if (!g->frames)
+        return -1;
+    for (size_t i = 0; i < npy; i++) {
+        shim_report_frame *f = &g->frames[g->nframes++];
+        f->python = true;
+        f->function = py[i].function;
+        f->file = py[i].file;
+        f->line = py[i].line;
+    }
+    for (size_t i = 0; i < nn; i++) {
+        shim_report_frame *f = &g->frames[g->nframes++];
+        shim_symbol s = {0};
+        if (r->sym)
+            shim_symbolize(r->sym, nat[i], &s);
+        f->address = nat[i];
+        f->function = s.function;
+        f->file = s.file;
+        f->line = s.line;
+        f->object = s.object;
+        f->offset = s.offset;
+    }
+    return 0;
+}
+
+static int match_suppression(const shim_report *r, const shim_report_group *g)
+{
+    if (!r->sup || shim_suppressions_count(r->sup) == 0)
+        return -1;
+    for (size_t i = 0; i < g->nframes; i++) {
+        const shim_report_frame *f = &g->frames[i];
+        const char *names[3] = {f->function, f->file, f->object};
+        int m = shim_suppressions_match(r->sup, names, 3);
+        if (m >= 0)
+            return m;
+    }
+    return -1;
+}
+
+shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
+                               const shim_suppressions *sup)
+{
+    shim_report *r = calloc(1, sizeof *r);
+    if (!r)
+        return NULL;
+    r->sup = sup;
+    size_t np = shim_suppressions_count(sup);
+    spyreshim_alloc_info *sorted = n ? malloc(n * sizeof *sorted) : NULL;
+    r->groups = n ? calloc(n, sizeof *r->groups) : NULL;
+    r->sup_bytes = calloc(np + 1, sizeof *r->sup_bytes);
+    r->sup_count = calloc(np + 1, sizeof *r->sup_count);
+    if ((n && (!sorted || !r->groups)) || !r->sup_bytes || !r->sup_count)
+        goto fail;
+    if (n) {
+        memcpy(sorted, allocs, n * sizeof *sorted);
+        qsort(sorted, n, sizeof *sorted, info_cmp);
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (i == 0 || key_cmp(&sorted[i - 1], &sorted[i]) != 0) {
+            shim_report_group *g = &r->groups[r->ngroups++];
+            g->runtime = sorted[i].runtime;
+            g->python_stack = sorted[i].python_stack;
+            g->native_stack = sorted[i].native_stack;
+            g->suppression = -1;
+        }
+        shim_report_group *g = &r->groups[r->ngroups - 1];
+        g->bytes += sorted[i].size;
+        g->count++;
+    }
+    free(sorted);
+    sorted = NULL;
+    qsort(r->groups, r->ngroups, sizeof *r->groups, group_cmp);
+    r->sym = r->ngroups ? shim_symbolizer_create() : NULL;
+    for (size_t i = 0; i < r->ngroups; i++) {
+        shim_report_group *g = &r->groups[i];
+        if (resolve_frames(r, g) != 0)
+            goto fail;
+        g->suppression = match_suppression(r, g);
+        if (g->suppression >= 0) {
+            r->sup_bytes[g->suppression] += g->bytes;
+            r->sup_count[g->suppression] += g->count;
+        }
+    }
+    return r;
+fail:
+    free(sorted);
+    shim_report_free(r);
+    return NULL;
+}
+
+void shim_report_free(shim_report *r)
+{
+    if (!r)
+        return;
+    for (size_t i = 0; i < r->ngroups; i++)
+        free(r->groups[i].frames);
+    free(r->groups);
+    free(r->sup_bytes);
+    free(r->sup_count);
+    shim_symbolizer_destroy(r->sym);
+    free(r);
+}
+
+size_t shim_report_ngroups(const shim_report *r) { return r->ngroups; }
+
+const shim_report_group *shim_report_group_at(const shim_report *r, size_t i)
+{
+    return i < r->ngroups ? &r->groups[i] : NULL;
+}
+
+void shim_report_totals(const shim_report *r, uint64_t *live_bytes, uint64_t *live_allocs,
+                        uint64_t *suppressed_bytes, uint64_t *suppressed_allocs)
+{
+    uint64_t lb = 0, lc = 0, sb = 0, sc = 0;
+    for (size_t i = 0; i < r->ngroups; i++) {
+        const shim_report_group *g = &r->groups[i];
+        if (g->suppression >= 0) {
+            sb += g->bytes;
+            sc += g->count;
+        } else {
+            lb += g->bytes;
+            lc += g->count;
+        }
+    }
+    if (live_bytes) *live_bytes = lb;
+    if (live_allocs) *live_allocs = lc;
+    if (suppressed_bytes) *suppressed_bytes = sb;
+    if (suppressed_allocs) *suppressed_allocs = sc;
+}
+
+/* ---- text --------------------------------------------------------------- */
+
+/* A buffered writer on a file descriptor (stderr may be a pipe shared with
+ * other processes: whole lines in few writes keep reports readable). */
+typedef struct out {
+    int fd, err;
+    size_t len;
+    char buf[8192];
+} out;
+
+static void out_flush(out *o)
+{
+    size_t off = 0;
+    while (off < o->len && !o->err) {
+        ssize_t w = write(o->fd, o->buf + off, o->len - off);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            o->err = errno;
+        } else {
+            off += (size_t)w;
+        }
+    }
+    o->len = 0;
+}
+
+__attribute__((format(printf, 2, 3)))
+static void outf(out *o, const char *fmt, ...)
+{
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    size_t l = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    if (o->len + l > sizeof o->buf)
+        out_flush(o);
+    memcpy(o->buf + o->len, line, l);
+    o->len += l;
+}
+
+static void print_frame(out *o, size_t i, const shim_report_frame *f)
+{
+    if (f->python) {
+        outf(o, "    #%zu in %s %s:%d [python]\n", i,
+             f->function ? f->function : "<unknown>", f->file ? f->file : "<unknown>", f->line);
+        return;
+    }
+    outf(o, "    #%zu 0x%" PRIxPTR, i, f->address);
+    if (f->function)
+        outf(o, " in %s", f->function);
+    if (f->file) {
+        if (f->line)
+            outf(o, " %s:%d", f->file, f->line);
+        else
+            outf(o, " %s", f->file);
+    }
+    if (f->object)
+        outf(o, " (%s+0x%" PRIxPTR ")", f->object, f->offset);
+    outf(o, "\n");
+}
+
+int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
+                      const char *headline, size_t max_groups)
+{
+    out *o = malloc(sizeof *o);
+    if (!o)
+        return -1;
+    o->fd = fd;
+    o->err = 0;
+    o->len = 0;
+    uint64_t lb, lc, sb, sc;
+    shim_report_totals(r, &lb, &lc, &sb, &sc);
+    size_t live_groups = 0;
+    for (size_t i = 0; i < r->ngroups; i++)
+        live_groups += r->groups[i].suppression < 0;
+    int pid = (int)getpid();
+
+    outf(o, "\n=================================================================\n");
+    outf(o, "==%d==%s\n", pid, headline);
+    size_t shown = 0;
+    uint64_t rest_bytes = 0, rest_count = 0;
+    for (size_t i = 0; i < r->ngroups; i++) {
+        const shim_report_group *g = &r->groups[i];
+        if (g->suppression >= 0)
+            continue;
+        if (max_groups && shown == max_groups) {
+            rest_bytes += g->bytes;
+            rest_count += g->count;
+            continue;
+        }
+        shown++;
+        outf(o, "\n%s %" PRIu64 " byte(s) in %" PRIu64 " allocation(s) of %s memory, allocated from:\n",
+             kind == SHIM_REPORT_LEAKS ? "Leak of" : "Live:", g->bytes, g->count,
+             g->runtime ? g->runtime : "device");
+        if (g->nframes == 0)
+            outf(o, "    <no stack recorded>\n");
+        for (size_t k = 0; k < g->nframes; k++)
+            print_frame(o, k, &g->frames[k]);
+        out_flush(o);
+    }
+    if (rest_count)
+        outf(o, "\n... and %zu more group(s): %" PRIu64 " byte(s) in %" PRIu64 " allocation(s)\n",
+             live_groups - shown, rest_bytes, rest_count);
+    if (sc) {
+        outf(o, "-----------------------------------------------------\n");
+        outf(o, "Suppressions used:\n  count      bytes template\n");
+        for (size_t i = 0; i < shim_suppressions_count(r->sup); i++)
+            if (r->sup_count[i])
+                outf(o, "%7" PRIu64 " %10" PRIu64 " %s\n", r->sup_count[i], r->sup_bytes[i],
+                     shim_suppressions_pattern(r->sup, i));
+        outf(o, "-----------------------------------------------------\n");
+    }
+    outf(o, "\nSUMMARY: spyreshim: %" PRIu64 " byte(s) %s in %" PRIu64 " allocation(s).\n",
+         lb, kind == SHIM_REPORT_LEAKS ? "leaked" : "live", lc);
+    out_flush(o);
+    int err = o->err;
+    free(o);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- JSON --------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s)
+{
+    if (!s) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*p < 0x20)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);   /* UTF-8 passes through; paths are bytes */
+        }
+    }
+    fputc('"', f);
+}
+
+int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
+{
+    uint64_t lb, lc, sb, sc;
+    shim_report_totals(r, &lb, &lc, &sb, &sc);
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    exe[n > 0 ? n : 0] = '\0';
+
+    fprintf(f, "{\n  \"format\": \"spyreshim-report\",\n  \"version\": 1,\n");
+    fprintf(f, "  \"pid\": %d,\n  \"exe\": ", (int)getpid());
+    json_str(f, n > 0 ? exe : NULL);
+    fprintf(f, ",\n  \"reason\": ");
+    json_str(f, reason);
+    fprintf(f, ",\n  \"live_bytes\": %" PRIu64 ",\n  \"live_allocations\": %" PRIu64
+               ",\n  \"suppressed_bytes\": %" PRIu64 ",\n  \"suppressed_allocations\": %" PRIu64
+               ",\n  \"groups\": [",
+            lb, lc, sb, sc);
+    for (size_t i = 0; i < r->ngroups; i++) {
+        const shim_report_group *g = &r->groups[i];
+        fprintf(f, "%s\n    {\n      \"bytes\": %" PRIu64 ",\n      \"count\": %" PRIu64
+                   ",\n      \"runtime\": ",
+                i ? "," : "", g->bytes, g->count);
+        json_str(f, g->runtime);
+        fprintf(f, ",\n      \"suppressed\": %s,\n      \"frames\": [",
+                g->suppression >= 0 ? "true" : "false");
+        for (size_t k = 0; k < g->nframes; k++) {
+            const shim_report_frame *fr = &g->frames[k];
+            fprintf(f, "%s\n        {\"kind\": \"%s\", \"function\": ", k ? "," : "",
+                    fr->python ? "python" : "native");
+            json_str(f, fr->function);
+            if (!fr->python) {
+                fputs(", \"object\": ", f);
+                json_str(f, fr->object);
+                fprintf(f, ", \"address\": \"0x%" PRIxPTR "\", \"offset\": \"0x%" PRIxPTR "\"",
+                        fr->address, fr->offset);
+            }
+            if (fr->file || fr->python) {
+                fputs(", \"file\": ", f);
+                json_str(f, fr->file);
+                fprintf(f, ", \"line\": %d", fr->line);
+            }
+            fputc('}', f);
+        }
+        fprintf(f, "%s]\n    }", g->nframes ? "\n      " : "");
+    }
+    fprintf(f, "%s]\n}\n", r->ngroups ? "\n  " : "");
+    if (fflush(f) != 0 || ferror(f)) {
+        if (!errno)
+            errno = EIO;
+        return -1;
+    }
+    return 0;
+}

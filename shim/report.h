@@ -1,0 +1,58 @@
+/* Grouping of live allocations by stack, and their text and JSON forms.
+ * See report.c. */
+#ifndef SHIM_REPORT_H
+#define SHIM_REPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "spyreshim.h"
+#include "suppress.h"
+
+typedef struct shim_report_frame {
+    bool python;
+    const char *function;    /* NULL when unknown */
+    const char *file;        /* NULL when unknown */
+    const char *object;      /* native frames: the mapped object */
+    int line;                /* 0 when unknown */
+    uintptr_t address;       /* native frames: the return address */
+    uintptr_t offset;        /* native frames: address - object base */
+} shim_report_frame;
+
+typedef struct shim_report_group {
+    uint64_t bytes, count;
+    const char *runtime;
+    uint32_t python_stack, native_stack;
+    int suppression;         /* index of the matching pattern, -1: none */
+    shim_report_frame *frames;  /* Python frames first, innermost first */
+    size_t nframes;
+} shim_report_group;
+
+typedef struct shim_report shim_report;
+
+/* Groups `n` allocations by (runtime, Python stack, native stack), largest
+ * first, resolves their frames and applies `sup` (may be NULL). NULL only
+ * when out of host memory. */
+shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
+                               const shim_suppressions *sup);
+void shim_report_free(shim_report *r);
+size_t shim_report_ngroups(const shim_report *r);
+const shim_report_group *shim_report_group_at(const shim_report *r, size_t i);
+/* Totals over unsuppressed and suppressed groups. */
+void shim_report_totals(const shim_report *r, uint64_t *live_bytes, uint64_t *live_allocs,
+                        uint64_t *suppressed_bytes, uint64_t *suppressed_allocs);
+
+enum shim_report_kind {
+    SHIM_REPORT_LEAKS,       /* at exit: "Leak of ..." */
+    SHIM_REPORT_LIVE,        /* on OOM and for snapshots: "Live: ..." */
+};
+/* LeakSanitizer-style text of the unsuppressed groups, at most `max_groups`
+ * of them (0: all), under `headline`. Returns 0 or -1 (errno set). */
+int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
+                      const char *headline, size_t max_groups);
+/* The JSON of docs/report-format.md. Returns 0 or -1 (errno set). */
+int shim_report_write_json(const shim_report *r, FILE *f, const char *reason);
+
+#endif

@@ -1,0 +1,139 @@
+/* The public snapshot API (spyreshim.h): marks, snapshots of live
+ * allocations, and their text and JSON forms.
+ *
+ * Owns nothing shared. A snapshot copies the live records of every device
+ * (shim_device_live takes and drops each device's allocator lock in turn);
+ * everything after that works on the copy, with no shim lock held, so
+ * printing and symbolizing never delay an allocation.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device.h"
+#include "reportfile.h"
+#include "report.h"
+#include "spyreshim.h"
+#include "suppress.h"
+
+struct spyreshim_snapshot {
+    spyreshim_alloc_info *allocs;
+    size_t n;
+    uint64_t bytes;
+};
+
+SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void)
+{
+    return shim_device_seq_now();
+}
+
+SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
+{
+    spyreshim_snapshot *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    size_t cap = 0;
+    for (size_t d = 0; d < shim_device_count(); d++) {
+        shim_device *dev = shim_device_at(d);
+        if (!dev)
+            continue;
+        size_t k = 0;
+        shim_record *recs = shim_device_live(dev, since, &k);
+        if (!recs && k) {
+            spyreshim_snapshot_free(s);
+            return NULL;
+        }
+        if (s->n + k > cap) {
+            cap = (s->n + k) * 2;
+            spyreshim_alloc_info *na = realloc(s->allocs, cap * sizeof *na);
+            if (!na) {
+                free(recs);
+                spyreshim_snapshot_free(s);
+                return NULL;
+            }
+            s->allocs = na;
+        }
+        const char *name = shim_device_name(dev);
+        for (size_t i = 0; i < k; i++) {
+            spyreshim_alloc_info *a = &s->allocs[s->n++];
+            a->ptr = recs[i].ptr;
+            a->size = (size_t)recs[i].size;
+            a->seq = recs[i].seq;
+            a->native_stack = recs[i].native_stack;
+            a->python_stack = recs[i].python_stack;
+            a->runtime = name;
+            s->bytes += recs[i].size;
+        }
+        free(recs);
+    }
+    return s;
+}
+
+SPYRESHIM_API size_t spyreshim_snapshot_count(const spyreshim_snapshot *s)
+{
+    return s ? s->n : 0;
+}
+
+SPYRESHIM_API uint64_t spyreshim_snapshot_bytes(const spyreshim_snapshot *s)
+{
+    return s ? s->bytes : 0;
+}
+
+SPYRESHIM_API const spyreshim_alloc_info *spyreshim_snapshot_get(const spyreshim_snapshot *s, size_t i)
+{
+    return s && i < s->n ? &s->allocs[i] : NULL;
+}
+
+SPYRESHIM_API int spyreshim_snapshot_print(const spyreshim_snapshot *s, int fd, size_t max_groups)
+{
+    if (!s) {
+        errno = EINVAL;
+        return -1;
+    }
+    shim_report *r = shim_report_build(s->allocs, s->n, shim_suppressions_active());
+    if (!r) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int rc = shim_report_print(r, fd, SHIM_REPORT_LIVE, "spyreshim: live device allocations",
+                               max_groups);
+    shim_report_free(r);
+    return rc;
+}
+
+SPYRESHIM_API int spyreshim_snapshot_write_json(const spyreshim_snapshot *s, const char *path)
+{
+    if (!s || !path || !path[0]) {
+        errno = EINVAL;
+        return -1;
+    }
+    char expanded[4096];
+    if (shim_reportfile_expand(path, expanded, sizeof expanded) != 0)
+        return -1;
+    FILE *f = shim_reportfile_open(expanded);
+    if (!f)
+        return -1;
+    shim_report *r = shim_report_build(s->allocs, s->n, shim_suppressions_active());
+    if (!r) {
+        fclose(f);
+        errno = ENOMEM;
+        return -1;
+    }
+    int rc = shim_report_write_json(r, f, "snapshot");
+    int err = errno;
+    shim_report_free(r);
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -1;
+        err = errno;
+    }
+    errno = err;
+    return rc;
+}
+
+SPYRESHIM_API void spyreshim_snapshot_free(spyreshim_snapshot *s)
+{
+    if (!s)
+        return;
+    free(s->allocs);
+    free(s);
+}

@@ -1,0 +1,299 @@
+/* Native stack capture and interning.
+ *
+ * Owns the privately loaded libunwind and the table of interned stacks
+ * (frame array -> 32-bit id). Capture runs on the allocating thread with no
+ * allocator lock held. Looking up a stack seen before is lock-free; adding a
+ * new one takes `g_lock`, a mutex of this file alone that never nests with
+ * any other lock (the allocator lock in particular is never held here).
+ *
+ * libunwind is never linked and never loaded into the global scope: it
+ * exports _Unwind_RaiseException, `backtrace` and friends, and would take
+ * over the C++ exceptions (and glibc backtraces) of every library in the
+ * process. dlopen(RTLD_LOCAL) keeps its symbols visible to us alone.
+ *
+ * Interned stacks are never freed: ids stay valid for the life of the
+ * process, so records and reports can hold them without reference counts.
+ * Memory is bounded by the number of distinct stacks, not allocations.
+ */
+#include "stack.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+typedef int (*unw_backtrace_fn)(void **buffer, int size);
+
+static unw_backtrace_fn g_backtrace;
+static pthread_once_t g_init_once = PTHREAD_ONCE_INIT;
+
+/* The text of the object the shim lives in: leading frames inside it are
+ * the shim's own and are dropped. Unset (0, 0) when the shim is linked into
+ * the main program (unit tests): then only capture's own frame is dropped. */
+static uintptr_t g_self_lo, g_self_hi;
+
+/* ---- interned stacks ---------------------------------------------------- */
+
+typedef struct stack_entry {
+    uint64_t hash;
+    uint32_t n;
+    const uintptr_t *frames;
+} stack_entry;
+
+#define CHUNK_BITS 12u
+#define CHUNK_SIZE (1u << CHUNK_BITS)
+#define MAX_CHUNKS 4096u                      /* 16M distinct stacks */
+
+/* id -> entry: fixed directory of chunks that never move, so a reader holding
+ * an id never races with growth. A chunk is published before any id in it. */
+static _Atomic(stack_entry *) g_chunks[MAX_CHUNKS];
+static _Atomic uint32_t g_count;              /* ids 1..g_count exist */
+
+/* hash -> id: open addressing, linear probing, load <= 1/2. Grown by copying
+ * under g_lock and publishing the new table; old tables are kept (a reader
+ * may still be probing one) and only cost a geometric series of memory. A
+ * reader that misses in an old table falls back to the locked path, which
+ * searches the current one. */
+typedef struct index_table {
+    size_t mask;
+    struct index_table *retired;              /* previous table, kept alive */
+    _Atomic uint32_t slot[];
+} index_table;
+
+static _Atomic(index_table *) g_index;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool g_full_warned;
+
+/* Frame storage: bump allocation from large blocks, never freed. */
+#define POOL_BLOCK (64u * 1024u)
+static uintptr_t *g_pool;
+static size_t g_pool_left;                    /* in frames */
+
+static uint64_t hash_frames(const uintptr_t *f, size_t n)
+{
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < n; i++) {
+        h ^= f[i];
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    h ^= h >> 29;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 32;
+    return h;
+}
+
+static stack_entry *entry_of(uint32_t id)
+{
+    uint32_t i = id - 1;
+    stack_entry *chunk = atomic_load_explicit(&g_chunks[i >> CHUNK_BITS], memory_order_acquire);
+    return chunk ? &chunk[i & (CHUNK_SIZE - 1)] : NULL;
+}
+
+static uint32_t index_find(const index_table *t, uint64_t hash, const uintptr_t *f, size_t n)
+{
+    if (!t)
+        return 0;
+    for (size_t i = hash & t->mask;; i = (i + 1) & t->mask) {
+        uint32_t id = atomic_load_explicit(&t->slot[i], memory_order_acquire);
+        if (id == 0)
+            return 0;
+        const stack_entry *e = entry_of(id);
+        if (e->hash == hash && e->n == n && memcmp(e->frames, f, n * sizeof *f) == 0)
+            return id;
+    }
+}
+
+static void index_put(index_table *t, uint64_t hash, uint32_t id)
+{
+    size_t i = hash & t->mask;
+    while (atomic_load_explicit(&t->slot[i], memory_order_relaxed) != 0)
+        i = (i + 1) & t->mask;
+    atomic_store_explicit(&t->slot[i], id, memory_order_release);
+}
+
+/* Under g_lock: makes room for one more id. false when out of memory. */
+static bool index_reserve(uint32_t count_after)
+{
+    index_table *t = atomic_load_explicit(&g_index, memory_order_relaxed);
+    if (t && (size_t)count_after * 2 <= t->mask + 1)
+        return true;
+    size_t cap = t ? (t->mask + 1) * 2 : 1024;
+    index_table *nt = calloc(1, sizeof *nt + cap * sizeof nt->slot[0]);
+    if (!nt)
+        return false;
+    nt->mask = cap - 1;
+    nt->retired = t;
+    uint32_t have = atomic_load_explicit(&g_count, memory_order_relaxed);
+    for (uint32_t id = 1; id <= have; id++)
+        index_put(nt, entry_of(id)->hash, id);
+    atomic_store_explicit(&g_index, nt, memory_order_release);
+    return true;
+}
+
+static const uintptr_t *pool_copy(const uintptr_t *f, size_t n)
+{
+    if (g_pool_left < n) {
+        size_t frames = POOL_BLOCK / sizeof(uintptr_t);
+        g_pool = malloc(frames * sizeof(uintptr_t));
+        if (!g_pool) {
+            g_pool_left = 0;
+            return NULL;
+        }
+        g_pool_left = frames;
+    }
+    uintptr_t *dst = g_pool;
+    memcpy(dst, f, n * sizeof *f);
+    g_pool += n;
+    g_pool_left -= n;
+    return dst;
+}
+
+static uint32_t intern_locked(uint64_t hash, const uintptr_t *f, size_t n)
+{
+    uint32_t id = index_find(atomic_load_explicit(&g_index, memory_order_relaxed), hash, f, n);
+    if (id)
+        return id;
+    uint32_t count = atomic_load_explicit(&g_count, memory_order_relaxed);
+    if (count >= MAX_CHUNKS * CHUNK_SIZE) {
+        if (!g_full_warned)
+            shim_warn("stack table full (%u stacks): new stacks are not recorded", count);
+        g_full_warned = true;
+        return 0;
+    }
+    uint32_t i = count;                        /* id - 1 of the new stack */
+    stack_entry *chunk = atomic_load_explicit(&g_chunks[i >> CHUNK_BITS], memory_order_relaxed);
+    if (!chunk) {
+        chunk = calloc(CHUNK_SIZE, sizeof *chunk);
+        if (!chunk)
+            return 0;
+        atomic_store_explicit(&g_chunks[i >> CHUNK_BITS], chunk, memory_order_release);
+    }
+    const uintptr_t *copy = pool_copy(f, n);
+    if (!copy || !index_reserve(count + 1))
+        return 0;
+    stack_entry *e = &chunk[i & (CHUNK_SIZE - 1)];
+    e->hash = hash;
+    e->n = (uint32_t)n;
+    e->frames = copy;
+    id = count + 1;
+    atomic_store_explicit(&g_count, id, memory_order_release);
+    index_put(atomic_load_explicit(&g_index, memory_order_relaxed), hash, id);
+    return id;
+}
+
+uint32_t shim_stack_intern(const uintptr_t *frames, size_t n)
+{
+    if (n == 0)
+        return 0;
+    if (n > SHIM_STACK_MAX_DEPTH)
+        n = SHIM_STACK_MAX_DEPTH;
+    uint64_t hash = hash_frames(frames, n);
+    uint32_t id = index_find(atomic_load_explicit(&g_index, memory_order_acquire), hash, frames, n);
+    if (id)
+        return id;
+    pthread_mutex_lock(&g_lock);
+    id = intern_locked(hash, frames, n);
+    pthread_mutex_unlock(&g_lock);
+    return id;
+}
+
+size_t shim_stack_frames(uint32_t id, const uintptr_t **frames)
+{
+    if (id == 0 || id > atomic_load_explicit(&g_count, memory_order_acquire))
+        return 0;
+    const stack_entry *e = entry_of(id);
+    *frames = e->frames;
+    return e->n;
+}
+
+size_t shim_stack_count(void)
+{
+    return atomic_load_explicit(&g_count, memory_order_acquire);
+}
+
+void shim_stack_atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
+void shim_stack_atfork_parent(void) { pthread_mutex_unlock(&g_lock); }
+void shim_stack_atfork_child(void) { pthread_mutex_unlock(&g_lock); }
+
+/* ---- capture ------------------------------------------------------------ */
+
+/* Frames the shim itself may put above its caller (capture, leak hook,
+ * device layer, runtime hook, a trampoline or two). */
+#define OWN_FRAMES_MAX 12
+
+static int find_self(struct dl_phdr_info *info, size_t size, void *data)
+{
+    (void)size;
+    uintptr_t me = (uintptr_t)data;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD || !(ph->p_flags & PF_X))
+            continue;
+        uintptr_t lo = info->dlpi_addr + ph->p_vaddr, hi = lo + ph->p_memsz;
+        if (me >= lo && me < hi) {
+            /* The main program reports an empty name: the shim is linked
+             * into a test, whose own frames must stay. */
+            if (info->dlpi_name && info->dlpi_name[0]) {
+                g_self_lo = lo;
+                g_self_hi = hi;
+            }
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void init_once(void)
+{
+    /* RTLD_LOCAL: see the comment at the top. RTLD_NOW: fail here, not on
+     * the first allocation. */
+    void *h = dlopen("libunwind.so.8", RTLD_LOCAL | RTLD_NOW);
+    if (!h) {
+        shim_warn("leak check: cannot load libunwind.so.8 (%s): no native stacks", dlerror());
+        return;
+    }
+    g_backtrace = (unw_backtrace_fn)dlsym(h, "unw_backtrace");
+    if (!g_backtrace) {
+        shim_warn("leak check: libunwind.so.8 has no unw_backtrace: no native stacks");
+        return;
+    }
+    dl_iterate_phdr(find_self, (void *)(uintptr_t)&shim_stack_capture);
+    /* The first unwind reads unwind tables and builds caches (milliseconds);
+     * pay it now rather than on the program's first allocation. */
+    void *warm[SHIM_STACK_MAX_DEPTH];
+    g_backtrace(warm, SHIM_STACK_MAX_DEPTH);
+}
+
+bool shim_stack_init(void)
+{
+    pthread_once(&g_init_once, init_once);
+    return g_backtrace != NULL;
+}
+
+__attribute__((noinline))
+uint32_t shim_stack_capture(unsigned max_depth)
+{
+    unw_backtrace_fn bt = g_backtrace;
+    if (!bt || max_depth == 0)
+        return 0;
+    if (max_depth > SHIM_STACK_MAX_DEPTH)
+        max_depth = SHIM_STACK_MAX_DEPTH;
+    void *buf[SHIM_STACK_MAX_DEPTH + OWN_FRAMES_MAX];
+    int n = bt(buf, (int)max_depth + OWN_FRAMES_MAX);
+    int skip = 0;
+    if (g_self_hi) {
+        while (skip < n && (uintptr_t)buf[skip] >= g_self_lo && (uintptr_t)buf[skip] < g_self_hi)
+            skip++;
+    } else if (n > 0) {
+        skip = 1;                              /* this function */
+    }
+    size_t keep = (size_t)(n - skip);
+    if (keep > max_depth)
+        keep = max_depth;
+    return shim_stack_intern((const uintptr_t *)(buf + skip), keep);
+}

@@ -1,0 +1,280 @@
+/* Report-time symbolization of native return addresses.
+ *
+ * Owns a per-report cache (address -> names) and the privately loaded
+ * libdw. Runs only when a report is produced (exit, final OOM, snapshot
+ * print/JSON), never on the allocation path; holds no lock of the shim and
+ * needs none (a symbolizer belongs to the thread that created it).
+ *
+ * Why libdw (elfutils, dlopen'ed when present) rather than a batched
+ * `addr2line` run: it works in-process, so a report at exit never forks and
+ * execs from a library destructor (hazardous under seccomp, in setuid
+ * programs, with a half-torn-down process), it reads each object's DWARF
+ * once per report for all its addresses, finds separate debug files by
+ * build-id (/usr/lib/debug/.build-id, locally only: no debuginfod network
+ * lookups at exit), and gives function names from .symtab, which dladdr
+ * cannot see (static functions, executables not linked with -rdynamic).
+ * Without libdw (package libdw1) names fall back to dladdr: exported
+ * symbols only, no file:line.
+ *
+ * The libdw prototypes are declared here (a handful, stable since elfutils
+ * 0.122/0.130) so that building needs no libdw headers and the library
+ * never links it.
+ */
+#include "symbolize.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- libdw, declared by hand ------------------------------------------- */
+
+typedef struct Dwfl Dwfl;
+typedef struct Dwfl_Module Dwfl_Module;
+typedef struct Dwfl_Line Dwfl_Line;
+typedef uint64_t Dwarf_Addr;
+typedef uint64_t Dwarf_Word;
+typedef void (*dw_any_fn)(void);
+
+typedef struct {
+    dw_any_fn find_elf;
+    dw_any_fn find_debuginfo;
+    dw_any_fn section_address;
+    char **debuginfo_path;
+} Dwfl_Callbacks;
+
+static struct {
+    Dwfl *(*begin)(const Dwfl_Callbacks *);
+    void (*end)(Dwfl *);
+    void (*report_begin)(Dwfl *);
+    int (*linux_proc_report)(Dwfl *, pid_t);
+    int (*report_end)(Dwfl *, void *removed, void *arg);
+    Dwfl_Module *(*addrmodule)(Dwfl *, Dwarf_Addr);
+    const char *(*module_addrname)(Dwfl_Module *, Dwarf_Addr);
+    Dwfl_Line *(*module_getsrc)(Dwfl_Module *, Dwarf_Addr);
+    const char *(*lineinfo)(Dwfl_Line *, Dwarf_Addr *, int *, int *, Dwarf_Word *, Dwarf_Word *);
+} dw;
+
+static Dwfl_Callbacks dw_callbacks;
+static bool dw_ok;
+static pthread_once_t dw_once = PTHREAD_ONCE_INIT;
+
+typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
+static demangle_fn g_demangle;
+
+#define DW_SYM(field, name)                                           \
+    do {                                                              \
+        *(void **)&dw.field = dlsym(h, name);                         \
+        if (!dw.field)                                                \
+            return;                                                   \
+    } while (0)
+
+static void dw_load(void)
+{
+    /* C++ names: demangle with the program's own libstdc++ when it has one
+     * (never load it ourselves). */
+    *(void **)&g_demangle = dlsym(RTLD_DEFAULT, "__cxa_demangle");
+
+    void *h = dlopen("libdw.so.1", RTLD_LOCAL | RTLD_NOW);
+    if (!h)
+        return;
+    DW_SYM(begin, "dwfl_begin");
+    DW_SYM(end, "dwfl_end");
+    DW_SYM(report_begin, "dwfl_report_begin");
+    DW_SYM(linux_proc_report, "dwfl_linux_proc_report");
+    DW_SYM(report_end, "dwfl_report_end");
+    DW_SYM(addrmodule, "dwfl_addrmodule");
+    DW_SYM(module_addrname, "dwfl_module_addrname");
+    DW_SYM(module_getsrc, "dwfl_module_getsrc");
+    DW_SYM(lineinfo, "dwfl_lineinfo");
+    *(void **)&dw_callbacks.find_elf = dlsym(h, "dwfl_linux_proc_find_elf");
+    *(void **)&dw_callbacks.find_debuginfo = dlsym(h, "dwfl_build_id_find_debuginfo");
+    if (!dw_callbacks.find_elf || !dw_callbacks.find_debuginfo)
+        return;
+    dw_ok = true;
+}
+
+/* ---- the cache ---------------------------------------------------------- */
+
+typedef struct sym_slot {
+    uintptr_t addr;                 /* 0: empty */
+    shim_symbol sym;
+} sym_slot;
+
+struct shim_symbolizer {
+    sym_slot *slots;
+    size_t mask, used;
+    Dwfl *dwfl;
+    bool dwfl_tried;
+    char **strings;                 /* every string we own */
+    size_t nstrings, capstrings;
+    char exe[4096];
+};
+
+shim_symbolizer *shim_symbolizer_create(void)
+{
+    pthread_once(&dw_once, dw_load);
+    shim_symbolizer *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->mask = 255;
+    s->slots = calloc(s->mask + 1, sizeof *s->slots);
+    if (!s->slots) {
+        free(s);
+        return NULL;
+    }
+    ssize_t n = readlink("/proc/self/exe", s->exe, sizeof s->exe - 1);
+    s->exe[n > 0 ? n : 0] = '\0';
+    return s;
+}
+
+void shim_symbolizer_destroy(shim_symbolizer *s)
+{
+    if (!s)
+        return;
+    if (s->dwfl)
+        dw.end(s->dwfl);
+    for (size_t i = 0; i < s->nstrings; i++)
+        free(s->strings[i]);
+    free(s->strings);
+    free(s->slots);
+    free(s);
+}
+
+/* Copies `str` into the symbolizer (NULL stays NULL, and so does a failed
+ * copy: names are best effort). */
+static const char *keep(shim_symbolizer *s, const char *str, bool owned)
+{
+    if (!str)
+        return NULL;
+    char *c = owned ? (char *)str : strdup(str);
+    if (!c)
+        return NULL;
+    if (s->nstrings == s->capstrings) {
+        size_t cap = s->capstrings ? s->capstrings * 2 : 64;
+        char **ns = realloc(s->strings, cap * sizeof *ns);
+        if (!ns) {
+            free(c);
+            return NULL;
+        }
+        s->strings = ns;
+        s->capstrings = cap;
+    }
+    s->strings[s->nstrings++] = c;
+    return c;
+}
+
+static const char *keep_function(shim_symbolizer *s, const char *name)
+{
+    if (name && g_demangle && name[0] == '_' && name[1] == 'Z') {
+        int status = -1;
+        char *d = g_demangle(name, NULL, NULL, &status);
+        if (d && status == 0)
+            return keep(s, d, true);
+        free(d);
+    }
+    return keep(s, name, false);
+}
+
+static Dwfl *session(shim_symbolizer *s)
+{
+    if (!s->dwfl_tried && dw_ok) {
+        s->dwfl_tried = true;
+        Dwfl *d = dw.begin(&dw_callbacks);
+        if (d) {
+            dw.report_begin(d);
+            if (dw.linux_proc_report(d, getpid()) == 0 && dw.report_end(d, NULL, NULL) == 0)
+                s->dwfl = d;
+            else
+                dw.end(d);
+        }
+    }
+    return s->dwfl;
+}
+
+static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
+{
+    memset(out, 0, sizeof *out);
+    /* A return address points after the call; the call itself (what the
+     * line table and the symbol must describe) is one byte earlier. */
+    uintptr_t pc = addr ? addr - 1 : 0;
+    Dl_info info;
+    struct link_map *lm = NULL;
+    if (dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP)) {
+        const char *obj = info.dli_fname;
+        /* The main program's link map has an empty name (dladdr then makes
+         * one up from argv[0], possibly relative): use the real path. */
+        if ((!obj || !obj[0] || (lm && lm->l_name && !lm->l_name[0])) && s->exe[0])
+            obj = s->exe;
+        out->object = keep(s, obj, false);
+        out->offset = addr - (uintptr_t)info.dli_fbase;
+        if (info.dli_sname && info.dli_saddr)
+            out->function = keep_function(s, info.dli_sname);
+    }
+    Dwfl *d = session(s);
+    if (!d)
+        return;
+    Dwfl_Module *mod = dw.addrmodule(d, pc);
+    if (!mod)
+        return;
+    const char *name = dw.module_addrname(mod, pc);
+    if (name) {
+        /* .symtab names may carry a symbol version ("f@@GLIBC_2.34"). */
+        const char *at = strchr(name, '@');
+        char *bare = at ? strndup(name, (size_t)(at - name)) : NULL;
+        out->function = keep_function(s, bare ? bare : name);
+        free(bare);
+    }
+    Dwfl_Line *line = dw.module_getsrc(mod, pc);
+    if (line) {
+        Dwarf_Addr a;
+        int lineno = 0;
+        const char *file = dw.lineinfo(line, &a, &lineno, NULL, NULL, NULL);
+        if (file) {
+            out->file = keep(s, file, false);
+            out->line = lineno;
+        }
+    }
+}
+
+void shim_symbolize(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
+{
+    size_t i = (addr * 0x9e3779b97f4a7c15ull >> 20) & s->mask;
+    for (;; i = (i + 1) & s->mask) {
+        if (s->slots[i].addr == addr && addr != 0) {
+            *out = s->slots[i].sym;
+            return;
+        }
+        if (s->slots[i].addr == 0)
+            break;
+    }
+    resolve(s, addr, out);
+    if (addr == 0)
+        return;
+    if ((s->used + 1) * 2 > s->mask + 1) {
+        size_t cap = (s->mask + 1) * 2;
+        sym_slot *ns = calloc(cap, sizeof *ns);
+        if (!ns)
+            return;                            /* stays correct, just uncached */
+        for (size_t j = 0; j <= s->mask; j++) {
+            if (!s->slots[j].addr)
+                continue;
+            size_t k = (s->slots[j].addr * 0x9e3779b97f4a7c15ull >> 20) & (cap - 1);
+            while (ns[k].addr)
+                k = (k + 1) & (cap - 1);
+            ns[k] = s->slots[j];
+        }
+        free(s->slots);
+        s->slots = ns;
+        s->mask = cap - 1;
+        i = (addr * 0x9e3779b97f4a7c15ull >> 20) & s->mask;
+        while (s->slots[i].addr)
+            i = (i + 1) & s->mask;
+    }
+    s->slots[i].addr = addr;
+    s->slots[i].sym = *out;
+    s->used++;
+}

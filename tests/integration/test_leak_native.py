@@ -1,0 +1,249 @@
+"""Leak reports for native programs: tests/programs/leak_program.c (leaks from
+known functions) and leak_exceptions.cc (C++ exceptions), run under
+LD_PRELOAD=libspyreshim.so with SPYRESHIM_LEAK_CHECK=1."""
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+
+import pythons
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def programs(builddir, shim_lib):
+    d = Path(builddir) / "tests"
+    prog = d / "leak_program"
+    if not prog.exists():
+        pytest.fail(f"{prog} is missing: ninja -C {builddir}")
+    return d
+
+
+def run_leaks(programs, shim_lib, steps, tmp_path, env=None, program="leak_program",
+              preload=True, report=True):
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith("SPYRESHIM_") or k in ("LD_PRELOAD", "LD_DEBUG"):
+            del e[k]
+    e["SIMDEV_MEMORY"] = "1G"
+    e["SPYRESHIM_LEAK_CHECK"] = "1"
+    if preload:
+        e["LD_PRELOAD"] = str(shim_lib)
+    path = tmp_path / "report.%p.json"
+    for old in tmp_path.glob("report.*.json"):
+        old.unlink()
+    if report:
+        e["SPYRESHIM_REPORT"] = str(path)
+    e.update({k: str(v) for k, v in (env or {}).items()})
+    r = pythons.run([programs / program, *steps], env=e, timeout=60)
+    assert not r.timed_out, r.describe()
+    reports = sorted(tmp_path.glob("report.*.json"))
+    data = json.loads(reports[0].read_text()) if reports else None
+    return r, data, reports
+
+
+def by_function(data):
+    """Sums bytes and counts of the report's groups by their first native
+    frame's function (the caller of simdevMalloc)."""
+    out = {}
+    for g in data["groups"]:
+        native = [f for f in g["frames"] if f["kind"] == "native"]
+        name = native[0]["function"] if native else None
+        b, c, s = out.get(name, (0, 0, None))
+        out[name] = (b + g["bytes"], c + g["count"], g["suppressed"] if s is None else s and g["suppressed"])
+    return out
+
+
+def test_report_names_functions_with_sizes_and_counts(programs, shim_lib, tmp_path):
+    r, data, reports = run_leaks(programs, shim_lib, ["small", "big", "other", "clean"], tmp_path)
+    assert r.returncode == 23, r.describe()
+    assert "done" in r.stdout, "the program's buffered output survives the exit"
+    assert len(reports) == 1 and reports[0].name == f"report.{data['pid']}.json"
+    assert data["format"] == "spyreshim-report" and data["reason"] == "exit"
+    f = by_function(data)
+    assert f["leak_one_big"][:2] == (MiB, 1)
+    assert f["leak_small_blocks"][:2] == (3000, 3)
+    assert f["leak_in_other_function"][:2] == (8192, 2)
+    assert "allocate_and_free" not in f, "freed memory is not a leak"
+    assert data["live_bytes"] == MiB + 3000 + 8192
+    assert data["live_allocations"] == 6
+    sizes = [g["bytes"] for g in data["groups"]]
+    assert sizes == sorted(sizes, reverse=True), "largest first"
+    big = data["groups"][0]
+    top = big["frames"][0]
+    assert top["function"] == "leak_one_big"
+    assert top["file"].endswith("leak_program.c") and top["line"] > 0
+    assert top["object"].endswith("leak_program")
+    assert any(fr["function"] == "main" for fr in big["frames"])
+    assert not any("spyreshim" in (fr["object"] or "") for g in data["groups"] for fr in g["frames"]), \
+        "the shim's own frames are dropped"
+    err = r.stderr
+    assert "ERROR: spyreshim: detected device memory leaks" in err
+    assert "Leak of 1048576 byte(s) in 1 allocation(s) of simdev memory" in err
+    assert "Leak of 3000 byte(s) in 3 allocation(s) of simdev memory" in err
+    assert " in leak_small_blocks " in err and "leak_program.c:" in err
+    assert f"SUMMARY: spyreshim: {MiB + 3000 + 8192} byte(s) leaked in 6 allocation(s)." in err
+
+
+def test_exit_status_is_configurable(programs, shim_lib, tmp_path):
+    r, _, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_EXITCODE": 42})
+    assert r.returncode == 42, r.describe()
+    r, _, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_EXITCODE": 0})
+    assert r.returncode == 0, r.describe()
+    assert "Leak of 3000 byte(s)" in r.stderr, "the report is printed even when the status is kept"
+
+
+def test_clean_program_passes_and_still_writes_its_report(programs, shim_lib, tmp_path):
+    r, data, _ = run_leaks(programs, shim_lib, ["clean"], tmp_path)
+    assert r.returncode == 0, r.describe()
+    assert "detected device memory leaks" not in r.stderr
+    assert data["live_bytes"] == 0 and data["groups"] == []
+
+
+def test_without_leak_checking_there_is_no_verdict(programs, shim_lib, tmp_path):
+    r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_LEAK_CHECK": 0})
+    assert r.returncode == 0, r.describe()
+    assert data is None and "leaks" not in r.stderr
+
+
+def test_suppressions_silence_exactly_what_they_match(programs, shim_lib, tmp_path):
+    supp = tmp_path / "supp.txt"
+    supp.write_text("# LeakSanitizer's format\n"
+                    "leak:leak_small_blocks\n"
+                    "\n"
+                    "leak:^thread_le*$\n")
+    r, data, _ = run_leaks(programs, shim_lib, ["small", "big", "threads:2"], tmp_path,
+                           env={"SPYRESHIM_SUPPRESSIONS": supp})
+    assert r.returncode == 23, "leak_one_big is not suppressed: " + r.describe()
+    f = by_function(data)
+    assert f["leak_small_blocks"] == (3000, 3, True)
+    assert f["thread_leak"] == (1024, 2, True)
+    assert f["leak_one_big"] == (MiB, 1, False)
+    assert (data["live_bytes"], data["live_allocations"]) == (MiB, 1)
+    assert (data["suppressed_bytes"], data["suppressed_allocations"]) == (4024, 5)
+    err = r.stderr
+    assert "Leak of 1048576 byte(s)" in err
+    assert "Leak of 3000 byte(s)" not in err and " in thread_leak " not in err
+    assert "Suppressions used:" in err and "leak_small_blocks" in err
+    assert f"SUMMARY: spyreshim: {MiB} byte(s) leaked in 1 allocation(s)." in err
+
+    # Suppress the rest by file name: nothing left, the status is clean.
+    supp.write_text("leak:leak_small_blocks\nleak:thread_leak\nleak:leak_program.c\n")
+    r, data, _ = run_leaks(programs, shim_lib, ["small", "big", "threads:2"], tmp_path,
+                           env={"SPYRESHIM_SUPPRESSIONS": supp})
+    assert r.returncode == 0, r.describe()
+    assert data["live_bytes"] == 0 and data["suppressed_allocations"] == 6
+
+
+def test_bad_suppressions_file_warns_and_keeps_going(programs, shim_lib, tmp_path):
+    supp = tmp_path / "bad.txt"
+    supp.write_text("race:foo\nleak:leak_small_blocks\n")
+    r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_SUPPRESSIONS": supp})
+    assert r.returncode == 0, r.describe()
+    assert "not a suppression" in r.stderr
+    r, _, _ = run_leaks(programs, shim_lib, ["small"], tmp_path,
+                        env={"SPYRESHIM_SUPPRESSIONS": tmp_path / "missing.txt"})
+    assert r.returncode == 23 and "cannot read suppressions" in r.stderr
+
+
+def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
+    r, data, _ = run_leaks(programs, shim_lib, ["threads:8"], tmp_path)
+    assert r.returncode == 23, r.describe()
+    f = by_function(data)
+    assert f["thread_leak"][:2] == (8 * 512, 8)
+    g = data["groups"][0]
+    names = [fr["function"] for fr in g["frames"]]
+    assert "start_thread" in names or any(n and "clone" in n for n in names), names
+
+
+def test_report_file_is_private_and_symlinks_are_not_followed(programs, shim_lib, tmp_path):
+    r, data, reports = run_leaks(programs, shim_lib, ["small"], tmp_path)
+    assert stat.S_IMODE(reports[0].stat().st_mode) == 0o600
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "linked.json"
+    link.symlink_to(victim)
+    r, _, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, report=False,
+                        env={"SPYRESHIM_REPORT": link})
+    assert r.returncode == 23, r.describe()
+    assert victim.read_text() == "precious"
+    assert link.is_symlink()
+    assert "cannot write report" in r.stderr
+
+
+def test_cxx_exceptions_still_bind_to_libgcc(programs, shim_lib, tmp_path):
+    prog = programs / "leak_exceptions"
+    if not prog.exists():
+        pytest.skip("no C++ compiler: leak_exceptions was not built")
+    r, data, _ = run_leaks(programs, shim_lib, [], tmp_path, program="leak_exceptions",
+                           env={"LD_DEBUG": "bindings"})
+    assert "caught 1000" in r.stdout, r.describe()
+    assert r.returncode == 23, r.describe()
+    assert by_function(data)["leak_from_cxx()"][:2] == (3000, 1)
+    bindings = [l for l in r.stderr.splitlines() if "`_Unwind_RaiseException'" in l]
+    assert any("libunwind.so.8" in l for l in r.stderr.splitlines() if "binding file" in l), \
+        "libunwind was loaded (else the check below proves nothing)"
+    from_cxx = [l for l in bindings if "libstdc++" in l.split(" to ")[0]]
+    assert from_cxx, "libstdc++ resolved _Unwind_RaiseException: " + "\n".join(bindings)
+    for l in bindings:
+        assert "libgcc_s" in l.split(" to ")[1], l
+
+    # The control: libunwind in the global scope does take over, so the check
+    # above can fail.
+    r, _, _ = run_leaks(programs, shim_lib, [], tmp_path, program="leak_exceptions",
+                        env={"LD_DEBUG": "bindings", "SPYRESHIM_LEAK_CHECK": 0,
+                             "LD_PRELOAD": "libunwind.so.8 " + str(shim_lib)})
+    taken = [l for l in r.stderr.splitlines()
+             if "`_Unwind_RaiseException'" in l and "libstdc++" in l.split(" to ")[0]]
+    assert taken and all("libunwind" in l.split(" to ")[1] for l in taken), "\n".join(taken)
+
+
+def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a setuid program")
+    src = programs / "leak_program_linked"
+    prog = tmp_path / "suid" / "leak_program_linked"
+    prog.parent.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(prog.parent, 0o755)
+    shutil.copy(src, prog)
+    os.chown(prog, 65534, 65534)
+    os.chmod(prog, 0o4755)
+    supp = tmp_path / "supp.txt"
+    supp.write_text("leak:leak_small_blocks\n")
+    os.chmod(supp, 0o644)
+    r, data, reports = run_leaks(prog.parent, shim_lib, ["small"], tmp_path,
+                                 program=prog.name, preload=False,
+                                 env={"SPYRESHIM_SUPPRESSIONS": supp, "SPYRESHIM_LOG": "debug"})
+    if "secure mode" not in r.stderr:
+        pytest.skip("the setuid bit had no effect here (nosuid mount?): " + r.stderr[-300:])
+    assert reports == [], "SPYRESHIM_REPORT must be ignored in secure mode"
+    assert r.returncode == 23, "the suppressions file is ignored too: " + r.describe()
+    assert "Leak of 3000 byte(s)" in r.stderr
+
+
+def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path):
+    steps = ["a:4M", "a:4M", "fill:1M", "F"]
+    r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
+                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
+    assert r.returncode == 0, "everything was freed before exit: " + r.describe()
+    err = r.stderr
+    assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
+    assert "Live: 8388608 byte(s) in 8 allocation(s) of simdev memory" in err, err
+    assert "Live: 8388608 byte(s) in 2 allocation(s) of simdev memory" in err, err
+    assert "simdev_ops.c:" in err
+    assert err.count("out of simdev memory") == 1, "one failure, one report"
+    oom = list(tmp_path.glob("report.*.json.oom"))
+    assert len(oom) == 1
+    d = json.loads(oom[0].read_text())
+    assert d["reason"] == "oom" and d["live_bytes"] == 16 * MiB and d["live_allocations"] == 10
+    assert data["live_bytes"] == 0
+
+    r, _, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
+                        env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 0})
+    assert "out of simdev memory" not in r.stderr
