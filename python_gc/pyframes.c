@@ -218,6 +218,7 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
     L->check_refcnt = shift == 0;
     L->ts_frame = B->ts_frame;
     L->cf_current = B->cf_current;
+    L->ts_interp = 16;           /* after prev and next, in every version */
     L->fr_back = B->fr_back + (B->frames_are_objects ? shift : 0);
     L->fr_code = B->fr_code + (B->frames_are_objects ? shift : 0);
     L->fr_instr = B->fr_instr + (B->frames_are_objects ? shift : 0);

@@ -41,6 +41,7 @@ typedef struct shim_pylayout {
      * 3.12, ->cf_current (the _PyCFrame step); cf_current < 0 when none. */
     size_t ts_frame;
     ptrdiff_t cf_current;
+    size_t ts_interp;            /* PyThreadState.interp */
     /* Frame. fr_owner < 0 when frames have no owner byte. */
     size_t fr_back, fr_code, fr_instr;
     ptrdiff_t fr_owner;

@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "find.h"
+#include "gate.h"
 #include "log.h"
 #include "pyframes.h"
 #include "pygc.h"
@@ -74,6 +75,8 @@ typedef struct pyapi {
     int (*is_finalizing)(void);
     void (*err_fetch)(void **, void **, void **);
     void (*err_restore)(void *, void *, void *);
+    int (*add_pending_call)(int (*fn)(void *), void *arg);   /* optional */
+    void *(*main_interp)(void);              /* PyInterpreterState_Main */
 } pyapi;
 
 enum { ST_UNKNOWN = 0, ST_READY, ST_OFF };
@@ -82,7 +85,8 @@ static pthread_mutex_t stack_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int state = ST_UNKNOWN;
 static _Atomic bool verified;         /* a checked walk agreed with the layout */
 static _Atomic bool closed;           /* this lifetime's finalization gate ran */
-static _Atomic bool seen_down;        /* ... and the interpreter was seen gone since */
+static _Atomic unsigned long closed_cycle; /* shim_gate_cycles() when it ran */
+static _Atomic bool resolve_scheduled;    /* a pending call will resolve frames */
 static _Atomic uint32_t epoch = 1;
 static shim_pylayout L;
 static pyapi api;
@@ -164,6 +168,8 @@ static void setup(void)
         ok &= SYM(is_finalizing, "Py_IsFinalizing") || SYM(is_finalizing, "_Py_IsFinalizing");
         ok &= SYM(err_fetch, "PyErr_Fetch");
         ok &= SYM(err_restore, "PyErr_Restore");
+        ok &= SYM(main_interp, "PyInterpreterState_Main");
+        (void)SYM(add_pending_call, "Py_AddPendingCall");
         if (!ok) {
             shim_warn("Python stacks off: a C API function is missing from %s",
                       py->path ? py->path : "the interpreter");
@@ -229,25 +235,27 @@ static bool can_resolve(void)
     return own_tstate(&attached) && attached;
 }
 
-/* After the gate ran, frames are recorded but not resolved, until the
- * interpreter was seen down and then up again (an embedder's next
- * Py_Initialize): a new lifetime, whose frames must not merge with the old
- * one's (code addresses are reused). */
+/* After the gate ran, frames are recorded but not resolved, until the gate
+ * has seen this lifetime's finalization end and the interpreter is up
+ * again (an embedder's next Py_Initialize): a new lifetime, whose frames
+ * must not merge with the old one's (code addresses are reused), and whose
+ * own gate must be armed. */
 static void maybe_reopen(void)
 {
-    if (!api.is_initialized()) {
-        atomic_store(&seen_down, true);
+    if (shim_gate_cycles() == atomic_load(&closed_cycle) || !api.is_initialized() ||
+        api.is_finalizing())
         return;
-    }
-    if (!atomic_load(&seen_down) || api.is_finalizing())
-        return;
+    bool reopened = false;
     pthread_mutex_lock(&stack_lock);
-    if (atomic_load(&closed) && atomic_load(&seen_down)) {
+    if (atomic_load(&closed)) {
         atomic_fetch_add(&epoch, 1);
-        atomic_store(&seen_down, false);
+        atomic_store(&resolve_scheduled, false);   /* a call left pending died with the old one */
         atomic_store(&closed, false);
+        reopened = true;
     }
     pthread_mutex_unlock(&stack_lock);
+    if (reopened)
+        shim_pygc_on_finalize(on_finalize);
 }
 
 static void warn_full_locked(void)
@@ -438,6 +446,30 @@ static void resolve_ids(const uint32_t *ids, size_t n)
     }
 }
 
+static int pending_resolve(void *arg)
+{
+    (void)arg;
+    atomic_store(&resolve_scheduled, false);
+    shim_pystack_resolve_all();
+    return 0;
+}
+
+/* New frames were captured without the GIL, so without a reference: their
+ * code objects may die soon (a script's module code does as soon as it
+ * ends). Ask the interpreter's main thread to resolve them at its next
+ * check for pending calls, with the GIL it then holds; adding a pending
+ * call needs neither the GIL nor a thread state. At most one outstanding;
+ * the frames are checked for identity then, and if they are not resolved
+ * by then they are at report time. */
+static void schedule_resolve(void)
+{
+    if (!api.add_pending_call || atomic_exchange(&resolve_scheduled, true))
+        return;
+    if (!api.is_initialized() || api.is_finalizing() ||
+        api.add_pending_call(pending_resolve, NULL) != 0)
+        atomic_store(&resolve_scheduled, false);
+}
+
 uint32_t shim_pystack_capture(unsigned max_depth)
 {
     if (max_depth == 0 || !ready())
@@ -472,10 +504,17 @@ uint32_t shim_pystack_capture(unsigned max_depth)
     uint32_t id = stack_find_locked(h, buf, n, ep);
     uint32_t new_from = nframes, new_to = nframes;
     if (!id) {
-        id = stack_add_locked(h, buf, n, ep, attached && !is_closed);
+        /* A reference only to the main interpreter's code: a
+         * subinterpreter's objects go when it ends, and our Py_DecRef at
+         * the main one's finalization would touch freed memory. */
+        bool take_refs = attached && !is_closed &&
+                         *(void *const *)(ts + L.ts_interp) == api.main_interp();
+        id = stack_add_locked(h, buf, n, ep, take_refs);
         new_to = nframes;
     }
     pthread_mutex_unlock(&stack_lock);
+    if (new_to > new_from && !attached && !is_closed)
+        schedule_resolve();
     /* Past this lifetime's gate (atexit handlers, late allocations) no
      * reference is taken, and nothing would resolve these frames later:
      * resolve them now, while their code objects are certainly alive. */
@@ -562,7 +601,9 @@ void shim_pystack_resolve_all(void)
 static void on_finalize(void)
 {
     shim_pystack_resolve_all();
+    unsigned long cycle = shim_gate_cycles();
     pthread_mutex_lock(&stack_lock);
+    atomic_store(&closed_cycle, cycle);
     atomic_store(&closed, true);
     size_t n = 0;
     uintptr_t *codes = malloc(((size_t)nframes + 1) * sizeof *codes);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 #include "find.h"
+#include "gate.h"
 #include "log.h"
 #include "pyframes.h"
 #include "pystack.h"
@@ -52,10 +53,16 @@ void *shim_python_sym(const shim_python *py, const char *name)
 }
 
 static void (*finalize_fn)(void);
+static unsigned long cycles;
 
 void shim_pygc_on_finalize(void (*fn)(void))
 {
     finalize_fn = fn;
+}
+
+unsigned long shim_gate_cycles(void)
+{
+    return cycles;
 }
 
 void shim_log(enum shim_log_level level, const char *fmt, ...)
@@ -113,6 +120,13 @@ EXPORT int pystack_test_finalize(void)
     return 0;
 }
 
+/* What the gate notes at the end of Py_FinalizeEx: the interpreter's next
+ * initialization is a new lifetime. */
+EXPORT void pystack_test_next_cycle(void)
+{
+    cycles++;
+}
+
 /* The layout in use, "name value" per line, for comparison with offsets
  * compiled from the interpreter's own headers. */
 EXPORT int pystack_test_layout(int published, char *buf, size_t size)
@@ -124,10 +138,10 @@ EXPORT int pystack_test_layout(int published, char *buf, size_t size)
         return -1;
     }
     snprintf(buf, size,
-             "ob_type %zu\nstr_hash %zu\nts_frame %zu\ncf_current %td\nfr_back %zu\nfr_code %zu\n"
+             "ob_type %zu\nts_interp %zu\nstr_hash %zu\nts_frame %zu\ncf_current %td\nfr_back %zu\nfr_code %zu\n"
              "fr_instr %zu\nfr_owner %td\nco_firstlineno %zu\nco_filename %zu\nco_name %zu\n"
              "co_qualname %td\nco_code_adaptive %zu\nco_firsttraceable %zu\nsource %s\n",
-             L.ob_type, L.str_hash, L.ts_frame, L.cf_current, L.fr_back, L.fr_code, L.fr_instr, L.fr_owner,
+             L.ob_type, L.ts_interp, L.str_hash, L.ts_frame, L.cf_current, L.fr_back, L.fr_code, L.fr_instr, L.fr_owner,
              L.co_firstlineno, L.co_filename, L.co_name, L.co_qualname, L.co_code_adaptive,
              L.co_firsttraceable, L.source);
     return 0;

@@ -19,6 +19,7 @@
 int main(void)
 {
     SHOW("ob_type", offsetof(PyObject, ob_type));
+    SHOW("ts_interp", offsetof(PyThreadState, interp));
     SHOW("str_hash", offsetof(PyASCIIObject, hash));
     SHOW("co_firstlineno", offsetof(PyCodeObject, co_firstlineno));
     SHOW("co_filename", offsetof(PyCodeObject, co_filename));
