@@ -160,6 +160,14 @@ def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
     assert "start_thread" in names or any(n and "clone" in n for n in names), names
 
 
+def test_allocations_while_exiting_get_stacks(programs, shim_lib, tmp_path):
+    r, data, _ = run_leaks(programs, shim_lib, ["atexit", "small"], tmp_path)
+    assert r.returncode == 23, r.describe()
+    f = by_function(data)
+    assert f["leak_at_exit"][:2] == (777, 1)
+    assert f["leak_small_blocks"][:2] == (3000, 3)
+
+
 def test_report_file_is_private_and_symlinks_are_not_followed(programs, shim_lib, tmp_path):
     r, data, reports = run_leaks(programs, shim_lib, ["small"], tmp_path)
     assert stat.S_IMODE(reports[0].stat().st_mode) == 0o600

@@ -6,6 +6,8 @@
  *   other      leak_in_other_function(): 2 blocks of 4096 bytes
  *   clean      allocate_and_free(): nothing left behind
  *   threads:N  N threads each run thread_leak(): 1 block of 512 bytes
+ *   atexit     leak_at_exit(), registered with atexit: 1 block of 777 bytes
+ *              allocated while the process exits
  * Prints "done" and returns 0; whatever else the exit status says comes
  * from the shim's leak verdict. */
 #include <pthread.h>
@@ -74,6 +76,12 @@ KEEP static void *thread_leak(void *arg)
     return NULL;
 }
 
+KEEP static void leak_at_exit(void)
+{
+    void *p;
+    ALLOC(p, 777);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -86,6 +94,8 @@ int main(int argc, char **argv)
             leak_in_other_function();
         } else if (!strcmp(a, "clean")) {
             allocate_and_free();
+        } else if (!strcmp(a, "atexit")) {
+            atexit(leak_at_exit);
         } else if (!strncmp(a, "threads:", 8)) {
             int n = atoi(a + 8);
             pthread_t th[64];
