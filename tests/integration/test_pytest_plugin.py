@@ -162,7 +162,7 @@ def test_every_test_is_checked_with_the_option(shim, tmp_path):
 
 def leak_section(out, test):
     section = out[out.index("%s left" % test):]
-    return section[:section.index("SUMMARY: spyreshim")]
+    return section[:section.index("\n_____")]
 
 
 def test_the_failure_shows_the_python_line(shim, tmp_path):
@@ -287,3 +287,28 @@ def test_api_with_the_shim(shim, tmp_path):
     assert lines["track"] == "1 %d" % (1 << 18)
     assert lines["track-empty"] == "0 0"
     assert "1048576" in r.stderr      # snap.print() on stderr
+
+
+def test_failure_stacks_stop_at_the_test_function():
+    """What is outside the test function is pytest; what is below the first
+    native frames is the interpreter."""
+    sys.path.insert(0, str(PKG))
+    from spyreshim import pytest_plugin
+
+    def py(fn, file):
+        return {"kind": "python", "function": fn, "file": file, "line": 1,
+                "object": None, "address": None, "offset": None}
+
+    def nat(fn):
+        return {"kind": "native", "function": fn, "file": None, "line": None,
+                "object": "/x.so", "address": "0x1", "offset": "0x1"}
+    frames = ([py("helper", "/t/test_a.py"), py("test_a", "/t/test_a.py"),
+               py("pytest_pyfunc_call", "/p/python.py"), py("_multicall", "/p/callers.py")] +
+              [nat("n%d" % i) for i in range(10)])
+    kept, hidden = pytest_plugin._trim(frames, "/t/test_a.py")
+    assert [f["function"] for f in kept] == ["helper", "test_a"] + [
+        "n%d" % i for i in range(pytest_plugin.NATIVE_SHOWN)]
+    assert hidden == 2 + 10 - pytest_plugin.NATIVE_SHOWN
+    # Not found (a fixture's file): Python frames are all kept.
+    kept, hidden = pytest_plugin._trim(frames, "/t/other.py")
+    assert len([f for f in kept if f["kind"] == "python"]) == 4
