@@ -214,10 +214,48 @@ def test_every_report_string_is_escaped(tmp_path, hostile):
 def test_top_limits_the_table_not_the_graph(tmp_path):
     out = write_page(tmp_path, DATA / "leak_single.json", args=["--top", "1"])
     text = "".join(parse(out.read_text(encoding="utf-8")).text)
-    assert "1 more stack not shown (--top 1)." in text
+    assert "1 more stack not shown (--top 1;" in text
     assert "in make_leak /t/leak.py:12" in text
     assert "0x7f3a2d000400 in std::vector" not in text
     assert "3145728 bytes" in text          # the root still counts everything
+
+
+def _report(tmp_path, groups, name="r.json"):
+    p = tmp_path / name
+    p.write_text(json.dumps({"format": "spyreshim-report", "version": 1, "pid": 5,
+                             "reason": "exit", "groups": groups}))
+    return p
+
+
+def _group(nbytes, fn):
+    return {"bytes": nbytes, "count": 1, "runtime": "simdev",
+            "frames": [{"kind": "python", "function": fn, "file": "/t/a.py", "line": 1},
+                       {"kind": "native", "function": "main", "object": "/bin/x",
+                        "address": "0x1", "offset": "0x1"}]}
+
+
+def test_sub_pixel_boxes_are_left_out_of_the_graph_not_the_table(tmp_path):
+    # 1 byte in 10^6: far below 0.1 px of 1200.
+    p = _report(tmp_path, [_group(10 ** 6, "big"), _group(1, "tiny")])
+    parsed = parse(write_page(tmp_path, p).read_text(encoding="utf-8"))
+    labels = [b["attrs"]["data-label"] for b in parsed.boxes]
+    assert "big (a.py:1)" in labels and "tiny (a.py:1)" not in labels
+    # "main" is shared: still there, with both groups' bytes.
+    assert [b["title"] for b in parsed.boxes if b["attrs"]["data-label"] == "main"][0] \
+        .split("\n")[1].startswith("1000001 bytes")
+    text = "".join(parsed.text)
+    assert "1 frame narrower than 0.1 px left out of the graph" in text
+    assert "in tiny /t/a.py:1 [python]" in text
+
+
+def test_table_lists_the_largest_hundred_by_default(tmp_path):
+    p = _report(tmp_path, [_group(1000 + i, "f%d" % i) for i in range(150)])
+    parsed = parse(write_page(tmp_path, p).read_text(encoding="utf-8"))
+    text = "".join(parsed.text)
+    assert "50 more stacks not shown (--top 100;" in text
+    assert "in f149 /t/a.py:1" in text and "in f49 /t/a.py:1" not in text
+    # The graph has every one of them.
+    assert len([b for b in parsed.boxes if b["attrs"]["class"] == "f python"]) == 150
 
 
 def test_page_of_an_empty_report(tmp_path):

@@ -17,6 +17,9 @@ WIDTH = 1200          # SVG user units; the page scales it to the window
 ROW = 18              # height of one frame
 CHAR = 6.6            # average advance of the 11px monospace font
 ROOT_LABEL = "all live device memory"
+MIN_WIDTH = 0.1       # boxes narrower than this (SVG units at full width) are left out
+THIN = 3.0            # boxes narrower than this get no border
+TABLE_ROWS = 100      # stacks listed in the table unless --top says otherwise
 
 
 def _esc(s):
@@ -74,10 +77,14 @@ def build_tree(merged, show_suppressed=False):
     return root
 
 
-def _layout(root):
+def _layout(root, min_fraction=0.0):
     """Pre-order list of nodes with x0 (fraction of the root) and depth;
-    children largest first, left to right."""
+    children largest first, left to right. Boxes narrower than
+    min_fraction of the root (and so all above them) are left out, as
+    flamegraph.pl's --minwidth: thousands of sub-pixel boxes make a page
+    heavy and show nothing. Returns (nodes, how many were left out)."""
     out = []
+    omitted = 0
     stack = [(root, 0.0, 0)]
     total = float(root.bytes) or 1.0
     while stack:
@@ -88,10 +95,22 @@ def _layout(root):
         x = x0
         placed = []
         for c in kids:
-            placed.append((c, x, depth + 1))
+            if c.bytes / total >= min_fraction:
+                placed.append((c, x, depth + 1))
+            else:
+                omitted += _size(c)
             x += c.bytes / total
         stack.extend(reversed(placed))
-    return out
+    return out, omitted
+
+
+def _size(node):
+    n, todo = 0, [node]
+    while todo:
+        t = todo.pop()
+        n += 1
+        todo.extend(t.children.values())
+    return n
 
 
 def _colour(node):
@@ -136,7 +155,7 @@ button{font:12px system-ui,sans-serif}
 # address opens zoomed to box N (pre-order index).
 _JS = """
 (function(){
-var W=%(width)d, CH=%(char)s;
+var W=%(width)d, CH=%(char)s, THIN=%(thin)s;
 var svg=document.getElementById('flame');
 var boxes=[].slice.call(svg.querySelectorAll('g.f'));
 var details=document.getElementById('details');
@@ -153,6 +172,7 @@ function zoom(g){
     else {b.style.display='none'; return;}
     b.style.display='';
     r.setAttribute('x',x.toFixed(2)); r.setAttribute('width',Math.max(bw,0.1).toFixed(2));
+    r.style.stroke = bw<THIN ? 'none' : '';
     t.setAttribute('x',(x+3).toFixed(2)); t.textContent=fit(b.getAttribute('data-label'),bw);
   });
 }
@@ -172,7 +192,7 @@ var m=/^#zoom=(\\d+)$/.exec(location.hash); if(m)go(+m[1]);
 def page(merged, title="spyreshim: live device memory", show_suppressed=False, top=0):
     """The whole page as a string."""
     root = build_tree(merged, show_suppressed)
-    nodes = _layout(root)
+    nodes, omitted = _layout(root, MIN_WIDTH / WIDTH)
     total = root.bytes
     depth = max(n.depth for n in nodes) + 1
     height = depth * ROW + 2
@@ -196,6 +216,10 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
         _esc(rpt._plural(len(reports), "report")),
         _esc(" (pid%s %s)" % ("" if len(pids) == 1 else "s", ", ".join(pids))) if pids else "",
         _esc("; " + ", ".join(exes)) if exes else ""))
+    if omitted:
+        w("<p class=\"meta\">%d frame%s narrower than %s px left out of the graph "
+          "(the table and the text report have every stack).</p>\n" % (
+              omitted, "" if omitted == 1 else "s", MIN_WIDTH))
     if merged["suppressed_allocations"] and not show_suppressed:
         w("<p class=\"meta\">Not shown: %s in %s matched by suppressions.</p>\n" % (
             _esc(rpt.format_size(merged["suppressed_bytes"])),
@@ -219,14 +243,18 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
             tip += "; pid%s %s" % ("" if len(n.pids) == 1 else "s",
                                    ", ".join(str(p) for p in n.pids))
         w("<g class=\"f %s\" data-x0=\"%.9f\" data-w=\"%.9f\" data-d=\"%d\" data-label=\"%s\">"
-          "<title>%s</title><rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" rx=\"2\" fill=\"%s\"/>"
+          "<title>%s</title><rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" rx=\"2\" fill=\"%s\"%s/>"
           "<text x=\"%.2f\" y=\"%d\">%s</text></g>\n" % (
               n.kind, n.x0, frac, n.depth, _esc(n.label), _esc(tip),
-              x, y, max(bw, 0.1), ROW - 1, _colour(n), x + 3, y + 12, _esc(_fit(n.label, bw))))
+              x, y, max(bw, 0.1), ROW - 1, _colour(n),
+              # A white border would hide the colour of a box this narrow.
+              " style=\"stroke:none\"" if bw < THIN else "",
+              x + 3, y + 12, _esc(_fit(n.label, bw))))
     w("</svg>\n<div id=\"details\">Hover over a frame for its size.</div>\n")
 
     groups = [g for g in merged["groups"] if show_suppressed or not g["suppressed"]]
-    shown = groups[:top] if top and top > 0 else groups
+    limit = top if top and top > 0 else TABLE_ROWS
+    shown = groups[:limit]
     w("<h2>Stacks, largest first</h2>\n<table>\n<thead><tr><th>#</th><th>bytes</th>"
       "<th>allocations</th><th>runtime</th>%s<th>stack (innermost first)</th></tr></thead>\n<tbody>\n"
       % ("<th>pids</th>" if len(reports) > 1 else ""))
@@ -246,7 +274,7 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
     w("</tbody>\n</table>\n")
     if len(shown) < len(groups):
         rest = len(groups) - len(shown)
-        w("<p class=\"meta\">%d more stack%s not shown (--top %d).</p>\n" % (
-            rest, "" if rest == 1 else "s", top))
-    w("<script>%s</script>\n</body>\n</html>\n" % (_JS % {"width": WIDTH, "char": repr(CHAR)}))
+        w("<p class=\"meta\">%d more stack%s not shown (--top %d; the text report "
+          "lists all).</p>\n" % (rest, "" if rest == 1 else "s", limit))
+    w("<script>%s</script>\n</body>\n</html>\n" % (_JS % {"width": WIDTH, "char": repr(CHAR), "thin": repr(THIN)}))
     return "".join(out)
