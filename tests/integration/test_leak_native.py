@@ -228,6 +228,8 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     r, data, reports = run_leaks(prog.parent, shim_lib, ["small"], tmp_path,
                                  program=prog.name, preload=False,
                                  env={"SPYRESHIM_SUPPRESSIONS": supp, "SPYRESHIM_LOG": "debug"})
+    if "cannot open shared object" in r.stderr:
+        pytest.skip("the setuid user cannot read the build directory: " + r.stderr[-300:])
     if "secure mode" not in r.stderr:
         pytest.skip("the setuid bit had no effect here (nosuid mount?): " + r.stderr[-300:])
     assert reports == [], "SPYRESHIM_REPORT must be ignored in secure mode"
