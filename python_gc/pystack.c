@@ -480,6 +480,12 @@ uint32_t shim_pystack_capture(unsigned max_depth)
     uintptr_t ts = own_tstate(&attached);
     if (!ts)
         return 0;                       /* a thread that never ran Python */
+    /* Finalization frees the thread states of threads that are not
+     * attached (daemon threads, before 3.12) while their thread-local
+     * pointer still holds the old address: from then on, only the
+     * attached thread's own frames are read. */
+    if (!attached && (api.is_finalizing() || !api.is_initialized()))
+        return 0;
     if (max_depth > MAX_DEPTH)
         max_depth = MAX_DEPTH;
     shim_pyrawframe buf[MAX_DEPTH];

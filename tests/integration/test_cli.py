@@ -499,3 +499,54 @@ def test_e2e_run_exitcode_is_configurable(real_shim, tmp_path):
     assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stderr
     r = _run_leaky(real_shim, tmp_path)      # no leak check: the program's own status
     assert r.returncode == 0, r
+
+
+RANKS = textwrap.dedent("""\
+    import ctypes
+    import subprocess
+    import sys
+
+    import simdev
+
+    def leak(n):
+        t = simdev.Tensor(n)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+
+    def rank1_only():
+        leak(2 << 20)
+
+    if len(sys.argv) > 1:          # a worker, as torchrun starts them
+        leak(1 << 20)
+        if sys.argv[1] == "1":
+            rank1_only()
+    else:
+        ranks = [subprocess.Popen([sys.executable, __file__, str(r)]) for r in range(2)]
+        print(" ".join(str(p.pid) for p in ranks))
+        sys.exit(max(p.wait() for p in ranks))
+    """)
+
+
+def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
+    pythons, interp, moddir = real_shim
+    (tmp_path / "ranks.py").write_text(RANKS)
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    r = subprocess.run([str(SCRIPT), "run", "--leak-check", "--report", tmp_path / "r-%p.json", "--",
+                        interp.exe, tmp_path / "ranks.py"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 23, r       # the workers' verdict, passed on by the launcher
+    ranks = [int(p) for p in r.stdout.split()]
+    files = {int(f.stem[2:]): f for f in tmp_path.glob("r-*.json")}
+    assert set(ranks) <= set(files), (ranks, files, r.stderr)
+    rep = cli("report", *[files[p] for p in sorted(files)])
+    assert rep.returncode == 0, rep.stderr
+    out = rep.stdout
+    assert "(merged from %d reports: identical stacks summed)" % len(files) in out
+    assert "SUMMARY: spyreshim: %d byte(s) leaked in 3 allocation(s)." % (4 << 20) in out
+    # The worker's common leak, once, from both pids.
+    both = " in pids %d, %d, allocated from:" % tuple(sorted(ranks))
+    assert any(g[3] == both for g in _groups(out)), out
+    if shim_has_python_stacks(pythons.shim_lib()):
+        assert [g[:3] for g in _groups(out)] == [(str(2 << 20), "2", "simdev"),
+                                                 (str(2 << 20), "1", "simdev")], out
+        assert "in rank1_only %s:" % (tmp_path / "ranks.py") in out

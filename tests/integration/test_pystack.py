@@ -347,3 +347,62 @@ def test_leak_report_shows_python_frames(interpreter, shim_lib, mode, tmp_path):
     kinds = [f["kind"] for f in frames]
     assert kinds == sorted(kinds, key=lambda k: k != "python"), kinds   # Python above native
     assert "native" in kinds, frames
+
+
+DAEMONS = r'''
+import threading, time
+import simdev
+
+keep = []
+def churn(release):
+    while True:
+        t = simdev.Tensor(4096, release_gil=release)
+        if len(keep) < 64:
+            keep.append(t)      # live at exit: reported
+
+for i in range(4):
+    threading.Thread(target=churn, args=(i % 2 == 0,), daemon=True).start()
+time.sleep(0.2)
+# The interpreter finalizes while the daemon threads keep allocating, with
+# and without the GIL: their stacks are captured until finalization starts,
+# then only native stacks; nothing may crash.
+'''
+
+
+def test_daemon_threads_allocating_through_finalization(interpreter, shim_lib, tmp_path):
+    cpython(interpreter)
+    report = tmp_path / "r.json"
+    for _ in range(3):
+        res = pythons.run_python(interpreter, DAEMONS, timeout=120,
+                                 env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+                                      "SPYRESHIM_EXITCODE": "0"})
+        res.check()
+        data = json.loads(report.read_text())
+        names = {f["function"] for g in data["groups"] for f in g["frames"] if f["kind"] == "python"}
+        assert "churn" in names, data
+
+
+def test_embedder_init_fini_cycles_keep_their_own_frames(shim_lib, tmp_path):
+    """Python stacks across interpreter lifetimes: each cycle's frames are
+    resolved at its own finalization gate (python_gc's), then the next
+    cycle starts a new lifetime."""
+    interp = pythons.get("cpython3.11-shared").require()
+    libdir = os.path.join(os.path.dirname(os.path.dirname(interp.exe)), "lib")
+    exe = tmp_path / "embed_cycles"
+    cc = os.environ.get("CC", "cc")
+    build = subprocess.run([cc, "-std=gnu11", "-I", interp.include,
+                            os.path.join(HERE, "..", "pystack", "embed_cycles.c"), "-o", str(exe),
+                            "-L", libdir, "-lpython3.11", f"-Wl,-rpath,{libdir}"],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    report = tmp_path / "r.json"
+    env = pythons.module_env(interp, simdev_memory="1G", env={
+        "LD_PRELOAD": shim_lib, "SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+        "SPYRESHIM_EXITCODE": "0"})
+    pythons.run([exe, "4"], env=env, timeout=120).check()
+    data = json.loads(report.read_text())
+    by_size = {g["bytes"]: [f for f in g["frames"] if f["kind"] == "python"] for g in data["groups"]}
+    for i in range(4):
+        py = by_size.get((i + 1) << 16)
+        assert py, (i, data)
+        assert py[0]["function"] == f"leak_in_cycle_{i}" and py[0]["line"] == 3, (i, py)

@@ -180,10 +180,10 @@ def cmd_report(args):
                 f.write(page)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
-        sys.stderr.write("%s report: wrote %s (%s live in %d groups from %d file%s)\n" % (
+        ngroups = len([g for g in merged["groups"] if not g["suppressed"]])
+        sys.stderr.write("%s report: wrote %s (%s live in %d stack%s from %d file%s)\n" % (
             PROG, args.html, rpt.format_size(merged["reported_bytes"]),
-            len([g for g in merged["groups"] if not g["suppressed"]]),
-            len(reports), "" if len(reports) == 1 else "s"))
+            ngroups, "" if ngroups == 1 else "s", len(reports), "" if len(reports) == 1 else "s"))
     else:
         sys.stdout.write(rpt.text(merged, top=args.top, show_suppressed=args.show_suppressed))
         sys.stdout.flush()

@@ -94,23 +94,56 @@ def pytest_report_header(config):
         spyreshim.library_path() or "preloaded", what)
 
 
-def _leak_text(snap, limit, nodeid):
+NATIVE_SHOWN = 6     # native frames kept below the Python ones in a failure
+GROUPS_SHOWN = 10
+
+
+def _trim(frames, test_file):
+    """The frames that explain a test's leak: Python frames up to the test
+    function (what is outside it is pytest), then the first native frames
+    (the extension that allocated; below it is the interpreter)."""
+    py = [f for f in frames if f["kind"] == "python"]
+    native = [f for f in frames if f["kind"] == "native"]
+    for i, f in enumerate(py):
+        if f["file"] and test_file and f["file"] == test_file:
+            # The outermost consecutive frame in the test file: the test
+            # function itself when helpers of the same file are involved.
+            j = i
+            while j + 1 < len(py) and py[j + 1]["file"] == test_file:
+                j += 1
+            py = py[:j + 1]
+            break
+    kept = py + native[:NATIVE_SHOWN]
+    return kept, len(frames) - len(kept)
+
+
+def _leak_text(snap, limit, item):
     head = "spyreshim: %s left %d bytes (%s) of device memory in %d allocation%s after " \
            "garbage collection (limit %d bytes)" % (
-               nodeid, snap.bytes, rpt.format_size(snap.bytes), snap.count,
+               item.nodeid, snap.bytes, rpt.format_size(snap.bytes), snap.count,
                "" if snap.count == 1 else "s", limit)
+    lines = [head]
     try:
-        body = snap.text(top=10)
+        merged = rpt.merge([snap.report()])
     except Exception as e:   # the stacks are a bonus; the sizes are the verdict
-        body = "(stacks unavailable: %s)\n" % e
-        by_runtime = {}
-        for a in snap.allocations:
-            by_runtime[a.runtime] = by_runtime.get(a.runtime, 0) + a.size
-        body += "".join("  %s: %d bytes\n" % kv for kv in sorted(by_runtime.items()))
-    if snap.allocations and all(a.native_stack == 0 and a.python_stack == 0
-                                for a in snap.allocations):
-        body += "(no stacks recorded: run with --leak-check / SPYRESHIM_LEAK_CHECK=1)\n"
-    return head + "\n" + body
+        lines.append("(stacks unavailable: %s)" % e)
+        return "\n".join(lines) + "\n"
+    test_file = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
+    groups = merged["groups"]
+    for g in groups[:GROUPS_SHOWN]:
+        frames, hidden = _trim(g["frames"], test_file)
+        lines.append("")
+        lines.append(rpt.group_text(dict(g, frames=frames), leaks=True))
+        if hidden:
+            lines.append("    ... %d outer frame%s not shown" % (hidden, "" if hidden == 1 else "s"))
+    if len(groups) > GROUPS_SHOWN:
+        rest = groups[GROUPS_SHOWN:]
+        lines.append("")
+        lines.append("... and %d more group(s): %d byte(s) in %d allocation(s)" % (
+            len(rest), sum(g["bytes"] for g in rest), sum(g["count"] for g in rest)))
+    if groups and not any(g["frames"] for g in groups):
+        lines.append("(no stacks recorded: run with --leak-check / SPYRESHIM_LEAK_CHECK=1)")
+    return "\n".join(lines) + "\n"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -129,7 +162,7 @@ def pytest_runtest_call(item):
     snap = spyreshim.snapshot(since=mark)
     try:
         if snap.bytes > limit:
-            c.results[item.nodeid] = _leak_text(snap, limit, item.nodeid)
+            c.results[item.nodeid] = _leak_text(snap, limit, item)
     finally:
         snap.close()
 
