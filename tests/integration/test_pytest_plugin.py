@@ -220,6 +220,7 @@ API = textwrap.dedent('''\
     keep = simdev.Tensor(1 << 20)
     gone = simdev.Tensor(1 << 16)
     del gone
+    spyreshim.collect()       # PyPy frees on collection only
     s1 = spyreshim.stats()
     print("allocs", s1["allocs"] - s0["allocs"], "used", s1["used_bytes"] - s0["used_bytes"])
 
@@ -254,8 +255,8 @@ API = textwrap.dedent('''\
     ''')
 
 
-def run_api(shim, tmp_path, preload):
-    pythons, interp, moddir = shim
+def run_api(pythons, interp, tmp_path, preload):
+    pythons.build_module(interp)
     (tmp_path / "api.py").write_text(API)
     env = pythons.module_env(interp, simdev_memory="1G")
     argv = [interp.exe, str(tmp_path / "api.py"), str(tmp_path / "snap.json")]
@@ -270,14 +271,16 @@ def run_api(shim, tmp_path, preload):
 
 
 def test_api_without_the_shim(shim, tmp_path):
-    out = run_api(shim, tmp_path, preload=False).stdout
+    out = run_api(shim[0], shim[1], tmp_path, preload=False).stdout
     assert "available False" in out
     assert "mapped False" in out
     assert "unavailable: libspyreshim is not preloaded" in out
 
 
-def test_api_with_the_shim(shim, tmp_path):
-    r = run_api(shim, tmp_path, preload=True)
+def test_api_with_the_shim(interpreter, tmp_path):
+    """On every interpreter of pythons.NAMES (absent ones skip)."""
+    import pythons
+    r = run_api(pythons, interpreter, tmp_path, preload=True)
     lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
     assert lines["available"] == "True"
     assert lines["allocs"] == "2 used %d" % (1 << 20)
@@ -287,6 +290,9 @@ def test_api_with_the_shim(shim, tmp_path):
     assert lines["track"] == "1 %d" % (1 << 18)
     assert lines["track-empty"] == "0 0"
     assert "1048576" in r.stderr      # snap.print() on stderr
+    if interpreter.kind == "cpython" and shim_has_python_stacks(pythons.shim_lib()):
+        # Resolved Python frames, through write_json, with the GIL held.
+        assert lines["text"] == "True", r.stderr
 
 
 def test_failure_stacks_stop_at_the_test_function():

@@ -11,7 +11,8 @@ This module never loads the library itself: the shim only makes sense when
 it was preloaded before the program started (LD_PRELOAD, `spyreshim run`),
 so it binds to the copy already in the process or reports it absent. Calls
 keep the GIL held (ctypes.PyDLL): the shim resolves Python frames for
-print/write_json only on a thread that holds it.
+print/write_json only on a thread that holds it. On PyPy (no PyDLL, native
+stacks only) a plain CDLL is used.
 
 The report module (reading, merging and printing report files) needs no
 shim and is what the `spyreshim` command line uses.
@@ -65,6 +66,10 @@ class _AllocInfo(ctypes.Structure):
     ]
 
 
+# PyDLL keeps the GIL across calls (CPython); PyPy has no PyDLL, and no
+# Python stacks in the shim either, so a plain CDLL serves there.
+_DLL = getattr(ctypes, "PyDLL", ctypes.CDLL)
+
 _lock = threading.Lock()
 _lib = None          # the bound library, once found
 _lib_path = None
@@ -96,7 +101,7 @@ def _bind():
         lib = None
         try:
             # The global scope: a preloaded library's exports are there.
-            lib = ctypes.PyDLL(None, use_errno=True)
+            lib = _DLL(None, use_errno=True)
             lib.spyreshim_get_stats
         except (OSError, AttributeError):
             lib = None
@@ -104,7 +109,7 @@ def _bind():
             # Mapped but not in the global scope (dlopen'ed RTLD_LOCAL):
             # RTLD_NOLOAD returns the existing handle and never loads a copy.
             try:
-                lib = ctypes.PyDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL, use_errno=True)
+                lib = _DLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LOCAL, use_errno=True)
                 lib.spyreshim_get_stats
             except (OSError, AttributeError):
                 lib = None
