@@ -40,8 +40,16 @@ static void *must_alloc(size_t n)
         __asm__ volatile("" ::: "memory");                             \
     } while (0)
 
+/* One call site per function, so one group each (no unrolled copies). */
+#if defined(__clang__)
+#define NO_UNROLL _Pragma("clang loop unroll(disable)")
+#else
+#define NO_UNROLL _Pragma("GCC unroll 1")
+#endif
+
 KEEP void leak_small_blocks(void)
 {
+    NO_UNROLL
     for (int i = 0; i < 3; i++) {
         void *p;
         ALLOC(p, 1000);
@@ -56,6 +64,7 @@ KEEP void leak_one_big(void)
 
 KEEP void leak_in_other_function(void)
 {
+    NO_UNROLL
     for (int i = 0; i < 2; i++) {
         void *p;
         ALLOC(p, 4096);
