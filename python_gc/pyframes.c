@@ -325,9 +325,10 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
 }
 
 unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
-                            shim_pyrawframe *out, unsigned max, bool safe)
+                            shim_pyrawframe *out, unsigned max, bool safe, bool *clean)
 {
     uintptr_t fr;
+    *clean = false;
     if (!plausible(tstate) || !rd_word(safe, tstate + L->ts_frame, &fr))
         return 0;
     if (L->cf_current >= 0) {
@@ -335,7 +336,11 @@ unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
             return 0;
     }
     unsigned n = 0;
-    for (unsigned steps = 0; n < max && steps < WALK_LIMIT && fr; steps++) {
+    for (unsigned steps = 0; steps < WALK_LIMIT; steps++) {
+        if (!fr || n == max) {
+            *clean = true;
+            break;
+        }
         if (!plausible(fr))
             break;
         if (L->instr != SHIM_PYINSTR_POINTER) {

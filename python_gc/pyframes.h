@@ -64,11 +64,13 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
 
 /* Walks the frame chain of thread state `tstate`, innermost first, into
  * out[0..max). Stops at the first pointer that fails validation, so a wrong
- * layout yields a short stack. With `safe`, every read goes through the
- * kernel (an unmapped address gives an error, not a fault): slow, for
- * checking a layout once. Returns the number of frames. */
+ * layout yields a short stack; *clean tells whether the walk ended where a
+ * chain ends (no caller) or at `max` rather than at such a pointer. With
+ * `safe`, every read goes through the kernel (an unmapped address gives an
+ * error, not a fault): slow, for checking a layout. Returns the number of
+ * frames. */
 unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
-                            shim_pyrawframe *out, unsigned max, bool safe);
+                            shim_pyrawframe *out, unsigned max, bool safe, bool *clean);
 
 /* Whether `f.code` still is the code object that was read: a live code
  * object with the same name, file and first line. Reads through the kernel,

@@ -10,19 +10,23 @@
  * the calling thread holds it: it reads the calling thread's own frame
  * chain (pyframes.c), which cannot change while that thread is inside the
  * allocation. A frame is kept as (code object, instruction offset) plus
- * what recognizes the code object later (its name, file and first line),
- * so that a dead code object whose address is reused makes a new frame
- * instead of taking the old one's name. Where the capturing thread holds
- * the GIL, the frame also holds a reference to its code object until the
- * interpreter finalizes; elsewhere resolution first checks, through the
- * kernel, that the object still is that code object.
+ * what recognizes the code object later (its name's address and hash, its
+ * file, its first line), so that a dead code object whose address is
+ * reused makes a new frame instead of taking the old one's name. Where the
+ * capturing thread holds the GIL, the frame also holds a reference to its
+ * code object (main interpreter only) until the interpreter finalizes;
+ * elsewhere resolution first checks, through the kernel, that the object
+ * still is that code object, and a pending call asks the main thread to
+ * resolve such frames soon, while they most likely live.
  *
  * Resolution calls Python (PyCode_Addr2Line, PyUnicode_AsUTF8) only with
  * the GIL held, while the interpreter is initialized, not finalizing, and
  * before the finalization gate of python_gc has run this module's hook:
  * after that, frames of that interpreter lifetime keep what they resolved
- * (or "<unknown>"). Nothing here ever touches a Python object after
- * finalization.
+ * (or "<unknown>"); frames captured with the GIL after the gate (atexit
+ * handlers) are resolved on the spot. Nothing here ever touches a Python
+ * object after finalization. The gate's count of finalizations tells an
+ * embedder's next lifetime, whose frames never merge with the old ones.
  *
  * PyPy: no frames (its frames are not in memory in a form we can read);
  * leak reports have native stacks only there.
@@ -41,9 +45,16 @@
 #include "pystack.h"
 
 #define MAX_DEPTH 256           /* frames per stack, whatever the caller asks */
+/* Bounds of the tables (tests build with small ones). */
+#ifndef MAX_FRAMES
 #define MAX_FRAMES (1u << 20)   /* unique (code, offset) frames */
+#endif
+#ifndef MAX_STACKS
 #define MAX_STACKS (1u << 20)
+#endif
+#ifndef MAX_POOL
 #define MAX_POOL (1u << 24)     /* frame ids over all stacks */
+#endif
 
 static const char UNKNOWN[] = "<unknown>";
 
@@ -490,15 +501,16 @@ uint32_t shim_pystack_capture(unsigned max_depth)
         max_depth = MAX_DEPTH;
     shim_pyrawframe buf[MAX_DEPTH];
     unsigned n;
+    bool clean;
     if (atomic_load_explicit(&verified, memory_order_acquire)) {
-        n = shim_pyframes_walk(&L, ts, buf, max_depth, false);
+        n = shim_pyframes_walk(&L, ts, buf, max_depth, false, &clean);
     } else {
-        /* Until one checked walk has gone through two frames (the thread
-         * state, frame, code and back-link offsets all proven), every read
-         * goes through the kernel: a wrong layout costs stacks, not the
-         * process. */
-        n = shim_pyframes_walk(&L, ts, buf, max_depth, true);
-        if (n >= 2)
+        /* Until one checked walk has gone through two frames and ended
+         * where a chain ends (the thread state, frame, code and back-link
+         * offsets all proven), every read goes through the kernel: a wrong
+         * layout costs stacks, not the process. */
+        n = shim_pyframes_walk(&L, ts, buf, max_depth, true, &clean);
+        if (n >= 2 && clean)
             atomic_store_explicit(&verified, true, memory_order_release);
     }
     if (n == 0)
