@@ -315,14 +315,17 @@ uint32_t shim_stack_capture(unsigned max_depth)
     int want = (int)(max_depth + own);
     int n = bt(buf, want);
     int skip = count_own(buf, n);
-    if ((unsigned)skip > own && skip < OWN_FRAMES_MAX) {
-        /* A path with more frames of ours: remember, and if the walk
-         * stopped short of the kept frames, walk again. */
-        atomic_store_explicit(&g_own, (unsigned)skip, memory_order_relaxed);
-        if (n == want) {
-            n = bt(buf, (int)max_depth + skip);
-            skip = count_own(buf, n);
-        }
+    /* A path with more frames of ours than assumed: remember, and when the
+     * walk stopped short of the kept frames, walk again (a bounded number
+     * of times: each round learns at least one more frame). */
+    while ((unsigned)skip > own && skip < OWN_FRAMES_MAX) {
+        own = (unsigned)skip;
+        atomic_store_explicit(&g_own, own, memory_order_relaxed);
+        if (n < want)
+            break;                             /* the whole stack was walked */
+        want = (int)(max_depth + own);
+        n = bt(buf, want);
+        skip = count_own(buf, n);
     }
     size_t keep = n > skip ? (size_t)(n - skip) : 0;
     if (keep > max_depth)

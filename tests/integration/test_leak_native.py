@@ -160,6 +160,15 @@ def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
     assert "start_thread" in names or any(n and "clone" in n for n in names), names
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_stack_depth_counts_the_programs_frames_only(programs, shim_lib, tmp_path, depth):
+    r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path,
+                           env={"SPYRESHIM_STACK_DEPTH": depth})
+    frames = [f["function"] for f in data["groups"][0]["frames"]]
+    assert len(frames) == depth, frames
+    assert frames[:2] == ["leak_small_blocks", "main"][:depth], frames
+
+
 def test_allocations_while_exiting_get_stacks(programs, shim_lib, tmp_path):
     r, data, _ = run_leaks(programs, shim_lib, ["atexit", "small"], tmp_path)
     assert r.returncode == 23, r.describe()
