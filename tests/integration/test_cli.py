@@ -275,6 +275,13 @@ def test_run_sets_preload_and_options_and_passes_the_status(tmp_path):
     assert env["PYTHONPATH"] == "/mine:" + str(REPO / "scripts" / "python")
 
 
+def test_run_nested_does_not_preload_twice():
+    r = cli("run", "--", str(SCRIPT), "run", "--", "sh", "-c", "echo $LD_PRELOAD",
+            env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": "/a.so /b.so"})
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == LIBC + ":/a.so:/b.so"
+
+
 def test_run_sets_only_what_was_asked():
     r = cli("run", "--", "env", env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": ""})
     assert r.returncode == 0, r

@@ -38,6 +38,10 @@ INNER = textwrap.dedent('''\
     def test_leaky():
         kept.append(simdev.Tensor(3 << 20))      # LEAK
 
+    def test_leaky_without_the_gil():
+        # The GIL released around the allocation, as PyTorch's bindings do.
+        kept.append(simdev.Tensor(2 << 20, release_gil=True))   # NOGIL LEAK
+
     def test_cycle_is_collected():
         t = simdev.Tensor(2 << 20)
         t.me = t                                  # only gc.collect() frees it
@@ -62,6 +66,8 @@ INNER = textwrap.dedent('''\
     ''')
 LEAK_LINE = 1 + INNER.splitlines().index(
     [ln for ln in INNER.splitlines() if "# LEAK" in ln][0])
+NOGIL_LINE = 1 + INNER.splitlines().index(
+    [ln for ln in INNER.splitlines() if "# NOGIL LEAK" in ln][0])
 
 
 def shim_without_leak_api(lib):
@@ -142,6 +148,7 @@ def test_every_test_is_checked_with_the_option(shim, tmp_path):
     assert outcomes == {
         "test_clean": "PASSED",
         "test_leaky": "FAILED",
+        "test_leaky_without_the_gil": "FAILED",
         "test_cycle_is_collected": "PASSED",
         "test_fails_by_itself": "FAILED",       # its own failure, not a leak report
         "test_marked_under_limit": "PASSED",
@@ -170,12 +177,15 @@ def test_the_failure_shows_the_python_line(shim, tmp_path):
     if not shim_has_python_stacks(pythons.shim_lib()):
         pytest.skip("this libspyreshim has no Python stack support yet")
     r, outcomes = inner_pytest(shim, tmp_path, "--spyreshim-leaks")
-    assert outcomes["test_leaky"] == "FAILED"
-    section = leak_section(r.stdout, "test_leaky")
-    frames = re.findall(r"^E?\s+#\d+ (.*)$", section, re.M)
-    assert frames and frames[0] == "in test_leaky %s:%d [python]" % (
-        tmp_path / "test_inner.py", LEAK_LINE), section
-    assert any(not f.endswith("[python]") for f in frames), section
+    for test, line in (("test_leaky", LEAK_LINE), ("test_leaky_without_the_gil", NOGIL_LINE)):
+        assert outcomes[test] == "FAILED"
+        section = leak_section(r.stdout, test)
+        frames = re.findall(r"^\s+#\d+ (.*)$", section, re.M)
+        # Only the test's own frame: what is outside it is pytest.
+        assert frames and frames[0] == "in %s %s:%d [python]" % (
+            test, tmp_path / "test_inner.py", line), section
+        assert not frames[1].endswith("[python]"), section
+        assert "in Tensor_new " in frames[1], section
 
 
 def test_only_marked_tests_are_checked_without_the_option(shim, tmp_path):
@@ -197,6 +207,12 @@ def test_bad_limits_are_usage_errors(shim, tmp_path):
     r, _ = inner_pytest(shim, tmp_path, "--spyreshim-leaks", "--spyreshim-leak-limit", "lots")
     assert r.returncode == 4, r.stdout + r.stderr      # pytest's usage error
     assert "--spyreshim-leak-limit: invalid size 'lots'" in r.stderr
+    (tmp_path / "test_bad_marker.py").write_text(
+        "import pytest\n@pytest.mark.limit_leaks('many')\ndef test_x():\n    pass\n")
+    r, outcomes = inner_pytest(shim, tmp_path, "test_bad_marker.py")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "test_bad_marker.py::test_x: @pytest.mark.limit_leaks: invalid size 'many'" in r.stderr
+    assert outcomes == {}
 
 
 # ----------------------------------------------------------- the Python API

@@ -18,6 +18,7 @@ The report module (reading, merging and printing report files) needs no
 shim and is what the `spyreshim` command line uses.
 """
 
+import collections
 import ctypes
 import gc
 import json
@@ -182,24 +183,10 @@ def mark():
     return int(_need().spyreshim_mark_now())
 
 
-class Allocation(tuple):
-    """One live allocation: (ptr, size, seq, native_stack, python_stack, runtime)."""
-    __slots__ = ()
-    _names = ("ptr", "size", "seq", "native_stack", "python_stack", "runtime")
-
-    def __new__(cls, *values):
-        return tuple.__new__(cls, values)
-
-    ptr = property(lambda self: self[0])
-    size = property(lambda self: self[1])
-    seq = property(lambda self: self[2])
-    native_stack = property(lambda self: self[3])
-    python_stack = property(lambda self: self[4])
-    runtime = property(lambda self: self[5])
-
-    def __repr__(self):
-        return "Allocation(ptr=0x%x, size=%d, seq=%d, runtime=%r)" % (
-            self.ptr, self.size, self.seq, self.runtime)
+Allocation = collections.namedtuple(
+    "Allocation", ["ptr", "size", "seq", "native_stack", "python_stack", "runtime"])
+Allocation.__doc__ = """One live allocation of a snapshot: device address, bytes, sequence
+number (compares with marks), interned stack ids (0: none) and runtime."""
 
 
 class Snapshot(object):

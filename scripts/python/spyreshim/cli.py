@@ -10,6 +10,7 @@ never a traceback.
 
 import argparse
 import os
+import re
 import sys
 
 from . import report as rpt
@@ -137,9 +138,12 @@ def cmd_run(args):
     lib = find_library()
 
     env = dict(os.environ)
-    old = env.get("LD_PRELOAD", "")
-    # Ours first: its hooks must win over anything else preloaded.
-    env["LD_PRELOAD"] = lib + (":" + old if old.strip() else "")
+    # Ours first: its hooks must win over anything else preloaded. ld.so
+    # separates entries by spaces or colons; a copy of ours already there
+    # (a nested `spyreshim run`) is dropped rather than loaded twice.
+    old = [e for e in re.split(r"[:\s]+", env.get("LD_PRELOAD", ""))
+           if e and os.path.realpath(e) != os.path.realpath(lib)]
+    env["LD_PRELOAD"] = ":".join([lib] + old)
     leak = args.leak_check or args.report or args.exitcode is not None or args.suppressions
     settings = [
         ("SPYRESHIM_LEAK_CHECK", "1" if leak else None),

@@ -14,8 +14,9 @@ marker's argument otherwise) the test fails with their stacks, grouped
 largest first. A test that failed by itself is not checked: its traceback
 keeps its frames, and so its tensors, alive.
 
-Without libspyreshim preloaded the plugin says so once in the header and
-checks nothing. Setup and teardown are outside the window, as in
+Without libspyreshim preloaded the plugin says so once when the session
+starts and checks nothing. A marker whose limit does not parse is a usage
+error at collection. Setup and teardown are outside the window, as in
 pytest-memray's limit_leaks: fixtures may cache device memory.
 """
 
@@ -72,6 +73,13 @@ def pytest_configure(config):
         "%s(limit): fail the test if device memory it allocated and still holds after "
         "garbage collection exceeds limit (e.g. \"1MB\"; spyreshim)" % MARKER)
     config.pluginmanager.register(_Checker(config), "spyreshim-checker")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    c = _checker(config)
+    if c is not None:
+        for item in items:
+            c.limit_for(item)      # bad sizes fail the session now, not mid-run
 
 
 def pytest_sessionstart(session):
