@@ -177,6 +177,7 @@ BAD_FILES = {
                   "{p}: not valid JSON"),
     "not_utf8": (b'{"format": "\xff"}', "{p}: not UTF-8"),
     "not_a_report": (b'{"hello": 1}', "{p}: not a spyreshim report"),
+    "nested_too_deep": (b"[" * 100000 + b"]" * 100000, "{p}: not valid JSON (nested too deeply)"),
     "a_list": (b'[1, 2]', "{p}: not a spyreshim report"),
     "newer_version": (b'{"format": "spyreshim-report", "version": 99, "groups": []}',
                       "{p}: report version 99 is newer"),
