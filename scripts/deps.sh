@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(
   meson ninja-build gcc g++ pkg-config
-  libcriterion-dev libunwind-dev libjemalloc2 libjemalloc-dev
+  libcriterion-dev libunwind8 libunwind-dev libdw1 libjemalloc2 libjemalloc-dev
   python3 python3-dev python3-pytest python3.11-dbg
   pypy3 pypy3-dev
   chromium heaptrack

@@ -406,17 +406,24 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
             align_down(a, fr) >= need && rs > align_down(a, fr))
             rs = align_down(a, fr);
     }
+    /* Refused: halve down to what the request needs, and as a last resort
+     * its exact aligned size (the runtime may have room for the request but
+     * not for a whole region, nor for the request's size class). */
     uintptr_t addr = 0;
-    for (;;) {
-        if (a->be.reserve(a->be.ctx, rs, &addr) == 0)
-            break;
-        size_t min = dedicated ? rs : need;
-        if (rs <= min)
+    size_t min = dedicated ? exact : need;
+    while (a->be.reserve(a->be.ctx, rs, &addr) != 0) {
+        if (rs > min) {
+            rs = align_down(a, rs / 2);
+            if (rs < min)
+                rs = min;
+        } else if (rs > exact) {
+            rs = exact;
+        } else {
             return NIL;
-        rs = align_down(a, rs / 2);
-        if (rs < min)
-            rs = min;
+        }
     }
+    if (rs < need)
+        dedicated = true;
 
     uint32_t r = a->free_region;
     region *g = &a->regions[r];

@@ -73,14 +73,22 @@ static bool g_full_warned;
 static uintptr_t *g_pool;
 static size_t g_pool_left;                    /* in frames */
 
+/* On the hot path for every allocation: four independent lanes so the
+ * multiplies overlap (a single dependent chain costs ~4 cycles a frame). */
 static uint64_t hash_frames(const uintptr_t *f, size_t n)
 {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
-    for (size_t i = 0; i < n; i++) {
-        h ^= f[i];
-        h *= 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
+    const uint64_t k = 0xff51afd7ed558ccdull;
+    uint64_t h0 = n, h1 = 0x9e3779b97f4a7c15ull, h2 = 0xc2b2ae3d27d4eb4full, h3 = 0x165667b19e3779f9ull;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h0 = (h0 ^ f[i]) * k;
+        h1 = (h1 ^ f[i + 1]) * k;
+        h2 = (h2 ^ f[i + 2]) * k;
+        h3 = (h3 ^ f[i + 3]) * k;
     }
+    for (; i < n; i++)
+        h0 = (h0 ^ f[i]) * k;
+    uint64_t h = h0 ^ (h1 >> 17 | h1 << 47) ^ (h2 >> 31 | h2 << 33) ^ (h3 >> 45 | h3 << 19);
     h ^= h >> 29;
     h *= 0xc4ceb9fe1a85ec53ull;
     h ^= h >> 32;
@@ -275,6 +283,23 @@ bool shim_stack_init(void)
     return g_backtrace != NULL;
 }
 
+/* How many leading frames are the shim's own: learned from the captures
+ * (the path through the hooks is fixed), so that the unwinder walks no
+ * further than the frames that are kept. */
+static atomic_uint g_own = 4;
+
+static int count_own(void *const *buf, int n)
+{
+    int skip = 0;
+    if (g_self_hi) {
+        while (skip < n && (uintptr_t)buf[skip] >= g_self_lo && (uintptr_t)buf[skip] < g_self_hi)
+            skip++;
+    } else if (n > 0) {
+        skip = 1;                              /* this function */
+    }
+    return skip;
+}
+
 __attribute__((noinline))
 uint32_t shim_stack_capture(unsigned max_depth)
 {
@@ -284,15 +309,25 @@ uint32_t shim_stack_capture(unsigned max_depth)
     if (max_depth > SHIM_STACK_MAX_DEPTH)
         max_depth = SHIM_STACK_MAX_DEPTH;
     void *buf[SHIM_STACK_MAX_DEPTH + OWN_FRAMES_MAX];
-    int n = bt(buf, (int)max_depth + OWN_FRAMES_MAX);
-    int skip = 0;
-    if (g_self_hi) {
-        while (skip < n && (uintptr_t)buf[skip] >= g_self_lo && (uintptr_t)buf[skip] < g_self_hi)
-            skip++;
-    } else if (n > 0) {
-        skip = 1;                              /* this function */
+    unsigned own = atomic_load_explicit(&g_own, memory_order_relaxed);
+    if (own > OWN_FRAMES_MAX)
+        own = OWN_FRAMES_MAX;
+    int want = (int)(max_depth + own);
+    int n = bt(buf, want);
+    int skip = count_own(buf, n);
+    /* A path with more frames of ours than assumed: remember, and when the
+     * walk stopped short of the kept frames, walk again (a bounded number
+     * of times: each round learns at least one more frame). */
+    while ((unsigned)skip > own && skip < OWN_FRAMES_MAX) {
+        own = (unsigned)skip;
+        atomic_store_explicit(&g_own, own, memory_order_relaxed);
+        if (n < want)
+            break;                             /* the whole stack was walked */
+        want = (int)(max_depth + own);
+        n = bt(buf, want);
+        skip = count_own(buf, n);
     }
-    size_t keep = (size_t)(n - skip);
+    size_t keep = n > skip ? (size_t)(n - skip) : 0;
     if (keep > max_depth)
         keep = max_depth;
     return shim_stack_intern((const uintptr_t *)(buf + skip), keep);

@@ -26,6 +26,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -38,6 +39,11 @@ typedef struct Dwfl_Line Dwfl_Line;
 typedef uint64_t Dwarf_Addr;
 typedef uint64_t Dwarf_Word;
 typedef void (*dw_any_fn)(void);
+typedef struct Dwarf Dwarf;
+typedef struct Dwarf_CU Dwarf_CU;
+typedef struct Dwarf_Line_s Dwarf_Line;
+/* libdw's Dwarf_Die: four words, passed by address only. */
+typedef struct { void *w[4]; } Dwarf_Die;
 
 typedef struct {
     dw_any_fn find_elf;
@@ -56,7 +62,17 @@ static struct {
     const char *(*module_addrname)(Dwfl_Module *, Dwarf_Addr);
     Dwfl_Line *(*module_getsrc)(Dwfl_Module *, Dwarf_Addr);
     const char *(*lineinfo)(Dwfl_Line *, Dwarf_Addr *, int *, int *, Dwarf_Word *, Dwarf_Word *);
+    /* For objects without .debug_aranges (clang's default), which libdw
+     * before 0.189 cannot map to a CU: our own range index per module. */
+    Dwarf *(*module_getdwarf)(Dwfl_Module *, Dwarf_Addr *bias);
+    int (*get_units)(Dwarf *, Dwarf_CU *, Dwarf_CU **, void *version, void *unit_type,
+                     Dwarf_Die *cudie, Dwarf_Die *subdie);
+    ptrdiff_t (*ranges)(Dwarf_Die *, ptrdiff_t, Dwarf_Addr *, Dwarf_Addr *, Dwarf_Addr *);
+    Dwarf_Line *(*getsrc_die)(Dwarf_Die *, Dwarf_Addr);
+    const char *(*linesrc)(Dwarf_Line *, Dwarf_Word *, Dwarf_Word *);
+    int (*lineno)(Dwarf_Line *, int *);
 } dw;
+static bool dw_units_ok;
 
 static Dwfl_Callbacks dw_callbacks;
 static bool dw_ok;
@@ -95,6 +111,14 @@ static void dw_load(void)
     if (!dw_callbacks.find_elf || !dw_callbacks.find_debuginfo)
         return;
     dw_ok = true;
+    *(void **)&dw.module_getdwarf = dlsym(h, "dwfl_module_getdwarf");
+    *(void **)&dw.get_units = dlsym(h, "dwarf_get_units");
+    *(void **)&dw.ranges = dlsym(h, "dwarf_ranges");
+    *(void **)&dw.getsrc_die = dlsym(h, "dwarf_getsrc_die");
+    *(void **)&dw.linesrc = dlsym(h, "dwarf_linesrc");
+    *(void **)&dw.lineno = dlsym(h, "dwarf_lineno");
+    dw_units_ok = dw.module_getdwarf && dw.get_units && dw.ranges && dw.getsrc_die &&
+                  dw.linesrc && dw.lineno;
 }
 
 /* ---- the cache ---------------------------------------------------------- */
@@ -104,7 +128,21 @@ typedef struct sym_slot {
     shim_symbol sym;
 } sym_slot;
 
+typedef struct cu_range {
+    Dwarf_Addr lo, hi;                /* module-relative (minus bias) */
+    Dwarf_Die cu;
+} cu_range;
+
+typedef struct mod_index {
+    Dwfl_Module *mod;
+    Dwarf_Addr bias;
+    cu_range *r;                      /* sorted by lo; NULL: no DWARF */
+    size_t n;
+} mod_index;
+
 struct shim_symbolizer {
+    mod_index *mods;
+    size_t nmods, capmods;
     sym_slot *slots;
     size_t mask, used;
     Dwfl *dwfl;
@@ -137,6 +175,9 @@ void shim_symbolizer_destroy(shim_symbolizer *s)
         return;
     if (s->dwfl)
         dw.end(s->dwfl);
+    for (size_t i = 0; i < s->nmods; i++)
+        free(s->mods[i].r);
+    free(s->mods);
     for (size_t i = 0; i < s->nstrings; i++)
         free(s->strings[i]);
     free(s->strings);
@@ -195,6 +236,85 @@ static Dwfl *session(shim_symbolizer *s)
     return s->dwfl;
 }
 
+static int range_cmp(const void *a, const void *b)
+{
+    const cu_range *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* The CU ranges of `mod`, built once per report. */
+static const mod_index *module_index(shim_symbolizer *s, Dwfl_Module *mod)
+{
+    for (size_t i = 0; i < s->nmods; i++)
+        if (s->mods[i].mod == mod)
+            return &s->mods[i];
+    if (s->nmods == s->capmods) {
+        size_t cap = s->capmods ? s->capmods * 2 : 16;
+        mod_index *nm = realloc(s->mods, cap * sizeof *nm);
+        if (!nm)
+            return NULL;
+        s->mods = nm;
+        s->capmods = cap;
+    }
+    mod_index *m = &s->mods[s->nmods++];
+    memset(m, 0, sizeof *m);
+    m->mod = mod;
+    Dwarf *d = dw.module_getdwarf(mod, &m->bias);
+    if (!d)
+        return m;
+    size_t cap = 0;
+    Dwarf_CU *cu = NULL;
+    Dwarf_Die cudie;
+    while (dw.get_units(d, cu, &cu, NULL, NULL, &cudie, NULL) == 0) {
+        Dwarf_Addr base, lo, hi;
+        ptrdiff_t off = 0;
+        while ((off = dw.ranges(&cudie, off, &base, &lo, &hi)) > 0) {
+            if (m->n == cap) {
+                cap = cap ? cap * 2 : 64;
+                cu_range *nr = realloc(m->r, cap * sizeof *nr);
+                if (!nr)
+                    return m;
+                m->r = nr;
+            }
+            m->r[m->n++] = (cu_range){.lo = lo, .hi = hi, .cu = cudie};
+        }
+    }
+    if (m->n)
+        qsort(m->r, m->n, sizeof *m->r, range_cmp);
+    return m;
+}
+
+static void line_from_units(shim_symbolizer *s, Dwfl_Module *mod, uintptr_t pc, shim_symbol *out)
+{
+    const mod_index *m = module_index(s, mod);
+    if (!m || !m->n)
+        return;
+    Dwarf_Addr a = pc - m->bias;
+    size_t lo = 0, hi = m->n;         /* last range with r.lo <= a */
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (m->r[mid].lo <= a)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    /* Ranges of different CUs do not overlap; a few steps back cover
+     * nested or adjacent entries. */
+    for (size_t i = lo + 1; i-- > 0 && lo - i < 4;) {
+        if (a < m->r[i].lo || a >= m->r[i].hi)
+            continue;
+        Dwarf_Die cu = m->r[i].cu;
+        Dwarf_Line *l = dw.getsrc_die(&cu, a);
+        int lineno = 0;
+        const char *file = l ? dw.linesrc(l, NULL, NULL) : NULL;
+        if (file && dw.lineno(l, &lineno) == 0) {
+            out->file = keep(s, file, false);
+            out->line = lineno;
+        }
+        return;
+    }
+}
+
 static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
 {
     memset(out, 0, sizeof *out);
@@ -237,6 +357,8 @@ static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
             out->file = keep(s, file, false);
             out->line = lineno;
         }
+    } else if (dw_units_ok) {
+        line_from_units(s, mod, pc, out);
     }
 }
 

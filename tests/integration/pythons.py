@@ -72,6 +72,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+# Interpreters whose cases CI must run: under CI=true their absence fails
+# the test instead of skipping it.
+REQUIRED_IN_CI = ("cpython3.11-shared", "cpython3.11-static", "cpython3.13t", "pypy3")
 SIMDEV_SRC = REPO / "tests" / "simdev"
 
 NAMES = (
@@ -114,6 +118,8 @@ class Interpreter:
     def require(self):
         if not self.available:
             import pytest
+            if self.name in REQUIRED_IN_CI and os.environ.get("CI"):
+                pytest.fail(f"{self.name} must not be skipped in CI: {self.skip_reason}")
             pytest.skip(f"{self.name}: {self.skip_reason}")
         return self
 

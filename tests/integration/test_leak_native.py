@@ -160,6 +160,23 @@ def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
     assert "start_thread" in names or any(n and "clone" in n for n in names), names
 
 
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_stack_depth_counts_the_programs_frames_only(programs, shim_lib, tmp_path, depth):
+    r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path,
+                           env={"SPYRESHIM_STACK_DEPTH": depth})
+    frames = [f["function"] for f in data["groups"][0]["frames"]]
+    assert len(frames) == depth, frames
+    assert frames[:2] == ["leak_small_blocks", "main"][:depth], frames
+
+
+def test_allocations_while_exiting_get_stacks(programs, shim_lib, tmp_path):
+    r, data, _ = run_leaks(programs, shim_lib, ["atexit", "small"], tmp_path)
+    assert r.returncode == 23, r.describe()
+    f = by_function(data)
+    assert f["leak_at_exit"][:2] == (777, 1)
+    assert f["leak_small_blocks"][:2] == (3000, 3)
+
+
 def test_report_file_is_private_and_symlinks_are_not_followed(programs, shim_lib, tmp_path):
     r, data, reports = run_leaks(programs, shim_lib, ["small"], tmp_path)
     assert stat.S_IMODE(reports[0].stat().st_mode) == 0o600
@@ -220,6 +237,8 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     r, data, reports = run_leaks(prog.parent, shim_lib, ["small"], tmp_path,
                                  program=prog.name, preload=False,
                                  env={"SPYRESHIM_SUPPRESSIONS": supp, "SPYRESHIM_LOG": "debug"})
+    if "cannot open shared object" in r.stderr:
+        pytest.skip("the setuid user cannot read the build directory: " + r.stderr[-300:])
     if "secure mode" not in r.stderr:
         pytest.skip("the setuid bit had no effect here (nosuid mount?): " + r.stderr[-300:])
     assert reports == [], "SPYRESHIM_REPORT must be ignored in secure mode"
@@ -234,14 +253,19 @@ def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path)
     assert r.returncode == 0, "everything was freed before exit: " + r.describe()
     err = r.stderr
     assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
-    assert "Live: 8388608 byte(s) in 8 allocation(s) of simdev memory" in err, err
-    assert "Live: 8388608 byte(s) in 2 allocation(s) of simdev memory" in err, err
+    # How many groups depends on the compiler (an unrolled loop has several
+    # call sites); the first is the largest, and all of it is accounted for.
+    live = [l for l in err.splitlines() if l.startswith("Live: ")]
+    assert live and "of simdev memory, allocated from:" in live[0], err
+    assert "SUMMARY: spyreshim: 16777216 byte(s) live in 10 allocation(s)." in err, err
     assert "simdev_ops.c:" in err
     assert err.count("out of simdev memory") == 1, "one failure, one report"
     oom = list(tmp_path.glob("report.*.json.oom"))
     assert len(oom) == 1
     d = json.loads(oom[0].read_text())
     assert d["reason"] == "oom" and d["live_bytes"] == 16 * MiB and d["live_allocations"] == 10
+    assert sum(g["bytes"] for g in d["groups"]) == 16 * MiB
+    assert all(g["frames"] and g["frames"][0]["function"] == "main" for g in d["groups"]), d
     assert data["live_bytes"] == 0
 
     r, _, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",

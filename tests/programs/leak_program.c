@@ -6,6 +6,8 @@
  *   other      leak_in_other_function(): 2 blocks of 4096 bytes
  *   clean      allocate_and_free(): nothing left behind
  *   threads:N  N threads each run thread_leak(): 1 block of 512 bytes
+ *   atexit     leak_at_exit(), registered with atexit: 1 block of 777 bytes
+ *              allocated while the process exits
  * Prints "done" and returns 0; whatever else the exit status says comes
  * from the shim's leak verdict. */
 #include <pthread.h>
@@ -38,8 +40,16 @@ static void *must_alloc(size_t n)
         __asm__ volatile("" ::: "memory");                             \
     } while (0)
 
+/* One call site per function, so one group each (no unrolled copies). */
+#if defined(__clang__)
+#define NO_UNROLL _Pragma("clang loop unroll(disable)")
+#else
+#define NO_UNROLL _Pragma("GCC unroll 1")
+#endif
+
 KEEP void leak_small_blocks(void)
 {
+    NO_UNROLL
     for (int i = 0; i < 3; i++) {
         void *p;
         ALLOC(p, 1000);
@@ -54,6 +64,7 @@ KEEP void leak_one_big(void)
 
 KEEP void leak_in_other_function(void)
 {
+    NO_UNROLL
     for (int i = 0; i < 2; i++) {
         void *p;
         ALLOC(p, 4096);
@@ -74,6 +85,12 @@ KEEP static void *thread_leak(void *arg)
     return NULL;
 }
 
+KEEP static void leak_at_exit(void)
+{
+    void *p;
+    ALLOC(p, 777);
+}
+
 int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
@@ -86,6 +103,8 @@ int main(int argc, char **argv)
             leak_in_other_function();
         } else if (!strcmp(a, "clean")) {
             allocate_and_free();
+        } else if (!strcmp(a, "atexit")) {
+            atexit(leak_at_exit);
         } else if (!strncmp(a, "threads:", 8)) {
             int n = atoi(a + 8);
             pthread_t th[64];

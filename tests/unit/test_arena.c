@@ -548,6 +548,21 @@ Test(arena, backend_refusing_a_whole_region_still_serves_a_request_that_fits)
     unmake(s);
 }
 
+Test(arena, backend_with_room_for_only_the_exact_request_still_serves_it)
+{
+    setup s = make(16 * GIB, 0, 1 * MIB);
+    s.f->info_fails = true;
+    size_t exact = 600 * KIB + 256;
+    s.f->max_reserve = exact;                  /* less than the size class */
+    blk x = must_alloc(s.a, 600 * KIB + 1);
+    cr_assert_eq(x.taken, exact);
+    blk y = must_alloc(s.a, 100 * KIB);        /* a shared region: 1 MiB refused, halved */
+    cr_assert_leq(fake_find(s.f, y.addr)->size, exact);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    unmake(s);
+}
+
 Test(arena, regions_shrink_to_the_runtimes_free_memory)
 {
     setup s = make(3 * MIB, 0, 64 * MIB);

@@ -35,8 +35,9 @@ static size_t nallocs;
 
 static void add(size_t size, uint32_t native, const char *runtime)
 {
-    allocs[nallocs++] = (spyreshim_alloc_info){
-        .ptr = 0x100000 + nallocs * 0x1000, .size = size, .seq = nallocs + 1,
+    size_t i = nallocs++;
+    allocs[i] = (spyreshim_alloc_info){
+        .ptr = 0x100000 + i * 0x1000, .size = size, .seq = i + 1,
         .native_stack = native, .runtime = runtime};
 }
 

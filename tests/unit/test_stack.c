@@ -97,15 +97,28 @@ __attribute__((noinline)) static uint32_t capture_elsewhere(void)
     return id;
 }
 
+__attribute__((noinline)) static void capture_n(uint32_t *ids, int n)
+{
+#if defined(__clang__)
+#pragma clang loop unroll(disable)
+#else
+#pragma GCC unroll 1
+#endif
+    for (int i = 0; i < n; i++)
+        ids[i] = capture_here();
+}
+
 Test(stack, capture_names_the_caller)
 {
     cr_assert(shim_stack_init(), "libunwind.so.8 must be loadable");
-    uint32_t a = 0, b = 0;
-    for (int i = 0; i < 2; i++) {
-        uint32_t x = capture_here();
-        cr_assert(a == 0 || x == a, "the same call site gives the same id");
-        a = x;
-    }
+    /* One call site, run three times (a loop of unknown trip count that
+     * is not unrolled, so the site really is one). */
+    uint32_t ids[3];
+    volatile int n3 = 3;
+    capture_n(ids, n3);
+    cr_assert_eq(ids[1], ids[0], "the same call site gives the same id");
+    cr_assert_eq(ids[2], ids[0], "the same call site gives the same id");
+    uint32_t a = ids[0], b;
     b = capture_elsewhere();
     cr_assert_neq(a, 0);
     cr_assert_neq(a, b);

@@ -1,0 +1,391 @@
+/* CPython frame layouts, 3.8 to 3.13 (free-threaded 3.13t and debug builds
+ * included), and the walk of one thread's frame chain.
+ *
+ * Owns no state beyond what the caller passes in; takes no lock but the
+ * one of a rarely used fallback for checked reads (a leaf). Never
+ * calls into Python and never changes a reference count: it only reads
+ * memory, so it may run on a thread that released the GIL. It must only
+ * ever read the calling thread's own chain (another thread's frames change
+ * under it).
+ *
+ * The offsets come from CPython's headers of each version
+ * (Include/cpython/pystate.h, Include/cpython/frameobject.h before 3.11,
+ * Include/internal/pycore_frame.h from 3.11, Include/cpython/code.h); on
+ * 3.13, where the runtime publishes them itself (_Py_DebugOffsets at the
+ * start of _PyRuntime), those are read instead. Offsets within objects are
+ * written for the 16-byte object header and shifted by what the running
+ * build's header adds (free-threaded builds, Py_TRACE_REFS), which is
+ * measured on a known object rather than assumed. The test
+ * tests/integration/test_pystack.py compiles the headers of every
+ * interpreter on the machine and compares. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include "pyframes.h"
+
+/* Frames walked at most, whatever `max` says, so that a cycle in a
+ * misread chain ends. Frames skipped (shims, incomplete) count too. */
+#define WALK_LIMIT 4096
+
+/* Offsets for a 16-byte object header (ob_refcnt, ob_type). */
+typedef struct builtin_layout {
+    int minor;
+    size_t ts_frame;
+    ptrdiff_t cf_current;
+    size_t fr_back, fr_code, fr_instr;
+    ptrdiff_t fr_owner;
+    enum shim_pyinstr instr;
+    size_t co_firstlineno, co_filename, co_name;
+    ptrdiff_t co_qualname;
+    size_t co_code_adaptive, co_firsttraceable;
+    bool frames_are_objects;      /* PyFrameObject (before 3.11): header shifts it */
+} builtin_layout;
+
+static const builtin_layout builtin_layouts[] = {
+    /* minor ts   cf  back code instr owner  instr kind              line file name qual  adapt trace obj */
+    {  8,    24,  -1, 24,  32,  104,  -1,    SHIM_PYINSTR_LASTI_BYTES, 40, 104, 112, -1,   0,    0,    true },
+    {  9,    24,  -1, 24,  32,  104,  -1,    SHIM_PYINSTR_LASTI_BYTES, 40, 104, 112, -1,   0,    0,    true },
+    { 10,    24,  -1, 24,  32,   96,  -1,    SHIM_PYINSTR_LASTI_UNITS, 40, 104, 112, -1,   0,    0,    true },
+    { 11,    56,   8, 48,  32,   56,  69,    SHIM_PYINSTR_POINTER,     72, 112, 120, 128, 184,  168,  false },
+    { 12,    56,   0,  8,   0,   56,  70,    SHIM_PYINSTR_POINTER,     68, 112, 120, 128, 192,  176,  false },
+    { 13,    72,  -1,  8,   0,   56,  70,    SHIM_PYINSTR_POINTER,     68, 112, 120, 128, 200,  184,  false },
+};
+
+/* _PyInterpreterFrame.owner values (3.11+). */
+enum { OWNED_BY_THREAD = 0, OWNED_BY_GENERATOR = 1, OWNED_BY_FRAME_OBJECT = 2, OWNED_BY_CSTACK = 3 };
+
+/* Positions of the fields we use inside 3.13's _Py_DebugOffsets (every
+ * field there is a uint64_t offset). */
+enum {
+    DBG_VERSION = 8,
+    DBG_TS_CURRENT_FRAME = 184,
+    DBG_FR_PREVIOUS = 232, DBG_FR_EXECUTABLE = 240, DBG_FR_INSTR_PTR = 248, DBG_FR_OWNER = 264,
+    DBG_CO_FILENAME = 280, DBG_CO_NAME = 288, DBG_CO_FIRSTLINENO = 312, DBG_CO_CODE_ADAPTIVE = 344,
+    DBG_OB_TYPE = 360,
+};
+
+/* The fallback of safe_copy; its own lock, never held across anything. */
+static pthread_mutex_t pipe_lock = PTHREAD_MUTEX_INITIALIZER;
+static int pipe_fds[2] = { -1, -1 };
+
+/* Reads n bytes at addr through the kernel: false (never a fault) when
+ * they are not mapped. process_vm_readv on ourselves needs no privilege;
+ * where a sandbox refuses it, writing the bytes into a pipe does the same
+ * check. */
+static bool safe_copy(void *dst, uintptr_t addr, size_t n)
+{
+    if (addr == 0)
+        return false;
+    struct iovec local = { dst, n }, remote = { (void *)addr, n };
+    ssize_t r = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+    if (r == (ssize_t)n)
+        return true;
+    if (r < 0 && errno == EFAULT)
+        return false;
+    if (n > 64)
+        return false;
+    pthread_mutex_lock(&pipe_lock);
+    bool ok = (pipe_fds[0] >= 0 || pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0) &&
+              write(pipe_fds[1], (const void *)addr, n) == (ssize_t)n &&
+              read(pipe_fds[0], dst, n) == (ssize_t)n;
+    pthread_mutex_unlock(&pipe_lock);
+    return ok;
+}
+
+/* A pointer that can be a heap or data object: non-null, word-aligned,
+ * user space. Catches most garbage from a misread field before it is
+ * dereferenced. */
+static inline bool plausible(uintptr_t p)
+{
+    return p >= 0x10000 && p < ((uintptr_t)1 << 47) && (p & 7) == 0;
+}
+
+static inline bool rd_word(bool safe, uintptr_t addr, uintptr_t *out)
+{
+    if (safe)
+        return safe_copy(out, addr, sizeof *out);
+    *out = *(const uintptr_t *)addr;
+    return true;
+}
+
+static inline bool rd_i32(bool safe, uintptr_t addr, int32_t *out)
+{
+    if (safe)
+        return safe_copy(out, addr, sizeof *out);
+    *out = *(const int32_t *)addr;
+    return true;
+}
+
+static inline bool rd_u8(bool safe, uintptr_t addr, uint8_t *out)
+{
+    if (safe)
+        return safe_copy(out, addr, sizeof *out);
+    *out = *(const uint8_t *)addr;
+    return true;
+}
+
+static bool read_u64(uintptr_t addr, uint64_t *out)
+{
+    return safe_copy(out, addr, sizeof *out);
+}
+
+/* 3.13 publishes its own offsets; use them when the cookie and the version
+ * say they are the layout we know how to read. */
+static bool use_debug_offsets(const shim_python *py, shim_pylayout *L)
+{
+    uintptr_t rt = (uintptr_t)shim_python_sym(py, "_PyRuntime");
+    char cookie[8];
+    uint64_t version;
+    if (!rt || !safe_copy(cookie, rt, sizeof cookie) || memcmp(cookie, "xdebugpy", 8) != 0)
+        return false;
+    if (!read_u64(rt + DBG_VERSION, &version) ||
+        (int)((version >> 24) & 0xff) != py->major || (int)((version >> 16) & 0xff) != py->minor)
+        return false;
+    uint64_t v[11];
+    static const unsigned at[11] = {
+        DBG_TS_CURRENT_FRAME, DBG_FR_PREVIOUS, DBG_FR_EXECUTABLE, DBG_FR_INSTR_PTR, DBG_FR_OWNER,
+        DBG_CO_FILENAME, DBG_CO_NAME, DBG_CO_FIRSTLINENO, DBG_CO_CODE_ADAPTIVE, DBG_OB_TYPE, 0,
+    };
+    for (int i = 0; i < 10; i++)
+        if (!read_u64(rt + at[i], &v[i]) || v[i] > 4096)
+            return false;
+    if (v[9] != L->ob_type)
+        return false;             /* disagrees with what we measured */
+    L->ts_frame = v[0];
+    L->cf_current = -1;
+    L->fr_back = v[1];
+    L->fr_code = v[2];
+    L->fr_instr = v[3];
+    L->fr_owner = (ptrdiff_t)v[4];
+    L->co_filename = v[5];
+    L->co_name = v[6];
+    L->co_firstlineno = v[7];
+    L->co_code_adaptive = v[8];
+    /* Not in the table; in every 3.13 build they sit next to fields that are:
+     * co_qualname follows co_name, and _co_firsttraceable is 16 bytes before
+     * co_code_adaptive (then co_extra). */
+    L->co_qualname = (ptrdiff_t)v[6] + 8;
+    L->co_firsttraceable = v[8] - 16;
+    L->source = "_Py_DebugOffsets";
+    return true;
+}
+
+int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published,
+                         const char **why)
+{
+    memset(L, 0, sizeof *L);
+    if (!py || py->kind != SHIM_PY_CPYTHON) {
+        *why = "not CPython (PyPy gets native stacks only)";
+        return -1;
+    }
+    const builtin_layout *B = NULL;
+    for (size_t i = 0; i < sizeof builtin_layouts / sizeof builtin_layouts[0]; i++)
+        if (py->major == 3 && builtin_layouts[i].minor == py->minor)
+            B = &builtin_layouts[i];
+    if (!B) {
+        *why = "no frame layout for this CPython version (3.8 to 3.13 are known)";
+        return -1;
+    }
+    uintptr_t true_obj = (uintptr_t)shim_python_sym(py, "_Py_TrueStruct");
+    uintptr_t bool_type = (uintptr_t)shim_python_sym(py, "PyBool_Type");
+    L->code_type = (uintptr_t)shim_python_sym(py, "PyCode_Type");
+    L->frame_type = (uintptr_t)shim_python_sym(py, "PyFrame_Type");
+    if (!true_obj || !bool_type || !L->code_type || !L->frame_type) {
+        *why = "a type symbol is missing";
+        return -1;
+    }
+    /* The object header: ob_type right after ob_refcnt (16-byte header), or
+     * after the free-threaded build's thread id, flags and split counts,
+     * or after Py_TRACE_REFS's two list pointers (both 32 bytes). True's
+     * type is bool, which tells which. */
+    uintptr_t t;
+    if (safe_copy(&t, true_obj + 8, sizeof t) && t == bool_type)
+        L->ob_type = 8;
+    else if (safe_copy(&t, true_obj + 24, sizeof t) && t == bool_type)
+        L->ob_type = 24;
+    else {
+        *why = "unrecognized object header";
+        return -1;
+    }
+    size_t shift = L->ob_type - 8;
+    /* PyASCIIObject: the header, the length, then the hash. */
+    L->str_hash = L->ob_type + 8 + 8;
+    L->minor = py->minor;
+    L->free_threaded = py->free_threaded || (shift && py->minor >= 13);
+    L->check_refcnt = shift == 0;
+    L->ts_frame = B->ts_frame;
+    L->cf_current = B->cf_current;
+    L->ts_interp = 16;           /* after prev and next, in every version */
+    L->fr_back = B->fr_back + (B->frames_are_objects ? shift : 0);
+    L->fr_code = B->fr_code + (B->frames_are_objects ? shift : 0);
+    L->fr_instr = B->fr_instr + (B->frames_are_objects ? shift : 0);
+    L->fr_owner = B->fr_owner;
+    L->instr = B->instr;
+    L->co_firstlineno = B->co_firstlineno + shift;
+    L->co_filename = B->co_filename + shift;
+    L->co_name = B->co_name + shift;
+    L->co_qualname = B->co_qualname < 0 ? -1 : B->co_qualname + (ptrdiff_t)shift;
+    L->co_code_adaptive = B->co_code_adaptive ? B->co_code_adaptive + shift : 0;
+    L->co_firsttraceable = B->co_firsttraceable ? B->co_firsttraceable + shift : 0;
+    L->source = "built-in table";
+    if (published && py->minor == 13)
+        use_debug_offsets(py, L);
+    if (L->instr == SHIM_PYINSTR_POINTER) {
+        /* Code objects are variable-sized with the bytecode last, so the
+         * type's basic size is where the bytecode starts: a check of the
+         * whole code layout against the running build (tp_basicsize follows
+         * the header, ob_size and tp_name). */
+        uintptr_t basicsize;
+        if (!safe_copy(&basicsize, L->code_type + L->ob_type + 24, sizeof basicsize) ||
+            basicsize != L->co_code_adaptive) {
+            *why = "code object layout does not match this build";
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* One frame: its code object and instruction offset, or false when the
+ * frame is not a Python function's (a shim or incomplete frame: skip it). */
+static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
+                              shim_pyrawframe *f, bool *stop)
+{
+    uintptr_t code, type;
+    if (!rd_word(safe, fr + L->fr_code, &code)) {
+        *stop = true;
+        return false;
+    }
+    if (L->fr_owner >= 0) {
+        uint8_t owner;
+        if (!rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner)) {
+            *stop = true;
+            return false;
+        }
+        if (owner == OWNED_BY_CSTACK)
+            return false;
+    }
+    if (!plausible(code) || !rd_word(safe, code + L->ob_type, &type)) {
+        *stop = true;
+        return false;
+    }
+    if (type != L->code_type)
+        return false;           /* 3.13 shim frames hold None */
+    int32_t line;
+    uintptr_t name, file, hash;
+    if (!rd_i32(safe, code + L->co_firstlineno, &line) ||
+        !rd_word(safe, code + L->co_name, &name) ||
+        !rd_word(safe, code + L->co_filename, &file) ||
+        !plausible(name) || !rd_word(safe, name + L->str_hash, &hash)) {
+        *stop = true;
+        return false;
+    }
+    int32_t off;
+    if (L->instr == SHIM_PYINSTR_POINTER) {
+        uintptr_t ip;
+        int32_t first;
+        if (!rd_word(safe, fr + L->fr_instr, &ip) ||
+            !rd_i32(safe, code + L->co_firsttraceable, &first)) {
+            *stop = true;
+            return false;
+        }
+        uintptr_t start = code + L->co_code_adaptive;
+        /* Not yet past its prologue (RESUME): no line to show, and 3.11's
+         * and 3.12's own walkers skip it too. Generators' frames are
+         * always complete. */
+        if (ip < start + 2 * (uintptr_t)(first > 0 ? first : 0)) {
+            uint8_t owner = OWNED_BY_THREAD;
+            if (L->fr_owner >= 0)
+                rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner);
+            if (owner != OWNED_BY_GENERATOR || ip < start)
+                return false;
+        }
+        if (ip - start > (1u << 30))
+            return false;
+        off = (int32_t)(ip - start);
+    } else {
+        int32_t lasti;
+        if (!rd_i32(safe, fr + L->fr_instr, &lasti)) {
+            *stop = true;
+            return false;
+        }
+        if (lasti < 0)
+            lasti = 0;
+        off = L->instr == SHIM_PYINSTR_LASTI_UNITS ? lasti * 2 : lasti;
+    }
+    f->code = code;
+    f->name = name;
+    f->name_hash = (intptr_t)hash;
+    f->file = file;
+    f->firstlineno = line;
+    f->offset = off;
+    return true;
+}
+
+unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
+                            shim_pyrawframe *out, unsigned max, bool safe, bool *clean)
+{
+    uintptr_t fr;
+    *clean = false;
+    if (!plausible(tstate) || !rd_word(safe, tstate + L->ts_frame, &fr))
+        return 0;
+    if (L->cf_current >= 0) {
+        if (!plausible(fr) || !rd_word(safe, fr + (uintptr_t)L->cf_current, &fr))
+            return 0;
+    }
+    unsigned n = 0;
+    for (unsigned steps = 0; steps < WALK_LIMIT; steps++) {
+        if (!fr || n == max) {
+            *clean = true;
+            break;
+        }
+        if (!plausible(fr))
+            break;
+        if (L->instr != SHIM_PYINSTR_POINTER) {
+            /* Before 3.11 a frame is an object: check its type too. */
+            uintptr_t type;
+            if (!rd_word(safe, fr + L->ob_type, &type) || type != L->frame_type)
+                break;
+        }
+        bool stop = false;
+        if (read_frame(L, fr, safe, &out[n], &stop))
+            n++;
+        if (stop || !rd_word(safe, fr + L->fr_back, &fr))
+            break;
+    }
+    return n;
+}
+
+bool shim_pyframes_still_alive(const shim_pylayout *L, const shim_pyrawframe *f)
+{
+    uintptr_t type, name, file, refcnt;
+    intptr_t hash;
+    int32_t line;
+    if (!plausible(f->code) ||
+        !safe_copy(&type, f->code + L->ob_type, sizeof type) || type != L->code_type ||
+        !safe_copy(&line, f->code + L->co_firstlineno, sizeof line) || line != f->firstlineno ||
+        !safe_copy(&name, f->code + L->co_name, sizeof name) || name != f->name ||
+        !safe_copy(&hash, name + L->str_hash, sizeof hash) || hash != f->name_hash ||
+        !safe_copy(&file, f->code + L->co_filename, sizeof file) || file != f->file)
+        return false;
+    /* A freed block's first word is the allocator's free-list link, far
+     * beyond any real count (immortal objects use 2^32 - 1 or 2^30 at most
+     * here). Free-threaded headers split the count: not checked there. */
+    if (L->check_refcnt &&
+        (!safe_copy(&refcnt, f->code, sizeof refcnt) || refcnt == 0 || refcnt > ((uintptr_t)1 << 33)))
+        return false;
+    return true;
+}
+
+uintptr_t shim_pyframes_name_obj(const shim_pylayout *L, uintptr_t code)
+{
+    size_t at = L->co_qualname >= 0 ? (size_t)L->co_qualname : L->co_name;
+    return *(const uintptr_t *)(code + at);
+}
+
+uintptr_t shim_pyframes_file_obj(const shim_pylayout *L, uintptr_t code)
+{
+    return *(const uintptr_t *)(code + L->co_filename);
+}

@@ -1,0 +1,85 @@
+/* CPython's frame layouts, per version, as out-of-process profilers read
+ * them: enough to walk a thread's frame chain without the GIL and without
+ * touching a reference count. Internal to pystack.c. */
+#ifndef SHIM_PYFRAMES_H
+#define SHIM_PYFRAMES_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "find.h"
+
+/* One frame as read from memory. `name`, `name_hash`, `file` and
+ * `firstlineno` are read only to recognize the code object later: its
+ * address may be reused, and so may its name's; the name's hash is
+ * content, cached in every str from 3.8 on (code names are interned, so
+ * the hash is always computed). */
+typedef struct shim_pyrawframe {
+    uintptr_t code;
+    uintptr_t name;          /* co_name */
+    intptr_t name_hash;      /* co_name's cached hash */
+    uintptr_t file;          /* co_filename */
+    int32_t offset;          /* instruction offset in bytes (PyCode_Addr2Line's unit) */
+    int32_t firstlineno;
+} shim_pyrawframe;
+
+enum shim_pyinstr {
+    SHIM_PYINSTR_LASTI_BYTES,   /* 3.8, 3.9: int f_lasti, in bytes */
+    SHIM_PYINSTR_LASTI_UNITS,   /* 3.10: int f_lasti, in 2-byte code units */
+    SHIM_PYINSTR_POINTER,       /* 3.11+: pointer into co_code_adaptive */
+};
+
+typedef struct shim_pylayout {
+    int minor;                   /* 3.<minor> */
+    bool free_threaded;
+    bool check_refcnt;           /* ob_refcnt is one plain word at offset 0 */
+    size_t ob_type;              /* PyObject.ob_type */
+    size_t str_hash;             /* PyASCIIObject.hash */
+    uintptr_t code_type;         /* &PyCode_Type */
+    uintptr_t frame_type;        /* &PyFrame_Type (3.8-3.10 frames are objects) */
+    /* Thread state to innermost frame: tstate->ts_frame, then, on 3.11 and
+     * 3.12, ->cf_current (the _PyCFrame step); cf_current < 0 when none. */
+    size_t ts_frame;
+    ptrdiff_t cf_current;
+    size_t ts_interp;            /* PyThreadState.interp */
+    /* Frame. fr_owner < 0 when frames have no owner byte. */
+    size_t fr_back, fr_code, fr_instr;
+    ptrdiff_t fr_owner;
+    enum shim_pyinstr instr;
+    /* Code object. co_qualname < 0 before 3.11; co_code_adaptive and
+     * co_firsttraceable only where instr is SHIM_PYINSTR_POINTER. */
+    size_t co_firstlineno, co_filename, co_name;
+    ptrdiff_t co_qualname;
+    size_t co_code_adaptive, co_firsttraceable;
+    const char *source;          /* "built-in table" or "_Py_DebugOffsets" */
+} shim_pylayout;
+
+/* Fills *L for interpreter `py`; reads a few process-global symbols. With
+ * `published`, offsets the runtime publishes (3.13's _Py_DebugOffsets) win
+ * over the built-in table (tests turn it off to check the table). Returns
+ * 0, or -1 with a one-line reason in *why (an unsupported version, PyPy, a
+ * missing symbol, a layout that does not match the running build). */
+int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published,
+                         const char **why);
+
+/* Walks the frame chain of thread state `tstate`, innermost first, into
+ * out[0..max). Stops at the first pointer that fails validation, so a wrong
+ * layout yields a short stack; *clean tells whether the walk ended where a
+ * chain ends (no caller) or at `max` rather than at such a pointer. With
+ * `safe`, every read goes through the kernel (an unmapped address gives an
+ * error, not a fault): slow, for checking a layout. Returns the number of
+ * frames. */
+unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
+                            shim_pyrawframe *out, unsigned max, bool safe, bool *clean);
+
+/* Whether `f.code` still is the code object that was read: a live code
+ * object with the same name, file and first line. Reads through the kernel,
+ * so a freed and unmapped object gives false, not a fault. */
+bool shim_pyframes_still_alive(const shim_pylayout *L, const shim_pyrawframe *f);
+
+/* The code object's name (co_qualname where it exists) and file objects;
+ * the caller holds the GIL and has checked the object. */
+uintptr_t shim_pyframes_name_obj(const shim_pylayout *L, uintptr_t code);
+uintptr_t shim_pyframes_file_obj(const shim_pylayout *L, uintptr_t code);
+
+#endif

@@ -1,0 +1,222 @@
+"""The `spyreshim` command line: `run` a program under the shim, `report`
+on the JSON files it wrote.
+
+Owns argument parsing, finding libspyreshim.so and the environment of the
+child. `run` replaces itself with the command (exec), so the exit status,
+signals and the pid are the program's own. Errors are one line on stderr
+and exit status 2 (127/126 when the command cannot be run, as a shell),
+never a traceback.
+"""
+
+import argparse
+import os
+import re
+import sys
+
+from . import report as rpt
+
+PROG = "spyreshim"
+LIBNAME = "libspyreshim.so"
+LOG_LEVELS = ("debug", "info", "warn", "off")
+
+# Set by the launcher script (scripts/spyreshim): where to look for the
+# library after $SPYRESHIM_LIB, and the directory holding this package.
+LIB_CANDIDATES = []
+PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class UsageError(Exception):
+    def __init__(self, msg, status=2):
+        Exception.__init__(self, msg)
+        self.status = status
+
+
+def find_library(env=None):
+    """$SPYRESHIM_LIB, else the first existing candidate (build dir next to
+    the script, then the installed library)."""
+    env = os.environ if env is None else env
+    explicit = env.get("SPYRESHIM_LIB")
+    if explicit:
+        if not os.path.isfile(explicit):
+            raise UsageError("SPYRESHIM_LIB=%s: no such file" % explicit)
+        return os.path.abspath(explicit)
+    for c in LIB_CANDIDATES:
+        if os.path.isfile(c):
+            return os.path.abspath(c)
+    looked = ", ".join(os.path.normpath(c) for c in LIB_CANDIDATES) or "nowhere"
+    raise UsageError("cannot find %s (looked in: %s); build it (meson setup build && "
+                     "ninja -C build) or set SPYRESHIM_LIB" % (LIBNAME, looked))
+
+
+def _size(text):
+    try:
+        return rpt.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+def _exitcode(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if not 0 <= n <= 255:
+        raise argparse.ArgumentTypeError("invalid exit code %r (expected 0 to 255)" % text)
+    return n
+
+
+def _positive(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 1:
+        raise argparse.ArgumentTypeError("expected a positive integer, got %r" % text)
+    return n
+
+
+def _parser():
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run programs under libspyreshim (device-memory region allocator, "
+                    "GC on out-of-memory, leak reports) and read its leak reports.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    r = sub.add_parser(
+        "run", help="run a command with libspyreshim preloaded",
+        usage="%(prog)s [options] -- CMD [ARG ...]",
+        description="Runs CMD with libspyreshim.so preloaded (LD_PRELOAD) and the SPYRESHIM_* "
+                    "variables set from the options. The exit status is the command's "
+                    "(with --leak-check and leaks at exit: --exitcode, default 23). "
+                    "--report, --exitcode and --suppressions imply --leak-check.")
+    r.add_argument("--leak-check", action="store_true",
+                   help="record stacks of device allocations; report live ones at exit")
+    r.add_argument("--limit", type=_size, metavar="SIZE",
+                   help="device bytes the shim may reserve (e.g. 512M, 2G)")
+    r.add_argument("--report", metavar="FILE",
+                   help="write the leak report as JSON (%%p: the pid)")
+    r.add_argument("--exitcode", type=_exitcode, metavar="N",
+                   help="exit status when leaks remain at exit (default 23)")
+    r.add_argument("--suppressions", metavar="FILE",
+                   help="file of leak:<pattern> lines (LeakSanitizer format)")
+    r.add_argument("--stack-depth", type=_positive, metavar="N",
+                   help="native frames recorded per allocation (default 32)")
+    r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
+    r.add_argument("--log", choices=LOG_LEVELS, metavar="LEVEL",
+                   help="shim diagnostics: " + ", ".join(LOG_LEVELS))
+    r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
+
+    rep = sub.add_parser(
+        "report", help="print (or draw) leak report files",
+        description="Prints the LeakSanitizer-style view of one or more report files "
+                    "(SPYRESHIM_REPORT); several files, one per process, are merged: groups "
+                    "with identical stacks are summed and list their pids.")
+    rep.add_argument("files", nargs="+", metavar="FILE.json")
+    rep.add_argument("--html", metavar="OUT.html",
+                     help="write a self-contained page with a flame graph instead of text")
+    rep.add_argument("--top", type=_positive, metavar="N", default=0,
+                     help="show the N largest groups only")
+    rep.add_argument("--show-suppressed", action="store_true",
+                     help="also list groups matched by suppressions")
+    rep.add_argument("--fail-on-leaks", action="store_true",
+                     help="exit with status 1 when unsuppressed live memory is reported")
+    return p
+
+
+def _abs(path):
+    return os.path.abspath(path) if path else path
+
+
+def cmd_run(args):
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise UsageError("run: no command given (usage: spyreshim run [options] -- CMD ...)")
+    if args.suppressions and not os.path.isfile(args.suppressions):
+        raise UsageError("run: --suppressions %s: no such file" % args.suppressions)
+    lib = find_library()
+
+    env = dict(os.environ)
+    # Ours first: its hooks must win over anything else preloaded. ld.so
+    # separates entries by spaces or colons; a copy of ours already there
+    # (a nested `spyreshim run`) is dropped rather than loaded twice.
+    old = [e for e in re.split(r"[:\s]+", env.get("LD_PRELOAD", ""))
+           if e and os.path.realpath(e) != os.path.realpath(lib)]
+    env["LD_PRELOAD"] = ":".join([lib] + old)
+    leak = args.leak_check or args.report or args.exitcode is not None or args.suppressions
+    settings = [
+        ("SPYRESHIM_LEAK_CHECK", "1" if leak else None),
+        ("SPYRESHIM_LIMIT", str(args.limit) if args.limit is not None else None),
+        ("SPYRESHIM_REPORT", _abs(args.report)),     # the program may chdir
+        ("SPYRESHIM_EXITCODE", str(args.exitcode) if args.exitcode is not None else None),
+        ("SPYRESHIM_SUPPRESSIONS", _abs(args.suppressions)),
+        ("SPYRESHIM_STACK_DEPTH", str(args.stack_depth) if args.stack_depth else None),
+        ("SPYRESHIM_STATS", _abs(args.stats)),
+        ("SPYRESHIM_LOG", args.log),
+    ]
+    for name, value in settings:
+        if value is not None:
+            env[name] = value
+    # So that `python -m pytest -p spyreshim.pytest_plugin` and
+    # `import spyreshim` work in the child; appended, the program's own
+    # path entries keep precedence.
+    pp = env.get("PYTHONPATH", "")
+    if PYTHON_DIR and PYTHON_DIR not in pp.split(os.pathsep):
+        env["PYTHONPATH"] = (pp + os.pathsep if pp else "") + PYTHON_DIR
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(cmd[0], cmd, env)
+    except OSError as e:
+        status = 127 if isinstance(e, FileNotFoundError) else 126
+        raise UsageError("run: cannot run %s: %s" % (cmd[0], e.strerror or e), status)
+
+
+def cmd_report(args):
+    reports = [rpt.load(path) for path in args.files]
+    merged = rpt.merge(reports)
+    if args.html:
+        from . import flamegraph
+        page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top)
+        try:
+            with open(args.html, "w", encoding="utf-8") as f:
+                f.write(page)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
+        ngroups = len([g for g in merged["groups"] if not g["suppressed"]])
+        sys.stderr.write("%s report: wrote %s (%s live in %d stack%s from %d file%s)\n" % (
+            PROG, args.html, rpt.format_size(merged["reported_bytes"]),
+            ngroups, "" if ngroups == 1 else "s", len(reports), "" if len(reports) == 1 else "s"))
+    else:
+        sys.stdout.write(rpt.text(merged, top=args.top, show_suppressed=args.show_suppressed))
+        sys.stdout.flush()
+    if args.fail_on_leaks and merged["reported_allocations"]:
+        return 1
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        if args.command == "report":
+            return cmd_report(args)
+        parser.print_help(sys.stderr)
+        return 2
+    except (UsageError, rpt.ReportError) as e:
+        sys.stderr.write("%s: %s\n" % (PROG, e))
+        return getattr(e, "status", 2)
+    except BrokenPipeError:
+        # `spyreshim report ... | head`: not an error of ours.
+        try:
+            sys.stdout = None
+            os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        except OSError:
+            pass
+        return 0
+    except KeyboardInterrupt:
+        return 130

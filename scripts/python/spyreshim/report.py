@@ -1,0 +1,310 @@
+"""Leak report files (docs/report-format.md): loading, merging, text.
+
+Owns the reading side of the JSON the shim writes at exit, on a final
+out-of-memory and from spyreshim_snapshot_write_json. Everything here is
+pure data work: it never touches the shim, so the CLI, the pytest plugin and
+the HTML page share it. A file that does not follow the format is refused
+with a ReportError naming the file and the field, never a traceback.
+"""
+
+import json
+
+FORMAT = "spyreshim-report"
+VERSION = 1
+
+REASONS = {
+    "exit": "at exit",
+    "oom": "at out-of-memory",
+    "snapshot": "in a snapshot",
+}
+
+
+class ReportError(Exception):
+    """A report file that cannot be read or does not follow the format."""
+
+
+def format_size(n):
+    """1536 -> '1.5 KiB'; exact below 1 KiB."""
+    n = int(n)
+    if n < 1024:
+        return "%d B" % n
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024.0
+        if n < 1024 or unit == "TiB":
+            return "%.1f %s" % (n, unit)
+    raise AssertionError("unreachable")
+
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}
+
+
+def parse_size(text):
+    """'2G', '512MiB', '1.5 GB', '4096' -> bytes (binary units, as the shim's
+    SPYRESHIM_LIMIT). Raises ValueError with a readable message."""
+    s = str(text).strip()
+    i = 0
+    while i < len(s) and (s[i].isdigit() or s[i] == "."):
+        i += 1
+    number, unit = s[:i], s[i:].strip().lower()
+    if not number or number.count(".") > 1 or unit not in _SIZE_UNITS:
+        raise ValueError("invalid size %r (expected e.g. 4096, 512M, 2G, 1.5GiB)" % text)
+    value = float(number) * _SIZE_UNITS[unit] if "." in number else int(number) * _SIZE_UNITS[unit]
+    return int(value)
+
+
+# ---------------------------------------------------------------- validation
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_str(where, d, key):
+    v = d.get(key)
+    if v is not None and not isinstance(v, str):
+        raise ReportError("%s.%s: expected a string, got %s" % (where, key, type(v).__name__))
+    return v
+
+
+def _frame(where, f):
+    if not isinstance(f, dict):
+        raise ReportError("%s: expected an object" % where)
+    kind = f.get("kind")
+    if kind not in ("python", "native"):
+        raise ReportError("%s.kind: expected \"python\" or \"native\", got %r" % (where, kind))
+    line = f.get("line")
+    if line is not None and not _is_int(line):
+        raise ReportError("%s.line: expected an integer" % where)
+    out = {"kind": kind, "line": line if line else None}
+    for key in ("function", "file", "object", "address", "offset"):
+        out[key] = _opt_str(where, f, key)
+    return out
+
+
+def _group(where, g):
+    if not isinstance(g, dict):
+        raise ReportError("%s: expected an object" % where)
+    for key in ("bytes", "count"):
+        if not _is_int(g.get(key)) or g[key] < 0:
+            raise ReportError("%s.%s: expected a non-negative integer" % (where, key))
+    frames = g.get("frames", [])
+    if not isinstance(frames, list):
+        raise ReportError("%s.frames: expected a list" % where)
+    return {
+        "bytes": g["bytes"],
+        "count": g["count"],
+        "runtime": _opt_str(where, g, "runtime") or "?",
+        "suppressed": bool(g.get("suppressed", False)),
+        "frames": [_frame("%s.frames[%d]" % (where, i), f) for i, f in enumerate(frames)],
+    }
+
+
+def parse(data, name="<report>"):
+    """Validates one decoded report object; returns a normalized copy."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ReportError("%s: not a spyreshim report (no \"format\": \"%s\")" % (name, FORMAT))
+    version = data.get("version")
+    if not _is_int(version) or version < 1:
+        raise ReportError("%s: missing or invalid \"version\"" % name)
+    if version > VERSION:
+        raise ReportError("%s: report version %d is newer than this tool understands (%d)"
+                          % (name, version, VERSION))
+    groups = data.get("groups")
+    if not isinstance(groups, list):
+        raise ReportError("%s: \"groups\": expected a list" % name)
+    pid = data.get("pid")
+    if pid is not None and not _is_int(pid):
+        raise ReportError("%s: \"pid\": expected an integer" % name)
+    out = {
+        "name": name,
+        "pid": pid,
+        "exe": _opt_str(name, data, "exe"),
+        "reason": _opt_str(name, data, "reason") or "exit",
+        "groups": [_group("%s: groups[%d]" % (name, i), g) for i, g in enumerate(groups)],
+    }
+    for key in ("live_bytes", "live_allocations", "suppressed_bytes", "suppressed_allocations"):
+        v = data.get(key)
+        if v is not None and (not _is_int(v) or v < 0):
+            raise ReportError("%s: \"%s\": expected a non-negative integer" % (name, key))
+        out[key] = v
+    # The summary counts from the groups themselves, so that it always agrees
+    # with what is listed; the shim may leave suppressed groups out of the
+    # list, in which case only its top-level counts know about them.
+    listed = [g for g in out["groups"] if not g["suppressed"]]
+    hidden = [g for g in out["groups"] if g["suppressed"]]
+    out["reported_bytes"] = sum(g["bytes"] for g in listed)
+    out["reported_allocations"] = sum(g["count"] for g in listed)
+    out["suppressed_bytes"] = max(out["suppressed_bytes"] or 0, sum(g["bytes"] for g in hidden))
+    out["suppressed_allocations"] = max(out["suppressed_allocations"] or 0,
+                                        sum(g["count"] for g in hidden))
+    return out
+
+
+def load(path):
+    """Reads and validates one report file."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise ReportError("cannot read %s: %s" % (path, e.strerror or e))
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ReportError("%s: not UTF-8 (byte %d)" % (path, e.start))
+    except ValueError as e:
+        if not raw.strip():
+            raise ReportError("%s: empty file (did the process exit before writing it?)" % path)
+        raise ReportError("%s: not valid JSON (%s)" % (path, e))
+    return parse(data, path)
+
+
+# ------------------------------------------------------------------- merging
+
+def frame_key(f):
+    """Identity of a frame across processes: load addresses differ between
+    pids (ASLR), object and offset do not."""
+    return (f["kind"], f["function"], f["file"], f["line"], f["object"],
+            None if f["function"] or f["file"] else f["offset"])
+
+
+def merge(reports):
+    """One merged view of one or more reports: groups with identical frames
+    (and runtime) are summed; each group lists the pids it came from."""
+    merged = {}
+    order = []
+    for r in reports:
+        for g in r["groups"]:
+            key = (g["runtime"], g["suppressed"], tuple(frame_key(f) for f in g["frames"]))
+            m = merged.get(key)
+            if m is None:
+                m = merged[key] = {
+                    "bytes": 0, "count": 0, "runtime": g["runtime"],
+                    "suppressed": g["suppressed"], "frames": g["frames"], "pids": [],
+                }
+                order.append(key)
+            m["bytes"] += g["bytes"]
+            m["count"] += g["count"]
+            if r["pid"] is not None and r["pid"] not in m["pids"]:
+                m["pids"].append(r["pid"])
+    groups = [merged[k] for k in order]
+    # Stable: ties keep the order of the files, then of the groups in them.
+    groups.sort(key=lambda g: (-g["bytes"], -g["count"]))
+    return {
+        "reports": reports,
+        "pids": [r["pid"] for r in reports if r["pid"] is not None],
+        "groups": groups,
+        "reported_bytes": sum(r["reported_bytes"] for r in reports),
+        "reported_allocations": sum(r["reported_allocations"] for r in reports),
+        "suppressed_bytes": sum(r["suppressed_bytes"] for r in reports),
+        "suppressed_allocations": sum(r["suppressed_allocations"] for r in reports),
+    }
+
+
+# ---------------------------------------------------------------------- text
+
+def frame_label(f):
+    """Short name for a flame-graph box."""
+    if f["kind"] == "python":
+        name = f["function"] or "<unknown>"
+        if f["file"]:
+            base = f["file"].rsplit("/", 1)[-1]
+            return "%s (%s:%s)" % (name, base, f["line"] or "?")
+        return name
+    if f["function"]:
+        return f["function"]
+    if f["object"]:
+        return "%s+%s" % (f["object"].rsplit("/", 1)[-1], f["offset"] or "?")
+    return f["address"] or "??"
+
+
+def frame_text(f, address=True):
+    """One frame as the shim prints it (LeakSanitizer's layout), without the
+    '#n' prefix. `address` False leaves out the load address (meaningless
+    for a group merged from several processes)."""
+    if f["kind"] == "python":
+        where = f["file"] or "<unknown>"
+        if f["line"]:
+            where += ":%d" % f["line"]
+        return "in %s %s [python]" % (f["function"] or "<unknown>", where)
+    parts = []
+    if f["address"] and address:
+        parts.append(f["address"])
+    if f["function"]:
+        parts.append("in %s" % f["function"])
+    if f["file"]:
+        parts.append("%s:%d" % (f["file"], f["line"]) if f["line"] else f["file"])
+    if f["object"]:
+        parts.append("(%s+%s)" % (f["object"], f["offset"] or "?"))
+    return " ".join(parts) or "<unknown frame>"
+
+
+def _plural(n, word):
+    return "%d %s%s" % (n, word, "" if n == 1 else "s")
+
+
+def _leaks(merged):
+    """At exit what is live is a leak; on OOM or in a snapshot it is not."""
+    return all(r["reason"] == "exit" for r in merged["reports"])
+
+
+def group_text(g, leaks=True, show_pids=False):
+    lines = []
+    if g["suppressed"]:
+        what = "Suppressed:"
+    else:
+        what = "Leak of" if leaks else "Live:"
+    head = "%s %d byte(s) (%s) in %d allocation(s) of %s memory" % (
+        what, g["bytes"], format_size(g["bytes"]), g["count"], g["runtime"])
+    if show_pids and g.get("pids"):
+        head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
+                                  ", ".join(str(p) for p in g["pids"]))
+    lines.append(head + ", allocated from:")
+    one_process = len(g.get("pids", ())) <= 1
+    for i, f in enumerate(g["frames"]):
+        lines.append("    #%d %s" % (i, frame_text(f, address=one_process)))
+    if not g["frames"]:
+        lines.append("    <no stack recorded>")
+    return "\n".join(lines)
+
+
+def text(merged, top=0, show_suppressed=False):
+    """The shim's text report (LeakSanitizer's layout) of a merged view."""
+    reports = merged["reports"]
+    leaks = _leaks(merged)
+    groups = [g for g in merged["groups"] if show_suppressed or not g["suppressed"]]
+    live = [g for g in groups if not g["suppressed"]]
+    if leaks and live:
+        headline = "ERROR: spyreshim: detected device memory leaks"
+    elif leaks:
+        headline = "spyreshim: no device memory leaks"
+    else:
+        reasons = sorted(set(REASONS.get(r["reason"], "(%s)" % r["reason"]) for r in reports))
+        headline = "spyreshim: live device memory %s" % " / ".join(reasons)
+    pids = [str(r["pid"]) for r in reports if r["pid"] is not None]
+    out = ["=" * 65, "==%s==%s" % (",".join(pids) or "?", headline)]
+    if len(reports) > 1:
+        out.append("(merged from %d reports: identical stacks summed)" % len(reports))
+    elif reports[0]["exe"]:
+        out.append("(%s)" % reports[0]["exe"])
+    shown = groups[:top] if top and top > 0 else groups
+    for g in shown:
+        out.append("")
+        out.append(group_text(g, leaks=leaks, show_pids=len(reports) > 1))
+    rest = groups[len(shown):]
+    if rest:
+        out.append("")
+        out.append("... and %d more group(s): %d byte(s) in %d allocation(s) (--top %d)" % (
+            len(rest), sum(g["bytes"] for g in rest), sum(g["count"] for g in rest), top))
+    if merged["suppressed_allocations"]:
+        out.append("")
+        out.append("Suppressed: %d byte(s) in %d allocation(s) matched suppressions." % (
+            merged["suppressed_bytes"], merged["suppressed_allocations"]))
+    out.append("")
+    out.append("SUMMARY: spyreshim: %d byte(s) %s in %d allocation(s)." % (
+        merged["reported_bytes"], "leaked" if leaks else "live", merged["reported_allocations"]))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,559 @@
+"""The `spyreshim` command line: `report` on fixture files (text, merging of
+per-pid files, bad input), `run` (environment, library lookup, exit status,
+exec), meson's installed tree, and end to end under the real shim.
+
+Run: /usr/bin/python3 -m pytest tests/integration/test_cli.py
+(SPYRESHIM_BUILD names the build dir, default <repo>/build.)
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SCRIPT = REPO / "scripts" / "spyreshim"
+DATA = HERE / "data"
+sys.path.insert(0, str(REPO / "scripts" / "python"))
+sys.path.insert(0, str(HERE))
+
+from spyreshim import report as rpt  # noqa: E402
+
+# Any library that is harmless to preload, for the tests of `run` that only
+# look at the environment: the real shim changes nothing for `sh`.
+LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
+
+
+def shim_without_leak_api(lib):
+    """Why the built shim cannot run these tests yet, or None: the leak
+    hunting side (snapshot API, reports at exit) lands separately."""
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                             text=True, timeout=60).stdout
+    except OSError:
+        return None
+    if "spyreshim_snapshot_take" not in out:
+        return "%s has no leak hunting yet (no spyreshim_snapshot_take)" % lib
+    return None
+
+
+def cli(*args, env=None, timeout=60, cwd=None):
+    e = dict(os.environ)
+    e.pop("SPYRESHIM_LIB", None)
+    e.update(env or {})
+    return subprocess.run([str(SCRIPT)] + [str(a) for a in args], env=e, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def one_line_error(r, status=2):
+    assert r.returncode == status, r
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("spyreshim: "), r.stderr
+    return lines[0]
+
+
+# ------------------------------------------------------------------ report
+
+def test_report_lists_groups_largest_first_with_sizes_counts_and_frames():
+    r = cli("report", DATA / "leak_single.json")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "==4242==ERROR: spyreshim: detected device memory leaks\n(/usr/bin/python3.11)\n" in out
+    first = out.index("Leak of 2097152 byte(s) (2.0 MiB) in 2 allocation(s) of simdev memory, "
+                      "allocated from:\n")
+    second = out.index("Leak of 1048576 byte(s) (1.0 MiB) in 1 allocation(s) of cuda memory")
+    assert first < second
+    # Python frames first, with file:line, then the native ones below them.
+    assert "    #0 in make_leak /t/leak.py:12 [python]\n" in out
+    assert "    #1 in <module> /t/leak.py:20 [python]\n" in out
+    assert ("    #2 0x7f3a2c001234 in Tensor_init simdevmodule.c:88 "
+            "(/b/simdev.cpython-311-x86_64-linux-gnu.so+0x1234)\n") in out
+    assert "    #3 0x55d0c0a1b2c3 in _PyEval_EvalFrameDefault (/usr/bin/python3.11+0x1b2c3)\n" in out
+    # No symbol: object+offset still locate it.
+    assert "    #1 0x7f3a2d000900 (/b/libworker.so+0x900)\n" in out
+    # Suppressed groups are counted, not listed.
+    assert "known_cache_alloc" not in out
+    assert "Suppressed: 4096 byte(s) in 1 allocation(s) matched suppressions.\n" in out
+    assert out.endswith("\nSUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s).\n")
+
+
+def test_report_show_suppressed_lists_them_marked():
+    r = cli("report", "--show-suppressed", DATA / "leak_single.json")
+    assert r.returncode == 0, r.stderr
+    assert ("Suppressed: 4096 byte(s) (4.0 KiB) in 1 allocation(s) of simdev memory, "
+            "allocated from:\n") in r.stdout
+    assert "in known_cache_alloc (/b/libcache.so+0x10)" in r.stdout
+
+
+def _groups(text):
+    return re.findall(r"^(?:Leak of|Live:) (\d+) byte\(s\) \(.*\) in (\d+) allocation\(s\) "
+                      r"of (\w+) memory(.*)$", text, re.M)
+
+
+def test_report_merges_identical_stacks_of_several_pids():
+    r = cli("report", DATA / "rank0_pid101.json", DATA / "rank1_pid102.json")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "==101,102==ERROR: spyreshim: detected device memory leaks\n" in out
+    assert "(merged from 2 reports: identical stacks summed)" in out
+    groups = _groups(out)
+    # The shared stack (8 MiB in 4 allocations in each rank) once, summed.
+    assert groups == [
+        ("16777216", "8", "simdev", " in pids 101, 102, allocated from:"),
+        ("16777216", "1", "simdev", " in pid 102, allocated from:"),
+    ]
+    shared = out[out.index("in pids 101, 102"):out.index("in pid 102,")]
+    assert "#0 in forward /job/model.py:77 [python]" in shared
+    # Load addresses differ between the processes: a merged group shows none.
+    assert "0x7f1000091234" not in shared and "0x7f2000091234" not in shared
+    assert "in Tensor_init simdevmodule.c:88 (/b/simdev.so+0x1234)" in shared
+    assert "SUMMARY: spyreshim: 33554432 byte(s) leaked in 9 allocation(s)." in out
+
+
+def test_report_merge_does_not_depend_on_file_order():
+    a = cli("report", DATA / "rank0_pid101.json", DATA / "rank1_pid102.json")
+    b = cli("report", DATA / "rank1_pid102.json", DATA / "rank0_pid101.json")
+    assert sorted(g[:3] for g in _groups(a.stdout)) == sorted(g[:3] for g in _groups(b.stdout))
+
+
+def test_report_merges_a_file_with_itself_as_two_processes(tmp_path):
+    d = json.loads((DATA / "leak_single.json").read_text())
+    d["pid"] = 4243
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(d))
+    r = cli("report", DATA / "leak_single.json", other)
+    assert r.returncode == 0, r.stderr
+    assert [g[:3] for g in _groups(r.stdout)] == [("4194304", "4", "simdev"),
+                                                  ("2097152", "2", "cuda")]
+    assert "Suppressed: 8192 byte(s) in 2 allocation(s) matched suppressions." in r.stdout
+
+
+def test_report_top_limits_the_groups_and_says_what_is_left_out():
+    r = cli("report", "--top", "1", DATA / "leak_single.json")
+    assert r.returncode == 0, r.stderr
+    assert len(_groups(r.stdout)) == 1
+    assert "... and 1 more group(s): 1048576 byte(s) in 1 allocation(s) (--top 1)" in r.stdout
+    # The summary still counts everything.
+    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stdout
+
+
+def test_report_of_nothing_live(tmp_path):
+    p = tmp_path / "empty.json"
+    p.write_text(json.dumps({"format": "spyreshim-report", "version": 1, "pid": 7,
+                             "reason": "exit", "groups": []}))
+    r = cli("report", p)
+    assert r.returncode == 0, r.stderr
+    assert "==7==spyreshim: no device memory leaks\n" in r.stdout
+    assert "SUMMARY: spyreshim: 0 byte(s) leaked in 0 allocation(s)." in r.stdout
+    assert cli("report", "--fail-on-leaks", p).returncode == 0
+    assert cli("report", "--fail-on-leaks", DATA / "leak_single.json").returncode == 1
+
+
+def test_report_reason_oom_and_group_without_stack(tmp_path):
+    p = tmp_path / "oom.json"
+    p.write_text(json.dumps({"format": "spyreshim-report", "version": 1, "pid": 9,
+                             "reason": "oom", "groups": [
+                                 {"bytes": 512, "count": 2, "runtime": "cuda", "frames": []}]}))
+    r = cli("report", p)
+    assert r.returncode == 0, r.stderr
+    assert "==9==spyreshim: live device memory at out-of-memory\n" in r.stdout
+    assert ("Live: 512 byte(s) (512 B) in 2 allocation(s) of cuda memory, allocated from:\n"
+            "    <no stack recorded>\n") in r.stdout
+    assert "SUMMARY: spyreshim: 512 byte(s) live in 2 allocation(s)." in r.stdout
+
+
+BAD_FILES = {
+    "missing": (None, "cannot read {p}: No such file or directory"),
+    "empty": (b"", "{p}: empty file"),
+    "truncated": (b'{"format": "spyreshim-report", "version": 1, "groups": [{"bytes": 1',
+                  "{p}: not valid JSON"),
+    "not_utf8": (b'{"format": "\xff"}', "{p}: not UTF-8"),
+    "not_a_report": (b'{"hello": 1}', "{p}: not a spyreshim report"),
+    "a_list": (b'[1, 2]', "{p}: not a spyreshim report"),
+    "newer_version": (b'{"format": "spyreshim-report", "version": 99, "groups": []}',
+                      "{p}: report version 99 is newer"),
+    "groups_not_list": (b'{"format": "spyreshim-report", "version": 1, "groups": 3}',
+                        "{p}: \"groups\": expected a list"),
+    "bytes_not_int": (b'{"format": "spyreshim-report", "version": 1, '
+                      b'"groups": [{"bytes": "x", "count": 1}]}',
+                      "{p}: groups[0].bytes: expected a non-negative integer"),
+    "bad_frame_kind": (b'{"format": "spyreshim-report", "version": 1, "groups": '
+                       b'[{"bytes": 1, "count": 1, "frames": [{"kind": "java"}]}]}',
+                       "{p}: groups[0].frames[0].kind: expected"),
+    "line_not_int": (b'{"format": "spyreshim-report", "version": 1, "groups": '
+                     b'[{"bytes": 1, "count": 1, "frames": [{"kind": "python", "line": "9"}]}]}',
+                     "{p}: groups[0].frames[0].line: expected an integer"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_FILES))
+def test_report_refuses_bad_files_with_one_line(tmp_path, case):
+    content, expected = BAD_FILES[case]
+    p = tmp_path / (case + ".json")
+    if content is not None:
+        p.write_bytes(content)
+    for args in (["report", p], ["report", DATA / "leak_single.json", p],
+                 ["report", "--html", tmp_path / "out.html", p]):
+        line = one_line_error(cli(*args))
+        assert line.startswith("spyreshim: " + expected.format(p=p)), line
+    assert not (tmp_path / "out.html").exists()
+
+
+def test_report_refuses_a_directory(tmp_path):
+    line = one_line_error(cli("report", tmp_path))
+    assert "cannot read %s" % tmp_path in line
+
+
+def test_report_html_to_an_unwritable_place():
+    line = one_line_error(cli("report", "--html", "/nonexistent/dir/out.html",
+                              DATA / "leak_single.json"))
+    assert "cannot write /nonexistent/dir/out.html" in line
+
+
+def test_report_bad_top_is_a_usage_error():
+    r = cli("report", "--top", "zero", DATA / "leak_single.json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "--top: expected a positive integer" in r.stderr
+
+
+def test_report_into_a_closed_pipe_is_quiet():
+    p = subprocess.Popen([str(SCRIPT), "report", DATA / "leak_single.json", DATA / "rank0_pid101.json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err
+
+
+def test_size_parser():
+    assert rpt.parse_size("4096") == 4096
+    assert rpt.parse_size("2G") == 2 << 30
+    assert rpt.parse_size("512MiB") == 512 << 20
+    assert rpt.parse_size("1MB") == 1 << 20
+    assert rpt.parse_size("1.5 k") == 1536
+    for bad in ("", "G", "1.2.3", "12X", "-1", "1 G B"):
+        with pytest.raises(ValueError):
+            rpt.parse_size(bad)
+
+
+# --------------------------------------------------------------------- run
+
+def _env_of(r):
+    return dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+
+
+def test_run_sets_preload_and_options_and_passes_the_status(tmp_path):
+    supp = tmp_path / "supp.txt"
+    supp.write_text("leak:known_cache\n")
+    r = cli("run", "--leak-check", "--limit", "2G", "--report", "r-%p.json", "--exitcode", "42",
+            "--suppressions", supp, "--stats", "stats.txt", "--log", "debug", "--stack-depth", "16",
+            "--", "sh", "-c", "env; exit 7",
+            env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": "/other/libfoo.so", "PYTHONPATH": "/mine"},
+            cwd=tmp_path)
+    assert r.returncode == 7, r
+    env = _env_of(r)
+    # Ours first, the existing preload kept after it.
+    assert env["LD_PRELOAD"] == LIBC + ":/other/libfoo.so"
+    assert env["SPYRESHIM_LEAK_CHECK"] == "1"
+    assert env["SPYRESHIM_LIMIT"] == str(2 << 30)
+    # Paths made absolute: the program may change directory.
+    assert env["SPYRESHIM_REPORT"] == str(tmp_path / "r-%p.json")
+    assert env["SPYRESHIM_EXITCODE"] == "42"
+    assert env["SPYRESHIM_SUPPRESSIONS"] == str(supp)
+    assert env["SPYRESHIM_STATS"] == str(tmp_path / "stats.txt")
+    assert env["SPYRESHIM_LOG"] == "debug"
+    assert env["SPYRESHIM_STACK_DEPTH"] == "16"
+    # The package, after the program's own entries, for -p spyreshim.pytest_plugin.
+    assert env["PYTHONPATH"] == "/mine:" + str(REPO / "scripts" / "python")
+
+
+def test_run_nested_does_not_preload_twice():
+    r = cli("run", "--", str(SCRIPT), "run", "--", "sh", "-c", "echo $LD_PRELOAD",
+            env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": "/a.so /b.so"})
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == LIBC + ":/a.so:/b.so"
+
+
+def test_run_sets_only_what_was_asked():
+    r = cli("run", "--", "env", env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": ""})
+    assert r.returncode == 0, r
+    env = _env_of(r)
+    assert env["LD_PRELOAD"] == LIBC
+    assert not [k for k in env if k.startswith("SPYRESHIM_") and k != "SPYRESHIM_LIB"
+                and k not in os.environ]
+
+
+def test_run_report_implies_leak_check():
+    r = cli("run", "--report", "/tmp/x.json", "--", "env", env={"SPYRESHIM_LIB": LIBC})
+    assert _env_of(r)["SPYRESHIM_LEAK_CHECK"] == "1"
+
+
+def test_run_execs_the_command_in_place():
+    # Same pid: signals, waits and exit statuses are the program's own.
+    e = dict(os.environ, SPYRESHIM_LIB=LIBC)
+    p = subprocess.Popen([str(SCRIPT), "run", "--", "sh", "-c", "echo $$; kill -TERM $$"],
+                         stdout=subprocess.PIPE, text=True, env=e)
+    out, _ = p.communicate(timeout=60)
+    assert int(out.strip()) == p.pid
+    assert p.returncode == -15
+
+
+def test_run_without_double_dash():
+    r = cli("run", "sh", "-c", "echo $0 $1", "--report", env={"SPYRESHIM_LIB": LIBC})
+    assert r.returncode == 0 and r.stdout.strip() == "--report", r
+
+
+@pytest.mark.parametrize("args,status,expected", [
+    ([], 2, "run: no command given"),
+    (["--"], 2, "run: no command given"),
+    (["--", "/nonexistent/prog"], 127, "run: cannot run /nonexistent/prog: No such file or directory"),
+    (["--", "/etc/passwd"], 126, "run: cannot run /etc/passwd: Permission denied"),
+    (["--suppressions", "/nonexistent/supp", "--", "true"], 2,
+     "run: --suppressions /nonexistent/supp: no such file"),
+])
+def test_run_errors_are_one_line(args, status, expected):
+    line = one_line_error(cli("run", *args, env={"SPYRESHIM_LIB": LIBC}), status)
+    assert line.startswith("spyreshim: " + expected), line
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--limit", "2X"], "argument --limit: invalid size '2X'"),
+    (["--exitcode", "300"], "argument --exitcode: invalid exit code '300'"),
+    (["--log", "loud"], "argument --log: invalid choice"),
+])
+def test_run_bad_options_are_usage_errors(args, expected):
+    r = cli("run", *args, "--", "true", env={"SPYRESHIM_LIB": LIBC})
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert expected in r.stderr
+
+
+def test_run_with_spyreshim_lib_missing():
+    line = one_line_error(cli("run", "--", "true", env={"SPYRESHIM_LIB": "/nonexistent/lib.so"}))
+    assert line == "spyreshim: SPYRESHIM_LIB=/nonexistent/lib.so: no such file"
+
+
+def _copy_tree(dst):
+    (dst / "scripts").mkdir(parents=True)
+    shutil.copy2(SCRIPT, dst / "scripts" / "spyreshim")
+    shutil.copytree(REPO / "scripts" / "python", dst / "scripts" / "python",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return dst / "scripts" / "spyreshim"
+
+
+def test_run_finds_the_build_dir_next_to_the_script(tmp_path):
+    script = _copy_tree(tmp_path / "repo")
+    r = subprocess.run([str(script), "run", "--", "true"], capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items() if k != "SPYRESHIM_LIB"})
+    line = one_line_error(r)
+    assert "cannot find libspyreshim.so (looked in: %s)" % (tmp_path / "repo/build/libspyreshim.so") in line
+    (tmp_path / "repo" / "build").mkdir()
+    shutil.copy(LIBC, tmp_path / "repo" / "build" / "libspyreshim.so")
+    r = subprocess.run([str(script), "run", "--", "sh", "-c", "echo $LD_PRELOAD"],
+                       capture_output=True, text=True,
+                       env={k: v for k, v in os.environ.items()
+                            if k not in ("SPYRESHIM_LIB", "LD_PRELOAD")})
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == str(tmp_path / "repo" / "build" / "libspyreshim.so")
+
+
+def test_meson_install_puts_script_package_and_library_together(tmp_path):
+    """The installed launcher finds the installed package and library,
+    relative to itself (here under a DESTDIR)."""
+    if not shutil.which("meson"):
+        pytest.skip("meson not installed")
+    src = tmp_path / "src"
+    _copy_tree(src)
+    (src / "scripts" / "meson.build").write_text((REPO / "scripts" / "meson.build").read_text())
+    # A stand-in project around scripts/: the real one needs the whole build.
+    (src / "meson.build").write_text(
+        "project('t', 'c', meson_version: '>=1.0')\n"
+        "shared_library('spyreshim', 'empty.c', install: true)\n"
+        "subdir('scripts')\n")
+    (src / "empty.c").write_text("int spyreshim_test_empty;\n")
+    b = tmp_path / "b"
+    for argv in (["meson", "setup", "--prefix=/opt/sps", "--libdir=lib/x", b, src],
+                 ["meson", "install", "-C", b, "--destdir", tmp_path / "dest"]):
+        r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+    root = tmp_path / "dest" / "opt" / "sps"
+    script = root / "bin" / "spyreshim"
+    assert os.access(script, os.X_OK)
+    assert (root / "share/spyreshim/python/spyreshim/pytest_plugin.py").is_file()
+    env = {k: v for k, v in os.environ.items() if k not in ("SPYRESHIM_LIB", "LD_PRELOAD", "PYTHONPATH")}
+    r = subprocess.run([str(script), "run", "--", "sh", "-c", "echo $LD_PRELOAD; echo $PYTHONPATH"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r
+    assert r.stdout.split() == [str(root / "lib/x/libspyreshim.so"),
+                                str(root / "share/spyreshim/python")]
+    r = subprocess.run([str(script), "report", DATA / "leak_single.json"], capture_output=True,
+                       text=True, env=env)
+    assert r.returncode == 0 and "SUMMARY: spyreshim: 3145728 byte(s)" in r.stdout, r
+
+
+# ------------------------------------------------------ end to end, real shim
+
+LEAKY = textwrap.dedent("""\
+    import ctypes
+    import simdev
+
+    def make_leak(n):
+        t = simdev.Tensor(n)                   # LEAK LINE
+        # A reference leak, as a buggy extension makes: the tensor outlives
+        # the interpreter's finalization.
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+
+    def clean():
+        t = simdev.Tensor(4 << 20)
+        del t
+
+    def main():
+        for _ in range(3):
+            make_leak(1 << 20)
+        clean()
+
+    main()
+    """)
+LEAK_LINE = 1 + LEAKY.splitlines().index(
+    [ln for ln in LEAKY.splitlines() if "LEAK LINE" in ln][0])
+
+
+def shim_has_python_stacks(lib):
+    """shim_pystack_capture is weak in the leak code: defined once the
+    Python-stack side is linked in."""
+    try:
+        out = subprocess.run(["nm", str(lib)], capture_output=True, text=True, timeout=60).stdout
+    except OSError:
+        return True
+    return re.search(r"^[0-9a-f]+ [Tt] shim_pystack_capture$", out, re.M) is not None
+
+
+@pytest.fixture(scope="module")
+def real_shim():
+    """(pythons module, interpreter, simdev module dir) for Debian's python3.11."""
+    try:
+        import pythons
+    except ImportError:
+        pytest.skip("tests/integration/pythons.py is not there yet")
+    if not pythons.shim_lib().exists():
+        pytest.skip("%s is not built" % pythons.shim_lib())
+    why = shim_without_leak_api(pythons.shim_lib())
+    if why:
+        pytest.skip(why)
+    interp = pythons.get("cpython3.11-static").require()
+    return pythons, interp, pythons.build_module(interp)
+
+
+def _run_leaky(real_shim, tmp_path, *cli_args):
+    pythons, interp, moddir = real_shim
+    (tmp_path / "leaky.py").write_text(LEAKY)
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    return subprocess.run([str(SCRIPT), "run"] + [str(a) for a in cli_args] +
+                          ["--", interp.exe, str(tmp_path / "leaky.py")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+
+
+def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
+    r = _run_leaky(real_shim, tmp_path, "--leak-check", "--report", tmp_path / "r-%p.json")
+    assert r.returncode == 23, r           # LeakSanitizer's default
+    files = list(tmp_path.glob("r-*.json"))
+    assert len(files) == 1, (files, r.stderr)
+    pid = int(files[0].stem[2:])
+    rep = cli("report", files[0])
+    assert rep.returncode == 0, rep.stderr
+    out = rep.stdout
+    assert "==%d==ERROR: spyreshim: detected device memory leaks" % pid in out
+    groups = _groups(out)
+    assert [g[:3] for g in groups] == [("3145728", "3", "simdev")], out
+    # The caller of simdevMalloc: the module's Tensor constructor.
+    assert re.search(r"#\d+ 0x[0-9a-f]+ in Tensor_\w+ \S*simdevmodule\.c:\d+ \(\S+simdev\S+\.so\+0x", out), out
+    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in out
+    # The HTML of the same file carries the same stack.
+    h = cli("report", "--html", tmp_path / "r.html", files[0])
+    assert h.returncode == 0, h.stderr
+    page = (tmp_path / "r.html").read_text()
+    assert "3145728 bytes" in page and "simdevmodule.c" in page
+
+
+def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):
+    if not shim_has_python_stacks(real_shim[0].shim_lib()):
+        pytest.skip("this libspyreshim has no Python stack support yet")
+    r = _run_leaky(real_shim, tmp_path, "--leak-check", "--report", tmp_path / "r-%p.json")
+    assert r.returncode == 23, r
+    out = cli("report", *tmp_path.glob("r-*.json")).stdout
+    leaky = tmp_path / "leaky.py"
+    assert "#0 in make_leak %s:%d [python]" % (leaky, LEAK_LINE) in out, out
+    assert re.search(r"#1 in main %s:\d+ \[python\]" % re.escape(str(leaky)), out), out
+    # Python frames on top, the native ones below them.
+    frames = re.findall(r"^    #\d+ .*$", out, re.M)
+    kinds = ["python" if f.endswith("[python]") else "native" for f in frames]
+    assert kinds == sorted(kinds, key=lambda k: k != "python"), frames
+    assert "native" in kinds
+
+
+def test_e2e_run_exitcode_is_configurable(real_shim, tmp_path):
+    r = _run_leaky(real_shim, tmp_path, "--leak-check", "--exitcode", "5")
+    assert r.returncode == 5, r
+    # The shim's own text report at exit, on stderr.
+    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stderr
+    r = _run_leaky(real_shim, tmp_path)      # no leak check: the program's own status
+    assert r.returncode == 0, r
+
+
+RANKS = textwrap.dedent("""\
+    import ctypes
+    import subprocess
+    import sys
+
+    import simdev
+
+    def leak(n):
+        t = simdev.Tensor(n)
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+
+    def rank1_only():
+        leak(2 << 20)
+
+    if len(sys.argv) > 1:          # a worker, as torchrun starts them
+        leak(1 << 20)
+        if sys.argv[1] == "1":
+            rank1_only()
+    else:
+        ranks = [subprocess.Popen([sys.executable, __file__, str(r)]) for r in range(2)]
+        print(" ".join(str(p.pid) for p in ranks))
+        sys.exit(max(p.wait() for p in ranks))
+    """)
+
+
+def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
+    pythons, interp, moddir = real_shim
+    (tmp_path / "ranks.py").write_text(RANKS)
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    r = subprocess.run([str(SCRIPT), "run", "--leak-check", "--report", tmp_path / "r-%p.json", "--",
+                        interp.exe, tmp_path / "ranks.py"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 23, r       # the workers' verdict, passed on by the launcher
+    ranks = [int(p) for p in r.stdout.split()]
+    files = {int(f.stem[2:]): f for f in tmp_path.glob("r-*.json")}
+    assert set(ranks) <= set(files), (ranks, files, r.stderr)
+    rep = cli("report", *[files[p] for p in sorted(files)])
+    assert rep.returncode == 0, rep.stderr
+    out = rep.stdout
+    assert "(merged from %d reports: identical stacks summed)" % len(files) in out
+    assert "SUMMARY: spyreshim: %d byte(s) leaked in 3 allocation(s)." % (4 << 20) in out
+    # The worker's common leak, once, from both pids.
+    both = " in pids %d, %d, allocated from:" % tuple(sorted(ranks))
+    assert any(g[3] == both for g in _groups(out)), out
+    if shim_has_python_stacks(pythons.shim_lib()):
+        assert [g[:3] for g in _groups(out)] == [(str(2 << 20), "2", "simdev"),
+                                                 (str(2 << 20), "1", "simdev")], out
+        assert "in rank1_only %s:" % (tmp_path / "ranks.py") in out

@@ -1,0 +1,336 @@
+"""The pytest plugin (spyreshim.pytest_plugin) and the Python API under it,
+each run in a child process: pytest in pytest, with and without the shim
+preloaded (through `spyreshim run`).
+
+The device is simdev: `simdev.Tensor(n)` allocates n bytes of device memory
+and frees them when the object dies.
+"""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SCRIPT = REPO / "scripts" / "spyreshim"
+PKG = REPO / "scripts" / "python"
+sys.path.insert(0, str(HERE))
+
+# Debian's interpreter: the one with pytest installed.
+PYTEST_PYTHON = "/usr/bin/python3"
+
+INNER = textwrap.dedent('''\
+    import gc
+    import pytest
+    import simdev
+
+    kept = []
+
+    def test_clean():
+        t = simdev.Tensor(1 << 20)
+        t.fill(7)
+        del t
+
+    def test_leaky():
+        kept.append(simdev.Tensor(3 << 20))      # LEAK
+
+    def test_leaky_without_the_gil():
+        # The GIL released around the allocation, as PyTorch's bindings do.
+        kept.append(simdev.Tensor(2 << 20, release_gil=True))   # NOGIL LEAK
+
+    def test_cycle_is_collected():
+        t = simdev.Tensor(2 << 20)
+        t.me = t                                  # only gc.collect() frees it
+        del t
+
+    def test_fails_by_itself():
+        kept.append(simdev.Tensor(1 << 20))
+        assert False, "own failure"
+
+    @pytest.mark.limit_leaks("4MB")
+    def test_marked_under_limit():
+        kept.append(simdev.Tensor(1 << 20))
+
+    @pytest.mark.limit_leaks("512KiB")
+    def test_marked_over_limit():
+        kept.append(simdev.Tensor(1 << 20))
+
+    def test_frees_older_memory():
+        # Freeing what earlier tests kept is not a leak of this test.
+        kept.clear()
+        gc.collect()
+    ''')
+LEAK_LINE = 1 + INNER.splitlines().index(
+    [ln for ln in INNER.splitlines() if "# LEAK" in ln][0])
+NOGIL_LINE = 1 + INNER.splitlines().index(
+    [ln for ln in INNER.splitlines() if "# NOGIL LEAK" in ln][0])
+
+
+def shim_without_leak_api(lib):
+    """Why the built shim cannot run these tests yet, or None: the leak
+    hunting side (snapshot API, reports at exit) lands separately."""
+    try:
+        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                             text=True, timeout=60).stdout
+    except OSError:
+        return None
+    if "spyreshim_snapshot_take" not in out:
+        return "%s has no leak hunting yet (no spyreshim_snapshot_take)" % lib
+    return None
+
+
+def shim_has_python_stacks(lib):
+    """shim_pystack_capture is weak in the leak code: defined once the
+    Python-stack side is linked in."""
+    try:
+        out = subprocess.run(["nm", str(lib)], capture_output=True, text=True, timeout=60).stdout
+    except OSError:
+        return True
+    return re.search(r"^[0-9a-f]+ [Tt] shim_pystack_capture$", out, re.M) is not None
+
+
+@pytest.fixture(scope="module")
+def shim():
+    """(pythons, interpreter, simdev module dir): Debian's python3.11."""
+    try:
+        import pythons
+    except ImportError:
+        pytest.skip("tests/integration/pythons.py is not there yet")
+    interp = pythons.get("cpython3.11-static").require()
+    if os.path.realpath(interp.exe) != os.path.realpath(PYTEST_PYTHON):
+        pytest.skip("%s is not Debian's python3 (which has pytest)" % interp.exe)
+    return pythons, interp, pythons.build_module(interp)
+
+
+def need_lib(pythons):
+    if not pythons.shim_lib().exists():
+        pytest.skip("%s is not built" % pythons.shim_lib())
+    why = shim_without_leak_api(pythons.shim_lib())
+    if why:
+        pytest.skip(why)
+    return str(pythons.shim_lib())
+
+
+def inner_pytest(shim, tmp_path, *pytest_args, preload=True, cli_args=("--leak-check", "--exitcode", "0")):
+    pythons, interp, moddir = shim
+    (tmp_path / "test_inner.py").write_text(INNER)
+    argv = [PYTEST_PYTHON, "-m", "pytest", "-p", "spyreshim.pytest_plugin", "-p", "no:cacheprovider",
+            "-rA", "-o", "console_output_style=classic", "test_inner.py"] + list(pytest_args)
+    env = pythons.module_env(interp, simdev_memory="1G")
+    if preload:
+        env["SPYRESHIM_LIB"] = need_lib(pythons)
+        argv = [str(SCRIPT), "run"] + list(cli_args) + ["--"] + argv
+    else:
+        env["PYTHONPATH"] = env.get("PYTHONPATH", "") + os.pathsep + str(PKG)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    outcomes = dict((name, word) for word, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR) test_inner\.py::(\w+)", r.stdout, re.M))
+    return r, outcomes
+
+
+def test_without_the_shim_it_says_so_once_and_checks_nothing(shim, tmp_path):
+    r, outcomes = inner_pytest(shim, tmp_path, "--spyreshim-leaks", preload=False)
+    assert r.stdout.count("libspyreshim is not preloaded") == 1, r.stdout
+    assert outcomes["test_leaky"] == "PASSED"
+    assert outcomes["test_marked_over_limit"] == "PASSED"
+    assert outcomes["test_fails_by_itself"] == "FAILED"
+    assert r.returncode == 1, r.stdout + r.stderr
+
+
+def test_every_test_is_checked_with_the_option(shim, tmp_path):
+    r, outcomes = inner_pytest(shim, tmp_path, "--spyreshim-leaks")
+    out = r.stdout
+    assert "spyreshim: " in out and "device-memory leak checks on every test (limit 0 B)" in out
+    assert outcomes == {
+        "test_clean": "PASSED",
+        "test_leaky": "FAILED",
+        "test_leaky_without_the_gil": "FAILED",
+        "test_cycle_is_collected": "PASSED",
+        "test_fails_by_itself": "FAILED",       # its own failure, not a leak report
+        "test_marked_under_limit": "PASSED",
+        "test_marked_over_limit": "FAILED",
+        "test_frees_older_memory": "PASSED",
+    }, out
+    assert ("spyreshim: test_inner.py::test_leaky left 3145728 bytes (3.0 MiB) of device memory "
+            "in 1 allocation after garbage collection (limit 0 bytes)") in out
+    assert ("spyreshim: test_inner.py::test_marked_over_limit left 1048576 bytes (1.0 MiB) of device "
+            "memory in 1 allocation after garbage collection (limit 524288 bytes)") in out
+    assert "own failure" in out
+    assert "test_fails_by_itself left" not in out
+    # The stacks of the leak: the extension's constructor below it.
+    section = leak_section(out, "test_leaky")
+    assert re.search(r"#\d+ 0x[0-9a-f]+ in Tensor_new \S*simdevmodule\.c:\d+ \(/", section), section
+    assert r.returncode == 1
+
+
+def leak_section(out, test):
+    section = out[out.index("%s left" % test):]
+    return section[:section.index("\n_____")]
+
+
+def test_the_failure_shows_the_python_line(shim, tmp_path):
+    pythons = shim[0]
+    if not shim_has_python_stacks(pythons.shim_lib()):
+        pytest.skip("this libspyreshim has no Python stack support yet")
+    r, outcomes = inner_pytest(shim, tmp_path, "--spyreshim-leaks")
+    for test, line in (("test_leaky", LEAK_LINE), ("test_leaky_without_the_gil", NOGIL_LINE)):
+        assert outcomes[test] == "FAILED"
+        section = leak_section(r.stdout, test)
+        frames = re.findall(r"^\s+#\d+ (.*)$", section, re.M)
+        # Only the test's own frame: what is outside it is pytest.
+        assert frames and frames[0] == "in %s %s:%d [python]" % (
+            test, tmp_path / "test_inner.py", line), section
+        assert not frames[1].endswith("[python]"), section
+        assert "in Tensor_new " in frames[1], section
+
+
+def test_only_marked_tests_are_checked_without_the_option(shim, tmp_path):
+    r, outcomes = inner_pytest(shim, tmp_path)
+    assert "leak checks on tests marked limit_leaks" in r.stdout
+    assert outcomes["test_leaky"] == "PASSED"
+    assert outcomes["test_marked_under_limit"] == "PASSED"
+    assert outcomes["test_marked_over_limit"] == "FAILED"
+    assert "test_marked_over_limit left 1048576 bytes" in r.stdout
+
+
+def test_a_limit_for_every_test(shim, tmp_path):
+    r, outcomes = inner_pytest(shim, tmp_path, "--spyreshim-leaks", "--spyreshim-leak-limit", "3MiB")
+    assert outcomes["test_leaky"] == "PASSED"          # exactly 3 MiB: not above
+    assert outcomes["test_marked_over_limit"] == "FAILED"  # the marker wins
+
+
+def test_bad_limits_are_usage_errors(shim, tmp_path):
+    r, _ = inner_pytest(shim, tmp_path, "--spyreshim-leaks", "--spyreshim-leak-limit", "lots")
+    assert r.returncode == 4, r.stdout + r.stderr      # pytest's usage error
+    assert "--spyreshim-leak-limit: invalid size 'lots'" in r.stderr
+    (tmp_path / "test_bad_marker.py").write_text(
+        "import pytest\n@pytest.mark.limit_leaks('many')\ndef test_x():\n    pass\n")
+    r, outcomes = inner_pytest(shim, tmp_path, "test_bad_marker.py")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "test_bad_marker.py::test_x: @pytest.mark.limit_leaks: invalid size 'many'" in r.stderr
+    assert outcomes == {}
+
+
+# ----------------------------------------------------------- the Python API
+
+API = textwrap.dedent('''\
+    import json, os, sys
+    import spyreshim, simdev
+
+    print("available", spyreshim.available())
+    if not spyreshim.available():
+        # Never loaded behind the program's back.
+        print("mapped", any("libspyreshim" in l for l in open("/proc/self/maps")))
+        try:
+            spyreshim.mark()
+        except spyreshim.Unavailable as e:
+            print("unavailable:", e)
+        sys.exit(0)
+
+    s0 = spyreshim.stats()
+    m = spyreshim.mark()
+    keep = simdev.Tensor(1 << 20)
+    gone = simdev.Tensor(1 << 16)
+    del gone
+    spyreshim.collect()       # PyPy frees on collection only
+    s1 = spyreshim.stats()
+    print("allocs", s1["allocs"] - s0["allocs"], "used", s1["used_bytes"] - s0["used_bytes"])
+
+    snap = spyreshim.snapshot(since=m)
+    print("since", snap.count, snap.bytes, [a.size for a in snap.allocations],
+          snap.allocations[0].seq > m, snap.allocations[0].runtime)
+    everything = spyreshim.snapshot()
+    print("all>=since", everything.count >= snap.count)
+
+    path = sys.argv[1]
+    snap.write_json(path)
+    rep = json.load(open(path))
+    print("json", rep["format"], rep["reason"], rep["groups"][0]["bytes"], oct(os.stat(path).st_mode & 0o777))
+    print("text", "api.py" in snap.text())
+    sys.stdout.flush()
+    snap.print()
+    snap.close()
+
+    def make():
+        return simdev.Tensor(1 << 18)
+
+    with spyreshim.track() as t:
+        a = make()
+        b = make()
+        b.me = b          # a cycle: track() collects it
+        del b
+    print("track", t.count, t.bytes)
+    del a
+    with spyreshim.track() as t2:
+        pass
+    print("track-empty", t2.count, t2.bytes)
+    ''')
+
+
+def run_api(pythons, interp, tmp_path, preload):
+    pythons.build_module(interp)
+    (tmp_path / "api.py").write_text(API)
+    env = pythons.module_env(interp, simdev_memory="1G")
+    argv = [interp.exe, str(tmp_path / "api.py"), str(tmp_path / "snap.json")]
+    if preload:
+        env["SPYRESHIM_LIB"] = need_lib(pythons)
+        argv = [str(SCRIPT), "run", "--leak-check", "--exitcode", "0", "--"] + argv
+    else:
+        env["PYTHONPATH"] = env.get("PYTHONPATH", "") + os.pathsep + str(PKG)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+def test_api_without_the_shim(shim, tmp_path):
+    out = run_api(shim[0], shim[1], tmp_path, preload=False).stdout
+    assert "available False" in out
+    assert "mapped False" in out
+    assert "unavailable: libspyreshim is not preloaded" in out
+
+
+def test_api_with_the_shim(interpreter, tmp_path):
+    """On every interpreter of pythons.NAMES (absent ones skip)."""
+    import pythons
+    r = run_api(pythons, interpreter, tmp_path, preload=True)
+    lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
+    assert lines["available"] == "True"
+    assert lines["allocs"] == "2 used %d" % (1 << 20)
+    assert lines["since"] == "1 %d [%d] True simdev" % (1 << 20, 1 << 20)
+    assert lines["all>=since"] == "True"
+    assert lines["json"] == "spyreshim-report snapshot %d 0o600" % (1 << 20)
+    assert lines["track"] == "1 %d" % (1 << 18)
+    assert lines["track-empty"] == "0 0"
+    assert "1048576" in r.stderr      # snap.print() on stderr
+    if interpreter.kind == "cpython" and shim_has_python_stacks(pythons.shim_lib()):
+        # Resolved Python frames, through write_json, with the GIL held.
+        assert lines["text"] == "True", r.stderr
+
+
+def test_failure_stacks_stop_at_the_test_function():
+    """What is outside the test function is pytest; what is below the first
+    native frames is the interpreter."""
+    sys.path.insert(0, str(PKG))
+    from spyreshim import pytest_plugin
+
+    def py(fn, file):
+        return {"kind": "python", "function": fn, "file": file, "line": 1,
+                "object": None, "address": None, "offset": None}
+
+    def nat(fn):
+        return {"kind": "native", "function": fn, "file": None, "line": None,
+                "object": "/x.so", "address": "0x1", "offset": "0x1"}
+    frames = ([py("helper", "/t/test_a.py"), py("test_a", "/t/test_a.py"),
+               py("pytest_pyfunc_call", "/p/python.py"), py("_multicall", "/p/callers.py")] +
+              [nat("n%d" % i) for i in range(10)])
+    kept, hidden = pytest_plugin._trim(frames, "/t/test_a.py")
+    assert [f["function"] for f in kept] == ["helper", "test_a"] + [
+        "n%d" % i for i in range(pytest_plugin.NATIVE_SHOWN)]
+    assert hidden == 2 + 10 - pytest_plugin.NATIVE_SHOWN
+    # Not found (a fixture's file): Python frames are all kept.
+    kept, hidden = pytest_plugin._trim(frames, "/t/other.py")
+    assert len([f for f in kept if f["kind"] == "python"]) == 4
