@@ -177,6 +177,7 @@ BAD_FILES = {
                   "{p}: not valid JSON"),
     "not_utf8": (b'{"format": "\xff"}', "{p}: not UTF-8"),
     "not_a_report": (b'{"hello": 1}', "{p}: not a spyreshim report"),
+    "nested_too_deep": (b"[" * 100000 + b"]" * 100000, "{p}: not valid JSON (nested too deeply)"),
     "a_list": (b'[1, 2]', "{p}: not a spyreshim report"),
     "newer_version": (b'{"format": "spyreshim-report", "version": 99, "groups": []}',
                       "{p}: report version 99 is newer"),
@@ -557,3 +558,47 @@ def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
         assert [g[:3] for g in _groups(out)] == [(str(2 << 20), "2", "simdev"),
                                                  (str(2 << 20), "1", "simdev")], out
         assert "in rank1_only %s:" % (tmp_path / "ranks.py") in out
+
+
+OOM = textwrap.dedent("""\
+    import simdev
+
+    held = []
+
+    def hold(n):
+        held.append(simdev.Tensor(n))          # HOLD LINE
+
+    try:
+        for _ in range(100):
+            hold(8 << 20)
+    except Exception as e:
+        print("OOM", type(e).__name__)
+    held.clear()
+    """)
+
+
+def test_e2e_what_held_memory_at_out_of_memory(real_shim, tmp_path):
+    """The shim's OOM report file (<report>.oom) through `report` and the page."""
+    pythons, interp, moddir = real_shim
+    (tmp_path / "oom.py").write_text(OOM)
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    r = subprocess.run([str(SCRIPT), "run", "--leak-check", "--limit", "64M",
+                        "--report", tmp_path / "o-%p.json", "--", interp.exe, tmp_path / "oom.py"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("OOM"), r
+    oom = list(tmp_path.glob("o-*.json.oom"))
+    assert len(oom) == 1, (list(tmp_path.iterdir()), r.stderr)
+    out = cli("report", oom[0]).stdout
+    assert "spyreshim: live device memory at out-of-memory" in out
+    # Whatever fitted under the limit, all of it from hold().
+    groups = _groups(out)
+    assert len(groups) == 1, out
+    nbytes, count = int(groups[0][0]), int(groups[0][1])
+    assert 1 <= count <= 8 and nbytes == count * (8 << 20), out
+    if shim_has_python_stacks(pythons.shim_lib()):
+        line = 1 + OOM.splitlines().index([ln for ln in OOM.splitlines() if "HOLD LINE" in ln][0])
+        assert "#0 in hold %s:%d [python]" % (tmp_path / "oom.py", line) in out, out
+    h = cli("report", "--html", tmp_path / "oom.html", oom[0])
+    assert h.returncode == 0, h.stderr
+    assert "at out-of-memory" in (tmp_path / "oom.html").read_text()

@@ -156,6 +156,8 @@ def load(path):
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ReportError("%s: not UTF-8 (byte %d)" % (path, e.start))
+    except RecursionError:
+        raise ReportError("%s: not valid JSON (nested too deeply)" % path)
     except ValueError as e:
         if not raw.strip():
             raise ReportError("%s: empty file (did the process exit before writing it?)" % path)
