@@ -254,7 +254,7 @@ void *shim_pygc_detach(void)
 {
     if (!atomic_load(&enabled) || detached_api)
         return NULL;
-    const shim_pyapi *api = shim_pyapi_cached();
+    const shim_pyapi *api = shim_pyapi_get();
     if (!api)
         return NULL;
     if (!api->pypy && (!api->is_initialized() || api->is_finalizing()))

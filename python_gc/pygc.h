@@ -22,9 +22,9 @@ void shim_pygc_on_finalize(void (*fn)(void));
  * event: when the calling thread is attached to Python, detaches it
  * (PyEval_SaveThread) so that the collection that event runs can take the
  * GIL, or stop the world on free-threaded builds; otherwise does nothing and
- * returns NULL. Never blocks, so it may be called with the allocator lock
- * held. shim_pygc_reattach(token) re-attaches (it waits for the GIL): call
- * it WITHOUT the allocator lock. */
+ * returns NULL. shim_pygc_reattach(token) re-attaches (it waits for the
+ * GIL). Call both WITHOUT the allocator lock (detach may look for the
+ * interpreter, which takes the dynamic loader's lock). */
 void *shim_pygc_detach(void);
 void shim_pygc_reattach(void *token);
 /* fork(): the child has no GC thread; it is started again on demand. */

@@ -140,9 +140,12 @@ bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t
         /* A thread attached to Python must not wait while attached: the
          * event it waits for may need the GIL (inline collections drop it
          * between bytecodes; the GC thread needs it) or stop the world
-         * (free-threaded builds). Detaching never blocks; re-attaching
-         * waits for the GIL, so it happens without the lock. */
+         * (free-threaded builds). Both detaching (it may look for the
+         * interpreter: the loader's lock) and re-attaching (the GIL) happen
+         * without the allocator lock. */
+        shim_lock_release(lock);
         void *py = shim_pygc_detach();
+        shim_lock_acquire(lock);
         while (ps->active && ps->generation == gen)
             shim_lock_wait(lock, &ps->done);
         if (py) {

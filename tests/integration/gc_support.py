@@ -1,0 +1,50 @@
+"""Helpers for the Python GC integration tests (test_gc_*.py): the gchelper
+extension module (tests/programs/gchelper.c) built for each interpreter, next
+to its simdev module, and reading the shim's SPYRESHIM_STATS file."""
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pythons
+
+GCHELPER_SRC = pythons.REPO / "tests" / "programs" / "gchelper.c"
+
+# The interpreters the issue says CI must never skip.
+MUST_RUN = ("cpython3.11-shared", "cpython3.11-static", "cpython3.13t", "pypy3")
+
+
+def build_gchelper(interp):
+    out_dir = pythons.build_module(interp)
+    target = out_dir / ("gchelper" + interp.ext_suffix)
+    lib = pythons.libsimdev()
+    srcs = [GCHELPER_SRC, lib, Path(__file__)]
+    if target.exists() and all(target.stat().st_mtime >= s.stat().st_mtime for s in srcs):
+        return out_dir
+    argv = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-g", "-std=gnu11",
+            "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+            "-I", interp.include, "-I", str(pythons.SIMDEV_SRC), str(GCHELPER_SRC),
+            "-o", str(target) + ".tmp", "-L", str(lib.parent), "-lsimdev",
+            f"-Wl,-rpath,{lib.parent}", "-lpthread"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise pythons.BuildError(f"building gchelper for {interp.name} failed:\n"
+                                 f"{' '.join(argv)}\n{res.stderr}")
+    os.replace(str(target) + ".tmp", target)
+    return out_dir
+
+
+def run(interp, source, tmp_path, memory="32M", preload=True, env=None, timeout=120,
+        helper=False):
+    """Runs `source` under the shim; returns (Result, stats dict or None)."""
+    if helper:
+        build_gchelper(interp)
+    stats = tmp_path / f"stats-{interp.name}-{int(preload)}.json"
+    e = {"SPYRESHIM_STATS": str(stats)}
+    e.update(env or {})
+    res = pythons.run_python(interp, source, preload=preload, simdev_memory=memory,
+                             env=e, timeout=timeout)
+    data = None
+    if preload and stats.exists():
+        data = json.loads(stats.read_text())
+    return res, data
