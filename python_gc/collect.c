@@ -27,7 +27,8 @@ static long gc_collect(const shim_pyapi *api)
     shim_pyobj *fn = gc ? api->getattr(gc, "collect") : NULL;
     shim_pyobj *res = fn ? api->call_object(fn, NULL) : NULL;
     if (res) {
-        n = api->long_as_long(res);
+        /* PyPy's gc.collect() returns None. */
+        n = res == api->none ? 0 : api->long_as_long(res);
         api->decref(res);
     }
     if (fn)

@@ -195,6 +195,29 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
     return st;
 }
 
+bool shim_gcthread_busy(void)
+{
+    pthread_once(&gct_once, gct_init_once);
+    pthread_mutex_lock(&gct_mu);
+    bool busy = running && requested != completed;
+    pthread_mutex_unlock(&gct_mu);
+    return busy;
+}
+
+bool shim_gcthread_wait_idle(unsigned timeout_ms)
+{
+    pthread_once(&gct_once, gct_init_once);
+    struct timespec deadline;
+    deadline_after(&deadline, timeout_ms);
+    pthread_mutex_lock(&gct_mu);
+    int rc = 0;
+    while (running && requested != completed && rc != ETIMEDOUT)
+        rc = pthread_cond_timedwait(&done_cv, &gct_mu, &deadline);
+    bool idle = !running || requested == completed;
+    pthread_mutex_unlock(&gct_mu);
+    return idle;
+}
+
 void shim_pypy_threads_init(const shim_pyapi *api)
 {
     /* Before 7.3.14, a thread that waits for a GIL nobody initialized

@@ -21,6 +21,12 @@ enum shim_gcthread_status {
 enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned timeout_ms,
                                                 shim_collect_result *out);
 
+/* A collection was requested and has not completed (one whose requester
+ * timed out, for instance). */
+bool shim_gcthread_busy(void);
+/* Waits at most `timeout_ms` for the collection in flight to complete. */
+bool shim_gcthread_wait_idle(unsigned timeout_ms);
+
 /* Called once by the GC thread for every collection it runs (stats). */
 typedef void (*shim_gcthread_observer)(const shim_collect_result *r);
 void shim_gcthread_set_observer(shim_gcthread_observer fn);

@@ -63,12 +63,14 @@ static struct {
     _Atomic uint64_t detaches;        /* waits for another event, detached */
 } st;
 
-/* Back-off: after a collection that freed nothing, pressure events within
- * a window are not collected. The window is the fruitless event's own
- * duration times 2^level (level grows with consecutive fruitless
- * collections, at most 1 s), so a program that is simply out of memory
- * spends a bounded fraction of its time collecting; the first collection
- * that frees anything resets it. */
+/* Back-off: after consecutive collections that freed nothing (from the
+ * second one on), pressure events within a window are not collected. The
+ * window is the fruitless event's own duration times 2^level (level grows
+ * with each consecutive fruitless collection; at most 1 s), so a program
+ * that is simply out of memory spends a bounded fraction of its time
+ * collecting; the first collection that frees anything resets it. A
+ * collection that ran while another was in flight (the GC thread's, after
+ * its requester timed out) proves nothing and leaves the state alone. */
 #define BACKOFF_MAX_LEVEL 10
 #define BACKOFF_MAX_NS 1000000000ull
 #define BACKOFF_MIN_NS 50000ull
@@ -85,6 +87,9 @@ static void skip(enum skip_reason r)
 
 static void note_collection(const shim_collect_result *r, bool on_thread)
 {
+    shim_debug("python_gc: %s collection: %ld objects, %" PRIu64 " bytes freed, %d round(s), "
+               "%.3f ms", on_thread ? "GC-thread" : "inline", r->objects, r->freed, r->rounds,
+               r->ns / 1e6);
     atomic_fetch_add(&st.collections, 1);
     atomic_fetch_add(on_thread ? &st.thread_collections : &st.inline_collections, 1);
     atomic_fetch_add(&st.collect_ns, r->ns);
@@ -106,10 +111,14 @@ static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
         atomic_store(&backoff_until, 0);
         return;
     }
+    if (shim_gcthread_busy())
+        return;
     unsigned level = atomic_load(&backoff_level);
     if (level < BACKOFF_MAX_LEVEL)
         level++;
     atomic_store(&backoff_level, level);
+    if (level < 2)
+        return;
     uint64_t window = (event_ns > BACKOFF_MIN_NS ? event_ns : BACKOFF_MIN_NS) << level;
     if (window > BACKOFF_MAX_NS)
         window = BACKOFF_MAX_NS;
@@ -122,6 +131,16 @@ static bool collect_inline(const shim_pyapi *api, enum shim_py_attach a, shim_co
     if (api->pypy && api->is_finalizing()) {
         skip(SKIP_finalizing);
         return false;
+    }
+    if (shim_gcthread_busy()) {
+        /* The GC thread is still running a collection whose requester
+         * timed out: it has the garbage half-processed (on PyPy its
+         * deallocations are queued), so a second collection now would find
+         * nothing. Let it finish, detached so that it can take the GIL. */
+        atomic_fetch_add(&st.detaches, 1);
+        shim_pytstate *ts = api->save_thread();
+        shim_gcthread_wait_idle(timeout_ms);
+        api->restore_thread(ts);
     }
     enum shim_gate_verdict v = shim_gate_enter(api);
     if (v == SHIM_GATE_REFUSE) {
