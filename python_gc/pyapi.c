@@ -86,7 +86,10 @@ const shim_pyapi *shim_pyapi_get(void)
 }
 
 /* 3.8's PyThreadState begins with prev, next, interp: the layout is stable
- * there and 3.9+ has an accessor. */
+ * there and 3.9+ has an accessor. `ts` may be another thread's (the GIL
+ * holder's), published by Python with atomics ThreadSanitizer cannot see in
+ * an uninstrumented libpython: the read is exempt from it, not unordered. */
+__attribute__((no_sanitize("thread")))
 static shim_pyinterp *interp_of(const shim_pyapi *api, shim_pytstate *ts)
 {
     if (api->tstate_interp)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pythons
 
 GCHELPER_SRC = pythons.REPO / "tests" / "programs" / "gchelper.c"
+TSAN_SUPP = pythons.REPO / "tests" / "tsan.supp"
 
 # The interpreters the issue says CI must never skip.
 MUST_RUN = ("cpython3.11-shared", "cpython3.11-static", "cpython3.13t", "pypy3")
@@ -34,6 +35,27 @@ def build_gchelper(interp):
     return out_dir
 
 
+def tsan_runtime():
+    """With SPYRESHIM_TSAN=1 (a build with -Dtsan=true, see scripts/tsan_gc.sh)
+    the ThreadSanitizer runtime must be loaded before everything else."""
+    if os.environ.get("SPYRESHIM_TSAN") != "1":
+        return None
+    out = subprocess.run([os.environ.get("CC", "cc"), "-print-file-name=libtsan.so"],
+                         capture_output=True, text=True).stdout.strip()
+    return str(Path(out).resolve())
+
+
+def preload_env(shim_lib):
+    """LD_PRELOAD (and TSAN_OPTIONS under ThreadSanitizer) for the shim: any
+    report (a race, a lock-order inversion) makes the process exit 66."""
+    tsan = tsan_runtime()
+    if not tsan:
+        return {"LD_PRELOAD": str(shim_lib)}
+    return {"LD_PRELOAD": f"{tsan} {shim_lib}",
+            "TSAN_OPTIONS": "detect_deadlocks=1 second_deadlock_stack=1 exitcode=66 "
+                            f"report_signal_unsafe=0 suppressions={TSAN_SUPP}"}
+
+
 def run(interp, source, tmp_path, memory="32M", preload=True, env=None, timeout=120,
         helper=False):
     """Runs `source` under the shim; returns (Result, stats dict or None)."""
@@ -41,6 +63,8 @@ def run(interp, source, tmp_path, memory="32M", preload=True, env=None, timeout=
         build_gchelper(interp)
     stats = tmp_path / f"stats-{interp.name}-{int(preload)}.json"
     e = {"SPYRESHIM_STATS": str(stats)}
+    if preload:
+        e.update(preload_env(pythons.shim_lib()))
     e.update(env or {})
     res = pythons.run_python(interp, source, preload=preload, simdev_memory=memory,
                              env=e, timeout=timeout)

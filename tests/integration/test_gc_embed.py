@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import gc_support
 import pythons
 
 CYCLES = 8
@@ -54,8 +55,9 @@ def test_embedder_init_fini_cycles(interpreter, tmp_path, builddir, shim_lib, pr
     env = pythons._clean_env()
     stats = tmp_path / "stats.json"
     env.update({"PYTHONHOME": prefix, "PYTHONPATH": str(moddir), "SIMDEV_MEMORY": "16M",
-                "LD_PRELOAD": str(shim_lib), "SPYRESHIM_GC_TIMEOUT_MS": "500",
+                "SPYRESHIM_GC_TIMEOUT_MS": "500",
                 "SPYRESHIM_STATS": str(stats)})
+    env.update(gc_support.preload_env(shim_lib))
     prog = builddir / "tests" / "embed_cycles"
     res = pythons.run([prog, lib, glue, CYCLES], env=env, timeout=240)
     res.check()
