@@ -192,6 +192,36 @@ static void gate_pypy_exit(void)
     pthread_mutex_unlock(&gate_mu);
 }
 
+/* gc.callbacks hook: ("start"|"stop", info). Python calls it with the GIL
+ * around every collection of the interpreter, its own and ours. */
+static _Atomic int collector_depth;
+
+static shim_pyobj *gc_phase(shim_pyobj *self, shim_pyobj *args)
+{
+    (void)self;
+    const shim_pyapi *api = armed_api;
+    shim_pyobj *phase = api->tuple_get(args, 0);
+    if (!phase) {
+        api->err_clear();
+    } else if (api->str_cmp_ascii(phase, "start") == 0) {
+        atomic_fetch_add(&collector_depth, 1);
+    } else if (atomic_load(&collector_depth) > 0) {
+        atomic_fetch_sub(&collector_depth, 1);
+    }
+    api->incref(api->none);
+    return api->none;
+}
+
+bool shim_gate_collector_running(void)
+{
+    return atomic_load(&collector_depth) > 0;
+}
+
+static shim_pymethoddef gc_phase_def = {
+    "_spyreshim_gc_phase", gc_phase, SHIM_METH_VARARGS,
+    "spyreshim: notes when the collector runs",
+};
+
 static shim_pymethoddef gate_def = {
     "_spyreshim_gc_gate", gate_atexit, SHIM_METH_NOARGS,
     "spyreshim: stop collecting garbage for the device allocator before finalization",
@@ -218,8 +248,23 @@ static int register_cpython(const shim_pyapi *api)
         api->decref(mod);
     if (fn)
         api->decref(fn);
-    if (rc != 0)
-        api->err_clear();
+    if (rc == 0) {
+        /* The phase hook is an optimisation: failing to add it is not an
+         * error of the gate's. */
+        shim_pyobj *gcm = api->import_module("gc");
+        shim_pyobj *cbs = gcm ? api->getattr(gcm, "callbacks") : NULL;
+        shim_pyobj *hook = cbs ? api->cfunction_new(&gc_phase_def, NULL, NULL) : NULL;
+        if (hook)
+            api->list_append(cbs, hook);
+        if (hook)
+            api->decref(hook);
+        if (cbs)
+            api->decref(cbs);
+        if (gcm)
+            api->decref(gcm);
+        atomic_store(&collector_depth, 0);
+    }
+    api->err_clear();
     /* Fails only when its 32 slots are full: the gate then notices the end
      * of finalization by seeing Py_IsInitialized() == 0 (shim_gate_enter's
      * callers check it first). */

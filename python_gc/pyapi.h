@@ -19,6 +19,7 @@ typedef struct shim_pymethoddef {
     int ml_flags;
     const char *ml_doc;
 } shim_pymethoddef;
+#define SHIM_METH_VARARGS 0x0001
 #define SHIM_METH_NOARGS 0x0004
 
 /* X(field, return type, parameters, CPython name, older CPython name or NULL,
@@ -53,6 +54,10 @@ typedef struct shim_pymethoddef {
     X(err_restore, void, (shim_pyobj *, shim_pyobj *, shim_pyobj *), "PyErr_Restore", NULL, \
       "PyPyErr_Restore", 1, 1) \
     X(err_clear, void, (void), "PyErr_Clear", NULL, "PyPyErr_Clear", 1, 1) \
+    X(tuple_get, shim_pyobj *, (shim_pyobj *, long), "PyTuple_GetItem", NULL, NULL, 1, 0) \
+    X(str_cmp_ascii, int, (shim_pyobj *, const char *), "PyUnicode_CompareWithASCIIString", \
+      NULL, NULL, 1, 0) \
+    X(list_append, int, (shim_pyobj *, shim_pyobj *), "PyList_Append", NULL, NULL, 1, 0) \
     X(long_as_long, long, (shim_pyobj *), "PyLong_AsLong", NULL, "PyPyLong_AsLong", 1, 1) \
     X(cfunction_new, shim_pyobj *, (shim_pymethoddef *, shim_pyobj *, shim_pyobj *), \
       "PyCFunction_NewEx", NULL, NULL, 1, 0) \

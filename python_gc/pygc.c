@@ -35,7 +35,8 @@
     X(subinterpreter, "a subinterpreter's thread holds the GIL (3.11 and older)") \
     X(subinterpreter_unarmed, "subinterpreter caller before the gate was armed")  \
     X(pypy_threads, "PyPy threads not initialized yet; caller is a foreign thread") \
-    X(no_thread, "the GC thread could not be started")
+    X(no_thread, "the GC thread could not be started")                             \
+    X(collector_running, "raised inside a collection already running")
 
 enum skip_reason {
 #define X(name, doc) SKIP_##name,
@@ -70,11 +71,15 @@ static struct {
  * that is simply out of memory spends a bounded fraction of its time
  * collecting; the first collection that frees anything resets it. A
  * collection that ran while another was in flight (the GC thread's, after
- * its requester timed out) proves nothing and leaves the state alone. */
+ * its requester timed out) proves nothing and leaves the state alone, and
+ * any device memory freed since the fruitless collection (the program
+ * dropped tensors, or its own collection ran) ends the window: things
+ * changed, so the next pressure event collects again. */
 #define BACKOFF_MAX_LEVEL 10
 #define BACKOFF_MAX_NS 1000000000ull
 #define BACKOFF_MIN_NS 50000ull
 static _Atomic uint64_t backoff_until;
+static _Atomic uint64_t backoff_freed_mark;   /* freed_total when it began */
 static _Atomic unsigned backoff_level;
 
 static _Atomic bool enabled;
@@ -122,6 +127,7 @@ static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
     uint64_t window = (event_ns > BACKOFF_MIN_NS ? event_ns : BACKOFF_MIN_NS) << level;
     if (window > BACKOFF_MAX_NS)
         window = BACKOFF_MAX_NS;
+    atomic_store(&backoff_freed_mark, shim_pressure_freed_total());
     atomic_store(&backoff_until, now + window);
 }
 
@@ -130,6 +136,14 @@ static bool collect_inline(const shim_pyapi *api, enum shim_py_attach a, shim_co
 {
     if (api->pypy && api->is_finalizing()) {
         skip(SKIP_finalizing);
+        return false;
+    }
+    if (!api->pypy && shim_gate_collector_running()) {
+        /* A finalizer of a collection in progress (the program's own, or
+         * an automatic one) needs memory: another collection could not
+         * free anything before that one finishes. Fail this request; the
+         * running collection frees the garbage right after. */
+        skip(SKIP_collector_running);
         return false;
     }
     if (shim_gcthread_busy()) {
@@ -177,7 +191,8 @@ static void run_event(void)
         return;
     }
     uint64_t start = shim_now_ns();
-    if (start < atomic_load(&backoff_until)) {
+    if (start < atomic_load(&backoff_until) &&
+        shim_pressure_freed_total() == atomic_load(&backoff_freed_mark)) {
         atomic_fetch_add(&st.backoff_skips, 1);
         return;
     }

@@ -53,7 +53,8 @@ def preload_env(shim_lib):
         return {"LD_PRELOAD": str(shim_lib)}
     return {"LD_PRELOAD": f"{tsan} {shim_lib}",
             "TSAN_OPTIONS": "detect_deadlocks=1 second_deadlock_stack=1 exitcode=66 "
-                            f"report_signal_unsafe=0 suppressions={TSAN_SUPP}"}
+                            "report_signal_unsafe=0 report_thread_leaks=0 "
+                            f"suppressions={TSAN_SUPP}"}
 
 
 def run(interp, source, tmp_path, memory="32M", preload=True, env=None, timeout=120,
