@@ -195,6 +195,7 @@ static void gate_pypy_exit(void)
 /* gc.callbacks hook: ("start"|"stop", info). Python calls it with the GIL
  * around every collection of the interpreter, its own and ours. */
 static _Atomic int collector_depth;
+static _Atomic unsigned long collector_thread;   /* pthread_self of the collector */
 
 static shim_pyobj *gc_phase(shim_pyobj *self, shim_pyobj *args)
 {
@@ -204,17 +205,21 @@ static shim_pyobj *gc_phase(shim_pyobj *self, shim_pyobj *args)
     if (!phase) {
         api->err_clear();
     } else if (api->str_cmp_ascii(phase, "start") == 0) {
+        atomic_store(&collector_thread, (unsigned long)pthread_self());
         atomic_fetch_add(&collector_depth, 1);
     } else if (atomic_load(&collector_depth) > 0) {
-        atomic_fetch_sub(&collector_depth, 1);
+        if (atomic_fetch_sub(&collector_depth, 1) == 1)
+            atomic_store(&collector_thread, 0);
     }
     api->incref(api->none);
     return api->none;
 }
 
-bool shim_gate_collector_running(void)
+int shim_gate_collector_running(void)
 {
-    return atomic_load(&collector_depth) > 0;
+    if (atomic_load(&collector_depth) <= 0)
+        return 0;
+    return atomic_load(&collector_thread) == (unsigned long)pthread_self() ? 1 : 2;
 }
 
 static shim_pymethoddef gc_phase_def = {

@@ -31,10 +31,11 @@ int shim_gate_arm(const shim_pyapi *api);
  * per cycle. A no-op where that is unsafe (PyPy) or already done. */
 void shim_gate_schedule_arm(const shim_pyapi *api);
 
-/* True while the interpreter's collector is running (a gc.callbacks hook
- * registered when the gate is armed; CPython only): pressure raised by a
- * finalizer of that collection cannot be relieved by another one. */
-bool shim_gate_collector_running(void);
+/* Whether the interpreter's collector is running (a gc.callbacks hook
+ * registered when the gate is armed; CPython only): 0 no, 1 on this very
+ * thread (pressure raised by a finalizer of that collection: another one
+ * could not relieve it), 2 on another thread. */
+int shim_gate_collector_running(void);
 
 /* Functions run with the GIL held when the gate closes (shim_pygc_on_finalize). */
 void shim_gate_on_close(void (*fn)(void));

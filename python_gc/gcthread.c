@@ -14,11 +14,16 @@
  * pressure event that waits for them (shim_pressure_enter_service). The
  * thread blocks every signal. If Python kills it (PyGILState_Ensure during
  * finalization calls pthread_exit on 3.8 to 3.13.0), a cleanup handler
- * leaves the books straight and the next request starts a new one. */
+ * leaves the books straight and the next request starts a new one. If it
+ * hangs there instead (3.13.8+ parks such a thread forever), the first
+ * request after that finalization abandons it and starts a new one (at most
+ * MAX_ABANDONED times); an abandoned thread that ever wakes up touches
+ * nothing shared and exits. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 #include <time.h>
 
@@ -31,7 +36,12 @@ static pthread_mutex_t gct_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t req_cv;      /* a request arrived */
 static pthread_cond_t done_cv;     /* a collection completed (CLOCK_MONOTONIC) */
 static pthread_once_t gct_once = PTHREAD_ONCE_INIT;
+#define MAX_ABANDONED 4
+
 static bool running;
+static uint64_t thread_gen;          /* the current thread's generation */
+static unsigned abandoned;
+static struct job *cur_job;          /* the current thread's job, if any */
 static uint64_t requested, completed;
 static const shim_pyapi *req_api;
 static enum shim_gcthread_status last_status;
@@ -56,32 +66,51 @@ void shim_gcthread_set_observer(shim_gcthread_observer fn)
 
 typedef struct job {
     uint64_t target;
-    bool in_gate;
+    uint64_t gen;            /* the thread's generation */
+    unsigned long cycle;     /* interpreter cycle when the job started */
+    bool in_gate;            /* under gct_mu */
+    bool abandoned;          /* under gct_mu */
     bool done;
 } job;
 
 static void finish(job *j, enum shim_gcthread_status st, const shim_collect_result *r)
 {
     pthread_mutex_lock(&gct_mu);
-    if (completed < j->target)
-        completed = j->target;
-    last_status = st;
-    if (r)
-        last_result = *r;
-    pthread_cond_broadcast(&done_cv);
+    if (!j->abandoned) {
+        if (completed < j->target)
+            completed = j->target;
+        last_status = st;
+        if (r)
+            last_result = *r;
+        if (cur_job == j)
+            cur_job = NULL;
+        pthread_cond_broadcast(&done_cv);
+    }
     pthread_mutex_unlock(&gct_mu);
     j->done = true;
+}
+
+/* Leaves the gate unless the job was abandoned (whoever abandoned it left
+ * the gate on its behalf). */
+static void leave_gate(job *j)
+{
+    pthread_mutex_lock(&gct_mu);
+    bool mine = j->in_gate && !j->abandoned;
+    j->in_gate = false;
+    pthread_mutex_unlock(&gct_mu);
+    if (mine)
+        shim_gate_leave();
 }
 
 /* pthread_exit from inside the interpreter: the thread is going away. */
 static void on_killed(void *arg)
 {
     job *j = arg;
-    if (j->in_gate)
-        shim_gate_leave();
+    leave_gate(j);
     shim_pressure_leave_service();
     pthread_mutex_lock(&gct_mu);
-    running = false;
+    if (j->gen == thread_gen)
+        running = false;
     pthread_mutex_unlock(&gct_mu);
     if (!j->done)
         finish(j, SHIM_GCT_NOT_RUNNING, NULL);
@@ -99,7 +128,9 @@ static void run_one(const shim_pyapi *api, job *j)
         finish(j, SHIM_GCT_GATE_CLOSED, NULL);
         return;
     }
+    pthread_mutex_lock(&gct_mu);
     j->in_gate = true;
+    pthread_mutex_unlock(&gct_mu);
     int g = api->gil_ensure();
     if (api->pypy)
         shim_pypy_threads_init(api);
@@ -113,8 +144,7 @@ static void run_one(const shim_pyapi *api, job *j)
         shim_collect_with_gil(api, &r);
     }
     api->gil_release(g);
-    j->in_gate = false;
-    shim_gate_leave();
+    leave_gate(j);
     if (st == SHIM_GCT_COLLECTED) {
         shim_gcthread_observer obs = atomic_load(&observer);
         if (obs)
@@ -125,15 +155,21 @@ static void run_one(const shim_pyapi *api, job *j)
 
 static void *gc_thread_main(void *arg)
 {
-    (void)arg;
+    uint64_t gen = (uint64_t)(uintptr_t)arg;
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     for (;;) {
         pthread_mutex_lock(&gct_mu);
-        while (requested == completed)
+        while (gen == thread_gen && requested == completed)
             pthread_cond_wait(&req_cv, &gct_mu);
-        job j = { .target = requested };
+        if (gen != thread_gen) {                 /* abandoned meanwhile */
+            pthread_mutex_unlock(&gct_mu);
+            return NULL;
+        }
+        /* gct_mu -> gate_mu, the one order between the two leaf locks. */
+        job j = { .target = requested, .gen = gen, .cycle = shim_gate_cycles() };
+        cur_job = &j;
         const shim_pyapi *api = req_api;
         pthread_mutex_unlock(&gct_mu);
 
@@ -144,6 +180,27 @@ static void *gc_thread_main(void *arg)
         shim_pressure_leave_service();
     }
     return NULL;
+}
+
+/* gct_mu held. The current thread has been inside a job since before the
+ * last finalization: it is parked inside the interpreter for good. */
+static bool abandon_stuck_thread(unsigned long cycle_now)
+{
+    job *j = cur_job;
+    if (!running || !j || j->cycle == cycle_now || abandoned >= MAX_ABANDONED)
+        return false;
+    abandoned++;
+    thread_gen++;
+    running = false;
+    j->abandoned = true;
+    cur_job = NULL;
+    completed = requested;
+    if (j->in_gate) {
+        j->in_gate = false;
+        shim_gate_leave();       /* gate_mu is a leaf: fine under gct_mu */
+    }
+    pthread_cond_broadcast(&req_cv);
+    return true;
 }
 
 static void deadline_after(struct timespec *ts, unsigned ms)
@@ -162,6 +219,9 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
 {
     pthread_once(&gct_once, gct_init_once);
     pthread_mutex_lock(&gct_mu);
+    if (abandon_stuck_thread(shim_gate_cycles()))
+        shim_warn("python_gc: the GC thread never came back from the interpreter's "
+                  "last finalization; starting another");
     if (!running) {
         pthread_t t;
         pthread_attr_t a;
@@ -169,7 +229,7 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
         /* The thread inherits our signal mask for the instant before it
          * blocks everything itself; that is harmless. */
-        int rc = pthread_create(&t, &a, gc_thread_main, NULL);
+        int rc = pthread_create(&t, &a, gc_thread_main, (void *)(uintptr_t)thread_gen);
         pthread_attr_destroy(&a);
         if (rc != 0) {
             pthread_mutex_unlock(&gct_mu);
@@ -238,5 +298,7 @@ void shim_gcthread_atfork_child(void)
     pthread_mutex_init(&gct_mu, NULL);
     gct_init_once();
     running = false;
+    cur_job = NULL;
+    thread_gen++;
     requested = completed = 0;
 }

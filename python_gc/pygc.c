@@ -17,6 +17,7 @@
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "collect.h"
@@ -138,23 +139,40 @@ static bool collect_inline(const shim_pyapi *api, enum shim_py_attach a, shim_co
         skip(SKIP_finalizing);
         return false;
     }
-    if (!api->pypy && shim_gate_collector_running()) {
-        /* A finalizer of a collection in progress (the program's own, or
-         * an automatic one) needs memory: another collection could not
-         * free anything before that one finishes. Fail this request; the
-         * running collection frees the garbage right after. */
-        skip(SKIP_collector_running);
-        return false;
-    }
     if (shim_gcthread_busy()) {
         /* The GC thread is still running a collection whose requester
          * timed out: it has the garbage half-processed (on PyPy its
          * deallocations are queued), so a second collection now would find
-         * nothing. Let it finish, detached so that it can take the GIL. */
+         * nothing. Let it finish, detached so that it can take the GIL (or
+         * stop the world). */
         atomic_fetch_add(&st.detaches, 1);
         shim_pytstate *ts = api->save_thread();
         shim_gcthread_wait_idle(timeout_ms);
         api->restore_thread(ts);
+    }
+    int running = api->pypy ? 0 : shim_gate_collector_running();
+    if (running == 1) {
+        /* A finalizer of a collection running on this thread (the
+         * program's own, or an automatic one) needs memory: another
+         * collection could not free anything before that one finishes.
+         * Fail this request; the running collection frees the garbage
+         * right after. */
+        skip(SKIP_collector_running);
+        return false;
+    }
+    if (running == 2) {
+        /* Another thread's collection (dropped the GIL in a finalizer, or
+         * stopping the world): let it finish, detached, then retry. */
+        atomic_fetch_add(&st.detaches, 1);
+        shim_pytstate *ts = api->save_thread();
+        uint64_t deadline = shim_now_ns() + (uint64_t)timeout_ms * 1000000u;
+        while (shim_gate_collector_running() == 2 && shim_now_ns() < deadline) {
+            struct timespec pause = {0, 100000};
+            nanosleep(&pause, NULL);
+        }
+        api->restore_thread(ts);
+        skip(SKIP_collector_running);
+        return false;
     }
     enum shim_gate_verdict v = shim_gate_enter(api);
     if (v == SHIM_GATE_REFUSE) {
