@@ -28,9 +28,6 @@
 #include "stack.h"
 #include "suppress.h"
 
-/* Python stacks come from the pystack module when the build has it. */
-#pragma weak shim_pystack_capture
-
 #define DEFAULT_DEPTH 32
 #define OOM_REPORTS_MAX 3
 
@@ -54,7 +51,7 @@ void shim_leak_init(void)
     g_depth = depth;
     shim_stack_init();
     pthread_atfork(shim_stack_atfork_prepare, shim_stack_atfork_parent, shim_stack_atfork_child);
-    g_python = o->python_stacks && shim_pystack_capture != NULL;
+    g_python = o->python_stacks;
     if (o->python_stacks && !g_python)
         shim_info("leak check: this build has no Python stack support: native stacks only");
     atomic_store_explicit(&g_enabled, true, memory_order_release);

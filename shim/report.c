@@ -21,10 +21,6 @@
 #include "stack.h"
 #include "symbolize.h"
 
-/* The Python-stack module may be absent from a build (unit tests link only
- * what they use): then there are no Python frames. */
-#pragma weak shim_pystack_frames
-
 struct shim_report {
     shim_report_group *groups;
     size_t ngroups;
@@ -68,7 +64,7 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
 {
     shim_pyframe py[PY_FRAMES_MAX];
     size_t npy = 0;
-    if (g->python_stack && shim_pystack_frames) {
+    if (g->python_stack) {
         npy = shim_pystack_frames(g->python_stack, py, PY_FRAMES_MAX);
         if (npy > PY_FRAMES_MAX)
             npy = PY_FRAMES_MAX;
