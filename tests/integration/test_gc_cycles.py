@@ -127,3 +127,15 @@ def test_required_interpreters_are_present(name):
     3.13t and PyPy: their absence is a failure here, not a skip."""
     interp = pythons.get(name)
     assert interp.available, f"{name}: {interp.skip_reason}"
+
+
+def test_demo_dies_without_the_shim_and_completes_with_it(interpreter, tmp_path):
+    """scripts/demo_train.py, the README's demo."""
+    demo = pythons.REPO / "scripts" / "demo_train.py"
+    res = pythons.run_python(interpreter, path=demo, preload=False, simdev_memory="256M",
+                             timeout=120)
+    assert res.returncode == 1 and "OutOfMemoryError" in res.stdout, res.describe()
+    res, stats = gc_support.run(interpreter, demo.read_text(), tmp_path, memory="256M")
+    res.check()
+    assert "completed 60 steps" in res.stdout and "parameters intact" in res.stdout
+    assert "spyreshim:" in res.stdout and stats["gc_collections"] > 0, res.describe()
