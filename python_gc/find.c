@@ -294,3 +294,8 @@ void *shim_python_sym(const shim_python *py, const char *name)
         return NULL;
     return p;
 }
+
+void shim_python_find_atfork_child(void)
+{
+    pthread_mutex_init(&find_mu, NULL);
+}

@@ -23,5 +23,7 @@ const shim_python *shim_python_find(void);
 /* Looks `name` up in the interpreter's object ("PyGC_Collect"; on PyPy the
  * caller passes the PyPy-prefixed name). NULL when absent. */
 void *shim_python_sym(const shim_python *py, const char *name);
+/* fork(): the child re-initializes the lock (its holder did not fork). */
+void shim_python_find_atfork_child(void);
 
 #endif

@@ -85,6 +85,11 @@ const shim_pyapi *shim_pyapi_get(void)
     return found;
 }
 
+void shim_pyapi_atfork_child(void)
+{
+    pthread_mutex_init(&api_mu, NULL);
+}
+
 /* 3.8's PyThreadState begins with prev, next, interp: the layout is stable
  * there and 3.9+ has an accessor. `ts` may be another thread's (the GIL
  * holder's), published by Python with atomics ThreadSanitizer cannot see in

@@ -84,6 +84,7 @@ typedef struct shim_pyapi {
 const shim_pyapi *shim_pyapi_get(void);
 /* The table resolved last, without looking again (any context). */
 const shim_pyapi *shim_pyapi_cached(void);
+void shim_pyapi_atfork_child(void);
 
 /* How the calling thread stands with respect to the interpreter. Needs no
  * GIL, takes no lock, on CPython. On PyPy only PyGILState_Check is safe

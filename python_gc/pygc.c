@@ -388,6 +388,8 @@ void shim_pygc_on_finalize(void (*fn)(void))
 
 void shim_pygc_atfork_child(void)
 {
+    shim_python_find_atfork_child();
+    shim_pyapi_atfork_child();
     shim_gcthread_atfork_child();
     shim_gate_atfork_child();
 }
