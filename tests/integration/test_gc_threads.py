@@ -11,6 +11,7 @@ import textwrap
 import pytest
 
 import gc_support
+import pythons
 
 PRELUDE = """
 import gc, sys, threading, time, simdev
@@ -134,3 +135,14 @@ def test_foreign_lock_ends_within_the_bound(interpreter, tmp_path):
     assert stats["gc_timeouts"] >= 1, stats
     # The timed-out collection completed later: it counts, and it recovered.
     assert stats["gc_collections"] >= 2 and stats["gc_recovered_bytes"] > 0, stats
+
+
+def test_thread_sanitizer_run_fails_on_a_report(tmp_path):
+    """Under scripts/tsan_gc.sh only: a deliberate lock-order inversion must
+    make the process fail, or the runs above prove nothing."""
+    if not gc_support.tsan_runtime():
+        pytest.skip("only under ThreadSanitizer (scripts/tsan_gc.sh)")
+    interp = pythons.get("cpython3.11-shared").require()
+    res, _ = gc_support.run(interp, "import gchelper\ngchelper.lock_order_inversion()\n",
+                            tmp_path, helper=True)
+    assert res.returncode == 66 and "lock-order-inversion" in res.stderr, res.describe()
