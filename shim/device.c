@@ -26,6 +26,8 @@ struct shim_device {
     shim_table *table;
     shim_region_backend backend;
     shim_pressure_state ps;
+    _Atomic bool fork_registered; /* its own fork handlers are installed */
+    bool fork_locked;             /* its fork prepare handler holds `lock` */
     /* Guarded by lock. */
     uint64_t allocs, frees, failed, invalid_frees, foreign_frees;
     uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
@@ -64,6 +66,8 @@ static int backend_mem_info(void *ctx, size_t *free, size_t *total)
     shim_device *d = ctx;
     return d->rt->real_mem_info(free, total);
 }
+
+static void register_fork_handlers(shim_device *d);
 
 static shim_device *device_create(const shim_runtime *rt)
 {
@@ -175,7 +179,7 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     /* Already holding the lock means a callback allocates before releasing
      * it: serve it if memory is there, never start pressure work. */
     bool may_relieve = taken;
-    unsigned rounds = 0, max_rounds = shim_opts()->pressure_rounds;
+    unsigned rounds = 0, waits = 0, max_rounds = shim_opts()->pressure_rounds;
     bool trimmed = false;
     for (;;) {
         uintptr_t addr;
@@ -200,6 +204,8 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
                 d->peak_live_bytes = d->live_bytes;
             if (taken)
                 shim_lock_release(&d->lock);
+            if (!atomic_load_explicit(&d->fork_registered, memory_order_relaxed) && taken)
+                register_fork_handlers(d);
             *ptr = (void *)addr;
             return 0;
         }
@@ -212,10 +218,19 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
             shim_arena_trim(d->arena, 0);
             continue;
         }
-        if (rounds++ >= max_rounds)
+        /* Rounds count the events this request ran. Waiting for another
+         * thread's event counts apart, with a larger bound: under heavy
+         * concurrency a thread can lose what each event freed to others a
+         * few times in a row without anything being wrong. */
+        if (rounds >= max_rounds || waits >= 4 * max_rounds)
             break;
-        if (!shim_pressure_relieve(&d->ps, &d->lock, size))
+        enum shim_relief r = shim_pressure_relieve(&d->ps, &d->lock, size);
+        if (r == SHIM_RELIEF_NONE)
             break;
+        if (r == SHIM_RELIEF_RAN)
+            rounds++;
+        else
+            waits++;
         trimmed = false;
     }
     d->failed++;
@@ -371,35 +386,84 @@ size_t shim_device_trim(shim_device *d)
     return n;
 }
 
-void shim_device_atfork_prepare(void)
+/* fork(). The child must not inherit an allocator lock held by a thread
+ * that does not exist there, so each device's lock is taken before fork and
+ * released after, in both processes. The order matters: the allocation path
+ * holds the device lock while it calls into the runtime, and a runtime may
+ * take a lock of its own in its fork handler (libsimdev does). Prepare
+ * handlers run in reverse order of registration, so a device's handlers are
+ * registered only once the runtime has been called (after its first
+ * allocation, outside any lock: glibc holds its handler-list lock while it
+ * runs the prepare handlers): ours then run first, taking the device lock
+ * before the runtime's, as the allocation path does. */
+static void device_fork_prepare(size_t i)
 {
-    pthread_mutex_lock(&devices_mu);
-    size_t n = shim_device_count();
-    for (size_t i = 0; i < n; i++)
-        shim_lock_acquire(&devices[i]->lock);
+    shim_device *d = devices[i];
+    shim_lock_acquire(&d->lock);
+    d->fork_locked = true;
 }
 
-void shim_device_atfork_parent(void)
+static void device_fork_parent(size_t i)
 {
+    shim_device *d = devices[i];
+    d->fork_locked = false;
+    shim_lock_release(&d->lock);
+}
+
+static void reset_pressure(shim_device *d)
+{
+    /* A pressure event of a thread that does not exist in the child would
+     * never end: nobody is running it here. */
+    d->ps.active = false;
+    d->ps.owner = 0;
+    pthread_cond_init(&d->ps.done, NULL);
+}
+
+static void device_fork_child(size_t i)
+{
+    shim_device *d = devices[i];
+    reset_pressure(d);
+    d->fork_locked = false;
+    shim_lock_release(&d->lock);
+}
+
+#define FORK_HANDLERS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define DEFINE_FORK_HANDLERS(i)                                      \
+    static void fork_prepare_##i(void) { device_fork_prepare(i); }  \
+    static void fork_parent_##i(void) { device_fork_parent(i); }    \
+    static void fork_child_##i(void) { device_fork_child(i); }
+FORK_HANDLERS(DEFINE_FORK_HANDLERS)
+#define FORK_ROW(i) {fork_prepare_##i, fork_parent_##i, fork_child_##i},
+static const struct { void (*prepare)(void), (*parent)(void), (*child)(void); }
+    fork_handlers[SHIM_MAX_DEVICES] = {FORK_HANDLERS(FORK_ROW)};
+_Static_assert(SHIM_MAX_DEVICES == 8, "one row of fork handlers per device");
+
+static void register_fork_handlers(shim_device *d)
+{
+    if (atomic_exchange(&d->fork_registered, true))
+        return;
     size_t n = shim_device_count();
-    for (size_t i = n; i-- > 0;)
-        shim_lock_release(&devices[i]->lock);
-    pthread_mutex_unlock(&devices_mu);
+    for (size_t i = 0; i < n; i++)
+        if (devices[i] == d)
+            pthread_atfork(fork_handlers[i].prepare, fork_handlers[i].parent,
+                           fork_handlers[i].child);
 }
 
 void shim_device_atfork_child(void)
 {
+    /* Runs before the devices' own child handlers (registered later). A
+     * device whose handlers were not registered yet (fork during its very
+     * first allocation) may have been locked by another thread: there is
+     * nothing better to do than to start its lock afresh. */
+    pthread_mutex_init(&devices_mu, NULL);
     size_t n = shim_device_count();
-    for (size_t i = n; i-- > 0;) {
+    for (size_t i = 0; i < n; i++) {
         shim_device *d = devices[i];
-        /* A pressure event of a thread that does not exist in the child
-         * would never end: nobody is running it here. */
-        d->ps.active = false;
-        d->ps.owner = 0;
-        pthread_cond_init(&d->ps.done, NULL);
-        shim_lock_release(&d->lock);
+        if (!d->fork_locked) {
+            shim_lock_init(&d->lock);
+            reset_pressure(d);
+        }
     }
-    pthread_mutex_unlock(&devices_mu);
 }
 
 void shim_device_reset_for_tests(void)

@@ -48,10 +48,9 @@ size_t shim_device_trim(shim_device *d);
 /* Allocation sequence: every successful allocation takes the next number. */
 uint64_t shim_device_seq_now(void);
 
-/* fork(): the allocator locks are taken in the parent before fork and
- * released in both parent and child afterwards (registered in init). */
-void shim_device_atfork_prepare(void);
-void shim_device_atfork_parent(void);
+/* fork(): each device registers its own handlers once its runtime has been
+ * called (see device.c); this one, from init's child handler, restarts what
+ * those did not cover. */
 void shim_device_atfork_child(void);
 
 /* Tests only: forget every device (the process keeps its memory). */

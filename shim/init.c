@@ -11,8 +11,6 @@
 #include "pygc.h"
 #include "stats.h"
 
-static void atfork_prepare(void) { shim_device_atfork_prepare(); }
-static void atfork_parent(void) { shim_device_atfork_parent(); }
 static void atfork_child(void)
 {
     shim_device_atfork_child();
@@ -24,7 +22,7 @@ __attribute__((constructor)) static void shim_init(void)
     const shim_options *o = shim_opts();
     if (o->log_level == SHIM_LOG_DEBUG)
         shim_options_dump(2);
-    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    pthread_atfork(NULL, NULL, atfork_child);
     shim_pygc_init();
     shim_leak_init();
 }

@@ -43,7 +43,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_REGION_SIZE", K_SIZE, OFF(region_size), "0", 1 << 20, 0,
      "size of the regions reserved from the runtime; 0 = adaptive"},
     {"SPYRESHIM_PRESSURE_ROUNDS", K_UINT, OFF(pressure_rounds), "3", 1, 16,
-     "pressure events (callbacks, then retry) before out-of-memory is returned"},
+     "pressure events a request runs (callbacks, then retry) before out-of-memory; waits for other threads' events count apart, up to 4x this"},
     {"SPYRESHIM_GC", K_BOOL, OFF(gc), "1", 0, 0,
      "collect garbage in the embedded Python under memory pressure"},
     {"SPYRESHIM_GC_TIMEOUT_MS", K_UINT, OFF(gc_timeout_ms), "2000", 1, 3600000,

@@ -129,10 +129,10 @@ static void check_contract(spyreshim_lock *lock, spyreshim_pressure_fn fn)
 #endif
 }
 
-bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
+enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
 {
     if (tls_in_event)
-        return false; /* nested: an allocation made by pressure work itself */
+        return SHIM_RELIEF_NONE; /* nested: an allocation made by pressure work itself */
 
     if (ps->active) {
         uint64_t gen = ps->generation;
@@ -153,7 +153,7 @@ bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t
             shim_pygc_reattach(py);
             shim_lock_acquire(lock);
         }
-        return true;
+        return SHIM_RELIEF_WAITED;
     }
 
     struct entry cbs[MAX_CALLBACKS];
@@ -183,5 +183,5 @@ bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t
     ps->owner = 0;
     ps->generation++;
     pthread_cond_broadcast(&ps->done);
-    return retry && n > 0;
+    return retry && n > 0 ? SHIM_RELIEF_RAN : SHIM_RELIEF_NONE;
 }

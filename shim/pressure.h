@@ -20,12 +20,18 @@ typedef struct shim_pressure_state {
 
 void shim_pressure_state_init(shim_pressure_state *ps);
 
+enum shim_relief {
+    SHIM_RELIEF_NONE,    /* nothing more will help: fail the request */
+    SHIM_RELIEF_RAN,     /* this thread ran an event: retry */
+    SHIM_RELIEF_WAITED,  /* another thread's event ended: retry */
+};
+
 /* Entered with `lock` held after a request of `want` bytes failed. Runs one
  * pressure event (every callback, in registration order), or, when another
- * thread's event is running, waits for it to end. Returns with `lock` held;
- * true when the request is worth retrying. `recovered` reports the bytes
- * freed (on any thread) while it ran. */
-bool shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want);
+ * thread's event is running, waits for it to end. Returns with `lock` held.
+ * A thread attached to Python detaches while it waits (the event may need
+ * the GIL). */
+enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want);
 
 /* True on a thread that is inside a pressure event (running callbacks, or
  * collecting on the shim's behalf): an allocation there must fail at once. */
