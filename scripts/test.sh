@@ -1,6 +1,8 @@
 #!/bin/bash
 # The test command: installs what is missing, builds, runs the unit tests
-# (Criterion, through meson test) and the integration tests (pytest).
+# (Criterion, through meson test), the integration tests (pytest, every
+# interpreter on the machine), then the threaded garbage-collection cases
+# again against a ThreadSanitizer build (build-tsan/, detect_deadlocks=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -8,3 +10,4 @@ export SPYRESHIM_BUILD=${SPYRESHIM_BUILD:-$PWD/build}
 scripts/build.sh
 meson test -C "$SPYRESHIM_BUILD" --print-errorlogs --suite unit
 /usr/bin/python3 -m pytest -p no:cacheprovider -rs tests/integration "$@"
+scripts/tsan_gc.sh
