@@ -30,19 +30,6 @@ from spyreshim import report as rpt  # noqa: E402
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 
-def shim_without_leak_api(lib):
-    """Why the built shim cannot run these tests yet, or None: the leak
-    hunting side (snapshot API, reports at exit) lands separately."""
-    try:
-        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
-                             text=True, timeout=60).stdout
-    except OSError:
-        return None
-    if "spyreshim_snapshot_take" not in out:
-        return "%s has no leak hunting yet (no spyreshim_snapshot_take)" % lib
-    return None
-
-
 def cli(*args, env=None, timeout=60, cwd=None):
     e = dict(os.environ)
     e.pop("SPYRESHIM_LIB", None)
@@ -426,28 +413,12 @@ LEAK_LINE = 1 + LEAKY.splitlines().index(
     [ln for ln in LEAKY.splitlines() if "LEAK LINE" in ln][0])
 
 
-def shim_has_python_stacks(lib):
-    """shim_pystack_capture is weak in the leak code: defined once the
-    Python-stack side is linked in."""
-    try:
-        out = subprocess.run(["nm", str(lib)], capture_output=True, text=True, timeout=60).stdout
-    except OSError:
-        return True
-    return re.search(r"^[0-9a-f]+ [Tt] shim_pystack_capture$", out, re.M) is not None
-
 
 @pytest.fixture(scope="module")
 def real_shim():
     """(pythons module, interpreter, simdev module dir) for Debian's python3.11."""
-    try:
-        import pythons
-    except ImportError:
-        pytest.skip("tests/integration/pythons.py is not there yet")
-    if not pythons.shim_lib().exists():
-        pytest.skip("%s is not built" % pythons.shim_lib())
-    why = shim_without_leak_api(pythons.shim_lib())
-    if why:
-        pytest.skip(why)
+    import pythons
+    assert pythons.shim_lib().exists(), "%s is not built" % pythons.shim_lib()
     interp = pythons.get("cpython3.11-static").require()
     return pythons, interp, pythons.build_module(interp)
 
@@ -485,8 +456,6 @@ def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
 
 
 def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):
-    if not shim_has_python_stacks(real_shim[0].shim_lib()):
-        pytest.skip("this libspyreshim has no Python stack support yet")
     r = _run_leaky(real_shim, tmp_path, "--leak-check", "--report", tmp_path / "r-%p.json")
     assert r.returncode == 23, r
     out = cli("report", *tmp_path.glob("r-*.json")).stdout
@@ -554,10 +523,9 @@ def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
     # The worker's common leak, once, from both pids.
     both = " in pids %d, %d, allocated from:" % tuple(sorted(ranks))
     assert any(g[3] == both for g in _groups(out)), out
-    if shim_has_python_stacks(pythons.shim_lib()):
-        assert [g[:3] for g in _groups(out)] == [(str(2 << 20), "2", "simdev"),
-                                                 (str(2 << 20), "1", "simdev")], out
-        assert "in rank1_only %s:" % (tmp_path / "ranks.py") in out
+    assert [g[:3] for g in _groups(out)] == [(str(2 << 20), "2", "simdev"),
+                                             (str(2 << 20), "1", "simdev")], out
+    assert "in rank1_only %s:" % (tmp_path / "ranks.py") in out
 
 
 OOM = textwrap.dedent("""\
@@ -596,9 +564,8 @@ def test_e2e_what_held_memory_at_out_of_memory(real_shim, tmp_path):
     assert len(groups) == 1, out
     nbytes, count = int(groups[0][0]), int(groups[0][1])
     assert 1 <= count <= 8 and nbytes == count * (8 << 20), out
-    if shim_has_python_stacks(pythons.shim_lib()):
-        line = 1 + OOM.splitlines().index([ln for ln in OOM.splitlines() if "HOLD LINE" in ln][0])
-        assert "#0 in hold %s:%d [python]" % (tmp_path / "oom.py", line) in out, out
+    line = 1 + OOM.splitlines().index([ln for ln in OOM.splitlines() if "HOLD LINE" in ln][0])
+    assert "#0 in hold %s:%d [python]" % (tmp_path / "oom.py", line) in out, out
     h = cli("report", "--html", tmp_path / "oom.html", oom[0])
     assert h.returncode == 0, h.stderr
     assert "at out-of-memory" in (tmp_path / "oom.html").read_text()

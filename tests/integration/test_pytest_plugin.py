@@ -70,36 +70,11 @@ NOGIL_LINE = 1 + INNER.splitlines().index(
     [ln for ln in INNER.splitlines() if "# NOGIL LEAK" in ln][0])
 
 
-def shim_without_leak_api(lib):
-    """Why the built shim cannot run these tests yet, or None: the leak
-    hunting side (snapshot API, reports at exit) lands separately."""
-    try:
-        out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
-                             text=True, timeout=60).stdout
-    except OSError:
-        return None
-    if "spyreshim_snapshot_take" not in out:
-        return "%s has no leak hunting yet (no spyreshim_snapshot_take)" % lib
-    return None
-
-
-def shim_has_python_stacks(lib):
-    """shim_pystack_capture is weak in the leak code: defined once the
-    Python-stack side is linked in."""
-    try:
-        out = subprocess.run(["nm", str(lib)], capture_output=True, text=True, timeout=60).stdout
-    except OSError:
-        return True
-    return re.search(r"^[0-9a-f]+ [Tt] shim_pystack_capture$", out, re.M) is not None
-
 
 @pytest.fixture(scope="module")
 def shim():
     """(pythons, interpreter, simdev module dir): Debian's python3.11."""
-    try:
-        import pythons
-    except ImportError:
-        pytest.skip("tests/integration/pythons.py is not there yet")
+    import pythons
     interp = pythons.get("cpython3.11-static").require()
     if os.path.realpath(interp.exe) != os.path.realpath(PYTEST_PYTHON):
         pytest.skip("%s is not Debian's python3 (which has pytest)" % interp.exe)
@@ -107,11 +82,7 @@ def shim():
 
 
 def need_lib(pythons):
-    if not pythons.shim_lib().exists():
-        pytest.skip("%s is not built" % pythons.shim_lib())
-    why = shim_without_leak_api(pythons.shim_lib())
-    if why:
-        pytest.skip(why)
+    assert pythons.shim_lib().exists(), "%s is not built" % pythons.shim_lib()
     return str(pythons.shim_lib())
 
 
@@ -173,9 +144,6 @@ def leak_section(out, test):
 
 
 def test_the_failure_shows_the_python_line(shim, tmp_path):
-    pythons = shim[0]
-    if not shim_has_python_stacks(pythons.shim_lib()):
-        pytest.skip("this libspyreshim has no Python stack support yet")
     r, outcomes = inner_pytest(shim, tmp_path, "--spyreshim-leaks")
     for test, line in (("test_leaky", LEAK_LINE), ("test_leaky_without_the_gil", NOGIL_LINE)):
         assert outcomes[test] == "FAILED"
@@ -306,7 +274,7 @@ def test_api_with_the_shim(interpreter, tmp_path):
     assert lines["track"] == "1 %d" % (1 << 18)
     assert lines["track-empty"] == "0 0"
     assert "1048576" in r.stderr      # snap.print() on stderr
-    if interpreter.kind == "cpython" and shim_has_python_stacks(pythons.shim_lib()):
+    if interpreter.kind == "cpython" :
         # Resolved Python frames, through write_json, with the GIL held.
         assert lines["text"] == "True", r.stderr
 
