@@ -18,7 +18,6 @@ is the difference: releasing and re-taking the allocator lock, finding the
 interpreter, the hand-off to the GC thread and back, the retry.
 """
 import argparse
-import ctypes
 import gc
 import os
 import statistics
@@ -28,32 +27,10 @@ import time
 os.environ.setdefault("SIMDEV_MEMORY", "64M")
 import simdev  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "python"))
+import spyreshim  # noqa: E402  (the ctypes wrapper of the public API)
+
 MiB = 1 << 20
-
-
-class Stats(ctypes.Structure):
-    _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_uint64) for n in (
-        "reserved_bytes", "used_bytes", "peak_reserved_bytes", "peak_used_bytes",
-        "allocs", "frees", "failed_allocs", "regions", "regions_reserved",
-        "regions_released", "invalid_frees", "foreign_frees", "pressure_events",
-        "pressure_waits", "callback_runs", "callback_recovered_bytes",
-        "gc_collections", "gc_time_ns", "gc_recovered_bytes", "gc_timeouts",
-        "gc_skipped", "gc_backoff_skips")]
-
-
-def shim_stats_fn():
-    try:
-        fn = ctypes.CDLL(None).spyreshim_get_stats
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.POINTER(Stats)]
-
-    def get():
-        s = Stats()
-        s.size = ctypes.sizeof(Stats)
-        fn(ctypes.byref(s))
-        return s
-    return get
 
 
 def fill_with_garbage(nbytes=MiB):
@@ -71,9 +48,9 @@ def measure_event(get_stats, release_gil):
     wall = time.perf_counter_ns() - t0
     after = get_stats()
     del t
-    if after.gc_collections != before.gc_collections + 1:
+    if after["gc_collections"] != before["gc_collections"] + 1:
         return None                          # not exactly one collection: discard
-    return wall, after.gc_time_ns - before.gc_time_ns
+    return wall, after["gc_time_ns"] - before["gc_time_ns"]
 
 
 def measure_direct():
@@ -92,9 +69,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--objects", type=int, nargs="*", default=[10**4, 10**6])
     args = ap.parse_args()
-    get_stats = shim_stats_fn()
-    if get_stats is None:
+    if not spyreshim.available():
         sys.exit("gc_latency: run it with LD_PRELOAD=libspyreshim.so")
+    get_stats = spyreshim.stats
     gc.disable()
     impl = f"{sys.implementation.name} {sys.version.split()[0]}"
     print(f"gc_latency: {impl}, device {simdev.mem_info()[1] // MiB} MiB, "

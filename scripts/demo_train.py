@@ -11,7 +11,6 @@ statistics when the shim is loaded.
 
     SIMDEV_MEMORY=256M [LD_PRELOAD=build/libspyreshim.so] python3 scripts/demo_train.py
 """
-import ctypes
 import gc
 import os
 import sys
@@ -19,6 +18,9 @@ import time
 
 os.environ.setdefault("SIMDEV_MEMORY", "256M")  # read by libsimdev on first use
 import simdev  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "python"))
+import spyreshim  # noqa: E402  (the ctypes wrapper of the public API; never loads the shim)
 
 MiB = 1 << 20
 STEPS = int(os.environ.get("DEMO_STEPS", "60"))
@@ -63,31 +65,6 @@ def check_overflow(act, step, log):
         log.append(e)                       # e -> traceback -> frame -> log -> e
 
 
-def stats_from_shim():
-    """The preloaded shim's counters, or None when it is not loaded."""
-    try:
-        lib = ctypes.CDLL(None)
-        get = lib.spyreshim_get_stats
-    except (OSError, AttributeError):
-        return None
-
-    class Stats(ctypes.Structure):
-        _fields_ = [("size", ctypes.c_size_t)] + [(n, ctypes.c_uint64) for n in (
-            "reserved_bytes", "used_bytes", "peak_reserved_bytes", "peak_used_bytes",
-            "allocs", "frees", "failed_allocs", "regions", "regions_reserved",
-            "regions_released", "invalid_frees", "foreign_frees", "pressure_events",
-            "pressure_waits", "callback_runs", "callback_recovered_bytes",
-            "gc_collections", "gc_time_ns", "gc_recovered_bytes", "gc_timeouts",
-            "gc_skipped", "gc_backoff_skips")]
-
-    s = Stats()
-    s.size = ctypes.sizeof(Stats)
-    get.argtypes = [ctypes.POINTER(Stats)]
-    if get(ctypes.byref(s)) != 0:
-        return None
-    return s
-
-
 def main():
     gc.disable()
     free, total = simdev.mem_info()
@@ -115,12 +92,13 @@ def main():
     for i, p in enumerate(params):
         assert p.read()[:1] == bytes([i + 1]), "a parameter lost its contents"
     print(f"demo: completed {STEPS} steps in {time.monotonic() - t0:.2f} s; parameters intact")
-    s = stats_from_shim()
-    if s is not None:
-        print(f"spyreshim: {s.pressure_events} pressure events, {s.gc_collections} collections "
-              f"({s.gc_time_ns / 1e6:.1f} ms), {s.gc_recovered_bytes / MiB:.0f} MiB recovered, "
-              f"{s.gc_timeouts} timeouts, {s.gc_skipped} skipped, "
-              f"{s.gc_backoff_skips} back-off skips, {s.failed_allocs} failed allocations")
+    if spyreshim.available():
+        s = spyreshim.stats()
+        print(f"spyreshim: {s['pressure_events']} pressure events, {s['gc_collections']} "
+              f"collections ({s['gc_time_ns'] / 1e6:.1f} ms), "
+              f"{s['gc_recovered_bytes'] / MiB:.0f} MiB recovered, {s['gc_timeouts']} timeouts, "
+              f"{s['gc_skipped']} skipped, {s['gc_backoff_skips']} back-off skips, "
+              f"{s['failed_allocs']} failed allocations")
     return 0
 
 
