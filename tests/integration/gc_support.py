@@ -58,8 +58,9 @@ def preload_env(shim_lib):
 
 
 def run(interp, source, tmp_path, memory="32M", preload=True, env=None, timeout=120,
-        helper=False):
-    """Runs `source` under the shim; returns (Result, stats dict or None)."""
+        helper=False, path=None):
+    """Runs `source` (or the script at `path`) under the shim; returns
+    (Result, stats dict or None)."""
     if helper:
         build_gchelper(interp)
     stats = tmp_path / f"stats-{interp.name}-{int(preload)}.json"
@@ -67,8 +68,8 @@ def run(interp, source, tmp_path, memory="32M", preload=True, env=None, timeout=
     if preload:
         e.update(preload_env(pythons.shim_lib()))
     e.update(env or {})
-    res = pythons.run_python(interp, source, preload=preload, simdev_memory=memory,
-                             env=e, timeout=timeout)
+    res = pythons.run_python(interp, source, path=path, preload=preload,
+                             simdev_memory=memory, env=e, timeout=timeout)
     data = None
     if preload and stats.exists():
         data = json.loads(stats.read_text())

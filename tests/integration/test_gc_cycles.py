@@ -135,7 +135,7 @@ def test_demo_dies_without_the_shim_and_completes_with_it(interpreter, tmp_path)
     res = pythons.run_python(interpreter, path=demo, preload=False, simdev_memory="256M",
                              timeout=120)
     assert res.returncode == 1 and "OutOfMemoryError" in res.stdout, res.describe()
-    res, stats = gc_support.run(interpreter, demo.read_text(), tmp_path, memory="256M")
+    res, stats = gc_support.run(interpreter, None, tmp_path, memory="256M", path=demo)
     res.check()
     assert "completed 60 steps" in res.stdout and "parameters intact" in res.stdout
     assert "spyreshim:" in res.stdout and stats["gc_collections"] > 0, res.describe()
