@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCRIPT = REPO / "scripts" / "spyreshim"
 DATA = HERE / "data"
-sys.path.insert(0, str(REPO / "scripts" / "python"))
+sys.path.insert(0, str(REPO / "scripts" / "package"))
 sys.path.insert(0, str(HERE))
 
 from spyreshim import report as rpt  # noqa: E402
@@ -260,7 +260,7 @@ def test_run_sets_preload_and_options_and_passes_the_status(tmp_path):
     assert env["SPYRESHIM_LOG"] == "debug"
     assert env["SPYRESHIM_STACK_DEPTH"] == "16"
     # The package, after the program's own entries, for -p spyreshim.pytest_plugin.
-    assert env["PYTHONPATH"] == "/mine:" + str(REPO / "scripts" / "python")
+    assert env["PYTHONPATH"] == "/mine:" + str(REPO / "scripts" / "package")
 
 
 def test_run_nested_does_not_preload_twice():
@@ -331,7 +331,7 @@ def test_run_with_spyreshim_lib_missing():
 def _copy_tree(dst):
     (dst / "scripts").mkdir(parents=True)
     shutil.copy2(SCRIPT, dst / "scripts" / "spyreshim")
-    shutil.copytree(REPO / "scripts" / "python", dst / "scripts" / "python",
+    shutil.copytree(REPO / "scripts" / "package", dst / "scripts" / "package",
                     ignore=shutil.ignore_patterns("__pycache__"))
     return dst / "scripts" / "spyreshim"
 

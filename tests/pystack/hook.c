@@ -55,7 +55,7 @@ void *shim_python_sym(const shim_python *py, const char *name)
 static void (*finalize_fn)(void);
 static unsigned long cycles;
 
-void shim_pygc_on_finalize(void (*fn)(void))
+void shim_gate_at_finalize(void (*fn)(void))
 {
     finalize_fn = fn;
 }

@@ -16,7 +16,6 @@
 #include "find.h"
 #include "gate.h"
 #include "log.h"
-#include "pygc.h"
 #include "pystack.h"
 
 /* ---- the fake interpreter (3.12 offsets) ---- */
@@ -114,7 +113,7 @@ void *shim_python_sym(const shim_python *py, const char *name)
     return NULL;
 }
 
-void shim_pygc_on_finalize(void (*fn)(void)) { finalize_fn = fn; }
+void shim_gate_at_finalize(void (*fn)(void)) { finalize_fn = fn; }
 unsigned long shim_gate_cycles(void) { return gate_cycles; }
 
 void shim_log(enum shim_log_level level, const char *fmt, ...)

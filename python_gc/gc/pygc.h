@@ -14,10 +14,6 @@ void shim_pygc_add_stats(spyreshim_stats *s);
 /* Writes extra members of the SPYRESHIM_STATS object, each one preceded by
  * ",\n  " (the caller has already written the object's first member). */
 void shim_pygc_write_json(FILE *f);
-/* Runs `fn` with the GIL held, inside the interpreter's atexit gate, before
- * finalization begins (for resolving Python frames while they still exist).
- * Registered functions run once per interpreter lifetime. */
-void shim_pygc_on_finalize(void (*fn)(void));
 /* For the pressure event (pressure.c), around a wait for ANOTHER thread's
  * event: when the calling thread is attached to Python, detaches it
  * (PyEval_SaveThread) so that the collection that event runs can take the

@@ -19,11 +19,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "device.h"
 #include "log.h"
 #include "options.h"
 #include "pystack.h"
 #include "report.h"
-#include "reportfile.h"
+#include "path.h"
 #include "spyreshim.h"
 #include "stack.h"
 #include "suppress.h"
@@ -40,6 +41,8 @@ static atomic_flag g_exit_done = ATOMIC_FLAG_INIT;
 void shim_leak_init(void)
 {
     const shim_options *o = shim_opts();
+    /* The OOM report lists what holds memory even without stacks. */
+    shim_device_set_leak_hooks(NULL, shim_leak_on_oom);
     if (!o->leak_check || atomic_load(&g_enabled))
         return;
     unsigned depth = o->stack_depth ? o->stack_depth : DEFAULT_DEPTH;
@@ -52,9 +55,8 @@ void shim_leak_init(void)
     shim_stack_init();
     pthread_atfork(shim_stack_atfork_prepare, shim_stack_atfork_parent, shim_stack_atfork_child);
     g_python = o->python_stacks;
-    if (o->python_stacks && !g_python)
-        shim_info("leak check: this build has no Python stack support: native stacks only");
     atomic_store_explicit(&g_enabled, true, memory_order_release);
+    shim_device_set_leak_hooks(shim_leak_capture, shim_leak_on_oom);
 }
 
 bool shim_leak_enabled(void)
@@ -69,19 +71,15 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
 }
 
 /* The expanded SPYRESHIM_REPORT path (plus `suffix`), or false when there is
- * none or secure mode forbids paths from the environment. */
+ * none (in secure mode options.c leaves it unset). */
 static bool report_path(const char *suffix, char *out, size_t n)
 {
     const shim_options *o = shim_opts();
     if (!o->report_path || !o->report_path[0])
         return false;
-    if (o->secure) {
-        shim_warn("secure mode: SPYRESHIM_REPORT ignored");
-        return false;
-    }
     char tmpl[4096];
     if ((size_t)snprintf(tmpl, sizeof tmpl, "%s%s", o->report_path, suffix) >= sizeof tmpl ||
-        shim_reportfile_expand(tmpl, out, n) != 0) {
+        shim_path_expand(tmpl, out, n) != 0) {
         shim_warn("SPYRESHIM_REPORT: path too long, no report written");
         return false;
     }
@@ -93,7 +91,7 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
     char path[4096];
     if (!report_path(suffix, path, sizeof path))
         return;
-    FILE *f = shim_reportfile_open(path);
+    FILE *f = shim_path_open_write(path);
     if (!f) {
         shim_warn("cannot write report %s: %s", path,
                   errno == EPERM ? "it belongs to another user" : strerror(errno));

@@ -6,7 +6,5 @@
 
 /* SPYRESHIM_STATS file and the info summary; from the library destructor. */
 void shim_stats_at_exit(void);
-/* Expands %p (pid) and %% in a path template. 0, or -1 when too long. */
-int shim_expand_path(const char *tmpl, char *out, size_t cap);
 
 #endif

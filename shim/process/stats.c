@@ -11,6 +11,7 @@
 #include "device.h"
 #include "log.h"
 #include "options.h"
+#include "path.h"
 #include "pygc.h"
 #include "stats.h"
 
@@ -27,32 +28,6 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
     size_t len = out->size < sizeof s ? out->size : sizeof s;
     s.size = len;
     memcpy(out, &s, len);
-    return 0;
-}
-
-/* Expands %p to the pid (and %% to %), as LeakSanitizer's log_path. */
-int shim_expand_path(const char *tmpl, char *out, size_t cap)
-{
-    size_t o = 0;
-    for (const char *p = tmpl; *p; p++) {
-        char tmp[32];
-        const char *piece = tmp;
-        if (p[0] == '%' && p[1] == 'p') {
-            snprintf(tmp, sizeof tmp, "%d", (int)getpid());
-            p++;
-        } else if (p[0] == '%' && p[1] == '%') {
-            tmp[0] = '%', tmp[1] = 0;
-            p++;
-        } else {
-            tmp[0] = *p, tmp[1] = 0;
-        }
-        size_t k = strlen(piece);
-        if (o + k + 1 > cap)
-            return -1;
-        memcpy(out + o, piece, k);
-        o += k;
-    }
-    out[o] = 0;
     return 0;
 }
 
@@ -113,18 +88,26 @@ void shim_stats_at_exit(void)
 
     if (o->stats_path) {
         char path[4096];
-        if (shim_expand_path(o->stats_path, path, sizeof path) != 0) {
+        if (shim_path_expand(o->stats_path, path, sizeof path) != 0) {
             shim_warn("SPYRESHIM_STATS: path too long; statistics not written");
         } else {
-            int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-            FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+            /* The report files' policy: no symlink, no FIFO or device, never
+             * another user's file or a hard link. */
+            FILE *f = shim_path_open_write(path);
             if (!f) {
-                shim_warn("SPYRESHIM_STATS: cannot write %s: %s", path, strerror(errno));
-                if (fd >= 0)
-                    close(fd);
+                shim_warn("SPYRESHIM_STATS: cannot write %s: %s", path,
+                          errno == EPERM ? "it belongs to another user or has other links"
+                                         : strerror(errno));
             } else {
                 write_json(f, &s);
-                fclose(f);
+                int bad = ferror(f);
+                int err = errno;
+                if (fclose(f) != 0 && !bad) {
+                    bad = 1;
+                    err = errno;
+                }
+                if (bad)
+                    shim_warn("SPYRESHIM_STATS: writing %s failed: %s", path, strerror(err));
             }
         }
     }

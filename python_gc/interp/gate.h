@@ -37,8 +37,11 @@ void shim_gate_schedule_arm(const shim_pyapi *api);
  * could not relieve it), 2 on another thread. */
 int shim_gate_collector_running(void);
 
-/* Functions run with the GIL held when the gate closes (shim_pygc_on_finalize). */
+/* Functions run with the GIL held when the gate closes. */
 void shim_gate_on_close(void (*fn)(void));
+/* shim_gate_on_close, and arms the gate even in a program that never runs
+ * short of memory (for resolving Python frames while they still exist). */
+void shim_gate_at_finalize(void (*fn)(void));
 
 /* How long the atexit callback waits for collections in flight. */
 void shim_gate_set_wait_ms(unsigned ms);

@@ -1,18 +1,18 @@
 /* Report files created safely. See reportfile.c. */
-#ifndef SHIM_REPORTFILE_H
-#define SHIM_REPORTFILE_H
+#ifndef SHIM_PATH_H
+#define SHIM_PATH_H
 
 #include <stddef.h>
 #include <stdio.h>
 
 /* Expands `%p` to the pid and `%%` to `%` into out[n]. -1 (errno ENAMETOOLONG)
  * when it does not fit. */
-int shim_reportfile_expand(const char *tmpl, char *out, size_t n);
+int shim_path_expand(const char *tmpl, char *out, size_t n);
 /* Opens `path` for writing a report: never follows a symlink at the last
  * component, creates it with mode 0600, and replaces an existing file only
  * when it is a regular file owned by the effective user (then truncated and
  * set to 0600). NULL with errno set (ELOOP for a symlink, EPERM for a file of
  * another user, EINVAL for a non-regular file). */
-FILE *shim_reportfile_open(const char *path);
+FILE *shim_path_open_write(const char *path);
 
 #endif

@@ -15,7 +15,6 @@
 
 #include "log.h"
 #include "pressure.h"
-#include "pygc.h"
 
 #define MAX_CALLBACKS 32
 
@@ -29,6 +28,11 @@ static struct entry registry[MAX_CALLBACKS];
 static size_t registry_len;
 
 static _Atomic uint64_t freed_total;
+
+/* Around a wait for another thread's event: set once by python_gc at init
+ * (the allocator knows nothing of Python), read on every wait. */
+static _Atomic(shim_pressure_detach_fn) wait_detach;
+static _Atomic(shim_pressure_reattach_fn) wait_reattach;
 
 /* Depth of pressure work on this thread: running an event's callbacks, or
  * serving one (the GC thread). Non-zero means an allocation must not start
@@ -71,6 +75,12 @@ SPYRESHIM_API int spyreshim_unregister_pressure_callback(spyreshim_pressure_fn f
     }
     pthread_mutex_unlock(&registry_mu);
     return rc;
+}
+
+void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_reattach_fn reattach)
+{
+    atomic_store(&wait_reattach, reattach);
+    atomic_store(&wait_detach, detach);
 }
 
 void shim_pressure_state_init(shim_pressure_state *ps)
@@ -144,13 +154,15 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
          * interpreter: the loader's lock) and re-attaching (the GIL) happen
          * without the allocator lock. */
         shim_lock_release(lock);
-        void *py = shim_pygc_detach();
+        shim_pressure_detach_fn detach = atomic_load(&wait_detach);
+        shim_pressure_reattach_fn reattach = atomic_load(&wait_reattach);
+        void *py = detach ? detach() : NULL;
         shim_lock_acquire(lock);
         while (ps->active && ps->generation == gen)
             shim_lock_wait(lock, &ps->done);
-        if (py) {
+        if (py && reattach) {
             shim_lock_release(lock);
-            shim_pygc_reattach(py);
+            reattach(py);
             shim_lock_acquire(lock);
         }
         return SHIM_RELIEF_WAITED;

@@ -29,9 +29,18 @@ enum shim_relief {
 /* Entered with `lock` held after a request of `want` bytes failed. Runs one
  * pressure event (every callback, in registration order), or, when another
  * thread's event is running, waits for it to end. Returns with `lock` held.
- * A thread attached to Python detaches while it waits (the event may need
- * the GIL). */
+ * The wait hooks run around that wait (a thread attached to Python detaches:
+ * the event may need the GIL). */
 enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want);
+
+/* Detaches the calling thread from whatever may need to run for another
+ * thread's event to end (python_gc: the interpreter), returning a token, or
+ * NULL when there was nothing to do; reattach(token) undoes it. Both are
+ * called without the allocator lock. The upper layer registers them at init
+ * (the allocator core knows nothing of Python). */
+typedef void *(*shim_pressure_detach_fn)(void);
+typedef void (*shim_pressure_reattach_fn)(void *token);
+void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_reattach_fn reattach);
 
 /* True on a thread that is inside a pressure event (running callbacks, or
  * collecting on the shim's behalf): an allocation there must fail at once. */

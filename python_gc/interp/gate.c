@@ -343,3 +343,13 @@ void shim_gate_atfork_child(void)
     gate_init_once();
     inflight = 0;
 }
+
+void shim_gate_at_finalize(void (*fn)(void))
+{
+    if (!fn)
+        return;
+    shim_gate_on_close(fn);
+    /* The functions run only when the gate closes, so it must be armed even
+     * in a program that never runs short of memory. */
+    shim_gate_schedule_arm(shim_pyapi_get());
+}

@@ -41,7 +41,6 @@
 #include "gate.h"
 #include "log.h"
 #include "pyframes.h"
-#include "pygc.h"
 #include "pystack.h"
 
 #define MAX_DEPTH 256           /* frames per stack, whatever the caller asks */
@@ -199,7 +198,7 @@ static void setup(void)
     if (first) {
         shim_debug("Python stacks: CPython %d.%d%s, frame layout from the %s", py->major,
                    py->minor, L.free_threaded ? " (free-threaded)" : "", L.source);
-        shim_pygc_on_finalize(on_finalize);
+        shim_gate_at_finalize(on_finalize);
     }
 }
 
@@ -266,7 +265,7 @@ static void maybe_reopen(void)
     }
     pthread_mutex_unlock(&stack_lock);
     if (reopened)
-        shim_pygc_on_finalize(on_finalize);
+        shim_gate_at_finalize(on_finalize);
 }
 
 static void warn_full_locked(void)

@@ -1,4 +1,4 @@
-/* Report files (shim/reportfile.c): never follow symlinks, 0600, never
+/* Files the shim writes (shim/base/path.c): never follow symlinks, 0600, never
  * overwrite another user's file, never hang on a FIFO. */
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -9,13 +9,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "reportfile.h"
+#include "path.h"
 
 static char dir[64];
 
 static void mkdir_tmp(void)
 {
-    strcpy(dir, "/tmp/reportfile-XXXXXX");
+    strcpy(dir, "/tmp/path-XXXXXX");
     cr_assert_not_null(mkdtemp(dir));
 }
 
@@ -26,7 +26,7 @@ static void rm_tmp(void)
     cr_assert_eq(system(cmd), 0);
 }
 
-TestSuite(reportfile, .init = mkdir_tmp, .fini = rm_tmp);
+TestSuite(path, .init = mkdir_tmp, .fini = rm_tmp);
 
 static void slurp(const char *path, char *buf, size_t n)
 {
@@ -37,24 +37,24 @@ static void slurp(const char *path, char *buf, size_t n)
     fclose(f);
 }
 
-Test(reportfile, expands_pid_and_percent)
+Test(path, expands_pid_and_percent)
 {
     char out[64], want[64];
-    cr_assert_eq(shim_reportfile_expand("/t/r.%p.json", out, sizeof out), 0);
+    cr_assert_eq(shim_path_expand("/t/r.%p.json", out, sizeof out), 0);
     snprintf(want, sizeof want, "/t/r.%ld.json", (long)getpid());
     cr_assert_str_eq(out, want);
-    cr_assert_eq(shim_reportfile_expand("100%%-%x", out, sizeof out), 0);
+    cr_assert_eq(shim_path_expand("100%%-%x", out, sizeof out), 0);
     cr_assert_str_eq(out, "100%-%x");
-    cr_assert_eq(shim_reportfile_expand("0123456789", out, 10), -1);
+    cr_assert_eq(shim_path_expand("0123456789", out, 10), -1);
     cr_assert_eq(errno, ENAMETOOLONG);
 }
 
-Test(reportfile, new_file_is_0600_whatever_the_umask)
+Test(path, new_file_is_0600_whatever_the_umask)
 {
     char path[128];
     snprintf(path, sizeof path, "%s/new.json", dir);
     mode_t old = umask(0);
-    FILE *f = shim_reportfile_open(path);
+    FILE *f = shim_path_open_write(path);
     umask(old);
     cr_assert_not_null(f);
     fputs("{}", f);
@@ -64,7 +64,7 @@ Test(reportfile, new_file_is_0600_whatever_the_umask)
     cr_assert_eq(st.st_mode & 07777, 0600, "mode %o", st.st_mode & 07777);
 }
 
-Test(reportfile, own_file_is_replaced)
+Test(path, own_file_is_replaced)
 {
     char path[128], buf[64];
     snprintf(path, sizeof path, "%s/own.json", dir);
@@ -72,7 +72,7 @@ Test(reportfile, own_file_is_replaced)
     fputs("old contents, longer than the new ones", f);
     fclose(f);
     chmod(path, 0644);
-    f = shim_reportfile_open(path);
+    f = shim_path_open_write(path);
     cr_assert_not_null(f);
     fputs("new", f);
     fclose(f);
@@ -83,7 +83,7 @@ Test(reportfile, own_file_is_replaced)
     cr_assert_eq(st.st_mode & 07777, 0600);
 }
 
-Test(reportfile, symlink_is_not_followed)
+Test(path, symlink_is_not_followed)
 {
     char path[128], target[128], buf[64];
     snprintf(target, sizeof target, "%s/target", dir);
@@ -93,7 +93,7 @@ Test(reportfile, symlink_is_not_followed)
     fclose(f);
     cr_assert_eq(symlink(target, path), 0);
     errno = 0;
-    cr_assert_null(shim_reportfile_open(path));
+    cr_assert_null(shim_path_open_write(path));
     cr_assert_eq(errno, ELOOP);
     slurp(target, buf, sizeof buf);
     cr_assert_str_eq(buf, "precious");
@@ -102,11 +102,11 @@ Test(reportfile, symlink_is_not_followed)
     snprintf(dangling, sizeof dangling, "%s/dangling.json", dir);
     snprintf(nowhere, sizeof nowhere, "%s/nowhere", dir);
     cr_assert_eq(symlink(nowhere, dangling), 0);
-    cr_assert_null(shim_reportfile_open(dangling));
+    cr_assert_null(shim_path_open_write(dangling));
     cr_assert_neq(access(nowhere, F_OK), 0);
 }
 
-Test(reportfile, another_users_file_is_never_overwritten)
+Test(path, another_users_file_is_never_overwritten)
 {
     if (geteuid() != 0)
         cr_skip_test("needs root to give a file to another user");
@@ -117,21 +117,21 @@ Test(reportfile, another_users_file_is_never_overwritten)
     fclose(f);
     cr_assert_eq(chown(path, 65534, 65534), 0);
     errno = 0;
-    cr_assert_null(shim_reportfile_open(path));
+    cr_assert_null(shim_path_open_write(path));
     cr_assert_eq(errno, EPERM);
     slurp(path, buf, sizeof buf);
     cr_assert_str_eq(buf, "theirs");
 }
 
-Test(reportfile, fifo_is_refused_without_hanging)
+Test(path, fifo_is_refused_without_hanging)
 {
     char path[128];
     snprintf(path, sizeof path, "%s/fifo", dir);
     cr_assert_eq(mkfifo(path, 0600), 0);
-    cr_assert_null(shim_reportfile_open(path));
+    cr_assert_null(shim_path_open_write(path));
 }
 
-Test(reportfile, hard_link_is_refused)
+Test(path, hard_link_is_refused)
 {
     char path[128], other[128];
     snprintf(other, sizeof other, "%s/other", dir);
@@ -139,6 +139,6 @@ Test(reportfile, hard_link_is_refused)
     FILE *f = fopen(other, "w");
     fclose(f);
     cr_assert_eq(link(other, path), 0);
-    cr_assert_null(shim_reportfile_open(path));
+    cr_assert_null(shim_path_open_write(path));
     cr_assert_eq(errno, EPERM);
 }

@@ -201,13 +201,8 @@ static pthread_once_t g_active_once = PTHREAD_ONCE_INIT;
 
 static void load_active(void)
 {
-    const shim_options *o = shim_opts();
-    const char *path = o->suppressions;
-    if (path && o->secure) {
-        shim_warn("secure mode: SPYRESHIM_SUPPRESSIONS ignored");
-        path = NULL;
-    }
-    g_active = shim_suppressions_load(path);
+    /* In secure mode options.c has left the path unset. */
+    g_active = shim_suppressions_load(shim_opts()->suppressions);
 }
 
 const shim_suppressions *shim_suppressions_active(void)

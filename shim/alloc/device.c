@@ -13,7 +13,6 @@
 
 #include "arena.h"
 #include "device.h"
-#include "leak.h"
 #include "lock.h"
 #include "log.h"
 #include "options.h"
@@ -32,6 +31,11 @@ struct shim_device {
     uint64_t allocs, frees, failed, invalid_frees, foreign_frees;
     uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
 };
+
+/* Leak hunting's hooks, set once at init by the layer above (the allocator
+ * knows nothing of stacks or reports); NULL while leak hunting is off. */
+static _Atomic(shim_capture_fn) capture_hook;
+static _Atomic(shim_oom_fn) oom_hook;
 
 static pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
 static shim_device *devices[SHIM_MAX_DEVICES];
@@ -96,6 +100,12 @@ static shim_device *device_create(const shim_runtime *rt)
         return NULL;
     }
     return d;
+}
+
+void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom)
+{
+    atomic_store(&oom_hook, on_oom);
+    atomic_store(&capture_hook, capture);
 }
 
 shim_device *shim_device_get(const shim_runtime *rt)
@@ -172,8 +182,9 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
         return rt->err_oom;
 
     uint32_t nstack = 0, pystack = 0;
-    if (shim_leak_enabled())
-        shim_leak_capture(&nstack, &pystack);
+    shim_capture_fn capture = atomic_load_explicit(&capture_hook, memory_order_relaxed);
+    if (capture)
+        capture(&nstack, &pystack);
 
     bool taken = lock_unless_mine(d);
     /* Already holding the lock means a callback allocates before releasing
@@ -237,8 +248,9 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     if (taken)
         shim_lock_release(&d->lock);
     shim_debug("%s: out of memory for %zu bytes", rt->name, size);
-    if (taken)
-        shim_leak_on_oom(rt->name, size);
+    shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
+    if (taken && on_oom)
+        on_oom(rt->name, size);
     return rt->err_oom;
 }
 

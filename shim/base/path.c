@@ -9,7 +9,7 @@
  * the descriptor that was checked, so there is no window between check and
  * use.
  */
-#include "reportfile.h"
+#include "path.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int shim_reportfile_expand(const char *tmpl, char *out, size_t n)
+int shim_path_expand(const char *tmpl, char *out, size_t n)
 {
     size_t o = 0;
     for (const char *p = tmpl; *p; p++) {
@@ -51,7 +51,7 @@ int shim_reportfile_expand(const char *tmpl, char *out, size_t n)
     return 0;
 }
 
-FILE *shim_reportfile_open(const char *path)
+FILE *shim_path_open_write(const char *path)
 {
     int flags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC;
     int fd = open(path, flags | O_CREAT | O_EXCL, 0600);

@@ -23,6 +23,13 @@ typedef struct shim_runtime {
 
 typedef struct shim_device shim_device;
 
+/* Leak hunting registers these at init. `capture` records the calling
+ * thread's stacks (ids, 0 = none) before the allocator lock is taken;
+ * `on_oom` runs, without any allocator lock, when a request finally fails. */
+typedef void (*shim_capture_fn)(uint32_t *native_stack, uint32_t *python_stack);
+typedef void (*shim_oom_fn)(const char *runtime, size_t size);
+void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
+
 /* The device for `rt`, created on first use. `rt` must outlive the process
  * (a static in the hook file). Never NULL unless out of host memory. */
 shim_device *shim_device_get(const shim_runtime *rt);

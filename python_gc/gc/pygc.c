@@ -292,6 +292,7 @@ void shim_pygc_init(void)
     unsigned gate_ms = timeout_ms * 4 < 10000 ? 10000 : timeout_ms * 4;
     shim_gate_set_wait_ms(gate_ms > 60000 ? 60000 : gate_ms);
     shim_gcthread_set_observer(thread_observer);
+    shim_pressure_set_wait_hooks(shim_pygc_detach, shim_pygc_reattach);
     if (spyreshim_register_pressure_callback(pressure_cb, NULL) != 0) {
         shim_warn("python_gc: cannot register the pressure callback");
         return;
@@ -374,16 +375,6 @@ void shim_pygc_write_json(FILE *f)
     fprintf(f, ",\n  \"gc_backoff\": {\"level\": %u, \"active\": %s}",
             atomic_load(&backoff_level), until > shim_now_ns() ? "true" : "false");
     fprintf(f, ",\n  \"gc_interpreter_cycles\": %lu", shim_gate_cycles());
-}
-
-void shim_pygc_on_finalize(void (*fn)(void))
-{
-    if (!fn)
-        return;
-    shim_gate_on_close(fn);
-    /* The functions run only when the gate closes, so it must be armed even
-     * in a program that never runs short of memory. */
-    shim_gate_schedule_arm(shim_pyapi_get());
 }
 
 void shim_pygc_atfork_child(void)

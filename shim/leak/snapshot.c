@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "device.h"
-#include "reportfile.h"
+#include "path.h"
 #include "report.h"
 #include "spyreshim.h"
 #include "suppress.h"
@@ -108,9 +108,9 @@ SPYRESHIM_API int spyreshim_snapshot_write_json(const spyreshim_snapshot *s, con
         return -1;
     }
     char expanded[4096];
-    if (shim_reportfile_expand(path, expanded, sizeof expanded) != 0)
+    if (shim_path_expand(path, expanded, sizeof expanded) != 0)
         return -1;
-    FILE *f = shim_reportfile_open(expanded);
+    FILE *f = shim_path_open_write(expanded);
     if (!f)
         return -1;
     shim_report *r = shim_report_build(s->allocs, s->n, shim_suppressions_active());

@@ -44,17 +44,11 @@
  *   tries again before failing.
  */
 #include "arena.h"
+#include "bins.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef SHIM_ARENA_SL_BITS
-#define SHIM_ARENA_SL_BITS 6
-#endif
-#define SL_BITS SHIM_ARENA_SL_BITS
-#define SL_COUNT (1u << SL_BITS)
-#define FL_COUNT (64 - SL_BITS + 1)
-#define BIN_COUNT (FL_COUNT * SL_COUNT)
 #define NIL UINT32_MAX
 
 #define MIB ((size_t)1 << 20)
@@ -116,30 +110,6 @@ struct shim_arena {
 };
 
 /* ---- bins ---------------------------------------------------------- */
-
-static inline uint32_t bin_floor(uint64_t u)
-{
-    if (u < SL_COUNT)
-        return (uint32_t)u;
-    unsigned fl = 63u - (unsigned)__builtin_clzll(u);
-    unsigned shift = fl - SL_BITS;
-    uint32_t mant = (uint32_t)(u >> shift) & (SL_COUNT - 1);
-    return ((fl - SL_BITS + 1) << SL_BITS) | mant;
-}
-
-static inline uint64_t bin_size(uint32_t b)
-{
-    uint32_t e = b >> SL_BITS, m = b & (SL_COUNT - 1);
-    if (e == 0)
-        return m;
-    return (uint64_t)(SL_COUNT | m) << (e - 1);
-}
-
-static inline uint32_t bin_ceil(uint64_t u)
-{
-    uint32_t b = bin_floor(u);
-    return bin_size(b) < u ? b + 1 : b;
-}
 
 static void bin_insert(shim_arena *a, uint32_t i)
 {
