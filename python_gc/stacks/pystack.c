@@ -135,13 +135,9 @@ static inline bool raw_equal(const shim_pyrawframe *a, const shim_pyrawframe *b)
            a->name_hash == b->name_hash && a->file == b->file && a->firstlineno == b->firstlineno;
 }
 
-static void lock_atfork_prepare(void) { pthread_mutex_lock(&stack_lock); }
-static void lock_atfork_parent(void) { pthread_mutex_unlock(&stack_lock); }
-static void lock_atfork_child(void) { pthread_mutex_init(&stack_lock, NULL); }
-static void lock_atfork_register(void)
-{
-    pthread_atfork(lock_atfork_prepare, lock_atfork_parent, lock_atfork_child);
-}
+void shim_pystack_atfork_prepare(void) { pthread_mutex_lock(&stack_lock); }
+void shim_pystack_atfork_parent(void) { pthread_mutex_unlock(&stack_lock); }
+void shim_pystack_atfork_child(void) { pthread_mutex_unlock(&stack_lock); }
 
 static void on_finalize(void);
 
@@ -209,8 +205,6 @@ static bool ready(void)
         return true;
     if (s == ST_OFF)
         return false;
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, lock_atfork_register);
     setup();
     return atomic_load_explicit(&state, memory_order_acquire) == ST_READY;
 }

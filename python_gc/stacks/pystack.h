@@ -28,4 +28,10 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max);
  * exit through shim_pygc_on_finalize, and by report/snapshot calls). */
 void shim_pystack_resolve_all(void);
 
+/* fork(): the interning lock, held across fork by the forking thread
+ * (shim/process/fork.c). */
+void shim_pystack_atfork_prepare(void);
+void shim_pystack_atfork_parent(void);
+void shim_pystack_atfork_child(void);
+
 #endif

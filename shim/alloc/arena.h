@@ -56,6 +56,5 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
 size_t shim_arena_trim(shim_arena *a, size_t keep);
 void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c);
 size_t shim_arena_limit(const shim_arena *a);
-/* Resets after fork in the child: nothing to do but documented for owners. */
 
 #endif

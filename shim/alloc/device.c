@@ -25,7 +25,7 @@ struct shim_device {
     shim_table *table;
     shim_region_backend backend;
     shim_pressure_state ps;
-    _Atomic bool fork_registered; /* its own fork handlers are installed */
+    _Atomic bool fork_registered; /* announced ready: its fork handlers are installed */
     bool fork_locked;             /* its fork prepare handler holds `lock` */
     /* Guarded by lock. */
     uint64_t allocs, frees, failed, invalid_frees, foreign_frees;
@@ -36,6 +36,7 @@ struct shim_device {
  * knows nothing of stacks or reports); NULL while leak hunting is off. */
 static _Atomic(shim_capture_fn) capture_hook;
 static _Atomic(shim_oom_fn) oom_hook;
+static _Atomic(shim_device_ready_fn) ready_hook;
 
 static pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
 static shim_device *devices[SHIM_MAX_DEVICES];
@@ -71,7 +72,6 @@ static int backend_mem_info(void *ctx, size_t *free, size_t *total)
     return d->rt->real_mem_info(free, total);
 }
 
-static void register_fork_handlers(shim_device *d);
 
 static shim_device *device_create(const shim_runtime *rt)
 {
@@ -171,6 +171,88 @@ static bool has_empty_regions(const shim_device *d)
     return c.empty_regions > 0;
 }
 
+static void announce_ready(shim_device *d);
+
+/* Step: one try at serving the request from the arena, recording the
+ * block. Lock held. False when no block fits (or the table could not grow:
+ * out of host memory, reported as out-of-memory too). */
+static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out)
+{
+    uintptr_t addr;
+    uint32_t node;
+    size_t block;
+    if (shim_arena_alloc(d->arena, size, &addr, &node, &block) != 0)
+        return false;
+    shim_record rec = {
+        .ptr = addr,
+        .size = size,
+        .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
+        .node = node,
+        .native_stack = nstack,
+        .python_stack = pystack,
+    };
+    if (shim_table_insert(d->table, &rec) != 0) {
+        shim_arena_free_node(d->arena, node);
+        return false;
+    }
+    d->allocs++;
+    d->live_bytes += size;
+    if (d->live_bytes > d->peak_live_bytes)
+        d->peak_live_bytes = d->live_bytes;
+    *out = addr;
+    return true;
+}
+
+/* What a request has spent on getting memory back. Rounds count the
+ * events it ran; waits for another thread's event count apart, with a
+ * larger bound: under heavy concurrency a thread can lose what each event
+ * freed to others a few times in a row without anything being wrong. */
+struct relief_budget {
+    unsigned rounds, waits, max_rounds;
+    bool trimmed;
+};
+
+/* Step: after a failed try, makes room if anything still can. Lock held
+ * (a pressure event releases and re-acquires it). False when the request
+ * must fail. */
+static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
+{
+    if (shim_pressure_in_event())
+        return false; /* an allocation made by pressure work itself */
+    /* Cached empty regions are free memory the runtime cannot see: give
+     * them back first, so a larger region can be reserved. */
+    if (!b->trimmed && has_empty_regions(d)) {
+        b->trimmed = true;
+        shim_arena_trim(d->arena, 0);
+        return true;
+    }
+    if (b->rounds >= b->max_rounds || b->waits >= 4 * b->max_rounds)
+        return false;
+    enum shim_relief r = shim_pressure_relieve(&d->ps, &d->lock, size);
+    if (r == SHIM_RELIEF_NONE)
+        return false;
+    if (r == SHIM_RELIEF_RAN)
+        b->rounds++;
+    else
+        b->waits++;
+    b->trimmed = false;
+    return true;
+}
+
+/* Step: the request failed for good. Called with the lock held when
+ * `taken`, returns without it. */
+static int fail(shim_device *d, size_t size, bool taken)
+{
+    d->failed++;
+    if (taken)
+        shim_lock_release(&d->lock);
+    shim_debug("%s: out of memory for %zu bytes", d->rt->name, size);
+    shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
+    if (taken && on_oom)
+        on_oom(d->rt->name, size);
+    return d->rt->err_oom;
+}
+
 int shim_device_malloc(shim_device *d, void **ptr, size_t size)
 {
     const shim_runtime *rt = d->rt;
@@ -186,72 +268,20 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     if (capture)
         capture(&nstack, &pystack);
 
-    bool taken = lock_unless_mine(d);
     /* Already holding the lock means a callback allocates before releasing
      * it: serve it if memory is there, never start pressure work. */
-    bool may_relieve = taken;
-    unsigned rounds = 0, waits = 0, max_rounds = shim_opts()->pressure_rounds;
-    bool trimmed = false;
-    for (;;) {
-        uintptr_t addr;
-        uint32_t node;
-        size_t block;
-        if (shim_arena_alloc(d->arena, size, &addr, &node, &block) == 0) {
-            shim_record rec = {
-                .ptr = addr,
-                .size = size,
-                .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
-                .node = node,
-                .native_stack = nstack,
-                .python_stack = pystack,
-            };
-            if (shim_table_insert(d->table, &rec) != 0) {
-                shim_arena_free_node(d->arena, node);
-                break; /* out of host memory for the table: report OOM */
-            }
-            d->allocs++;
-            d->live_bytes += size;
-            if (d->live_bytes > d->peak_live_bytes)
-                d->peak_live_bytes = d->live_bytes;
-            if (taken)
-                shim_lock_release(&d->lock);
-            if (!atomic_load_explicit(&d->fork_registered, memory_order_relaxed) && taken)
-                register_fork_handlers(d);
-            *ptr = (void *)addr;
-            return 0;
-        }
-        if (!may_relieve || shim_pressure_in_event())
-            break;
-        /* Cached empty regions are free memory the runtime cannot see:
-         * give them back first, so a larger region can be reserved. */
-        if (!trimmed && has_empty_regions(d)) {
-            trimmed = true;
-            shim_arena_trim(d->arena, 0);
-            continue;
-        }
-        /* Rounds count the events this request ran. Waiting for another
-         * thread's event counts apart, with a larger bound: under heavy
-         * concurrency a thread can lose what each event freed to others a
-         * few times in a row without anything being wrong. */
-        if (rounds >= max_rounds || waits >= 4 * max_rounds)
-            break;
-        enum shim_relief r = shim_pressure_relieve(&d->ps, &d->lock, size);
-        if (r == SHIM_RELIEF_NONE)
-            break;
-        if (r == SHIM_RELIEF_RAN)
-            rounds++;
-        else
-            waits++;
-        trimmed = false;
-    }
-    d->failed++;
+    bool taken = lock_unless_mine(d);
+    struct relief_budget budget = {.max_rounds = shim_opts()->pressure_rounds};
+    uintptr_t addr;
+    while (!serve(d, size, nstack, pystack, &addr))
+        if (!taken || !make_room(d, size, &budget))
+            return fail(d, size, taken);
     if (taken)
         shim_lock_release(&d->lock);
-    shim_debug("%s: out of memory for %zu bytes", rt->name, size);
-    shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
-    if (taken && on_oom)
-        on_oom(rt->name, size);
-    return rt->err_oom;
+    if (taken && !atomic_load_explicit(&d->fork_registered, memory_order_relaxed))
+        announce_ready(d);
+    *ptr = (void *)addr;
+    return 0;
 }
 
 static const char *kind_name(enum shim_block_kind k)
@@ -398,24 +428,16 @@ size_t shim_device_trim(shim_device *d)
     return n;
 }
 
-/* fork(). The child must not inherit an allocator lock held by a thread
- * that does not exist there, so each device's lock is taken before fork and
- * released after, in both processes. The order matters: the allocation path
- * holds the device lock while it calls into the runtime, and a runtime may
- * take a lock of its own in its fork handler (libsimdev does). Prepare
- * handlers run in reverse order of registration, so a device's handlers are
- * registered only once the runtime has been called (after its first
- * allocation, outside any lock: glibc holds its handler-list lock while it
- * runs the prepare handlers): ours then run first, taking the device lock
- * before the runtime's, as the allocation path does. */
-static void device_fork_prepare(size_t i)
+/* fork(): what a device does; when, and in which order with every other
+ * lock of the process, is shim/process/fork.c's (docs/locking.md). */
+void shim_device_fork_prepare(size_t i)
 {
     shim_device *d = devices[i];
     shim_lock_acquire(&d->lock);
     d->fork_locked = true;
 }
 
-static void device_fork_parent(size_t i)
+void shim_device_fork_parent(size_t i)
 {
     shim_device *d = devices[i];
     d->fork_locked = false;
@@ -427,11 +449,10 @@ static void reset_pressure(shim_device *d)
     /* A pressure event of a thread that does not exist in the child would
      * never end: nobody is running it here. */
     d->ps.active = false;
-    d->ps.owner = 0;
     pthread_cond_init(&d->ps.done, NULL);
 }
 
-static void device_fork_child(size_t i)
+void shim_device_fork_child(size_t i)
 {
     shim_device *d = devices[i];
     reset_pressure(d);
@@ -439,34 +460,27 @@ static void device_fork_child(size_t i)
     shim_lock_release(&d->lock);
 }
 
-#define FORK_HANDLERS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-#define DEFINE_FORK_HANDLERS(i)                                      \
-    static void fork_prepare_##i(void) { device_fork_prepare(i); }  \
-    static void fork_parent_##i(void) { device_fork_parent(i); }    \
-    static void fork_child_##i(void) { device_fork_child(i); }
-FORK_HANDLERS(DEFINE_FORK_HANDLERS)
-#define FORK_ROW(i) {fork_prepare_##i, fork_parent_##i, fork_child_##i},
-static const struct { void (*prepare)(void), (*parent)(void), (*child)(void); }
-    fork_handlers[SHIM_MAX_DEVICES] = {FORK_HANDLERS(FORK_ROW)};
-_Static_assert(SHIM_MAX_DEVICES == 8, "one row of fork handlers per device");
-
-static void register_fork_handlers(shim_device *d)
+static void announce_ready(shim_device *d)
 {
     if (atomic_exchange(&d->fork_registered, true))
         return;
+    shim_device_ready_fn fn = atomic_load(&ready_hook);
     size_t n = shim_device_count();
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n && fn; i++)
         if (devices[i] == d)
-            pthread_atfork(fork_handlers[i].prepare, fork_handlers[i].parent,
-                           fork_handlers[i].child);
+            fn(i);
 }
 
-void shim_device_atfork_child(void)
+void shim_device_set_ready_hook(shim_device_ready_fn fn)
 {
-    /* Runs before the devices' own child handlers (registered later). A
-     * device whose handlers were not registered yet (fork during its very
-     * first allocation) may have been locked by another thread: there is
-     * nothing better to do than to start its lock afresh. */
+    atomic_store(&ready_hook, fn);
+}
+
+void shim_device_atfork_child_early(void)
+{
+    /* A device whose fork handlers were not installed yet (fork during its
+     * very first allocation) may have been locked by another thread: there
+     * is nothing better to do than to start its lock afresh. */
     pthread_mutex_init(&devices_mu, NULL);
     size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++) {

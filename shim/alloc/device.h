@@ -55,10 +55,18 @@ size_t shim_device_trim(shim_device *d);
 /* Allocation sequence: every successful allocation takes the next number. */
 uint64_t shim_device_seq_now(void);
 
-/* fork(): each device registers its own handlers once its runtime has been
- * called (see device.c); this one, from init's child handler, restarts what
- * those did not cover. */
-void shim_device_atfork_child(void);
+/* fork() (the policy is shim/process/fork.c's). A device is announced
+ * ready, once, after its runtime's first call returned, outside any lock:
+ * that is when its fork handlers can be installed so that they run before
+ * the runtime's own (docs/locking.md). prepare takes device i's lock,
+ * parent and child release it; child_early, run before those, restarts the
+ * lock of a device whose handlers were not installed yet. */
+typedef void (*shim_device_ready_fn)(size_t index);
+void shim_device_set_ready_hook(shim_device_ready_fn fn);
+void shim_device_fork_prepare(size_t index);
+void shim_device_fork_parent(size_t index);
+void shim_device_fork_child(size_t index);
+void shim_device_atfork_child_early(void);
 
 /* Tests only: forget every device (the process keeps its memory). */
 void shim_device_reset_for_tests(void);

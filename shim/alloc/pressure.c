@@ -83,6 +83,10 @@ void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_
     atomic_store(&wait_detach, detach);
 }
 
+void shim_pressure_atfork_prepare(void) { pthread_mutex_lock(&registry_mu); }
+void shim_pressure_atfork_parent(void) { pthread_mutex_unlock(&registry_mu); }
+void shim_pressure_atfork_child(void) { pthread_mutex_unlock(&registry_mu); }
+
 void shim_pressure_state_init(shim_pressure_state *ps)
 {
     memset(ps, 0, sizeof *ps);
@@ -175,7 +179,6 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
     pthread_mutex_unlock(&registry_mu);
 
     ps->active = true;
-    ps->owner = (unsigned long)pthread_self();
     ps->events++;
     tls_in_event++;
     tls_give_up = false;
@@ -192,7 +195,6 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
     bool retry = !tls_give_up;
     tls_give_up = false;
     ps->active = false;
-    ps->owner = 0;
     ps->generation++;
     pthread_cond_broadcast(&ps->done);
     return retry && n > 0 ? SHIM_RELIEF_RAN : SHIM_RELIEF_NONE;

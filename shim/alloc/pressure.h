@@ -12,7 +12,6 @@
 typedef struct shim_pressure_state {
     /* Guarded by the device's lock. */
     bool active;                 /* an event is running on some thread */
-    unsigned long owner;         /* its thread */
     uint64_t generation;         /* bumped when an event ends */
     pthread_cond_t done;         /* signalled when an event ends */
     uint64_t events, waits, callback_runs, recovered_bytes;
@@ -52,6 +51,12 @@ void shim_pressure_leave_service(void);
 /* Called by a callback: retrying this request is pointless (a collection
  * timed out); the allocation fails with out-of-memory after this round. */
 void shim_pressure_give_up(void);
+
+/* fork(): the registry's lock, held across fork by the forking thread
+ * (shim/process/fork.c). */
+void shim_pressure_atfork_prepare(void);
+void shim_pressure_atfork_parent(void);
+void shim_pressure_atfork_child(void);
 
 /* Every byte freed through the shim, all devices, monotonically. */
 uint64_t shim_pressure_freed_total(void);

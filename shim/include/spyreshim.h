@@ -50,31 +50,39 @@ SPYRESHIM_API void spyreshim_lock_release(spyreshim_lock *lock);
 SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
 
 /* Counters summed over every intercepted runtime. `size` must be set to
- * sizeof(spyreshim_stats) by the caller, so the struct can grow. */
+ * sizeof(spyreshim_stats) by the caller, so the struct can grow (new fields
+ * are added at the end only). The one list of the fields: it makes the
+ * struct and the SPYRESHIM_STATS JSON, and the Python package's list is
+ * tested against it. */
+#define SPYRESHIM_STATS_FIELDS(X)                                                  \
+    X(reserved_bytes, "bytes held from the runtime now")                           \
+    X(used_bytes, "bytes handed out to the program now")                           \
+    X(peak_reserved_bytes, "most bytes ever held from the runtime")                \
+    X(peak_used_bytes, "most bytes ever handed out")                               \
+    X(allocs, "successful allocations")                                            \
+    X(frees, "frees of the shim's blocks")                                         \
+    X(failed_allocs, "out-of-memory returned to the program")                      \
+    X(regions, "regions held now")                                                 \
+    X(regions_reserved, "regions ever reserved")                                   \
+    X(regions_released, "regions given back")                                      \
+    X(invalid_frees, "double frees, interior pointers, wild pointers")             \
+    X(foreign_frees, "pointers the shim never handed out, passed to the runtime")  \
+    X(pressure_events, "pressure events run")                                      \
+    X(pressure_waits, "waits for another thread's pressure event")                 \
+    X(callback_runs, "pressure callback invocations")                              \
+    X(callback_recovered_bytes, "bytes freed while callbacks ran")                 \
+    X(gc_collections, "garbage collections run under pressure")                    \
+    X(gc_time_ns, "time inside those collections")                                 \
+    X(gc_recovered_bytes, "device bytes freed while collecting")                   \
+    X(gc_timeouts, "requests that stopped waiting for the GC thread")             \
+    X(gc_skipped, "pressure events with no collection (not initialized, ...)")    \
+    X(gc_backoff_skips, "pressure events skipped by the back-off")
+
 typedef struct spyreshim_stats {
     size_t size;
-    uint64_t reserved_bytes;          /* held from the runtime now */
-    uint64_t used_bytes;              /* handed out to the program now */
-    uint64_t peak_reserved_bytes;
-    uint64_t peak_used_bytes;
-    uint64_t allocs;
-    uint64_t frees;
-    uint64_t failed_allocs;           /* out-of-memory returned to the program */
-    uint64_t regions;                 /* regions held now */
-    uint64_t regions_reserved;        /* regions ever reserved */
-    uint64_t regions_released;        /* regions given back */
-    uint64_t invalid_frees;           /* double frees, interior pointers */
-    uint64_t foreign_frees;           /* pointers the shim never handed out */
-    uint64_t pressure_events;
-    uint64_t pressure_waits;          /* threads that waited on another's event */
-    uint64_t callback_runs;
-    uint64_t callback_recovered_bytes;
-    uint64_t gc_collections;
-    uint64_t gc_time_ns;
-    uint64_t gc_recovered_bytes;
-    uint64_t gc_timeouts;
-    uint64_t gc_skipped;
-    uint64_t gc_backoff_skips;
+#define SPYRESHIM_STATS_FIELD_(name, doc) uint64_t name;
+    SPYRESHIM_STATS_FIELDS(SPYRESHIM_STATS_FIELD_)
+#undef SPYRESHIM_STATS_FIELD_
 } spyreshim_stats;
 
 SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out);

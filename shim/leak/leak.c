@@ -53,7 +53,6 @@ void shim_leak_init(void)
     }
     g_depth = depth;
     shim_stack_init();
-    pthread_atfork(shim_stack_atfork_prepare, shim_stack_atfork_parent, shim_stack_atfork_child);
     g_python = o->python_stacks;
     atomic_store_explicit(&g_enabled, true, memory_order_release);
     shim_device_set_leak_hooks(shim_leak_capture, shim_leak_on_oom);

@@ -2,27 +2,19 @@
  * process exits. Loading must cost nothing measurable and print nothing in
  * a process that never touches a device runtime: options are parsed (cheap)
  * and everything else waits for the first intercepted call. */
-#include <pthread.h>
-
-#include "device.h"
+#include "fork.h"
 #include "leak.h"
 #include "log.h"
 #include "options.h"
 #include "pygc.h"
 #include "stats.h"
 
-static void atfork_child(void)
-{
-    shim_device_atfork_child();
-    shim_pygc_atfork_child();
-}
-
 __attribute__((constructor)) static void shim_init(void)
 {
     const shim_options *o = shim_opts();
     if (o->log_level == SHIM_LOG_DEBUG)
         shim_options_dump(2);
-    pthread_atfork(NULL, NULL, atfork_child);
+    shim_fork_init();
     shim_pygc_init();
     shim_leak_init();
 }

@@ -33,31 +33,12 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
 
 static void write_json(FILE *f, const spyreshim_stats *s)
 {
-    fprintf(f, "{\n");
-#define FIELD(name) fprintf(f, "  \"%s\": %" PRIu64 ",\n", #name, s->name)
-    FIELD(reserved_bytes);
-    FIELD(used_bytes);
-    FIELD(peak_reserved_bytes);
-    FIELD(peak_used_bytes);
-    FIELD(allocs);
-    FIELD(frees);
-    FIELD(failed_allocs);
-    FIELD(regions);
-    FIELD(regions_reserved);
-    FIELD(regions_released);
-    FIELD(invalid_frees);
-    FIELD(foreign_frees);
-    FIELD(pressure_events);
-    FIELD(pressure_waits);
-    FIELD(callback_runs);
-    FIELD(callback_recovered_bytes);
-    FIELD(gc_collections);
-    FIELD(gc_time_ns);
-    FIELD(gc_recovered_bytes);
-    FIELD(gc_timeouts);
-    FIELD(gc_skipped);
+    const char *sep = "{\n  ";
+#define FIELD(name, doc)                                                    \
+    fprintf(f, "%s\"%s\": %" PRIu64, sep, #name, s->name);                  \
+    sep = ",\n  ";
+    SPYRESHIM_STATS_FIELDS(FIELD)
 #undef FIELD
-    fprintf(f, "  \"gc_backoff_skips\": %" PRIu64, s->gc_backoff_skips);
     shim_pygc_write_json(f);
     fprintf(f, ",\n  \"pid\": %d,\n  \"runtimes\": [", (int)getpid());
     size_t n = shim_device_count();
