@@ -166,6 +166,11 @@ enum {
     X(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)) \
     X(CUresult, cuPointerGetAttribute, (void *data, int attribute, CUdeviceptr ptr)) \
     X(CUresult, cuIpcGetMemHandle, (CUipcMemHandle *pHandle, CUdeviceptr dptr)) \
+    X(CUresult, cuIpcOpenMemHandle, (CUdeviceptr *pdptr, CUipcMemHandle handle, \
+                                     unsigned int Flags)) \
+    X(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr *pdptr, CUipcMemHandle handle, \
+                                        unsigned int Flags)) \
+    X(CUresult, cuIpcCloseMemHandle, (CUdeviceptr dptr)) \
     X(CUresult, cuMemsetD8, (CUdeviceptr_v1 dstDevice, unsigned char uc, unsigned int N)) \
     X(CUresult, cuMemsetD8_v2, (CUdeviceptr dstDevice, unsigned char uc, size_t N)) \
     X(CUresult, cuMemsetD32, (CUdeviceptr_v1 dstDevice, unsigned int ui, unsigned int N)) \

@@ -73,6 +73,9 @@
     X(cuMemGetAddressRange, 3020, cuMemGetAddressRange_v2) \
     X(cuPointerGetAttribute, 4000, cuPointerGetAttribute) \
     X(cuIpcGetMemHandle, 4010, cuIpcGetMemHandle) \
+    X(cuIpcOpenMemHandle, 4010, cuIpcOpenMemHandle) \
+    X(cuIpcOpenMemHandle, 11000, cuIpcOpenMemHandle_v2) \
+    X(cuIpcCloseMemHandle, 4010, cuIpcCloseMemHandle) \
     X(cuMemsetD8, 2000, cuMemsetD8) \
     X(cuMemsetD8, 3020, cuMemsetD8_v2) \
     X(cuMemsetD32, 2000, cuMemsetD32) \
