@@ -1,0 +1,83 @@
+/* What the stand-in's files share with each other (never exported: the
+ * library is built with -fvisibility=hidden and only CUAPI functions leave
+ * it). Each declaration names the file that owns it. */
+#ifndef CUDADRV_INTERNAL_H
+#define CUDADRV_INTERNAL_H
+
+#include "cudadrv.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define CD_MAX_DEVICES 16
+
+/* ---- options.c: CUDASTANDIN_* read once, at cuInit ---------------------- */
+struct cd_options {
+    int devices;
+    size_t memory[CD_MAX_DEVICES];
+    unsigned op_delay_us;
+};
+void cd_options_read(struct cd_options *out);
+
+/* ---- init.c ------------------------------------------------------------- */
+extern struct cd_options cd_opts;
+/* CUDA_SUCCESS once cuInit succeeded, else CUDA_ERROR_NOT_INITIALIZED. */
+CUresult cd_ready(void);
+#define CD_REQUIRE_INIT() do { CUresult r_ = cd_ready(); if (r_) return r_; } while (0)
+bool cd_device_valid(CUdevice dev);
+
+/* ---- memory.c: per-device address ranges and allocators ------------------ */
+bool cd_memory_init(void);
+/* A block: where [ptr, ptr+len) lies, if inside one live allocation. */
+struct cd_block {
+    CUdevice dev;
+    CUdeviceptr base;
+    size_t size;       /* as requested */
+    CUcontext ctx;
+    char *rw;          /* host view of `base` (read-write, only for copies) */
+};
+bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out);
+/* [p, p+len) touches some device's address range (allocated or not). */
+bool cd_memory_is_device(const void *p, size_t len);
+CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out);
+/* Frees the block starting at ptr after the device went idle. */
+CUresult cd_memory_free(CUdeviceptr ptr);
+void cd_memory_free_context(CUcontext ctx);
+void cd_memory_info(CUdevice dev, size_t *free_bytes, size_t *total);
+size_t cd_memory_capacity(CUdevice dev);
+
+/* ---- context.c: contexts and the per-thread stack ----------------------- */
+/* The current context if it is alive, else NULL. */
+CUcontext cd_context_current(void);
+/* CUDA_SUCCESS and *out, or CUDA_ERROR_INVALID_CONTEXT. */
+CUresult cd_context_require(CUcontext *out);
+CUdevice cd_context_device(CUcontext ctx);
+bool cd_context_alive(CUcontext ctx);
+
+/* ---- stream.c: queues, worker threads, ordering ------------------------- */
+/* A point in a stream: done once `seq` operations of it have completed.
+ * Holds a reference on the stream (cd_mark_release drops it). */
+struct cd_mark {
+    struct cd_stream *s;
+    uint64_t seq;
+};
+typedef void (*cd_work_fn)(void *arg);
+/* Queues fn(arg) (fn may be NULL: an operation that only waits) on h (NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD mean
+ * the current context's legacy stream). fn runs on the stream's worker and
+ * owns arg; on failure fn never runs and arg stays the caller's. `after`
+ * (may be NULL) is an extra dependency; `done` (may be NULL) receives the
+ * point right after this operation. */
+CUresult cd_stream_enqueue(CUstream h, cd_work_fn fn, void *arg,
+                           const struct cd_mark *after, struct cd_mark *done);
+/* Blocks until the point is reached. */
+void cd_mark_wait(const struct cd_mark *m);
+bool cd_mark_reached(const struct cd_mark *m);
+void cd_mark_copy(struct cd_mark *dst, const struct cd_mark *src);
+void cd_mark_release(struct cd_mark *m);
+/* Waits for every queued operation on the device / of the context. */
+void cd_device_synchronize(CUdevice dev);
+void cd_context_synchronize(CUcontext ctx);
+/* Destroys the context's streams (it is being destroyed). */
+void cd_streams_drop_context(CUcontext ctx);
+
+#endif

@@ -1,0 +1,109 @@
+"""numba (Debian's, under /usr/bin/python3) on the CUDA driver stand-in
+(tests/cudadrv), without the shim: memory functions work, and device
+arrays kept alive by reference cycles with the collector off end in
+numba's own out-of-memory error (code 2).
+
+numba loads the driver named by NUMBA_CUDA_DRIVER with ctypes and binds
+functions by name (_v2 first); kernels need libNVVM and are not tried."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pythons  # noqa: E402
+
+PYTHON = "/usr/bin/python3"
+HERE = Path(__file__).resolve().parent
+
+
+def _has_numba():
+    if not os.path.exists(PYTHON):
+        return False
+    return subprocess.run([PYTHON, "-c", "import numba.cuda"],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def driver():
+    if not _has_numba():
+        reason = "Debian's python3-numba is not installed (scripts/deps.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    lib = pythons.builddir() / "tests" / "cudadrv" / "libcuda.so.1"
+    if not lib.exists():
+        pytest.fail(f"{lib} is missing: ninja -C {pythons.builddir()}")
+    return lib
+
+
+def numba_env(driver, **extra):
+    """The caller's environment without anything that would change the
+    process under test (preloads, the shim's or the stand-in's settings,
+    Python paths), pointed at the stand-in."""
+    env = {k: v for k, v in os.environ.items()
+           if k != "LD_PRELOAD" and not k.startswith(("SPYRESHIM_", "CUDASTANDIN_",
+                                                      "PYTHON", "NUMBA_"))}
+    env.update(NUMBA_CUDA_DRIVER=str(driver),
+               LD_LIBRARY_PATH=str(driver.parent),
+               PYTHONDONTWRITEBYTECODE="1",
+               PYTHONNOUSERSITE="1")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_source(driver, source, **env):
+    return pythons.run([PYTHON, "-c", source], env=numba_env(driver, **env), timeout=120)
+
+
+def last_json(result):
+    lines = [l for l in result.stdout.splitlines() if l.startswith("{")]
+    assert lines, f"no JSON line in the output:\n{result.stdout}\n{result.stderr}"
+    return json.loads(lines[-1])
+
+
+ROUNDTRIP = r"""
+import json
+import numpy as np
+from numba import cuda
+a = cuda.to_device(np.arange(1000))
+assert (a.copy_to_host() == np.arange(1000)).all()
+free, total = cuda.current_context().get_memory_info()
+d = cuda.device_array((16, 8), dtype=np.float32)
+d.copy_to_device(np.ones((16, 8), dtype=np.float32))
+back = d.copy_to_host()
+free2, _ = cuda.current_context().get_memory_info()
+print(json.dumps({"total": total, "free": free, "free_after_second": free2,
+                  "sum": float(back.sum()), "shape": list(d.shape),
+                  "name": cuda.get_current_device().name.decode()}))
+"""
+
+
+def test_numba_copies_through_the_stand_in(driver):
+    r = run_source(driver, ROUNDTRIP, CUDASTANDIN_MEMORY="256M")
+    r.check()
+    out = last_json(r)
+    assert out["total"] == 256 << 20
+    assert out["free"] <= out["total"] - 8000      # the 1000 int64 are allocated
+    assert out["free_after_second"] < out["free"]
+    assert out["sum"] == 128.0
+    assert out["shape"] == [16, 8]
+    assert out["name"].startswith("CUDA stand-in device")
+
+
+def test_cycles_without_gc_end_in_numbas_out_of_memory(driver):
+    r = pythons.run([PYTHON, HERE / "cudadrv_numba_cycles.py", "--array-bytes", 1 << 20,
+                     "--iterations", 1000],
+                    env=numba_env(driver, CUDASTANDIN_MEMORY="64M"), timeout=300)
+    r.check()
+    out = last_json(r)
+    assert out["outcome"] == "oom", out
+    assert out["error_code"] == 2
+    assert out["total"] == 64 << 20
+    # Everything made before the error is still held by cycles: the device
+    # filled up, it did not fail early.
+    assert out["iterations"] * out["array_bytes"] >= 60 << 20
+    assert out["iterations"] < 1000

@@ -1,0 +1,364 @@
+/* The CUDA driver stand-in (tests/cudadrv) through its exported API, as a
+ * program linked with -lcuda sees it. Run with CUDASTANDIN_DEVICES=2 and
+ * CUDASTANDIN_MEMORY=64M,32M (tests/meson.build). Criterion runs every test
+ * in its own process, so tests that need a per-operation delay set
+ * CUDASTANDIN_OP_DELAY_US before their cuInit. Nothing here is timed: a
+ * delay only makes queued work observably pending. */
+#include <criterion/criterion.h>
+
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "cudadrv.h"
+
+#define OK(call) cr_assert_eq((call), CUDA_SUCCESS, "%s", #call)
+
+/* Long enough that nothing queued can have run by the next statement. */
+#define SLOW_US "300000"
+
+static CUcontext primary(CUdevice dev)
+{
+    CUcontext c;
+    OK(cuDevicePrimaryCtxRetain(&c, dev));
+    OK(cuCtxSetCurrent(c));
+    return c;
+}
+
+static void init_with_delay(const char *us)
+{
+    setenv("CUDASTANDIN_OP_DELAY_US", us, 1);
+    OK(cuInit(0));
+}
+
+Test(cudadrv, calls_before_init_are_not_initialized)
+{
+    CUdeviceptr p;
+    CUcontext c;
+    int n;
+    cr_assert_eq(cuMemAlloc_v2(&p, 1024), CUDA_ERROR_NOT_INITIALIZED);
+    cr_assert_eq(cuCtxGetCurrent(&c), CUDA_ERROR_NOT_INITIALIZED);
+    cr_assert_eq(cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+    OK(cuDriverGetVersion(&n));
+    cr_assert_eq(n, 13000);
+}
+
+Test(cudadrv, two_devices_have_distinct_ranges_and_capacities)
+{
+    OK(cuInit(0));
+    int n;
+    OK(cuDeviceGetCount(&n));
+    cr_assert_eq(n, 2);
+    CUdeviceptr p[2];
+    size_t total[2], free_b;
+    for (int d = 0; d < 2; d++) {
+        primary(d);
+        OK(cuMemAlloc_v2(&p[d], 4096));
+        cr_assert_eq(p[d] % 512, 0, "512-byte aligned");
+        OK(cuMemGetInfo_v2(&free_b, &total[d]));
+        cr_assert_eq(free_b, total[d] - 4096);
+        int ord = -1;
+        OK(cuPointerGetAttribute(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p[d]));
+        cr_assert_eq(ord, d);
+    }
+    cr_assert_eq(total[0], 64u << 20);
+    cr_assert_eq(total[1], 32u << 20);
+    /* Neither range contains the other's block. */
+    cr_assert(p[1] >= p[0] + (64u << 20) || p[0] >= p[1] + (32u << 20));
+}
+
+Test(cudadrv, pointer_of_another_device_is_refused)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 4096));
+    char buf[16] = { 0 };
+    OK(cuMemcpyHtoD_v2(p, buf, sizeof buf));
+    primary(1);
+    cr_assert_eq(cuMemsetD8_v2(p, 1, 16), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemcpyHtoD_v2(p, buf, sizeof buf), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemcpyDtoH_v2(buf, p, sizeof buf), CUDA_ERROR_INVALID_VALUE);
+    /* Not an allocation at all: the same error. */
+    cr_assert_eq(cuMemsetD8_v2(0x1000, 1, 16), CUDA_ERROR_INVALID_VALUE);
+    /* Past the end of a live block. */
+    primary(0);
+    cr_assert_eq(cuMemsetD8_v2(p, 1, 4097), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(cudadrv, out_of_memory_is_2_and_frees_give_it_back)
+{
+    OK(cuInit(0));
+    primary(1);                     /* 32M */
+    CUdeviceptr big;
+    cr_assert_eq(cuMemAlloc_v2(&big, 33u << 20), CUDA_ERROR_OUT_OF_MEMORY);
+    CUdeviceptr p[8];
+    for (int i = 0; i < 4; i++)
+        OK(cuMemAlloc_v2(&p[i], 8u << 20));
+    cr_assert_eq(cuMemAlloc_v2(&big, 1), CUDA_ERROR_OUT_OF_MEMORY);
+    OK(cuMemFree_v2(p[2]));
+    OK(cuMemAlloc_v2(&big, 8u << 20));
+    cr_assert_eq(big, p[2], "first fit reuses the hole");
+    cr_assert_eq(cuMemAlloc_v2(&big, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemFree_v2(p[0] + 512), CUDA_ERROR_INVALID_VALUE, "interior pointer");
+}
+
+Test(cudadrv, alloc_pitch_rounds_rows_and_checks_element_size)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUdeviceptr p, base;
+    size_t pitch, size;
+    cr_assert_eq(cuMemAllocPitch_v2(&p, &pitch, 100, 10, 3), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemAllocPitch_v2(&p, &pitch, 100, 10, 2), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemAllocPitch_v2(&p, &pitch, 0, 10, 4), CUDA_ERROR_INVALID_VALUE);
+    OK(cuMemAllocPitch_v2(&p, &pitch, 100, 10, 4));
+    cr_assert_eq(pitch, 512);
+    OK(cuMemGetAddressRange_v2(&base, &size, p));
+    cr_assert_eq(size, 512 * 10);
+    OK(cuMemAllocPitch_v2(&p, &pitch, 513, 3, 16));
+    cr_assert_eq(pitch, 1024);
+}
+
+Test(cudadrv, address_range_names_the_whole_allocation)
+{
+    OK(cuInit(0));
+    CUcontext c = primary(0);
+    CUdeviceptr p, base;
+    size_t size;
+    OK(cuMemAlloc_v2(&p, 10000));
+    OK(cuMemGetAddressRange_v2(&base, &size, p + 777));
+    cr_assert_eq(base, p);
+    cr_assert_eq(size, 10000);
+    cr_assert_eq(cuMemGetAddressRange_v2(&base, &size, p + 10000), CUDA_ERROR_NOT_FOUND);
+    CUcontext owner;
+    OK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, p + 5));
+    cr_assert_eq(owner, c);
+    OK(cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 5));
+    cr_assert_eq(base, p);
+    CUipcMemHandle h;
+    OK(cuIpcGetMemHandle(&h, p + 5));
+    CUdeviceptr opened;
+    OK(cuIpcOpenMemHandle_v2(&opened, h, 1));
+    cr_assert_eq(opened, p, "an IPC handle maps the allocation at its base");
+}
+
+Test(cudadrv, context_stack_pushes_and_pops)
+{
+    OK(cuInit(0));
+    CUdevice dev;
+    CUcontext cur, popped, created, prim;
+    cr_assert_eq(cuCtxGetDevice(&dev), CUDA_ERROR_INVALID_CONTEXT);
+    cr_assert_eq(cuCtxPopCurrent_v2(&popped), CUDA_ERROR_INVALID_CONTEXT);
+    CUdeviceptr p;
+    cr_assert_eq(cuMemAlloc_v2(&p, 512), CUDA_ERROR_INVALID_CONTEXT);
+
+    OK(cuCtxCreate_v2(&created, 0, 1));
+    OK(cuCtxGetCurrent(&cur));
+    cr_assert_eq(cur, created);
+    OK(cuDevicePrimaryCtxRetain(&prim, 0));
+    OK(cuCtxPushCurrent_v2(prim));
+    OK(cuCtxGetDevice(&dev));
+    cr_assert_eq(dev, 0);
+    OK(cuCtxPopCurrent_v2(&popped));
+    cr_assert_eq(popped, prim);
+    OK(cuCtxGetDevice(&dev));
+    cr_assert_eq(dev, 1);
+    /* The CUDA 13 form with a context, and with garbage (numba's 1-arg use). */
+    OK(cuCtxGetDevice_v2(&dev, prim));
+    cr_assert_eq(dev, 0);
+    OK(cuCtxGetDevice_v2(&dev, (CUcontext)0x1234));
+    cr_assert_eq(dev, 1);
+
+    OK(cuMemAlloc_v2(&p, 512));
+    OK(cuCtxDestroy_v2(created));
+    OK(cuCtxGetCurrent(&cur));
+    cr_assert_null(cur, "destroying the current context pops it");
+    cr_assert_eq(cuCtxPushCurrent_v2(created), CUDA_ERROR_INVALID_CONTEXT);
+    size_t size;
+    CUdeviceptr base;
+    OK(cuCtxPushCurrent_v2(prim));
+    cr_assert_eq(cuMemGetAddressRange_v2(&base, &size, p), CUDA_ERROR_NOT_FOUND,
+                 "a destroyed context's memory is gone");
+
+    unsigned flags;
+    int active;
+    OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    cr_assert_eq(active, 1);
+    OK(cuDevicePrimaryCtxRelease_v2(0));
+    OK(cuDevicePrimaryCtxGetState(0, &flags, &active));
+    cr_assert_eq(active, 0);
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+Test(cudadrv, stream_work_runs_later_and_in_order)
+{
+    init_with_delay(SLOW_US);
+    primary(0);
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 256));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    unsigned char host[256];
+    memset(host, 0x11, sizeof host);
+    OK(cuMemsetD8Async(p, 0xAB, 256, s));
+    cr_assert_eq(cuStreamQuery(s), CUDA_ERROR_NOT_READY);
+    OK(cuStreamSynchronize(s));
+    OK(cuStreamQuery(s));
+    OK(cuMemcpyDtoH_v2(host, p, sizeof host));
+    for (size_t i = 0; i < sizeof host; i++)
+        cr_assert_eq(host[i], 0xAB);
+
+    /* In order: the last operation decides. */
+    OK(cuMemsetD32Async(p, 0x01020304, 64, s));
+    OK(cuMemsetD8Async(p, 0x77, 1, s));
+    OK(cuMemcpyDtoHAsync_v2(host, p, 8, s));
+    OK(cuStreamSynchronize(s));
+    unsigned char want[8] = { 0x77, 0x03, 0x02, 0x01, 0x04, 0x03, 0x02, 0x01 };
+    cr_assert_arr_eq(host, want, 8);
+    OK(cuStreamDestroy_v2(s));
+    cr_assert_eq(cuStreamQuery(s), CUDA_ERROR_INVALID_HANDLE);
+}
+
+Test(cudadrv, legacy_stream_waits_for_blocking_streams)
+{
+    init_with_delay(SLOW_US);
+    primary(0);
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 64));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+    OK(cuMemsetD8Async(p, 0x42, 64, s));
+    /* A synchronous copy is a legacy-stream operation: it runs after the
+     * blocking stream's memset without anyone synchronizing that stream. */
+    unsigned char host[64];
+    OK(cuMemcpyDtoH_v2(host, p, sizeof host));
+    for (size_t i = 0; i < sizeof host; i++)
+        cr_assert_eq(host[i], 0x42);
+    OK(cuStreamQuery(s));
+}
+
+Test(cudadrv, events_order_streams_and_time_them)
+{
+    init_with_delay("1000");
+    primary(0);
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 64));
+    CUstream a, b;
+    OK(cuStreamCreate(&a, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&b, CU_STREAM_NON_BLOCKING));
+    CUevent start, done;
+    OK(cuEventCreate(&start, CU_EVENT_DEFAULT));
+    OK(cuEventCreate(&done, CU_EVENT_DEFAULT));
+    OK(cuEventRecord(start, a));
+    OK(cuMemsetD8Async(p, 0x33, 64, a));
+    OK(cuEventRecord(done, a));
+    OK(cuStreamWaitEvent(b, done, 0));
+    unsigned char host[64] = { 0 };
+    OK(cuMemcpyDtoHAsync_v2(host, p, sizeof host, b));
+    OK(cuStreamSynchronize(b));
+    for (size_t i = 0; i < sizeof host; i++)
+        cr_assert_eq(host[i], 0x33);
+    OK(cuEventSynchronize(done));
+    OK(cuEventQuery(done));
+    float ms = -1;
+    OK(cuEventElapsedTime_v2(&ms, start, done));
+    cr_assert_geq(ms, 0.0f);
+    OK(cuEventDestroy_v2(start));
+    OK(cuEventDestroy_v2(done));
+}
+
+Test(cudadrv, mem_free_waits_for_queued_work)
+{
+    init_with_delay(SLOW_US);
+    primary(0);
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 128));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    unsigned char host[128] = { 0 };
+    OK(cuMemsetD8Async(p, 0x5A, 128, s));
+    OK(cuMemcpyDtoHAsync_v2(host, p, sizeof host, s));
+    OK(cuMemFree_v2(p));
+    /* No synchronization: the free itself waited for the device. */
+    OK(cuStreamQuery(s));
+    for (size_t i = 0; i < sizeof host; i++)
+        cr_assert_eq(host[i], 0x5A);
+}
+
+Test(cudadrv, get_proc_address_answers_by_version_and_flags)
+{
+    void *fn;
+    CUdriverProcAddressQueryResult st;
+    /* Before cuInit, as the runtime uses it. */
+    OK(cuGetProcAddress_v2("cuGetProcAddress", &fn, 12000, 0, &st));
+    cr_assert_eq(fn, (void *)cuGetProcAddress_v2);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_SUCCESS);
+    OK(cuGetProcAddress_v2("cuGetProcAddress", &fn, 11030, 0, &st));
+    cr_assert_eq(fn, (void *)cuGetProcAddress);
+    cr_assert_eq(cuGetProcAddress_v2("cuGetProcAddress", &fn, 11020, 0, &st),
+                 CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+    cr_assert_null(fn);
+
+    OK(cuGetProcAddress("cuMemAlloc", &fn, 3020, 0));
+    cr_assert_eq(fn, (void *)cuMemAlloc_v2);
+    OK(cuGetProcAddress("cuMemAlloc", &fn, 13000, 0));
+    cr_assert_eq(fn, (void *)cuMemAlloc_v2);
+    OK(cuGetProcAddress("cuMemAlloc", &fn, 2000, 0));
+    cr_assert_eq(fn, (void *)cuMemAlloc);
+    OK(cuGetProcAddress("cuMemFree", &fn, 3020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM));
+    cr_assert_eq(fn, (void *)cuMemFree_v2);
+    OK(cuGetProcAddress("cuMemcpyAsync", &fn, 4000, CU_GET_PROC_ADDRESS_LEGACY_STREAM));
+    cr_assert_eq(fn, (void *)cuMemcpyAsync);
+    OK(cuGetProcAddress("cuCtxGetDevice", &fn, 12000, 0));
+    cr_assert_eq(fn, (void *)cuCtxGetDevice);
+    OK(cuGetProcAddress("cuCtxGetDevice", &fn, 13000, 0));
+    cr_assert_eq(fn, (void *)cuCtxGetDevice_v2);
+    cr_assert_eq(cuGetProcAddress("cuMemAlloc", &fn, 3020, 4), CUDA_ERROR_INVALID_VALUE);
+
+    fn = (void *)1;
+    cr_assert_eq(cuGetProcAddress_v2("cuNoSuchFunction", &fn, 13000, 0, &st),
+                 CUDA_ERROR_NOT_FOUND);
+    cr_assert_null(fn);
+    cr_assert_eq(st, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    /* Names are the unsuffixed ones. */
+    cr_assert_eq(cuGetProcAddress_v2("cuMemAlloc_v2", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    /* An ABI version newer than the one implemented is refused, not
+     * answered with an older signature. */
+    cr_assert_eq(cuGetProcAddress_v2("cuCtxCreate", &fn, 12050, 0, &st), CUDA_ERROR_NOT_FOUND);
+}
+
+Test(cudadrv, error_names_and_strings)
+{
+    const char *s;
+    OK(cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &s));
+    cr_assert_str_eq(s, "CUDA_ERROR_OUT_OF_MEMORY");
+    OK(cuGetErrorName(600, &s));
+    cr_assert_str_eq(s, "CUDA_ERROR_NOT_READY");
+    OK(cuGetErrorString(201, &s));
+    cr_assert_str_eq(s, "invalid device context");
+    cr_assert_eq(cuGetErrorName(12345, &s), CUDA_ERROR_INVALID_VALUE);
+}
+
+Test(cudadrv, host_access_to_device_memory_faults)
+{
+    pid_t pid = fork();
+    cr_assert_neq(pid, -1);
+    if (pid == 0) {
+        CUcontext c;
+        CUdeviceptr p;
+        if (cuInit(0) || cuDevicePrimaryCtxRetain(&c, 0) || cuCtxSetCurrent(c)
+            || cuMemAlloc_v2(&p, 4096))
+            _exit(2);
+        *(volatile char *)(uintptr_t)p = 1;
+        _exit(0);
+    }
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    cr_assert(WIFSIGNALED(status), "the child exited with status %d", WEXITSTATUS(status));
+    cr_assert_eq(WTERMSIG(status), SIGSEGV);
+}
