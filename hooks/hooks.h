@@ -24,50 +24,76 @@
  * scope (an extension module and the runtime it depends on are opened
  * RTLD_LOCAL). Never loads anything. NULL when nothing defines it. */
 void *shim_resolve_real(const char *name);
+/* The C library's dlsym, for the shim's own lookups (dlsym itself is
+ * interposed by dlsym.c). */
+void *shim_real_dlsym(void *handle, const char *name);
 
 enum { SHIM_ROLE_MALLOC, SHIM_ROLE_FREE, SHIM_ROLE_MEMINFO, SHIM_ROLES };
 
 typedef struct shim_hook_slots {
     const char *names[SHIM_ROLES];
     shim_runtime rt;
+    /* Optional: true when this call must go straight to the real function
+     * (the runtime reaches the shim through another route). */
+    bool (*pass_through)(void);
     pthread_mutex_t mu;            /* serializes resolution */
     _Atomic(shim_device *) device; /* set once everything is resolved */
 } shim_hook_slots;
 
-/* The device behind `s`, resolving the real functions on first use; NULL
- * while the runtime cannot be found (the next call tries again). */
+/* Device 0 behind `s`, resolving the real functions on first use; NULL
+ * while the runtime cannot be found (the next call tries again). Non-NULL
+ * means s->rt is complete. */
 shim_device *shim_hook_device(shim_hook_slots *s);
 
 #define SHIM_HOOK_NAME_(role, sym) [SHIM_ROLE_##role] = #sym,
 
+#define SHIM_HOOK_PASS_ (slots.pass_through && slots.pass_through())
 #define SHIM_HOOK_WRAP_MALLOC(sym)                                                \
     __attribute__((visibility("default"))) int sym(void **ptr, size_t size)       \
     {                                                                             \
         shim_device *d = shim_hook_device(&slots);                                \
-        return d ? shim_device_malloc(d, ptr, size) : slots.rt.err_invalid;      \
+        if (!d)                                                                   \
+            return slots.rt.err_invalid;                                          \
+        if (SHIM_HOOK_PASS_)                                                      \
+            return slots.rt.real_malloc(ptr, size);                               \
+        int rc = shim_device_for_caller(&slots.rt, &d);                           \
+        return rc ? rc : shim_device_malloc(d, ptr, size);                        \
     }
 #define SHIM_HOOK_WRAP_FREE(sym)                                                  \
     __attribute__((visibility("default"))) int sym(void *ptr)                     \
     {                                                                             \
-        shim_device *d = shim_hook_device(&slots);                                \
-        return d ? shim_device_free(d, ptr) : slots.rt.err_invalid;              \
+        if (!shim_hook_device(&slots))                                            \
+            return slots.rt.err_invalid;                                          \
+        if (SHIM_HOOK_PASS_)                                                      \
+            return slots.rt.real_free(ptr);                                       \
+        return shim_device_free_any(&slots.rt, ptr);                              \
     }
 #define SHIM_HOOK_WRAP_MEMINFO(sym)                                               \
     __attribute__((visibility("default"))) int sym(size_t *free, size_t *total)  \
     {                                                                             \
         shim_device *d = shim_hook_device(&slots);                                \
-        return d ? shim_device_mem_info(d, free, total) : slots.rt.err_invalid;  \
+        if (!d)                                                                   \
+            return slots.rt.err_invalid;                                          \
+        if (SHIM_HOOK_PASS_)                                                      \
+            return slots.rt.real_mem_info(free, total);                           \
+        int rc = shim_device_for_caller(&slots.rt, &d);                           \
+        return rc ? rc : shim_device_mem_info(d, free, total);                    \
     }
 #define SHIM_HOOK_WRAP_(role, sym) SHIM_HOOK_WRAP_##role(sym)
 
-/* One per runtime file: the slots (named `slots`) and the wrappers. */
-#define SHIM_HOOK_RUNTIME(label, ENTRY_POINTS, einval, eoom, align)               \
+/* One per runtime file: the slots (named `slots`) and the wrappers.
+ * SHIM_HOOK_RUNTIME_EX adds the optional parts of shim_runtime (current
+ * device, waiting for a device) and the pass-through test. */
+#define SHIM_HOOK_RUNTIME_EX(label, ENTRY_POINTS, einval, eoom, align, curdev, sync, pass) \
     static shim_hook_slots slots = {                                              \
         .names = {ENTRY_POINTS(SHIM_HOOK_NAME_)},                                 \
         .rt = {.name = label, .err_invalid = einval, .err_oom = eoom,            \
-               .alignment = align},                                               \
+               .alignment = align, .current_device = curdev, .sync_device = sync}, \
+        .pass_through = pass,                                                     \
         .mu = PTHREAD_MUTEX_INITIALIZER,                                          \
     };                                                                            \
     ENTRY_POINTS(SHIM_HOOK_WRAP_)
+#define SHIM_HOOK_RUNTIME(label, ENTRY_POINTS, einval, eoom, align)               \
+    SHIM_HOOK_RUNTIME_EX(label, ENTRY_POINTS, einval, eoom, align, NULL, NULL, NULL)
 
 #endif

@@ -585,6 +585,29 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
     return SHIM_ADDR_INTERIOR; /* unreachable: the nodes tile the region */
 }
 
+bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *start)
+{
+    uint32_t pos = sorted_upper(a, addr);
+    if (pos == 0)
+        return false;
+    const region *g = &a->regions[a->sorted[pos - 1]];
+    if (addr - g->base >= g->size)
+        return false;
+    for (uint32_t i = g->first; i != NIL; i = a->nodes[i].addr_next) {
+        const node *n = &a->nodes[i];
+        if (addr - n->addr < ((uintptr_t)n->units << a->shift)) {
+            *start = n->addr;
+            return n->state == NODE_LIVE;
+        }
+    }
+    return false;
+}
+
+size_t shim_arena_block_size(const shim_arena *a, uint32_t i)
+{
+    return i < a->nodes_used ? (size_t)a->nodes[i].units << a->shift : 0;
+}
+
 size_t shim_arena_trim(shim_arena *a, size_t keep)
 {
     size_t released = 0;

@@ -1,10 +1,12 @@
-/* One intercepted runtime: its arena, its live table, its allocator lock
- * and its pressure state. Every entry point of hooks/ lands here.
+/* One device of an intercepted runtime: its arena, its live table, its
+ * allocator lock, its pressure state and its blocks freed but still in use
+ * by the device. Every entry point of hooks/ lands here.
  *
- * Lock: `lock` guards the arena, the table, the pressure state and the
- * counters below. It is held across the runtime's own region reserve and
- * release (so a region cannot be handed out twice), never across stack
- * capture, logging of leak reports, or a foreign pointer's real free.
+ * Lock: `lock` guards the arena, the table, the pressure state, the pending
+ * frees and the counters below. It is held across the runtime's own region
+ * reserve and release (so a region cannot be handed out twice), never
+ * across stack capture, logging of leak reports, a wait for the device, or
+ * a foreign pointer's real free. The lock table is docs/locking.md.
  * Never dereferences a device address. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -18,8 +20,16 @@
 #include "options.h"
 #include "pressure.h"
 
+/* A block freed by the program that the device may still be using. */
+typedef struct pending_free {
+    uint32_t node;
+    uint64_t ticket;          /* order of the free; a wait covers tickets before it */
+} pending_free;
+
 struct shim_device {
-    const shim_runtime *rt;
+    const shim_runtime *rt;   /* the route that created it: its backend */
+    int ordinal;
+    char name[32];
     spyreshim_lock lock;
     shim_arena *arena;
     shim_table *table;
@@ -30,7 +40,18 @@ struct shim_device {
     /* Guarded by lock. */
     uint64_t allocs, frees, failed, invalid_frees, foreign_frees;
     uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
+    pending_free *pending;    /* FIFO by ticket */
+    size_t npending, pending_cap;
+    uint64_t pending_bytes, next_ticket;
+    uint64_t device_waits;    /* waits for the device before reusing blocks */
 };
+
+/* Past these, a free waits for the device and recycles what is pending
+ * instead of letting it pile up (the real free waits on every call). */
+#define PENDING_MAX_BLOCKS 4096
+#define PENDING_MAX_FRACTION 4   /* of the bytes reserved */
+
+static __thread unsigned tls_in_backend;
 
 /* Leak hunting's hooks, set once at init by the layer above (the allocator
  * knows nothing of stacks or reports); NULL while leak hunting is off. */
@@ -43,42 +64,59 @@ static shim_device *devices[SHIM_MAX_DEVICES];
 static _Atomic size_t ndevices;
 static _Atomic uint64_t seq_counter;
 
+bool shim_device_in_backend(void)
+{
+    return tls_in_backend != 0;
+}
+
 static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
 {
     shim_device *d = ctx;
     void *p = NULL;
+    tls_in_backend++;
     int rc = d->rt->real_malloc(&p, size);
+    tls_in_backend--;
     if (rc != 0 || !p)
         return rc ? rc : d->rt->err_oom;
     *addr = (uintptr_t)p;
-    shim_debug("%s: reserved region %p + %zu", d->rt->name, p, size);
+    shim_debug("%s: reserved region %p + %zu", d->name, p, size);
     return 0;
 }
 
 static void backend_release(void *ctx, uintptr_t addr, size_t size)
 {
     shim_device *d = ctx;
+    tls_in_backend++;
     int rc = d->rt->real_free((void *)addr);
+    tls_in_backend--;
     if (rc != 0)
         shim_warn("%s: the runtime refused to free region %#lx + %zu (error %d)",
-                  d->rt->name, (unsigned long)addr, size, rc);
+                  d->name, (unsigned long)addr, size, rc);
     else
-        shim_debug("%s: released region %#lx + %zu", d->rt->name, (unsigned long)addr, size);
+        shim_debug("%s: released region %#lx + %zu", d->name, (unsigned long)addr, size);
 }
 
 static int backend_mem_info(void *ctx, size_t *free, size_t *total)
 {
     shim_device *d = ctx;
-    return d->rt->real_mem_info(free, total);
+    tls_in_backend++;
+    int rc = d->rt->real_mem_info(free, total);
+    tls_in_backend--;
+    return rc;
 }
 
 
-static shim_device *device_create(const shim_runtime *rt)
+static shim_device *device_create(const shim_runtime *rt, int ordinal)
 {
     shim_device *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
     d->rt = rt;
+    d->ordinal = ordinal;
+    if (rt->current_device)
+        snprintf(d->name, sizeof d->name, "%s:%d", rt->name, ordinal);
+    else
+        snprintf(d->name, sizeof d->name, "%s", rt->name);
     shim_lock_init(&d->lock);
     shim_pressure_state_init(&d->ps);
     d->backend = (shim_region_backend){
@@ -108,34 +146,60 @@ void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom)
     atomic_store(&capture_hook, capture);
 }
 
-shim_device *shim_device_get(const shim_runtime *rt)
+static bool same_runtime(const shim_device *d, const shim_runtime *rt)
+{
+    return d->rt == rt || strcmp(d->rt->name, rt->name) == 0;
+}
+
+static shim_device *find_device(const shim_runtime *rt, int ordinal)
 {
     size_t n = atomic_load_explicit(&ndevices, memory_order_acquire);
     for (size_t i = 0; i < n; i++)
-        if (devices[i]->rt == rt)
+        if (devices[i]->ordinal == ordinal && same_runtime(devices[i], rt))
             return devices[i];
+    return NULL;
+}
 
+shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
+{
+    shim_device *d = find_device(rt, ordinal);
+    if (d)
+        return d;
     pthread_mutex_lock(&devices_mu);
-    shim_device *d = NULL;
-    n = atomic_load_explicit(&ndevices, memory_order_relaxed);
-    for (size_t i = 0; i < n && !d; i++)
-        if (devices[i]->rt == rt)
-            d = devices[i];
+    d = find_device(rt, ordinal);
+    size_t n = atomic_load_explicit(&ndevices, memory_order_relaxed);
     if (!d && n < SHIM_MAX_DEVICES) {
-        d = device_create(rt);
+        d = device_create(rt, ordinal);
         if (d) {
             devices[n] = d;
             atomic_store_explicit(&ndevices, n + 1, memory_order_release);
-            shim_debug("%s: serving allocations (limit %zu bytes)", rt->name, shim_opts()->limit);
+            shim_debug("%s: serving allocations (limit %zu bytes)", d->name, shim_opts()->limit);
         }
     }
     pthread_mutex_unlock(&devices_mu);
     return d;
 }
 
+shim_device *shim_device_get(const shim_runtime *rt)
+{
+    return shim_device_get_ordinal(rt, 0);
+}
+
+int shim_device_for_caller(const shim_runtime *rt, shim_device **out)
+{
+    int ordinal = 0;
+    if (rt->current_device) {
+        int rc = rt->current_device(&ordinal);
+        if (rc != 0)
+            return rc;
+    }
+    *out = shim_device_get_ordinal(rt, ordinal);
+    return *out ? 0 : rt->err_oom;
+}
+
 const char *shim_device_name(const shim_device *d)
 {
-    return d->rt->name;
+    return d->name;
 }
 
 size_t shim_device_count(void)
@@ -172,6 +236,67 @@ static bool has_empty_regions(const shim_device *d)
 }
 
 static void announce_ready(shim_device *d);
+
+/* Waits for the device, then gives back to the arena every block freed
+ * before the wait began. Lock held on entry and exit, released while
+ * waiting (the wait blocks). False when nothing was recycled. */
+static bool recycle_pending(shim_device *d)
+{
+    uint64_t covered = d->next_ticket;
+    bool taken_here = shim_lock_held_by_me(&d->lock);
+    if (taken_here)
+        shim_lock_release(&d->lock);
+    tls_in_backend++;
+    int rc = d->rt->sync_device(d->ordinal);
+    tls_in_backend--;
+    if (taken_here)
+        shim_lock_acquire(&d->lock);
+    d->device_waits++;
+    if (rc != 0) {
+        /* Holding them forever would leak the device's memory; a device
+         * that cannot be waited for has lost its queued work anyway. */
+        static _Atomic bool warned;
+        if (!atomic_exchange(&warned, true))
+            shim_warn("%s: waiting for the device failed (error %d); freed blocks are "
+                      "reused without the wait", d->name, rc);
+        covered = UINT64_MAX;
+    }
+    size_t k = 0;
+    while (k < d->npending && d->pending[k].ticket < covered) {
+        d->pending_bytes -= shim_arena_free_node(d->arena, d->pending[k].node);
+        k++;
+    }
+    memmove(d->pending, d->pending + k, (d->npending - k) * sizeof *d->pending);
+    d->npending -= k;
+    return k > 0;
+}
+
+/* Keeps a freed block aside until the device has run what was queued
+ * before the free. Lock held. False when out of host memory for the list
+ * (the caller then waits for the device right away). */
+static bool defer_free(shim_device *d, uint32_t node, size_t block)
+{
+    if (d->npending == d->pending_cap) {
+        size_t cap = d->pending_cap ? d->pending_cap * 2 : 64;
+        pending_free *p = realloc(d->pending, cap * sizeof *p);
+        if (!p)
+            return false;
+        d->pending = p;
+        d->pending_cap = cap;
+    }
+    d->pending[d->npending++] = (pending_free){.node = node, .ticket = d->next_ticket++};
+    d->pending_bytes += block;
+    return true;
+}
+
+static bool too_much_pending(const shim_device *d)
+{
+    if (d->npending >= PENDING_MAX_BLOCKS)
+        return true;
+    shim_arena_counters c;
+    shim_arena_get_counters(d->arena, &c);
+    return d->pending_bytes > c.reserved_bytes / PENDING_MAX_FRACTION;
+}
 
 /* Step: one try at serving the request from the arena, recording the
  * block. Lock held. False when no block fits (or the table could not grow:
@@ -217,6 +342,10 @@ struct relief_budget {
  * must fail. */
 static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
 {
+    /* Blocks freed while the device may still use them are the cheapest
+     * memory there is: one wait for the device and they are free. */
+    if (d->npending > 0 && recycle_pending(d))
+        return true;
     if (shim_pressure_in_event())
         return false; /* an allocation made by pressure work itself */
     /* Cached empty regions are free memory the runtime cannot see: give
@@ -294,6 +423,30 @@ static const char *kind_name(enum shim_block_kind k)
     }
 }
 
+/* The block of `rec` is no longer the program's. Lock held; `taken`: by
+ * this call (so it may be dropped for a wait), not by a pressure callback
+ * that frees while holding it. */
+static void release_block(shim_device *d, const shim_record *rec, bool taken)
+{
+    d->frees++;
+    d->live_bytes -= rec->size;
+    if (!d->rt->sync_device) {
+        shim_arena_free_node(d->arena, rec->node);
+        return;
+    }
+    size_t block = shim_arena_block_size(d->arena, rec->node);
+    if (!defer_free(d, rec->node, block)) {
+        /* No host memory to remember it: wait for the device now, as the
+         * runtime's own free would. */
+        if (taken)
+            recycle_pending(d);
+        shim_arena_free_node(d->arena, rec->node);
+        return;
+    }
+    if (taken && too_much_pending(d))
+        recycle_pending(d);
+}
+
 int shim_device_free(shim_device *d, void *ptr)
 {
     const shim_runtime *rt = d->rt;
@@ -303,9 +456,7 @@ int shim_device_free(shim_device *d, void *ptr)
     bool taken = lock_unless_mine(d);
     shim_record rec;
     if (shim_table_remove(d->table, (uintptr_t)ptr, &rec)) {
-        shim_arena_free_node(d->arena, rec.node);
-        d->frees++;
-        d->live_bytes -= rec.size;
+        release_block(d, &rec, taken);
         if (taken)
             shim_lock_release(&d->lock);
         shim_pressure_note_freed(rec.size);
@@ -329,18 +480,76 @@ int shim_device_free(shim_device *d, void *ptr)
     return rt->err_invalid;
 }
 
+int shim_device_free_any(const shim_runtime *rt, void *ptr)
+{
+    if (!ptr)
+        return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
+    /* The caller's device first: almost every free comes from there. */
+    shim_device *cur = NULL;
+    int ordinal = 0;
+    if (!rt->current_device || rt->current_device(&ordinal) == 0)
+        cur = find_device(rt, ordinal);
+    if (cur && shim_device_owns(cur, (uintptr_t)ptr))
+        return shim_device_free(cur, ptr);
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        if (devices[i] != cur && same_runtime(devices[i], rt) &&
+            shim_device_owns(devices[i], (uintptr_t)ptr))
+            return shim_device_free(devices[i], ptr);
+    if (cur)
+        return shim_device_free(cur, ptr); /* counts it as foreign there */
+    /* Allocated before the shim took over, or by other means. */
+    return rt->real_free(ptr);
+}
+
+int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base, size_t *size)
+{
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++) {
+        shim_device *d = devices[i];
+        if (!same_runtime(d, rt))
+            continue;
+        bool taken = lock_unless_mine(d);
+        uintptr_t start;
+        const shim_record *rec = NULL;
+        if (shim_arena_live_block_at(d->arena, addr, &start))
+            rec = shim_table_find(d->table, start);
+        if (rec) {
+            *base = rec->ptr;
+            *size = rec->size;
+        }
+        if (taken)
+            shim_lock_release(&d->lock);
+        if (rec)
+            return 0;
+    }
+    return -1;
+}
+
+bool shim_device_owns(shim_device *d, uintptr_t addr)
+{
+    bool taken = lock_unless_mine(d);
+    bool in = shim_arena_classify(d->arena, addr, NULL, NULL) != SHIM_ADDR_OUTSIDE;
+    if (taken)
+        shim_lock_release(&d->lock);
+    return in;
+}
+
 int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
 {
     const shim_runtime *rt = d->rt;
     if (!free_out || !total_out)
         return rt->err_invalid;
     size_t rfree = 0, rtotal = 0;
-    int rc = rt->real_mem_info(&rfree, &rtotal);
+    int rc = backend_mem_info(d, &rfree, &rtotal);
     if (rc != 0)
         return rc;
     bool taken = lock_unless_mine(d);
     shim_arena_counters c;
     shim_arena_get_counters(d->arena, &c);
+    /* Blocks waiting for the device are the program's to have again. */
+    if (c.used_bytes >= d->pending_bytes)
+        c.used_bytes -= d->pending_bytes;
     if (taken)
         shim_lock_release(&d->lock);
 
@@ -415,6 +624,7 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *s)
     s->pressure_waits += d->ps.waits;
     s->callback_runs += d->ps.callback_runs;
     s->callback_recovered_bytes += d->ps.recovered_bytes;
+    s->device_waits += d->device_waits;
     if (taken)
         shim_lock_release(&d->lock);
 }

@@ -1,6 +1,11 @@
-/* One intercepted runtime (simdev, CUDA, ...): its real entry points, its
+/* One device of an intercepted runtime (simdev, cuda:0, cuda:1, ...): its
  * arena, its live table, and the allocator lock that guards both. The hooks
- * in hooks/ call into here; nothing here knows a runtime by name. */
+ * in hooks/ call into here; nothing here knows a runtime by name.
+ *
+ * A runtime may be reached by several routes (CUDA: the runtime library's
+ * cudaMalloc and the driver's cuMemAlloc_v2, each a shim_runtime of its
+ * own); routes with the same `name` share their devices, so an allocation
+ * is served by one arena per device whatever route it took. */
 #ifndef SHIM_DEVICE_H
 #define SHIM_DEVICE_H
 
@@ -10,15 +15,26 @@
 #include "spyreshim.h"
 #include "table.h"
 
-/* A runtime as the hooks describe it. Error numbers are the runtime's. */
+/* A route into a runtime as the hooks describe it. Error numbers are the
+ * runtime's. The real functions act on the device current on the calling
+ * thread. */
 typedef struct shim_runtime {
-    const char *name;
+    const char *name;                     /* routes with one name share devices */
     int err_invalid;                      /* invalid value (1 for CUDA and simdev) */
     int err_oom;                          /* out of memory (2) */
     size_t alignment;                     /* block alignment, power of two >= 256 */
     int (*real_malloc)(void **ptr, size_t size);
     int (*real_free)(void *ptr);
     int (*real_mem_info)(size_t *free, size_t *total);
+    /* Optional: the ordinal of the device current on the calling thread
+     * (0, or the runtime's error, e.g. no context). NULL: one device, 0. */
+    int (*current_device)(int *ordinal);
+    /* Optional: waits until the work queued on device `ordinal` before the
+     * call has run. Given, a freed block is kept aside until such a wait
+     * has covered it (the runtime's free waits for the device; the shim's
+     * must not hand the block out again before then). NULL: the runtime
+     * runs nothing asynchronously, frees take effect at once. */
+    int (*sync_device)(int ordinal);
 } shim_runtime;
 
 typedef struct shim_device shim_device;
@@ -30,17 +46,34 @@ typedef void (*shim_capture_fn)(uint32_t *native_stack, uint32_t *python_stack);
 typedef void (*shim_oom_fn)(const char *runtime, size_t size);
 void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
 
-/* The device for `rt`, created on first use. `rt` must outlive the process
- * (a static in the hook file). Never NULL unless out of host memory. */
+/* Device `ordinal` of `rt`'s runtime, created on first use. `rt` must
+ * outlive the process (a static in the hook file). NULL when out of host
+ * memory or past SHIM_MAX_DEVICES devices. */
+shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal);
+/* The device current on the calling thread (rt->current_device). Returns
+ * 0, the runtime's error when it has no current device, or err_oom when no
+ * device can be created. */
+int shim_device_for_caller(const shim_runtime *rt, shim_device **out);
+/* shim_device_get_ordinal(rt, 0): runtimes with one device, tests. */
 shim_device *shim_device_get(const shim_runtime *rt);
 /* Returns the runtime's error numbers: 0, err_invalid or err_oom. */
 int shim_device_malloc(shim_device *d, void **ptr, size_t size);
 int shim_device_free(shim_device *d, void *ptr);
+/* Frees `ptr` whichever device of `rt`'s runtime served it, whatever device
+ * is current; a pointer no device knows goes to rt->real_free. */
+int shim_device_free_any(const shim_runtime *rt, void *ptr);
+/* Whether `addr` lies in one of the device's regions. */
+bool shim_device_owns(shim_device *d, uintptr_t addr);
+/* The live block of `rt`'s runtime that contains `addr`: 0 with its start
+ * and the size the program asked for, or -1 when no device served it. */
+int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base,
+                            size_t *size);
 int shim_device_mem_info(shim_device *d, size_t *free, size_t *total);
 
+/* "simdev" for a runtime with one device, "cuda:1" otherwise. */
 const char *shim_device_name(const shim_device *d);
 /* Devices created so far, in creation order (at most SHIM_MAX_DEVICES). */
-#define SHIM_MAX_DEVICES 8
+#define SHIM_MAX_DEVICES 16
 size_t shim_device_count(void);
 shim_device *shim_device_at(size_t i);
 
@@ -51,6 +84,14 @@ shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n);
 void shim_device_add_stats(shim_device *d, spyreshim_stats *s);
 /* Gives every empty region back to the runtime; returns bytes. */
 size_t shim_device_trim(shim_device *d);
+
+/* True on a thread that is inside one of the shim's own calls of a real
+ * runtime function (reserving or releasing a region, asking for memory
+ * info, waiting for a device). A runtime reached by two routes calls the
+ * other route's entry points from inside (the CUDA runtime's cudaMalloc
+ * calls the driver's cuMemAlloc_v2): the hooks pass those calls straight
+ * to the real function, so the shim never serves its own reservations. */
+bool shim_device_in_backend(void);
 
 /* Allocation sequence: every successful allocation takes the next number. */
 uint64_t shim_device_seq_now(void);

@@ -76,7 +76,8 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(gc_recovered_bytes, "device bytes freed while collecting")                   \
     X(gc_timeouts, "requests that stopped waiting for the GC thread")             \
     X(gc_skipped, "pressure events with no collection (not initialized, ...)")    \
-    X(gc_backoff_skips, "pressure events skipped by the back-off")
+    X(gc_backoff_skips, "pressure events skipped by the back-off")                 \
+    X(device_waits, "waits for a device before reusing blocks freed while in use")
 
 typedef struct spyreshim_stats {
     size_t size;

@@ -64,7 +64,8 @@ static void child(void)
 }
 
 /* One row of handlers per device slot: pthread_atfork takes no argument. */
-#define DEVICE_SLOTS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define DEVICE_SLOTS(X) \
+    X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15)
 #define DEFINE_ROW(i)                                                   \
     static void prepare_##i(void) { shim_device_fork_prepare(i); }     \
     static void parent_##i(void) { shim_device_fork_parent(i); }       \
@@ -73,7 +74,7 @@ DEVICE_SLOTS(DEFINE_ROW)
 #define ROW(i) {prepare_##i, parent_##i, child_##i},
 static const struct { void (*prepare)(void), (*parent)(void), (*child)(void); }
     device_rows[SHIM_MAX_DEVICES] = {DEVICE_SLOTS(ROW)};
-_Static_assert(SHIM_MAX_DEVICES == 8, "one row of fork handlers per device slot");
+_Static_assert(SHIM_MAX_DEVICES == 16, "one row of fork handlers per device slot");
 
 static void device_ready(size_t i)
 {

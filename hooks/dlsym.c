@@ -1,0 +1,71 @@
+/* dlsym interposition: a lookup of a served CUDA driver function on a
+ * handle of the driver (numba and other ctypes users look names up this
+ * way, `_v2` first) gets the shim's wrapper; every other lookup behaves
+ * exactly as before.
+ *
+ * The entry point itself is dlsym_x86_64.S: glibc resolves RTLD_NEXT (and
+ * records the caller for dlerror) from dlsym's return address, so a C
+ * wrapper that calls the real dlsym would make every other object's
+ * RTLD_NEXT lookups relative to the shim. The stub asks shim_dlsym_pick
+ * and, when it answers NULL, jumps to the real dlsym with the caller's
+ * return address still on the stack. The definition is unversioned: it
+ * then satisfies references to both of glibc's versions (GLIBC_2.2.5 and
+ * GLIBC_2.34); a version node of its own would silently stop the
+ * interposition. Never calls dlerror(): callers read it after a failed
+ * lookup (LLVM inside numba crashes when it finds it cleared). No lock. */
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "hooks.h"
+#include "log.h"
+
+/* Read by the stub's tail jump: never NULL once shim_dlsym_pick returned. */
+__attribute__((visibility("hidden"))) void *(*_Atomic shim_dlsym_next)(void *, const char *);
+
+static void *(*resolve_next(void))(void *, const char *)
+{
+    void *(*fn)(void *, const char *) = atomic_load_explicit(&shim_dlsym_next, memory_order_acquire);
+    if (fn)
+        return fn;
+    /* dlvsym is not interposed; RTLD_NEXT from here is libc's dlsym. */
+    *(void **)&fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
+    if (!fn)
+        *(void **)&fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    if (!fn) {
+        shim_warn("cannot find the C library's dlsym; aborting");
+        abort();
+    }
+    atomic_store_explicit(&shim_dlsym_next, fn, memory_order_release);
+    return fn;
+}
+
+void *shim_real_dlsym(void *handle, const char *name)
+{
+    return resolve_next()(handle, name);
+}
+
+static bool called_from_shim(void *ret)
+{
+    Dl_info self, caller;
+    return dladdr((void *)called_from_shim, &self) && dladdr(ret, &caller) &&
+           self.dli_fbase == caller.dli_fbase;
+}
+
+/* From the stub, with dlsym's arguments and its caller's return address.
+ * NULL: the stub forwards the call untouched. */
+__attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *handle, const char *name,
+                                                            void *ret)
+{
+    resolve_next();
+    /* The special handles are relative to the caller or global: the global
+     * scope already finds the shim's exports first, and RTLD_NEXT must stay
+     * the caller's. The fast test on the name keeps everything else cheap. */
+    if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || name[0] != 'c' || name[1] != 'u')
+        return NULL;
+    if (called_from_shim(ret))
+        return NULL; /* the shim looking for the real function */
+    return shim_cuda_driver_lookup(handle, name);
+}

@@ -1,0 +1,146 @@
+"""The shim's CUDA layer (hooks/cuda_driver.c, hooks/dlsym.c,
+hooks/cuda_runtime.c) on the stand-in driver (tests/cudadrv): the three
+routes to the driver, per-device arenas, the driver's free semantics,
+address ranges, IPC, pitch, dlsym's RTLD_NEXT kept for other objects, and
+numba's device arrays in reference cycles rescued by garbage collection."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pythons  # noqa: E402
+from test_cudadrv_numba import driver, numba_env  # noqa: E402,F401  (fixture)
+
+HERE = Path(__file__).resolve().parent
+
+
+def built_tests():
+    return pythons.builddir() / "tests"
+
+
+def shim_env(tmp_path=None, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if k != "LD_PRELOAD" and not k.startswith(("SPYRESHIM_", "CUDASTANDIN_"))}
+    env.update(LD_PRELOAD=str(pythons.shim_lib()), CUDASTANDIN_DEVICES="2",
+               CUDASTANDIN_MEMORY="64M,32M")
+    if tmp_path is not None:
+        env["SPYRESHIM_STATS"] = str(tmp_path / "stats.json")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(argv, env, timeout=120):
+    return subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def stats(tmp_path):
+    return json.loads((tmp_path / "stats.json").read_text())
+
+
+def test_runtime_style_client_is_served_once_per_allocation(shim_lib, tmp_path):
+    """cuGetProcAddress_v2 -> cuGetProcAddress at 12000 -> cuMemAlloc at
+    3020, as the CUDA runtime does: every allocation is the shim's, counted
+    once, on the device that was current."""
+    r = run([built_tests() / "cudadrv_client"], shim_env(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = stats(tmp_path)
+    assert s["allocs"] == 4 and s["frees"] == 4, s
+    names = {d["name"]: d for d in s["runtimes"]}
+    assert set(names) == {"cuda:0", "cuda:1"}
+    assert names["cuda:0"]["allocs"] == 2 and names["cuda:1"]["allocs"] == 2
+
+
+def test_without_the_shim_the_client_allocates_from_the_driver(tmp_path):
+    env = shim_env(tmp_path)
+    del env["LD_PRELOAD"]
+    r = run([built_tests() / "cudadrv_client"], env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not (tmp_path / "stats.json").exists()
+
+
+@pytest.mark.parametrize("check", ["devices", "range", "ipc", "pitch"])
+def test_served_blocks(shim_lib, tmp_path, check):
+    r = run([built_tests() / "cuda_checks", check], shim_env(tmp_path))
+    assert r.returncode == 0 and f"{check} ok" in r.stdout, r.stdout + r.stderr
+    s = stats(tmp_path)
+    assert s["allocs"] > 0 and s["allocs"] == s["frees"], s
+    if check == "ipc":
+        assert "cuIpcGetMemHandle" in r.stderr and "refused" in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    if check == "devices":
+        names = {d["name"]: d for d in s["runtimes"]}
+        assert names["cuda:0"]["allocs"] == 64 and names["cuda:1"]["allocs"] == 64, names
+
+
+def test_a_freed_block_is_not_reused_before_the_work_queued_on_it(shim_lib, tmp_path):
+    """Six memsets queued on a non-blocking stream with a delay each, then
+    the block is freed and a block of the same size allocated and written
+    at once through the legacy stream: were it the same block, the memsets
+    would overwrite the new owner's data."""
+    r = run([built_tests() / "cuda_checks", "streams"],
+            shim_env(tmp_path, CUDASTANDIN_OP_DELAY_US=20000))
+    assert r.returncode == 0 and "streams ok" in r.stdout, r.stdout + r.stderr
+    s = stats(tmp_path)
+    assert s["allocs"] == 32 and s["frees"] == 32
+    assert s["device_waits"] >= 1, s
+
+
+def test_dlsym_next_of_an_object_preloaded_before_the_shim(shim_lib):
+    probe = built_tests() / "librtldprobe.so"
+    env = shim_env(LD_PRELOAD=f"{probe}:{shim_lib}")
+    r = run([built_tests() / "dlsym_checks"], env)
+    assert r.returncode == 0, r.stderr
+    # RTLD_NEXT from the probe: the next object after it is the shim.
+    assert "next libspyreshim.so" in r.stdout, r.stdout
+    assert "missing 1" in r.stdout
+
+
+def test_dlsym_next_of_an_object_preloaded_after_the_shim(shim_lib):
+    probe = built_tests() / "librtldprobe.so"
+    env = shim_env(LD_PRELOAD=f"{shim_lib}:{probe}")
+    r = run([built_tests() / "dlsym_checks"], env)
+    assert r.returncode == 0, r.stderr
+    assert "next libsimdev.so" in r.stdout, r.stdout
+    assert "missing 1" in r.stdout
+
+
+def test_dlsym_on_a_driver_handle_gets_the_served_functions_only(shim_lib):
+    lib = built_tests() / "cudadrv" / "libcuda.so.1"
+    r = run([built_tests() / "dlsym_checks", lib], shim_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for name in ["cuMemAlloc_v2", "cuMemFree_v2", "cuMemGetInfo_v2", "cuMemAllocPitch_v2",
+                 "cuGetProcAddress_v2"]:
+        assert got[f"driver:{name}"] == "libspyreshim.so", (name, got)
+    for name in ["cuMemsetD8_v2", "cuMemAlloc", "cuInit"]:
+        assert got[f"driver:{name}"] == "libcuda.so.1", (name, got)
+    assert got["driver-missing"] == "1"
+
+
+def test_runtime_level_hooks_still_serve_a_runtime_without_a_driver_table(shim_lib, tmp_path):
+    """The stand-in libcudart (tests/cuda_standin) has no driver behind it:
+    the runtime route serves it, on device 0."""
+    r = run([built_tests() / "test_cuda_hook"],
+            shim_env(tmp_path, SPYRESHIM_LIMIT="64M"))
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_numba_device_arrays_in_cycles_complete_under_the_shim(driver, shim_lib, tmp_path):
+    """With gc.disable(), numba's arrays kept by cycles: without the shim the
+    loop ends in numba's out-of-memory error (test_cudadrv_numba.py); with it
+    the shim's collections give the memory back and the loop completes."""
+    env = numba_env(driver, CUDASTANDIN_MEMORY="64M", CUDASTANDIN_DEVICES="1",
+                    LD_PRELOAD=shim_lib, SPYRESHIM_STATS=tmp_path / "stats.json")
+    r = pythons.run(["/usr/bin/python3", HERE / "cudadrv_numba_cycles.py", "--iterations", "300"],
+                    env=env, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["outcome"] == "completed" and out["iterations"] == 300, out
+    s = stats(tmp_path)
+    assert s["gc_collections"] > 0 and s["allocs"] >= 300, s
+    assert [d["name"] for d in s["runtimes"]] == ["cuda:0"]
