@@ -542,10 +542,10 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
                 fprintf(f, ", \"address\": \"0x%" PRIxPTR "\", \"offset\": \"0x%" PRIxPTR "\"",
                         fr->address, fr->offset);
                 fprintf(f, ", \"interpreter\": %s", fr->interpreter ? "true" : "false");
+                fprintf(f, ", \"folded\": %s", fr->folded ? "true" : "false");
                 if (fr->python_frames >= 0)
                     fprintf(f, ", \"python_frames\": %d", fr->python_frames);
             }
-            fprintf(f, ", \"folded\": %s", fr->folded ? "true" : "false");
             if (fr->file || fr->python) {
                 fputs(", \"file\": ", f);
                 json_str(f, fr->file);
