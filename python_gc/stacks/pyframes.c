@@ -339,10 +339,12 @@ static inline int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
 }
 
 unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyrawframe *out,
-                            uint8_t *entry, unsigned max, bool safe, shim_pywalk *w)
+                            uint64_t *entry, unsigned max, bool safe, shim_pywalk *w)
 {
     uintptr_t fr;
     w->clean = w->truncated = w->unsure = false;
+    for (unsigned i = 0; i < (max + 63) / 64; i++)
+        entry[i] = 0;
     if (!plausible(tstate) || !rd_word(safe, tstate + L->ts_frame, &fr))
         return 0;
     if (L->cf_current >= 0) {
@@ -373,12 +375,12 @@ unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyraw
         bool stop = false, is_entry = each_entered;
         int r = read_frame(L, fr, safe, &out[n], &stop, &is_entry);
         if (r > 0) {
-            entry[n++] = 0;
+            n++;
             in_call = true;
         }
         if (r < 0 || is_entry) {
             if (in_call)
-                entry[n - 1] = 1;
+                entry[(n - 1) / 64] |= 1ull << ((n - 1) % 64);
             else
                 w->unsure = true;
             in_call = false;

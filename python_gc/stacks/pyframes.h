@@ -76,7 +76,8 @@ typedef struct shim_pywalk {
 } shim_pywalk;
 
 /* Walks the frame chain of thread state `tstate`, innermost first, into
- * out[0..max), and sets entry[i] when out[i] is the outermost frame that
+ * out[0..max), and sets bit i of the bitmap `entry` (max bits, cleared
+ * here) when out[i] is the outermost frame that
  * one call of the interpreter's evaluation loop (_PyEval_EvalFrameDefault)
  * ran, i.e. the frame that call was entered with from C: every frame
  * before 3.11, 3.11's is_entry frames, and from 3.12 the frame below which
@@ -86,7 +87,7 @@ typedef struct shim_pywalk {
  * address gives an error, not a fault): slow, for checking a layout.
  * Returns the number of frames. */
 unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyrawframe *out,
-                            uint8_t *entry, unsigned max, bool safe, shim_pywalk *w);
+                            uint64_t *entry, unsigned max, bool safe, shim_pywalk *w);
 
 /* Whether `f.code` still is the code object that was read: a live code
  * object with the same name, file and first line. Reads through the kernel,

@@ -338,16 +338,21 @@ static uint32_t frame_intern_locked(const shim_pyrawframe *f, uint32_t ep, bool 
     return nframes;
 }
 
-static uint64_t stack_hash(const shim_pyrawframe *buf, const uint8_t *entry, unsigned n,
+#define ENTRY_WORDS (MAX_DEPTH / 64)
+#define ENTRY_BIT(entry, i) (((entry)[(i) / 64] >> ((i) % 64)) & 1u)
+
+static uint64_t stack_hash(const shim_pyrawframe *buf, const uint64_t *entry, unsigned n,
                            uint8_t flags, uint32_t ep)
 {
     uint64_t h = mix(0x5EED, n | (uint64_t)flags << 32);
     for (unsigned i = 0; i < n; i++)
-        h = mix(h, frame_hash(&buf[i], ep) + entry[i]);
+        h = mix(h, frame_hash(&buf[i], ep));
+    for (unsigned i = 0; i < (n + 63) / 64; i++)
+        h = mix(h, entry[i]);
     return h;
 }
 
-static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, const uint8_t *entry,
+static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, const uint64_t *entry,
                                   unsigned n, uint8_t flags, uint32_t ep)
 {
     if (!stack_index_cap)
@@ -363,7 +368,7 @@ static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, const 
         for (; i < n; i++) {
             uint32_t slot = pool[s->first + i];
             const pframe *f = &frames[POOL_ID(slot) - 1];
-            if (f->epoch != ep || !raw_equal(&f->raw, &buf[i]) || !(slot & POOL_ENTRY) != !entry[i])
+            if (f->epoch != ep || !raw_equal(&f->raw, &buf[i]) || (slot >> 31) != ENTRY_BIT(entry, i))
                 break;
         }
         if (i == n)
@@ -371,7 +376,7 @@ static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, const 
     }
 }
 
-static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const uint8_t *entry,
+static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const uint64_t *entry,
                                  unsigned n, uint8_t flags, uint32_t ep, bool take_refs)
 {
     if (!grow((void **)&stacks, &stacks_cap, nstacks + 1, sizeof *stacks, MAX_STACKS) ||
@@ -386,7 +391,7 @@ static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const u
             warn_full_locked();
             return 0;               /* the frames added stay, unused: bounded */
         }
-        pool[npool + i] = fid | (entry[i] ? POOL_ENTRY : 0);
+        pool[npool + i] = fid | (ENTRY_BIT(entry, i) ? POOL_ENTRY : 0);
     }
     pstack *s = &stacks[nstacks++];
     s->flags = flags;
@@ -485,7 +490,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
     if (max_depth > MAX_DEPTH)
         max_depth = MAX_DEPTH;
     shim_pyrawframe buf[MAX_DEPTH];
-    uint8_t entry[MAX_DEPTH];
+    uint64_t entry[ENTRY_WORDS];
     unsigned n;
     shim_pywalk w;
     if (atomic_load_explicit(&verified, memory_order_acquire)) {
