@@ -106,24 +106,21 @@ enum shim_py_attach shim_py_attachment(const shim_pyapi *api)
 {
     if (api->pypy)
         return api->gilstate_check() ? SHIM_PY_ATTACHED_MAIN : SHIM_PY_DETACHED;
-    shim_pytstate *ts = api->tstate_unchecked();
-    if (api->tls_tstate) {
-        /* 3.12+: the current thread state is this thread's own, NULL when
-         * it is detached; PyGILState_Check would be wrong once any
-         * subinterpreter exists and after finalization. */
-        if (!ts)
-            return SHIM_PY_DETACHED;
-        return interp_of(api, ts) == api->interp_main() ? SHIM_PY_ATTACHED_MAIN
-                                                        : SHIM_PY_ATTACHED_SUB;
-    }
-    /* 3.11 and older: the current thread state is the GIL holder's, global.
-     * It is this thread's when it equals this thread's GILState one. */
-    if (!ts)
-        return SHIM_PY_DETACHED;
-    if (ts == api->gilstate_this())
+    bool attached;
+    shim_pytstate *ts;
+    shim_pytstate *own = shim_py_own_tstate(api, &attached, &ts);
+    /* 3.11 and older: attached means the current thread state is this
+     * thread's PyGILState one, which belongs to the main interpreter. */
+    if (attached && !api->tls_tstate)
         return SHIM_PY_ATTACHED_MAIN;
-    /* Someone else holds the GIL: waiting for it is fine (bounded), unless
-     * the holder is a subinterpreter's thread, which may be this very thread
-     * (the GILState API cannot tell): Ensure from there deadlocks. */
+    if (attached)
+        return interp_of(api, own) == api->interp_main() ? SHIM_PY_ATTACHED_MAIN
+                                                         : SHIM_PY_ATTACHED_SUB;
+    /* 3.12+: detached. 3.11 and older: nobody holds the GIL, or someone
+     * else does: waiting for it is fine (bounded), unless the holder is a
+     * subinterpreter's thread, which may be this very thread (the GILState
+     * API cannot tell): Ensure from there deadlocks. */
+    if (api->tls_tstate || !ts)
+        return SHIM_PY_DETACHED;
     return interp_of(api, ts) == api->interp_main() ? SHIM_PY_DETACHED : SHIM_PY_SUB_UNKNOWN;
 }

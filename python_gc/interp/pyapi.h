@@ -62,6 +62,8 @@ typedef struct shim_pymethoddef {
     X(cfunction_new, shim_pyobj *, (shim_pymethoddef *, shim_pyobj *, shim_pyobj *), \
       "PyCFunction_NewEx", NULL, NULL, 1, 0) \
     X(add_pending_call, int, (int (*)(void *), void *), "Py_AddPendingCall", NULL, NULL, 0, 0) \
+    X(code_addr2line, int, (shim_pyobj *, int), "PyCode_Addr2Line", NULL, NULL, 0, 0) \
+    X(unicode_as_utf8, const char *, (shim_pyobj *), "PyUnicode_AsUTF8", NULL, NULL, 0, 0) \
     X(at_exit, int, (void (*)(void)), "Py_AtExit", NULL, "PyPy_AtExit", 1, 1) \
     X(run_simple_string, int, (const char *), "PyRun_SimpleString", NULL, "PyPyRun_SimpleString", \
       0, 1) \
@@ -76,6 +78,10 @@ typedef struct shim_pyapi {
     SHIM_PYAPI_FUNCTIONS(SHIM_PYAPI_FIELD)
 #undef SHIM_PYAPI_FIELD
 } shim_pyapi;
+
+/* Rows marked optional on CPython that a user needs (Python stacks need
+ * PyCode_Addr2Line and PyUnicode_AsUTF8, present in every CPython 3.8+) are
+ * checked by that user: their absence must not turn garbage collection off. */
 
 /* The table for the interpreter in the process, or NULL when there is none
  * (or it lacks a required function: logged once). Looks for the interpreter
@@ -97,5 +103,34 @@ enum shim_py_attach {
                                possibly this one: neither collect nor wait */
 };
 enum shim_py_attach shim_py_attachment(const shim_pyapi *api);
+
+/* The one rule for "which thread state is this thread's, and is this
+ * thread attached to it" on CPython (not PyPy), without the GIL and without
+ * a lock: cheap enough for every allocation (Python stacks call it on each
+ * capture), hence inline. Returns the thread state whose frames are this
+ * thread's (NULL: the thread never ran Python); *attached tells whether the
+ * thread holds the GIL with it; *current (may be NULL) receives the current
+ * thread state.
+ *
+ * From 3.12 the current thread state is thread-local, set exactly while
+ * attached (PyGILState_Check would be wrong once any subinterpreter exists
+ * and after finalization). Before, it is process-wide: the GIL holder's,
+ * this thread's only when it equals this thread's PyGILState one. A thread
+ * that released the GIL keeps its thread state in PyGILState's
+ * thread-local slot, with its frame chain intact. */
+static inline shim_pytstate *shim_py_own_tstate(const shim_pyapi *api, bool *attached,
+                                                shim_pytstate **current)
+{
+    shim_pytstate *cur = api->tstate_unchecked();
+    if (current)
+        *current = cur;
+    if (api->tls_tstate) {
+        *attached = cur != NULL;
+        return cur ? cur : api->gilstate_this();
+    }
+    shim_pytstate *own = api->gilstate_this();
+    *attached = own != NULL && cur == own;
+    return own;
+}
 
 #endif

@@ -223,6 +223,9 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
     L->fr_code = B->fr_code + (B->frames_are_objects ? shift : 0);
     L->fr_instr = B->fr_instr + (B->frames_are_objects ? shift : 0);
     L->fr_owner = B->fr_owner;
+    /* bool is_entry sits right before the owner byte in 3.11 only (3.12
+     * marks calls with C-stack entry frames instead). */
+    L->fr_entry = py->minor == 11 ? B->fr_owner - 1 : -1;
     L->instr = B->instr;
     L->co_firstlineno = B->co_firstlineno + shift;
     L->co_filename = B->co_filename + shift;
@@ -248,31 +251,42 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
     return 0;
 }
 
-/* One frame: its code object and instruction offset, or false when the
- * frame is not a Python function's (a shim or incomplete frame: skip it). */
-static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
-                              shim_pyrawframe *f, bool *stop)
+/* One frame: its code object and instruction offset (1), or 0 when the
+ * frame is not a Python function's (an incomplete frame, 3.13's shims:
+ * skip it), or -1 for a C-stack entry frame (3.12+: the boundary between
+ * two calls of the evaluation loop; skipped too). *entry receives 3.11's
+ * is_entry, read whether the frame is kept or not. */
+static inline int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
+                             shim_pyrawframe *f, bool *stop, bool *entry)
 {
     uintptr_t code, type;
     if (!rd_word(safe, fr + L->fr_code, &code)) {
         *stop = true;
-        return false;
+        return 0;
     }
     if (L->fr_owner >= 0) {
         uint8_t owner;
         if (!rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner)) {
             *stop = true;
-            return false;
+            return 0;
         }
         if (owner == OWNED_BY_CSTACK)
-            return false;
+            return -1;
+    }
+    if (L->fr_entry >= 0) {
+        uint8_t e;
+        if (!rd_u8(safe, fr + (uintptr_t)L->fr_entry, &e)) {
+            *stop = true;
+            return 0;
+        }
+        *entry = e != 0;
     }
     if (!plausible(code) || !rd_word(safe, code + L->ob_type, &type)) {
         *stop = true;
-        return false;
+        return 0;
     }
     if (type != L->code_type)
-        return false;           /* 3.13 shim frames hold None */
+        return 0;               /* 3.13 shim frames hold None */
     int32_t line;
     uintptr_t name, file, hash;
     if (!rd_i32(safe, code + L->co_firstlineno, &line) ||
@@ -280,7 +294,7 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
         !rd_word(safe, code + L->co_filename, &file) ||
         !plausible(name) || !rd_word(safe, name + L->str_hash, &hash)) {
         *stop = true;
-        return false;
+        return 0;
     }
     int32_t off;
     if (L->instr == SHIM_PYINSTR_POINTER) {
@@ -289,7 +303,7 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
         if (!rd_word(safe, fr + L->fr_instr, &ip) ||
             !rd_i32(safe, code + L->co_firsttraceable, &first)) {
             *stop = true;
-            return false;
+            return 0;
         }
         uintptr_t start = code + L->co_code_adaptive;
         /* Not yet past its prologue (RESUME): no line to show, and 3.11's
@@ -300,16 +314,16 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
             if (L->fr_owner >= 0)
                 rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner);
             if (owner != OWNED_BY_GENERATOR || ip < start)
-                return false;
+                return 0;
         }
         if (ip - start > (1u << 30))
-            return false;
+            return 0;
         off = (int32_t)(ip - start);
     } else {
         int32_t lasti;
         if (!rd_i32(safe, fr + L->fr_instr, &lasti)) {
             *stop = true;
-            return false;
+            return 0;
         }
         if (lasti < 0)
             lasti = 0;
@@ -321,40 +335,62 @@ static inline bool read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
     f->file = file;
     f->firstlineno = line;
     f->offset = off;
-    return true;
+    return 1;
 }
 
-unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
-                            shim_pyrawframe *out, unsigned max, bool safe, bool *clean)
+unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyrawframe *out,
+                            uint64_t *entry, unsigned max, bool safe, shim_pywalk *w)
 {
     uintptr_t fr;
-    *clean = false;
+    w->clean = w->truncated = w->unsure = false;
+    for (unsigned i = 0; i < (max + 63) / 64; i++)
+        entry[i] = 0;
     if (!plausible(tstate) || !rd_word(safe, tstate + L->ts_frame, &fr))
         return 0;
     if (L->cf_current >= 0) {
         if (!plausible(fr) || !rd_word(safe, fr + (uintptr_t)L->cf_current, &fr))
             return 0;
     }
+    /* Before 3.11 every frame has a call of the evaluation loop of its own. */
+    bool each_entered = L->instr != SHIM_PYINSTR_POINTER;
+    /* Frames kept since the last boundary between calls: a boundary with
+     * none means a call whose frames were all skipped, which a splice
+     * could not place. */
+    bool in_call = false;
     unsigned n = 0;
     for (unsigned steps = 0; steps < WALK_LIMIT; steps++) {
         if (!fr || n == max) {
-            *clean = true;
+            w->clean = true;
+            w->truncated = fr != 0;
             break;
         }
         if (!plausible(fr))
             break;
-        if (L->instr != SHIM_PYINSTR_POINTER) {
+        if (each_entered) {
             /* Before 3.11 a frame is an object: check its type too. */
             uintptr_t type;
             if (!rd_word(safe, fr + L->ob_type, &type) || type != L->frame_type)
                 break;
         }
-        bool stop = false;
-        if (read_frame(L, fr, safe, &out[n], &stop))
+        bool stop = false, is_entry = each_entered;
+        int r = read_frame(L, fr, safe, &out[n], &stop, &is_entry);
+        if (r > 0) {
             n++;
+            in_call = true;
+        }
+        if (r < 0 || is_entry) {
+            if (in_call)
+                entry[(n - 1) / 64] |= 1ull << ((n - 1) % 64);
+            else
+                w->unsure = true;
+            in_call = false;
+        }
         if (stop || !rd_word(safe, fr + L->fr_back, &fr))
             break;
     }
+    /* A chain ends with the outermost call's boundary. */
+    if (in_call && !w->truncated)
+        w->unsure = true;
     return n;
 }
 

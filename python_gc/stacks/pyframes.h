@@ -45,6 +45,9 @@ typedef struct shim_pylayout {
     /* Frame. fr_owner < 0 when frames have no owner byte. */
     size_t fr_back, fr_code, fr_instr;
     ptrdiff_t fr_owner;
+    /* 3.11's _PyInterpreterFrame.is_entry (the frame a call of the
+     * evaluation loop began with); < 0 in other versions. */
+    ptrdiff_t fr_entry;
     enum shim_pyinstr instr;
     /* Code object. co_qualname < 0 before 3.11; co_code_adaptive and
      * co_firsttraceable only where instr is SHIM_PYINSTR_POINTER. */
@@ -62,15 +65,29 @@ typedef struct shim_pylayout {
 int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published,
                          const char **why);
 
+/* What a walk learned besides the frames. */
+typedef struct shim_pywalk {
+    bool clean;        /* ended where a chain ends (no caller) or at `max`,
+                          not at a pointer that failed validation */
+    bool truncated;    /* stopped at `max` with frames left */
+    bool unsure;       /* the frames' division into calls of the evaluation
+                          loop is not known for certain (a call whose frames
+                          were all skipped, a chain that ends mid-call) */
+} shim_pywalk;
+
 /* Walks the frame chain of thread state `tstate`, innermost first, into
- * out[0..max). Stops at the first pointer that fails validation, so a wrong
- * layout yields a short stack; *clean tells whether the walk ended where a
- * chain ends (no caller) or at `max` rather than at such a pointer. With
- * `safe`, every read goes through the kernel (an unmapped address gives an
- * error, not a fault): slow, for checking a layout. Returns the number of
- * frames. */
-unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate,
-                            shim_pyrawframe *out, unsigned max, bool safe, bool *clean);
+ * out[0..max), and sets bit i of the bitmap `entry` (max bits, cleared
+ * here) when out[i] is the outermost frame that
+ * one call of the interpreter's evaluation loop (_PyEval_EvalFrameDefault)
+ * ran, i.e. the frame that call was entered with from C: every frame
+ * before 3.11, 3.11's is_entry frames, and from 3.12 the frame below which
+ * the chain holds the C-stack entry frame that call pushed. Stops at the
+ * first pointer that fails validation, so a wrong layout yields a short
+ * stack. With `safe`, every read goes through the kernel (an unmapped
+ * address gives an error, not a fault): slow, for checking a layout.
+ * Returns the number of frames. */
+unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyrawframe *out,
+                            uint64_t *entry, unsigned max, bool safe, shim_pywalk *w);
 
 /* Whether `f.code` still is the code object that was read: a live code
  * object with the same name, file and first line. Reads through the kernel,

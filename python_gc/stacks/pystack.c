@@ -33,6 +33,7 @@
  *
  * Memory is bounded (MAX_FRAMES, MAX_STACKS, MAX_POOL): when full, new
  * stacks are not recorded (id 0) and one warning says so. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -40,6 +41,7 @@
 #include "find.h"
 #include "gate.h"
 #include "log.h"
+#include "pyapi.h"
 #include "pyframes.h"
 #include "pystack.h"
 
@@ -70,24 +72,15 @@ typedef struct pstack {
     uint64_t hash;
     uint32_t first;              /* into pool */
     uint32_t depth;
+    uint8_t flags;               /* SHIM_PYSTACK_TRUNCATED, SHIM_PYSTACK_UNSURE */
 } pstack;
 
-/* Interpreter entry points, resolved once. Prototypes written by hand from
- * the C API documentation: no Python headers at build time. */
-typedef struct pyapi {
-    void *(*gilstate_tstate)(void);          /* PyGILState_GetThisThreadState */
-    void *(*current_tstate)(void);           /* PyThreadState_GetUnchecked / _PyThreadState_UncheckedGet */
-    void (*incref)(void *);
-    void (*decref)(void *);
-    int (*addr2line)(void *code, int offset);
-    const char *(*as_utf8)(void *unicode);
-    int (*is_initialized)(void);
-    int (*is_finalizing)(void);
-    void (*err_fetch)(void **, void **, void **);
-    void (*err_restore)(void *, void *, void *);
-    int (*add_pending_call)(int (*fn)(void *), void *arg);   /* optional */
-    void *(*main_interp)(void);              /* PyInterpreterState_Main */
-} pyapi;
+/* A pool slot is a frame id, with this bit set when the frame is the
+ * outermost one a call of the evaluation loop ran (frame ids stay below
+ * MAX_FRAMES): the splice of Python frames into native stacks needs it,
+ * and it costs no memory. */
+#define POOL_ENTRY 0x80000000u
+#define POOL_ID(slot) ((slot) & ~POOL_ENTRY)
 
 enum { ST_UNKNOWN = 0, ST_READY, ST_OFF };
 
@@ -99,7 +92,9 @@ static _Atomic unsigned long closed_cycle; /* shim_gate_cycles() when it ran */
 static _Atomic bool resolve_scheduled;    /* a pending call will resolve frames */
 static _Atomic uint32_t epoch = 1;
 static shim_pylayout L;
-static pyapi api;
+static const shim_pyapi *api;          /* python_gc's table (pyapi.c) */
+static uintptr_t interp_base;          /* load address of the interpreter's object */
+static const char *off_note;           /* why this process has no Python stacks */
 static bool full_warned;
 
 /* Guarded by stack_lock. */
@@ -141,8 +136,6 @@ void shim_pystack_atfork_child(void) { pthread_mutex_unlock(&stack_lock); }
 
 static void on_finalize(void);
 
-#define SYM(field, name) ((*(void **)&a.field = shim_python_sym(py, name)) != NULL)
-
 /* Locates the interpreter, its layout and entry points. Runs without
  * stack_lock: discovery and symbol lookup take the dynamic loader's lock,
  * which a library constructor that allocates holds while it waits for
@@ -153,7 +146,7 @@ static void setup(void)
     if (!py)
         return;                      /* maybe later: Python may be loaded yet */
     shim_pylayout l;
-    pyapi a;
+    const shim_pyapi *a = NULL;
     const char *why = NULL;
     int result = ST_READY;
     if (shim_pyframes_layout(py, &l, true, &why) != 0) {
@@ -163,30 +156,29 @@ static void setup(void)
             shim_debug("Python stacks off: %s", why);
         result = ST_OFF;
     } else {
-        bool ok = SYM(gilstate_tstate, "PyGILState_GetThisThreadState");
-        ok &= SYM(current_tstate, "PyThreadState_GetUnchecked") ||
-              SYM(current_tstate, "_PyThreadState_UncheckedGet");
-        ok &= SYM(incref, "Py_IncRef");
-        ok &= SYM(decref, "Py_DecRef");
-        ok &= SYM(addr2line, "PyCode_Addr2Line");
-        ok &= SYM(as_utf8, "PyUnicode_AsUTF8");
-        ok &= SYM(is_initialized, "Py_IsInitialized");
-        ok &= SYM(is_finalizing, "Py_IsFinalizing") || SYM(is_finalizing, "_Py_IsFinalizing");
-        ok &= SYM(err_fetch, "PyErr_Fetch");
-        ok &= SYM(err_restore, "PyErr_Restore");
-        ok &= SYM(main_interp, "PyInterpreterState_Main");
-        (void)SYM(add_pending_call, "Py_AddPendingCall");
-        if (!ok) {
+        a = shim_pyapi_get();
+        if (!a || !a->code_addr2line || !a->unicode_as_utf8) {
             shim_warn("Python stacks off: a C API function is missing from %s",
                       py->path ? py->path : "the interpreter");
             result = ST_OFF;
         }
     }
+    uintptr_t base = 0;
+    Dl_info info;
+    void *probe = shim_python_sym(py, py->kind == SHIM_PY_PYPY ? "PyPy_IsInitialized"
+                                                               : "Py_IsInitialized");
+    if (probe && dladdr(probe, &info))
+        base = (uintptr_t)info.dli_fbase;
     bool first = false;
     pthread_mutex_lock(&stack_lock);
     if (atomic_load(&state) == ST_UNKNOWN) {
         L = l;
         api = a;
+        interp_base = base;
+        if (py->kind == SHIM_PY_PYPY)
+            off_note = "PyPy: Python frames are not recorded, native stacks only";
+        else if (result != ST_READY)
+            off_note = "Python frames are not recorded for this interpreter (see the warning)";
         atomic_store_explicit(&state, result, memory_order_release);
         first = result == ST_READY;
     }
@@ -210,21 +202,10 @@ static bool ready(void)
 }
 
 /* The thread state whose frames are the caller's, and whether the caller
- * is attached to it (holds the GIL). From 3.12 the current thread state is
- * thread-local, set exactly while attached. Before, it is process-wide
- * (another thread's while we wait), and ours is current only while we
- * hold the GIL. A thread that released the GIL keeps its thread state in
- * PyGILState's thread-local slot, with its frame chain intact. */
+ * is attached to it (holds the GIL): python_gc's one rule (pyapi.h). */
 static inline uintptr_t own_tstate(bool *attached)
 {
-    void *cur = api.current_tstate();
-    if (L.minor >= 12) {
-        *attached = cur != NULL;
-        return (uintptr_t)(cur ? cur : api.gilstate_tstate());
-    }
-    void *own = api.gilstate_tstate();
-    *attached = own != NULL && cur == own;
-    return (uintptr_t)own;
+    return (uintptr_t)shim_py_own_tstate(api, attached, NULL);
 }
 
 /* Interpreter initialized, not finalizing, this lifetime's gate not yet
@@ -233,7 +214,7 @@ static bool can_resolve(void)
 {
     if (atomic_load_explicit(&state, memory_order_acquire) != ST_READY || atomic_load(&closed))
         return false;
-    if (!api.is_initialized() || api.is_finalizing())
+    if (!api->is_initialized() || api->is_finalizing())
         return false;
     bool attached;
     return own_tstate(&attached) && attached;
@@ -246,8 +227,8 @@ static bool can_resolve(void)
  * own gate must be armed. */
 static void maybe_reopen(void)
 {
-    if (shim_gate_cycles() == atomic_load(&closed_cycle) || !api.is_initialized() ||
-        api.is_finalizing())
+    if (shim_gate_cycles() == atomic_load(&closed_cycle) || !api->is_initialized() ||
+        api->is_finalizing())
         return;
     bool reopened = false;
     pthread_mutex_lock(&stack_lock);
@@ -341,7 +322,7 @@ static uint32_t frame_intern_locked(const shim_pyrawframe *f, uint32_t ep, bool 
     p->raw = *f;
     p->epoch = ep;
     if (take_ref) {
-        api.incref((void *)f->code);
+        api->incref((shim_pyobj *)f->code);
         p->held = 1;
     }
     uint32_t at = (uint32_t)h & (frame_index_cap - 1);
@@ -351,15 +332,22 @@ static uint32_t frame_intern_locked(const shim_pyrawframe *f, uint32_t ep, bool 
     return nframes;
 }
 
-static uint64_t stack_hash(const shim_pyrawframe *buf, unsigned n, uint32_t ep)
+#define ENTRY_WORDS (MAX_DEPTH / 64)
+#define ENTRY_BIT(entry, i) (((entry)[(i) / 64] >> ((i) % 64)) & 1u)
+
+static uint64_t stack_hash(const shim_pyrawframe *buf, const uint64_t *entry, unsigned n,
+                           uint8_t flags, uint32_t ep)
 {
-    uint64_t h = mix(0x5EED, n);
+    uint64_t h = mix(0x5EED, n | (uint64_t)flags << 32);
     for (unsigned i = 0; i < n; i++)
         h = mix(h, frame_hash(&buf[i], ep));
+    for (unsigned i = 0; i < (n + 63) / 64; i++)
+        h = mix(h, entry[i]);
     return h;
 }
 
-static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, unsigned n, uint32_t ep)
+static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, const uint64_t *entry,
+                                  unsigned n, uint8_t flags, uint32_t ep)
 {
     if (!stack_index_cap)
         return 0;
@@ -368,12 +356,13 @@ static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, unsign
         if (!id)
             return 0;
         const pstack *s = &stacks[id - 1];
-        if (s->hash != h || s->depth != n)
+        if (s->hash != h || s->depth != n || s->flags != flags)
             continue;
         unsigned i = 0;
         for (; i < n; i++) {
-            const pframe *f = &frames[pool[s->first + i] - 1];
-            if (f->epoch != ep || !raw_equal(&f->raw, &buf[i]))
+            uint32_t slot = pool[s->first + i];
+            const pframe *f = &frames[POOL_ID(slot) - 1];
+            if (f->epoch != ep || !raw_equal(&f->raw, &buf[i]) || (slot >> 31) != ENTRY_BIT(entry, i))
                 break;
         }
         if (i == n)
@@ -381,8 +370,8 @@ static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, unsign
     }
 }
 
-static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, unsigned n, uint32_t ep,
-                                 bool take_refs)
+static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const uint64_t *entry,
+                                 unsigned n, uint8_t flags, uint32_t ep, bool take_refs)
 {
     if (!grow((void **)&stacks, &stacks_cap, nstacks + 1, sizeof *stacks, MAX_STACKS) ||
         !grow((void **)&pool, &pool_cap, npool + n, sizeof *pool, MAX_POOL) ||
@@ -396,9 +385,10 @@ static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, unsigne
             warn_full_locked();
             return 0;               /* the frames added stay, unused: bounded */
         }
-        pool[npool + i] = fid;
+        pool[npool + i] = fid | (ENTRY_BIT(entry, i) ? POOL_ENTRY : 0);
     }
     pstack *s = &stacks[nstacks++];
+    s->flags = flags;
     s->hash = h;
     s->first = npool;
     s->depth = n;
@@ -426,14 +416,15 @@ static void resolve_ids(const uint32_t *ids, size_t n)
         /* Without a reference, the code object may have died since: look
          * before touching it. */
         if (f.held || shim_pyframes_still_alive(&L, &f.raw)) {
-            void *type, *value, *tb;
-            api.err_fetch(&type, &value, &tb);
-            const char *s = api.as_utf8((void *)shim_pyframes_name_obj(&L, f.raw.code));
+            shim_pyobj *type, *value, *tb;
+            api->err_fetch(&type, &value, &tb);
+            const char *s =
+                api->unicode_as_utf8((shim_pyobj *)shim_pyframes_name_obj(&L, f.raw.code));
             function = s ? strdup(s) : NULL;
-            s = api.as_utf8((void *)shim_pyframes_file_obj(&L, f.raw.code));
+            s = api->unicode_as_utf8((shim_pyobj *)shim_pyframes_file_obj(&L, f.raw.code));
             file = s ? strdup(s) : NULL;
-            line = api.addr2line((void *)f.raw.code, f.raw.offset);
-            api.err_restore(type, value, tb);
+            line = api->code_addr2line((shim_pyobj *)f.raw.code, f.raw.offset);
+            api->err_restore(type, value, tb);
         }
         pthread_mutex_lock(&stack_lock);
         pframe *p = &frames[ids[i] - 1];
@@ -467,10 +458,10 @@ static int pending_resolve(void *arg)
  * by then they are at report time. */
 static void schedule_resolve(void)
 {
-    if (!api.add_pending_call || atomic_exchange(&resolve_scheduled, true))
+    if (!api->add_pending_call || atomic_exchange(&resolve_scheduled, true))
         return;
-    if (!api.is_initialized() || api.is_finalizing() ||
-        api.add_pending_call(pending_resolve, NULL) != 0)
+    if (!api->is_initialized() || api->is_finalizing() ||
+        api->add_pending_call(pending_resolve, NULL) != 0)
         atomic_store(&resolve_scheduled, false);
 }
 
@@ -488,39 +479,42 @@ uint32_t shim_pystack_capture(unsigned max_depth)
      * attached (daemon threads, before 3.12) while their thread-local
      * pointer still holds the old address: from then on, only the
      * attached thread's own frames are read. */
-    if (!attached && (api.is_finalizing() || !api.is_initialized()))
+    if (!attached && (api->is_finalizing() || !api->is_initialized()))
         return 0;
     if (max_depth > MAX_DEPTH)
         max_depth = MAX_DEPTH;
     shim_pyrawframe buf[MAX_DEPTH];
+    uint64_t entry[ENTRY_WORDS];
     unsigned n;
-    bool clean;
+    shim_pywalk w;
     if (atomic_load_explicit(&verified, memory_order_acquire)) {
-        n = shim_pyframes_walk(&L, ts, buf, max_depth, false, &clean);
+        n = shim_pyframes_walk(&L, ts, buf, entry, max_depth, false, &w);
     } else {
         /* Until one checked walk has gone through two frames and ended
          * where a chain ends (the thread state, frame, code and back-link
          * offsets all proven), every read goes through the kernel: a wrong
          * layout costs stacks, not the process. */
-        n = shim_pyframes_walk(&L, ts, buf, max_depth, true, &clean);
-        if (n >= 2 && clean)
+        n = shim_pyframes_walk(&L, ts, buf, entry, max_depth, true, &w);
+        if (n >= 2 && w.clean)
             atomic_store_explicit(&verified, true, memory_order_release);
     }
     if (n == 0)
         return 0;
     uint32_t ep = atomic_load_explicit(&epoch, memory_order_relaxed);
-    uint64_t h = stack_hash(buf, n, ep);
+    uint8_t flags = (w.truncated ? SHIM_PYSTACK_TRUNCATED : 0) |
+                    (w.unsure || !w.clean ? SHIM_PYSTACK_UNSURE : 0);
+    uint64_t h = stack_hash(buf, entry, n, flags, ep);
     pthread_mutex_lock(&stack_lock);
     bool is_closed = atomic_load(&closed);
-    uint32_t id = stack_find_locked(h, buf, n, ep);
+    uint32_t id = stack_find_locked(h, buf, entry, n, flags, ep);
     uint32_t new_from = nframes, new_to = nframes;
     if (!id) {
         /* A reference only to the main interpreter's code: a
          * subinterpreter's objects go when it ends, and our Py_DecRef at
          * the main one's finalization would touch freed memory. */
         bool take_refs = attached && !is_closed &&
-                         *(void *const *)(ts + L.ts_interp) == api.main_interp();
-        id = stack_add_locked(h, buf, n, ep, take_refs);
+                         *(void *const *)(ts + L.ts_interp) == (void *)api->interp_main();
+        id = stack_add_locked(h, buf, entry, n, flags, ep, take_refs);
         new_to = nframes;
     }
     pthread_mutex_unlock(&stack_lock);
@@ -529,7 +523,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
     /* Past this lifetime's gate (atexit handlers, late allocations) no
      * reference is taken, and nothing would resolve these frames later:
      * resolve them now, while their code objects are certainly alive. */
-    if (is_closed && new_to > new_from && attached && api.is_initialized() && !api.is_finalizing()) {
+    if (is_closed && new_to > new_from && attached && api->is_initialized() && !api->is_finalizing()) {
         uint32_t ids[MAX_DEPTH];
         size_t k = 0;
         for (uint32_t fid = new_from + 1; fid <= new_to && k < MAX_DEPTH; fid++)
@@ -555,7 +549,7 @@ static uint32_t *pending_locked(uint32_t id, size_t *n)
     if (!out)
         return NULL;
     for (uint32_t i = from; i < to; i++) {
-        uint32_t fid = list ? list[i] : i + 1;
+        uint32_t fid = list ? POOL_ID(list[i]) : i + 1;
         const pframe *f = &frames[fid - 1];
         if (!f->done && f->epoch == ep)
             out[(*n)++] = fid;
@@ -584,10 +578,12 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max)
     const pstack *s = &stacks[id - 1];
     size_t depth = s->depth;
     for (size_t i = 0; i < depth && i < max; i++) {
-        const pframe *f = &frames[pool[s->first + i] - 1];
+        uint32_t slot = pool[s->first + i];
+        const pframe *f = &frames[POOL_ID(slot) - 1];
         out[i].function = f->done ? f->function : UNKNOWN;
         out[i].file = f->done ? f->file : UNKNOWN;
         out[i].line = f->done ? f->line : 0;
+        out[i].entry = (slot & POOL_ENTRY) != 0;
     }
     pthread_mutex_unlock(&stack_lock);
     return depth;
@@ -626,6 +622,26 @@ static void on_finalize(void)
     }
     pthread_mutex_unlock(&stack_lock);
     for (size_t i = 0; i < n; i++)
-        api.decref((void *)codes[i]);
+        api->decref((shim_pyobj *)codes[i]);
     free(codes);
+}
+
+unsigned shim_pystack_flags(uint32_t id)
+{
+    unsigned flags = 0;
+    pthread_mutex_lock(&stack_lock);
+    if (id && id <= nstacks)
+        flags = stacks[id - 1].flags;
+    pthread_mutex_unlock(&stack_lock);
+    return flags;
+}
+
+uintptr_t shim_pystack_interpreter_base(void)
+{
+    return atomic_load_explicit(&state, memory_order_acquire) == ST_UNKNOWN ? 0 : interp_base;
+}
+
+const char *shim_pystack_note(void)
+{
+    return atomic_load_explicit(&state, memory_order_acquire) == ST_UNKNOWN ? NULL : off_note;
 }

@@ -7,6 +7,7 @@
 #ifndef SHIM_PYSTACK_H
 #define SHIM_PYSTACK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,7 +15,16 @@ typedef struct shim_pyframe {
     const char *function;    /* "<unknown>" when it could not be resolved */
     const char *file;
     int line;                /* 0 when unknown */
+    /* The outermost frame that one call of the interpreter's evaluation
+     * loop (_PyEval_EvalFrameDefault, one native frame) ran: that call was
+     * entered from C. Each such call ran the frames from after the
+     * previous entry frame down to this one. */
+    bool entry;
 } shim_pyframe;
+
+/* Flags of a stack (shim_pystack_flags). */
+#define SHIM_PYSTACK_TRUNCATED 1u   /* cut at the depth asked: outer frames missing */
+#define SHIM_PYSTACK_UNSURE 2u      /* the entry marks may be incomplete */
 
 /* Interned Python stack of the calling thread, innermost frame first, at
  * most `max_depth` frames; 0 when the thread runs no Python (or on PyPy). */
@@ -27,6 +37,16 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max);
 /* With the GIL held: resolve every frame seen so far (run at interpreter
  * exit through shim_pygc_on_finalize, and by report/snapshot calls). */
 void shim_pystack_resolve_all(void);
+/* SHIM_PYSTACK_* flags of stack `id` (0 for an unknown id). */
+unsigned shim_pystack_flags(uint32_t id);
+/* The load address of the object that holds the interpreter (libpython,
+ * or the executable of a static build), 0 when none was seen: its native
+ * frames are the interpreter's own. */
+uintptr_t shim_pystack_interpreter_base(void);
+/* Why this process records no Python frames although it runs Python (PyPy,
+ * an unknown CPython layout), for reports; NULL when there is no such
+ * reason. */
+const char *shim_pystack_note(void);
 
 /* fork(): the interning lock, held across fork by the forking thread
  * (shim/process/fork.c). */

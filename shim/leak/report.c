@@ -60,6 +60,84 @@ static int group_cmp(const void *x, const void *y)
 
 #define PY_FRAMES_MAX 256
 
+/* The native frame of one call of CPython's evaluation loop: the function
+ * each Python frame (before 3.11) or each run of Python frames entered from
+ * C (3.11+) executes in, in every build (shared, static, debug,
+ * free-threaded; 3.8's PyEval_EvalFrameEx and the _PyEval_EvalFrame and
+ * _PyEval_Vector wrappers call it once per such call). A part that GCC
+ * split out (".cold") is still that call. */
+static bool is_eval_loop(const char *function)
+{
+    static const char name[] = "_PyEval_EvalFrameDefault";
+    return function && strncmp(function, name, sizeof name - 1) == 0 &&
+           (function[sizeof name - 1] == '\0' || function[sizeof name - 1] == '.');
+}
+
+/* Frames of the program's start, below any Python: libc's entry and
+ * thread start, the executable's _start. */
+static bool is_program_start(const char *function)
+{
+    static const char *const names[] = {
+        "_start", "__libc_start_main", "__libc_start_main_impl", "__libc_start_main_alias_2",
+        "__libc_start_call_main", "start_thread", "clone", "clone3", "thread_start",
+    };
+    if (!function)
+        return false;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(function, names[i]) == 0)
+            return true;
+    return false;
+}
+
+/* Python frames where the interpreter ran them: each native evaluation-loop
+ * frame (innermost first) stands for the Python frames of one call, from
+ * the frame after the previous entry from C down to the next entry (the
+ * pystack module marks them). Pairing the i-th loop frame with the i-th
+ * call is exact when both lists are complete; anything else (a cut stack,
+ * counts that disagree, unsure marks) keeps Python frames first and says
+ * why: a guessed order is never shown as fact. */
+static const char *splice_refusal(const shim_pyframe *py, size_t npy, unsigned pyflags,
+                                  size_t calls_native)
+{
+    if (pyflags & SHIM_PYSTACK_TRUNCATED)
+        return "the Python stack was cut at the recorded depth";
+    if ((pyflags & SHIM_PYSTACK_UNSURE) || !py[npy - 1].entry)
+        return "which interpreter call ran which Python frame is not known";
+    size_t calls_python = 0;
+    for (size_t i = 0; i < npy; i++)
+        calls_python += py[i].entry;
+    if (calls_python != calls_native)
+        return "the native stack does not hold one evaluation-loop frame per call entered from C "
+               "(cut at SPYRESHIM_STACK_DEPTH?)";
+    return NULL;
+}
+
+/* Default view: native frames of the interpreter between two Python
+ * frames, and below the outermost Python frame those of the interpreter
+ * and of the program's start, are folded. Everything native above the
+ * innermost Python frame (the extension, and the interpreter's call into
+ * it) stays. */
+static void fold(shim_report_group *g)
+{
+    size_t inner = g->nframes, outer = 0;
+    for (size_t i = 0; i < g->nframes; i++) {
+        if (g->frames[i].python) {
+            if (inner == g->nframes)
+                inner = i;
+            outer = i;
+        }
+    }
+    if (inner == g->nframes)
+        return;
+    for (size_t i = inner + 1; i < g->nframes; i++) {
+        shim_report_frame *f = &g->frames[i];
+        if (f->python)
+            continue;
+        f->folded = f->interpreter || (i > outer && is_program_start(f->function));
+        g->nfolded += f->folded;
+    }
+}
+
 static int resolve_frames(shim_report *r, shim_report_group *g)
 {
     shim_pyframe py[PY_FRAMES_MAX];
@@ -71,20 +149,22 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
     }
     const uintptr_t *nat = NULL;
     size_t nn = g->native_stack ? shim_stack_frames(g->native_stack, &nat) : 0;
+    g->order = npy ? (nn ? SHIM_ORDER_HYBRID : SHIM_ORDER_PYTHON) : SHIM_ORDER_NATIVE;
     if (npy + nn == 0)
         return 0;
     g->frames = calloc(npy + nn, sizeof *g->frames);
-    if (!g->frames)
+    shim_report_frame *native = nn ? calloc(nn, sizeof *native) : NULL;
+    if (!g->frames || (nn && !native)) {
+        free(native);
         return -1;
-    for (size_t i = 0; i < npy; i++) {
-        shim_report_frame *f = &g->frames[g->nframes++];
-        f->python = true;
-        f->function = py[i].function;
-        f->file = py[i].file;
-        f->line = py[i].line;
     }
+    /* The interpreter's object: the one pystack found, and the one that
+     * holds the evaluation loop in this very stack (a static build's
+     * executable, a libpython an embedder opened). */
+    uintptr_t interp = shim_pystack_interpreter_base(), loop_base = 0;
+    size_t calls_native = 0;
     for (size_t i = 0; i < nn; i++) {
-        shim_report_frame *f = &g->frames[g->nframes++];
+        shim_report_frame *f = &native[i];
         shim_symbol s = {0};
         if (r->sym)
             shim_symbolize(r->sym, nat[i], &s);
@@ -94,7 +174,54 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         f->line = s.line;
         f->object = s.object;
         f->offset = s.offset;
+        f->python_frames = -1;
+        if (is_eval_loop(f->function)) {
+            calls_native++;
+            if (f->object)
+                loop_base = f->address - f->offset;
+        }
     }
+    for (size_t i = 0; i < nn; i++) {
+        uintptr_t base = native[i].object ? native[i].address - native[i].offset : 0;
+        native[i].interpreter = base && (base == interp || base == loop_base);
+    }
+    if (npy && nn) {
+        g->unspliced = splice_refusal(py, npy, shim_pystack_flags(g->python_stack), calls_native);
+        if (g->unspliced)
+            g->order = SHIM_ORDER_PYTHON_FIRST;
+    }
+    size_t next_py = 0;
+    if (g->order != SHIM_ORDER_HYBRID) {
+        for (; next_py < npy; next_py++) {
+            shim_report_frame *f = &g->frames[g->nframes++];
+            f->python = true;
+            f->function = py[next_py].function;
+            f->file = py[next_py].file;
+            f->line = py[next_py].line;
+            f->python_frames = -1;
+        }
+    }
+    for (size_t i = 0; i < nn; i++) {
+        if (g->order == SHIM_ORDER_HYBRID && is_eval_loop(native[i].function)) {
+            int ran = 0;
+            while (next_py < npy) {
+                shim_report_frame *f = &g->frames[g->nframes++];
+                f->python = true;
+                f->function = py[next_py].function;
+                f->file = py[next_py].file;
+                f->line = py[next_py].line;
+                f->python_frames = -1;
+                ran++;
+                if (py[next_py++].entry)
+                    break;
+            }
+            native[i].python_frames = ran;
+        }
+        g->frames[g->nframes++] = native[i];
+    }
+    free(native);
+    if (g->order == SHIM_ORDER_HYBRID)
+        fold(g);
     return 0;
 }
 
@@ -285,6 +412,9 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
 
     outf(o, "\n=================================================================\n");
     outf(o, "==%d==%s\n", pid, headline);
+    const char *note = shim_pystack_note();
+    if (note)
+        outf(o, "(%s)\n", note);
     size_t shown = 0;
     uint64_t rest_bytes = 0, rest_count = 0;
     for (size_t i = 0; i < r->ngroups; i++) {
@@ -302,8 +432,14 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
              g->runtime ? g->runtime : "device");
         if (g->nframes == 0)
             outf(o, "    <no stack recorded>\n");
-        for (size_t k = 0; k < g->nframes; k++)
-            print_frame(o, k, &g->frames[k]);
+        for (size_t k = 0, shown_frames = 0; k < g->nframes; k++)
+            if (!g->frames[k].folded)
+                print_frame(o, shown_frames++, &g->frames[k]);
+        if (g->nfolded)
+            outf(o, "    (%zu interpreter frame(s) folded; the JSON report keeps every frame)\n",
+                 g->nfolded);
+        if (g->order == SHIM_ORDER_PYTHON_FIRST)
+            outf(o, "    (unspliced, Python frames first: %s)\n", g->unspliced);
         out_flush(o);
     }
     if (rest_count)
@@ -369,6 +505,11 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
     json_str(f, n > 0 ? exe : NULL);
     fprintf(f, ",\n  \"reason\": ");
     json_str(f, reason);
+    const char *note = shim_pystack_note();
+    if (note) {
+        fprintf(f, ",\n  \"python_note\": ");
+        json_str(f, note);
+    }
     fprintf(f, ",\n  \"live_bytes\": %" PRIu64 ",\n  \"live_allocations\": %" PRIu64
                ",\n  \"suppressed_bytes\": %" PRIu64 ",\n  \"suppressed_allocations\": %" PRIu64
                ",\n  \"groups\": [",
@@ -379,8 +520,17 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
                    ",\n      \"runtime\": ",
                 i ? "," : "", g->bytes, g->count);
         json_str(f, g->runtime);
-        fprintf(f, ",\n      \"suppressed\": %s,\n      \"frames\": [",
-                g->suppression >= 0 ? "true" : "false");
+        static const char *const orders[] = {
+            [SHIM_ORDER_NATIVE] = "native", [SHIM_ORDER_PYTHON] = "python",
+            [SHIM_ORDER_HYBRID] = "hybrid", [SHIM_ORDER_PYTHON_FIRST] = "python-first",
+        };
+        fprintf(f, ",\n      \"suppressed\": %s,\n      \"order\": \"%s\"",
+                g->suppression >= 0 ? "true" : "false", orders[g->order]);
+        if (g->unspliced) {
+            fputs(",\n      \"unspliced\": ", f);
+            json_str(f, g->unspliced);
+        }
+        fputs(",\n      \"frames\": [", f);
         for (size_t k = 0; k < g->nframes; k++) {
             const shim_report_frame *fr = &g->frames[k];
             fprintf(f, "%s\n        {\"kind\": \"%s\", \"function\": ", k ? "," : "",
@@ -391,6 +541,10 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
                 json_str(f, fr->object);
                 fprintf(f, ", \"address\": \"0x%" PRIxPTR "\", \"offset\": \"0x%" PRIxPTR "\"",
                         fr->address, fr->offset);
+                fprintf(f, ", \"interpreter\": %s", fr->interpreter ? "true" : "false");
+                fprintf(f, ", \"folded\": %s", fr->folded ? "true" : "false");
+                if (fr->python_frames >= 0)
+                    fprintf(f, ", \"python_frames\": %d", fr->python_frames);
             }
             if (fr->file || fr->python) {
                 fputs(", \"file\": ", f);

@@ -19,15 +19,32 @@ typedef struct shim_report_frame {
     int line;                /* 0 when unknown */
     uintptr_t address;       /* native frames: the return address */
     uintptr_t offset;        /* native frames: address - object base */
+    bool interpreter;        /* native frame in the object that holds the interpreter */
+    bool folded;             /* hidden in the default view (interpreter internals) */
+    /* A native call of the evaluation loop (_PyEval_EvalFrameDefault) in a
+     * spliced stack: the number of Python frames it ran, which are the ones
+     * right before it; -1 for every other frame. */
+    int python_frames;
 } shim_report_frame;
+
+/* How a group's frames are ordered (docs/python-stacks.md, "Hybrid stacks"). */
+enum shim_report_order {
+    SHIM_ORDER_NATIVE,       /* native frames only */
+    SHIM_ORDER_PYTHON,       /* Python frames only */
+    SHIM_ORDER_HYBRID,       /* true call order: Python frames where the interpreter ran them */
+    SHIM_ORDER_PYTHON_FIRST, /* not spliced (see `unspliced`): Python frames, then native */
+};
 
 typedef struct shim_report_group {
     uint64_t bytes, count;
     const char *runtime;
     uint32_t python_stack, native_stack;
     int suppression;         /* index of the matching pattern, -1: none */
-    shim_report_frame *frames;  /* Python frames first, innermost first */
+    shim_report_frame *frames;  /* innermost first, in `order` */
     size_t nframes;
+    enum shim_report_order order;
+    const char *unspliced;   /* SHIM_ORDER_PYTHON_FIRST: why (static string) */
+    size_t nfolded;
 } shim_report_group;
 
 typedef struct shim_report shim_report;

@@ -12,6 +12,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <pthread.h>
 
 #include "simdev.h"
 
@@ -254,8 +255,51 @@ static PyObject *mem_info(PyObject *module, PyObject *unused)
     return Py_BuildValue("(KK)", (unsigned long long)free_bytes, (unsigned long long)total);
 }
 
+/* call(fn, *args) -> fn(*args): Python -> C -> Python, as frameworks' hooks,
+ * autograd functions and custom ops call back; the callback may call into
+ * C again (hybrid stacks in leak reports). */
+static PyObject *call(PyObject *module, PyObject *args)
+{
+    (void)module;
+    Py_ssize_t n = PyTuple_Size(args);
+    if (n < 1) {
+        PyErr_SetString(PyExc_TypeError, "call(fn, *args): fn missing");
+        return NULL;
+    }
+    PyObject *rest = PyTuple_GetSlice(args, 1, n);
+    if (!rest)
+        return NULL;
+    PyObject *r = PyObject_CallObject(PyTuple_GET_ITEM(args, 0), rest);
+    Py_DECREF(rest);
+    return r;
+}
+
+static void *c_thread_main(void *arg)
+{
+    void *ptr = NULL;
+    return simdevMalloc(&ptr, *(size_t *)arg) == simdevSuccess ? ptr : NULL;
+}
+
+/* leak_in_c_thread(nbytes) -> ptr: a thread that C created and that never
+ * ran Python allocates (and leaks) nbytes. */
+static PyObject *leak_in_c_thread(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    size_t nbytes = PyLong_AsSize_t(arg);
+    if (PyErr_Occurred())
+        return NULL;
+    pthread_t t;
+    void *ptr = NULL;
+    if (pthread_create(&t, NULL, c_thread_main, &nbytes) != 0 || pthread_join(t, &ptr) != 0 || !ptr)
+        return PyErr_Format(PyExc_RuntimeError, "leak_in_c_thread(%zu) failed", nbytes);
+    return PyLong_FromVoidPtr(ptr);
+}
+
 static PyMethodDef module_methods[] = {
     { "mem_info", mem_info, METH_NOARGS, "mem_info() -> (free, total): device memory in bytes." },
+    { "call", call, METH_VARARGS, "call(fn, *args) -> fn(*args), called from C." },
+    { "leak_in_c_thread", leak_in_c_thread, METH_O,
+      "leak_in_c_thread(nbytes) -> ptr: a C thread allocates nbytes and never frees them." },
     { NULL, NULL, 0, NULL },
 };
 

@@ -85,6 +85,9 @@ static int fake_pending(int (*fn)(void *), void *arg)
     return 0;
 }
 
+static uintptr_t none_obj[2];
+static void fake_unused(void) { cr_assert_fail("pystack called a C API function it does not use"); }
+
 static shim_python the_python = { .kind = SHIM_PY_CPYTHON, .major = 3, .minor = 12, .micro = 1 };
 
 const shim_python *shim_python_find(void)
@@ -106,7 +109,19 @@ void *shim_python_sym(const shim_python *py, const char *name)
         { "Py_IsInitialized", (void *)fake_initialized }, { "_Py_IsFinalizing", (void *)fake_finalizing },
         { "PyErr_Fetch", (void *)fake_fetch }, { "PyErr_Restore", (void *)fake_restore },
         { "PyInterpreterState_Main", (void *)fake_main }, { "Py_AddPendingCall", (void *)fake_pending },
+        { "_Py_NoneStruct", none_obj },
     };
+    /* The rest of python_gc's table (pyapi.c), which pystack never calls. */
+    static const char *const unused[] = {
+        "PyGILState_Ensure", "PyGILState_Release", "PyEval_SaveThread", "PyEval_RestoreThread",
+        "PyImport_ImportModule", "PyObject_GetAttrString", "PyObject_CallObject",
+        "PyObject_CallFunctionObjArgs", "PyErr_Clear", "PyTuple_GetItem",
+        "PyUnicode_CompareWithASCIIString", "PyList_Append", "PyLong_AsLong",
+        "PyCFunction_NewEx", "Py_AtExit",
+    };
+    for (size_t i = 0; i < sizeof unused / sizeof unused[0]; i++)
+        if (strcmp(unused[i], name) == 0)
+            return (void *)fake_unused;
     for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++)
         if (strcmp(syms[i].name, name) == 0)
             return syms[i].p;
@@ -376,4 +391,42 @@ Test(pystack, pypy_gets_no_python_stack)
     chain(3, CODE3, OFF3);
     cr_assert_eq(shim_pystack_capture(32), 0);
     cr_assert_eq(warnings, 0, "PyPy is expected, not warned about");
+}
+
+/* 3.12: each call of the evaluation loop pushes a C-stack entry frame
+ * (owner FRAME_OWNED_BY_CSTACK) below the frames it runs. */
+Test(pystack, marks_the_frame_each_evaluation_loop_call_was_entered_with)
+{
+    static const int code_of[] = { 0, 1, 2, 3, 4, 5 }, off[] = { 1, 1, 1, 1, 1, 1 };
+    chain(6, code_of, off);
+    AT(&frames[2], 70, uint8_t) = 3;                /* entry frame of the inner call */
+    AT(&frames[5], 70, uint8_t) = 3;                /* entry frame of the outer call */
+    shim_pyframe f[8];
+    uint32_t id = shim_pystack_capture(32);
+    cr_assert_eq(shim_pystack_frames(id, f, 8), 4);
+    static const bool want[] = { false, true, false, true };
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(f[i].entry, want[i], "frame %d (%s)", i, f[i].function);
+    cr_assert_eq(shim_pystack_flags(id), 0);
+
+    /* Same frames, one call: another stack. */
+    AT(&frames[2], 70, uint8_t) = 0;
+    AT(&frames[2], 0, uintptr_t) = (uintptr_t)&codes[2];
+    uint32_t one = shim_pystack_capture(32);
+    cr_assert_eq(shim_pystack_frames(one, f, 8), 5);
+    cr_assert(!f[1].entry && f[4].entry);
+
+    /* A call whose frames are all skipped (not yet past RESUME): unsure. */
+    AT(&frames[2], 70, uint8_t) = 3;
+    AT(&codes[0], 176, int32_t) = 4;
+    AT(&codes[1], 176, int32_t) = 4;
+    uint32_t gap = shim_pystack_capture(32);
+    cr_assert_eq(shim_pystack_flags(gap) & SHIM_PYSTACK_UNSURE, SHIM_PYSTACK_UNSURE);
+    AT(&codes[0], 176, int32_t) = 0;
+    AT(&codes[1], 176, int32_t) = 0;
+
+    /* Cut at the depth asked. */
+    uint32_t cut = shim_pystack_capture(2);
+    cr_assert_eq(shim_pystack_flags(cut), SHIM_PYSTACK_TRUNCATED);
+    cr_assert_neq(cut, id);
 }

@@ -118,6 +118,9 @@ def _parser():
                      help="show the N largest groups only")
     rep.add_argument("--show-suppressed", action="store_true",
                      help="also list groups matched by suppressions")
+    rep.add_argument("--native-frames", choices=rpt.NATIVE_FRAMES, default="folded",
+                     help="folded (default): hide the interpreter's own native frames between "
+                          "and below Python frames; all: show every frame")
     rep.add_argument("--fail-on-leaks", action="store_true",
                      help="exit with status 1 when unsuppressed live memory is reported")
     return p
@@ -178,7 +181,8 @@ def cmd_report(args):
     merged = rpt.merge(reports)
     if args.html:
         from . import flamegraph
-        page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top)
+        page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top,
+                               native_frames=args.native_frames)
         try:
             with open(args.html, "w", encoding="utf-8") as f:
                 f.write(page)
@@ -189,7 +193,8 @@ def cmd_report(args):
             PROG, args.html, rpt.format_size(merged["reported_bytes"]),
             ngroups, "" if ngroups == 1 else "s", len(reports), "" if len(reports) == 1 else "s"))
     else:
-        sys.stdout.write(rpt.text(merged, top=args.top, show_suppressed=args.show_suppressed))
+        sys.stdout.write(rpt.text(merged, top=args.top, show_suppressed=args.show_suppressed,
+                                  native_frames=args.native_frames))
         sys.stdout.flush()
     if args.fail_on_leaks and merged["reported_allocations"]:
         return 1

@@ -50,15 +50,17 @@ def _frame_tip(f):
     return "  ".join(parts) + "  (native)"
 
 
-def build_tree(merged, show_suppressed=False):
-    """Each group's frames reversed (outermost at the root, so Python frames
-    sit above the native ones), merged into a tree weighted by bytes."""
+def build_tree(merged, show_suppressed=False, native_frames="folded"):
+    """Each group's frames reversed (outermost at the root), in true call
+    order where the shim spliced Python frames into the native stack (the
+    interpreter's own frames folded unless native_frames is "all"), merged
+    into a tree weighted by bytes."""
     root = _Node(ROOT_LABEL, ROOT_LABEL, "root")
     for g in merged["groups"]:
         if g["suppressed"] and not show_suppressed:
             continue
         path = [(rpt.frame_key(f), rpt.frame_label(f), _frame_tip(f), f["kind"])
-                for f in reversed(g["frames"])]
+                for f in reversed(rpt.visible_frames(g, native_frames))]
         if not path:
             path = [(("none",), "[no stack recorded]", "[no stack recorded]", "none")]
         nodes = [root]
@@ -189,9 +191,10 @@ var m=/^#zoom=(\\d+)$/.exec(location.hash); if(m)go(+m[1]);
 """
 
 
-def page(merged, title="spyreshim: live device memory", show_suppressed=False, top=0):
+def page(merged, title="spyreshim: live device memory", show_suppressed=False, top=0,
+         native_frames="folded"):
     """The whole page as a string."""
-    root = build_tree(merged, show_suppressed)
+    root = build_tree(merged, show_suppressed, native_frames)
     nodes, omitted = _layout(root, MIN_WIDTH / WIDTH)
     total = root.bytes
     depth = max(n.depth for n in nodes) + 1
@@ -220,6 +223,17 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
         w("<p class=\"meta\">%d frame%s narrower than %s px left out of the graph "
           "(the table and the text report have every stack).</p>\n" % (
               omitted, "" if omitted == 1 else "s", MIN_WIDTH))
+    notes = sorted(set(r["python_note"] for r in reports if r.get("python_note")))
+    if native_frames != "all":
+        notes.append("The interpreter's own native frames are folded "
+                     "(spyreshim report --native-frames=all shows them).")
+    unspliced = len([g for g in merged["groups"] if g.get("order") == "python-first"
+                     and (show_suppressed or not g["suppressed"])])
+    if unspliced:
+        notes.append("%s not spliced (Python frames drawn above the native ones, "
+                     "not in call order; the table says why)." % rpt._plural(unspliced, "stack"))
+    for note in notes:
+        w("<p class=\"meta\">%s</p>\n" % _esc(note))
     if merged["suppressed_allocations"] and not show_suppressed:
         w("<p class=\"meta\">Not shown: %s in %s matched by suppressions.</p>\n" % (
             _esc(rpt.format_size(merged["suppressed_bytes"])),
@@ -265,12 +279,15 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
         if len(reports) > 1:
             w("<td>%s</td>" % _esc(", ".join(str(p) for p in g.get("pids", []))))
         w("<td><ol class=\"stack\" start=\"0\">")
-        for f in g["frames"]:
+        for f in rpt.visible_frames(g, native_frames):
             w("<li class=\"%s\">%s</li>" % (
                 f["kind"], _esc(rpt.frame_text(f, address=len(g.get("pids", ())) <= 1))))
         if not g["frames"]:
             w("<li>[no stack recorded]</li>")
-        w("</ol></td></tr>\n")
+        w("</ol>")
+        if g.get("order") == "python-first":
+            w("<p class=\"meta\">unspliced, Python frames first: %s</p>" % _esc(g.get("unspliced") or "?"))
+        w("</td></tr>\n")
     w("</tbody>\n</table>\n")
     if len(shown) < len(groups):
         rest = len(groups) - len(shown)

@@ -83,6 +83,13 @@ def _frame(where, f):
     out = {"kind": kind, "line": line if line else None}
     for key in ("function", "file", "object", "address", "offset"):
         out[key] = _opt_str(where, f, key)
+    # Hybrid stacks (docs/report-format.md); absent in older files.
+    out["interpreter"] = bool(f.get("interpreter", False))
+    out["folded"] = bool(f.get("folded", False))
+    ran = f.get("python_frames")
+    if ran is not None and (not _is_int(ran) or ran < 0):
+        raise ReportError("%s.python_frames: expected a non-negative integer" % where)
+    out["python_frames"] = ran
     return out
 
 
@@ -100,6 +107,8 @@ def _group(where, g):
         "count": g["count"],
         "runtime": _opt_str(where, g, "runtime") or "?",
         "suppressed": bool(g.get("suppressed", False)),
+        "order": _opt_str(where, g, "order"),
+        "unspliced": _opt_str(where, g, "unspliced"),
         "frames": [_frame("%s.frames[%d]" % (where, i), f) for i, f in enumerate(frames)],
     }
 
@@ -125,6 +134,7 @@ def parse(data, name="<report>"):
         "pid": pid,
         "exe": _opt_str(name, data, "exe"),
         "reason": _opt_str(name, data, "reason") or "exit",
+        "python_note": _opt_str(name, data, "python_note"),
         "groups": [_group("%s: groups[%d]" % (name, i), g) for i, g in enumerate(groups)],
     }
     for key in ("live_bytes", "live_allocations", "suppressed_bytes", "suppressed_allocations"):
@@ -187,6 +197,7 @@ def merge(reports):
                 m = merged[key] = {
                     "bytes": 0, "count": 0, "runtime": g["runtime"],
                     "suppressed": g["suppressed"], "frames": g["frames"], "pids": [],
+                    "order": g["order"], "unspliced": g["unspliced"],
                 }
                 order.append(key)
             m["bytes"] += g["bytes"]
@@ -208,6 +219,19 @@ def merge(reports):
 
 
 # ---------------------------------------------------------------------- text
+
+NATIVE_FRAMES = ("folded", "all")
+
+
+def visible_frames(g, native_frames="folded"):
+    """The frames a reader sees, innermost first: with "folded" (the
+    default), the interpreter's own native frames the shim marked folded
+    (between Python frames, and below the outermost one down to the
+    program's entry) are left out; "all" keeps every frame."""
+    if native_frames == "all":
+        return list(g["frames"])
+    return [f for f in g["frames"] if not f["folded"]]
+
 
 def frame_label(f):
     """Short name for a flame-graph box."""
@@ -254,7 +278,7 @@ def _leaks(merged):
     return all(r["reason"] == "exit" for r in merged["reports"])
 
 
-def group_text(g, leaks=True, show_pids=False):
+def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
     lines = []
     if g["suppressed"]:
         what = "Suppressed:"
@@ -267,14 +291,21 @@ def group_text(g, leaks=True, show_pids=False):
                                   ", ".join(str(p) for p in g["pids"]))
     lines.append(head + ", allocated from:")
     one_process = len(g.get("pids", ())) <= 1
-    for i, f in enumerate(g["frames"]):
+    frames = visible_frames(g, native_frames)
+    for i, f in enumerate(frames):
         lines.append("    #%d %s" % (i, frame_text(f, address=one_process)))
     if not g["frames"]:
         lines.append("    <no stack recorded>")
+    folded = len(g["frames"]) - len(frames)
+    if folded:
+        lines.append("    (%d interpreter frame%s folded; --native-frames=all shows them)"
+                     % (folded, "" if folded == 1 else "s"))
+    if g.get("order") == "python-first":
+        lines.append("    (unspliced, Python frames first: %s)" % (g.get("unspliced") or "?"))
     return "\n".join(lines)
 
 
-def text(merged, top=0, show_suppressed=False):
+def text(merged, top=0, show_suppressed=False, native_frames="folded"):
     """The shim's text report (LeakSanitizer's layout) of a merged view."""
     reports = merged["reports"]
     leaks = _leaks(merged)
@@ -293,10 +324,13 @@ def text(merged, top=0, show_suppressed=False):
         out.append("(merged from %d reports: identical stacks summed)" % len(reports))
     elif reports[0]["exe"]:
         out.append("(%s)" % reports[0]["exe"])
+    for note in sorted(set(r["python_note"] for r in reports if r.get("python_note"))):
+        out.append("(%s)" % note)
     shown = groups[:top] if top and top > 0 else groups
     for g in shown:
         out.append("")
-        out.append(group_text(g, leaks=leaks, show_pids=len(reports) > 1))
+        out.append(group_text(g, leaks=leaks, show_pids=len(reports) > 1,
+                              native_frames=native_frames))
     rest = groups[len(shown):]
     if rest:
         out.append("")
