@@ -254,8 +254,8 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     data = {"x0": x0, "bw": bw, "times": [c[0] for c in cols], "snaps": d["snaps"],
             "peak_bucket": (d["peak_time"] * buckets // d["span"]) if d["peak_index"] >= 0 else 0,
             "sites": {str(s): _site_frames(t, s) for s in used}}
-    # json.dumps, then "</" escaped: the data cannot end the script element.
+    # json.dumps, then every "<" escaped: the data cannot end the script element.
     w("<script type=\"application/json\" id=\"data\">%s</script>\n" %
-      json.dumps(data, separators=(",", ":")).replace("</", "<\\/"))
+      json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"))
     w("<script>%s</script>\n</body>\n</html>\n" % _JS)
     return "".join(out)
