@@ -3,7 +3,12 @@
 # device tensors, with Python's collector disabled, on a small simulated
 # device. Without the shim it runs out of device memory; with the shim the
 # pressure callback collects the cycles and it completes.
+#   scripts/demo.sh [--trace FILE]   # also record the shim's run as a trace
 set -uo pipefail
+trace=
+if [ "${1:-}" = "--trace" ] && [ -n "${2:-}" ]; then
+    trace=$(realpath -m "$2")
+fi
 cd "$(dirname "$0")/.."
 scripts/deps.sh
 export SPYRESHIM_BUILD=${SPYRESHIM_BUILD:-$PWD/build}
@@ -15,5 +20,9 @@ $py scripts/demo_train.py
 echo "   exit status $?"
 echo
 echo "== LD_PRELOAD=$SPYRESHIM_BUILD/libspyreshim.so"
-LD_PRELOAD=$SPYRESHIM_BUILD/libspyreshim.so SPYRESHIM_LOG=info $py scripts/demo_train.py
+env LD_PRELOAD=$SPYRESHIM_BUILD/libspyreshim.so SPYRESHIM_LOG=info ${trace:+SPYRESHIM_TRACE=$trace} \
+    $py scripts/demo_train.py
 echo "   exit status $?"
+if [ -n "$trace" ]; then
+    scripts/spyreshim report --view timeline --html "${trace%.trace}.html" "$trace"
+fi

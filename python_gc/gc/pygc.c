@@ -91,8 +91,18 @@ static void skip(enum skip_reason r)
     atomic_fetch_add(&st.skipped[r], 1);
 }
 
+static _Atomic(shim_pygc_collection_fn) collection_hook;
+
+void shim_pygc_set_collection_hook(shim_pygc_collection_fn fn)
+{
+    atomic_store(&collection_hook, fn);
+}
+
 static void note_collection(const shim_collect_result *r, bool on_thread)
 {
+    shim_pygc_collection_fn hook = atomic_load_explicit(&collection_hook, memory_order_relaxed);
+    if (hook)
+        hook(r->ns, r->freed, r->objects);
     shim_debug("python_gc: %s collection: %ld objects, %" PRIu64 " bytes freed, %d round(s), "
                "%.3f ms", on_thread ? "GC-thread" : "inline", r->objects, r->freed, r->rounds,
                r->ns / 1e6);

@@ -3,6 +3,7 @@
 #ifndef SHIM_PYGC_H
 #define SHIM_PYGC_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include "spyreshim.h"
 
@@ -23,6 +24,12 @@ void shim_pygc_write_json(FILE *f);
  * interpreter, which takes the dynamic loader's lock). */
 void *shim_pygc_detach(void);
 void shim_pygc_reattach(void *token);
+/* The trace registers this at init: called after every collection made
+ * for a pressure event (inline or on the GC thread), with its duration,
+ * the device bytes freed meanwhile and the objects collected. No allocator
+ * lock held; the GIL may be. */
+typedef void (*shim_pygc_collection_fn)(uint64_t ns, uint64_t freed, long objects);
+void shim_pygc_set_collection_hook(shim_pygc_collection_fn fn);
 /* fork(): the child has no GC thread; it is started again on demand. */
 void shim_pygc_atfork_child(void);
 

@@ -35,6 +35,7 @@ struct shim_device {
     shim_table *table;
     shim_region_backend backend;
     shim_pressure_state ps;
+    unsigned index;               /* in devices[], for event hooks */
     _Atomic bool fork_registered; /* announced ready: its fork handlers are installed */
     bool fork_locked;             /* its fork prepare handler holds `lock` */
     /* Guarded by lock. */
@@ -58,6 +59,8 @@ static __thread unsigned tls_in_backend;
 static _Atomic(shim_capture_fn) capture_hook;
 static _Atomic(shim_oom_fn) oom_hook;
 static _Atomic(shim_device_ready_fn) ready_hook;
+/* The trace's event hook: set once at init, NULL while tracing is off. */
+static _Atomic(shim_event_fn) event_hook;
 
 static pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
 static shim_device *devices[SHIM_MAX_DEVICES];
@@ -146,6 +149,16 @@ void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom)
     atomic_store(&capture_hook, capture);
 }
 
+void shim_device_set_event_hook(shim_event_fn fn)
+{
+    atomic_store(&event_hook, fn);
+}
+
+uint64_t shim_device_seq_next(void)
+{
+    return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
+}
+
 static bool same_runtime(const shim_device *d, const shim_runtime *rt)
 {
     return d->rt == rt || strcmp(d->rt->name, rt->name) == 0;
@@ -171,6 +184,7 @@ shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
     if (!d && n < SHIM_MAX_DEVICES) {
         d = device_create(rt, ordinal);
         if (d) {
+            d->index = (unsigned)n;
             devices[n] = d;
             atomic_store_explicit(&ndevices, n + 1, memory_order_release);
             shim_debug("%s: serving allocations (limit %zu bytes)", d->name, shim_opts()->limit);
@@ -301,7 +315,8 @@ static bool too_much_pending(const shim_device *d)
 /* Step: one try at serving the request from the arena, recording the
  * block. Lock held. False when no block fits (or the table could not grow:
  * out of host memory, reported as out-of-memory too). */
-static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out)
+static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out,
+                  uint64_t *seq)
 {
     uintptr_t addr;
     uint32_t node;
@@ -325,6 +340,7 @@ static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack
     if (d->live_bytes > d->peak_live_bytes)
         d->peak_live_bytes = d->live_bytes;
     *out = addr;
+    *seq = rec.seq;
     return true;
 }
 
@@ -373,10 +389,14 @@ static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
 static int fail(shim_device *d, size_t size, bool taken)
 {
     d->failed++;
+    shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    uint64_t seq = ev ? shim_device_seq_next() : 0;
     if (taken)
         shim_lock_release(&d->lock);
     shim_debug("%s: out of memory for %zu bytes", d->rt->name, size);
     shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
+    if (ev)
+        ev(SHIM_EVENT_OOM, d->index, seq, 0, size, 0, 0);
     if (taken && on_oom)
         on_oom(d->rt->name, size);
     return d->rt->err_oom;
@@ -402,11 +422,15 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     bool taken = lock_unless_mine(d);
     struct relief_budget budget = {.max_rounds = shim_opts()->pressure_rounds};
     uintptr_t addr;
-    while (!serve(d, size, nstack, pystack, &addr))
+    uint64_t seq;
+    while (!serve(d, size, nstack, pystack, &addr, &seq))
         if (!taken || !make_room(d, size, &budget))
             return fail(d, size, taken);
     if (taken)
         shim_lock_release(&d->lock);
+    shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    if (ev)
+        ev(SHIM_EVENT_ALLOC, d->index, seq, addr, size, nstack, pystack);
     if (taken && !atomic_load_explicit(&d->fork_registered, memory_order_relaxed))
         announce_ready(d);
     *ptr = (void *)addr;
@@ -456,9 +480,16 @@ int shim_device_free(shim_device *d, void *ptr)
     bool taken = lock_unless_mine(d);
     shim_record rec;
     if (shim_table_remove(d->table, (uintptr_t)ptr, &rec)) {
+        /* The sequence number first: release_block may drop the lock for
+         * a wait, and the free happened now. */
+        shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+        uint64_t seq = ev ? shim_device_seq_next() : 0;
         release_block(d, &rec, taken);
         if (taken)
             shim_lock_release(&d->lock);
+        if (ev)
+            ev(SHIM_EVENT_FREE, d->index, seq, rec.ptr, rec.size, rec.native_stack,
+               rec.python_stack);
         shim_pressure_note_freed(rec.size);
         return 0;
     }

@@ -46,6 +46,23 @@ typedef void (*shim_capture_fn)(uint32_t *native_stack, uint32_t *python_stack);
 typedef void (*shim_oom_fn)(const char *runtime, size_t size);
 void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
 
+/* The trace registers this at init (NULL while tracing is off). Called
+ * after the allocator lock is released (the rare allocation made by a
+ * pressure callback that still holds it excepted), once per successful
+ * allocation, successful free and final out-of-memory, with the sequence
+ * number taken inside the critical section: per device, seq orders events
+ * exactly as the allocator saw them. `device` is the index of
+ * shim_device_at; stacks are the allocation's ids (0 = none). */
+enum shim_event_kind { SHIM_EVENT_ALLOC = 1, SHIM_EVENT_FREE = 2, SHIM_EVENT_OOM = 3 };
+typedef void (*shim_event_fn)(enum shim_event_kind kind, unsigned device, uint64_t seq,
+                              uintptr_t addr, size_t size, uint32_t native_stack,
+                              uint32_t python_stack);
+void shim_device_set_event_hook(shim_event_fn fn);
+/* Takes the next sequence number (markers of other layers use it to place
+ * themselves among the allocator's events). */
+uint64_t shim_device_seq_next(void);
+
+
 /* Device `ordinal` of `rt`'s runtime, created on first use. `rt` must
  * outlive the process (a static in the hook file). NULL when out of host
  * memory or past SHIM_MAX_DEVICES devices. */

@@ -34,6 +34,14 @@ static _Atomic uint64_t freed_total;
 static _Atomic(shim_pressure_detach_fn) wait_detach;
 static _Atomic(shim_pressure_reattach_fn) wait_reattach;
 
+/* The trace's markers: set once at init, NULL while tracing is off. */
+static _Atomic(shim_pressure_event_fn) event_hook;
+
+void shim_pressure_set_event_hook(shim_pressure_event_fn fn)
+{
+    atomic_store(&event_hook, fn);
+}
+
 /* Depth of pressure work on this thread: running an event's callbacks, or
  * serving one (the GC thread). Non-zero means an allocation must not start
  * another event. */
@@ -183,6 +191,9 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
     tls_in_event++;
     tls_give_up = false;
     uint64_t before = shim_pressure_freed_total();
+    shim_pressure_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    if (ev)
+        ev(true, want);
 
     for (size_t i = 0; i < n && !tls_give_up; i++) {
         ps->callback_runs++;
@@ -191,6 +202,8 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
     }
 
     ps->recovered_bytes += shim_pressure_freed_total() - before;
+    if (ev)
+        ev(false, shim_pressure_freed_total() - before);
     tls_in_event--;
     bool retry = !tls_give_up;
     tls_give_up = false;

@@ -41,6 +41,13 @@ typedef void *(*shim_pressure_detach_fn)(void);
 typedef void (*shim_pressure_reattach_fn)(void *token);
 void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_reattach_fn reattach);
 
+/* The trace registers this at init: called at the start of a pressure
+ * event (begin = true, bytes = the request) and at its end (begin = false,
+ * bytes = bytes freed meanwhile), with the device's allocator lock held;
+ * it must only append to memory (no I/O, no lock but a leaf). */
+typedef void (*shim_pressure_event_fn)(bool begin, size_t bytes);
+void shim_pressure_set_event_hook(shim_pressure_event_fn fn);
+
 /* True on a thread that is inside a pressure event (running callbacks, or
  * collecting on the shim's behalf): an allocation there must fail at once. */
 bool shim_pressure_in_event(void);

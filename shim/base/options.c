@@ -53,7 +53,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "32", 1, 256,
      "native frames recorded per allocation"},
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
-     "with leak checking, also record the Python stack of the allocating thread"},
+     "with leak checking or a trace, also record the Python stack of the allocating thread"},
     {"SPYRESHIM_REPORT", K_PATH, OFF(report_path), "", 0, 0,
      "write the leak report as JSON to this path at exit (%p = pid)"},
     {"SPYRESHIM_EXITCODE", K_INT, OFF(exitcode), "23", 0, 255,
@@ -62,6 +62,10 @@ static const struct row rows[] = {
      "file of leak:<pattern> lines; matching leaks are not reported"},
     {"SPYRESHIM_OOM_REPORT", K_UINT, OFF(oom_report_top), "10", 0, 1000,
      "stack groups printed when a request finally fails; 0 = none"},
+    {"SPYRESHIM_TRACE", K_PATH, OFF(trace_path), "", 0, 0,
+     "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid; docs/trace-format.md)"},
+    {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,
+     "longest time a recorded event waits in memory before it is written to the trace"},
 };
 #undef OFF
 

@@ -43,7 +43,9 @@ void shim_leak_init(void)
     const shim_options *o = shim_opts();
     /* The OOM report lists what holds memory even without stacks. */
     shim_device_set_leak_hooks(NULL, shim_leak_on_oom);
-    if (!o->leak_check || atomic_load(&g_enabled))
+    /* A trace records the same stacks, without the report or the verdict. */
+    bool trace = o->trace_path && o->trace_path[0];
+    if ((!o->leak_check && !trace) || atomic_load(&g_enabled))
         return;
     unsigned depth = o->stack_depth ? o->stack_depth : DEFAULT_DEPTH;
     if (depth > SHIM_STACK_MAX_DEPTH) {
@@ -54,7 +56,8 @@ void shim_leak_init(void)
     g_depth = depth;
     shim_stack_init();
     g_python = o->python_stacks;
-    atomic_store_explicit(&g_enabled, true, memory_order_release);
+    if (o->leak_check)
+        atomic_store_explicit(&g_enabled, true, memory_order_release);
     shim_device_set_leak_hooks(shim_leak_capture, shim_leak_on_oom);
 }
 

@@ -10,7 +10,9 @@
  *   nothing half-updated. Prepare takes them in the process's lock order
  *   (docs/locking.md): device locks first (their handlers run before the
  *   process-wide ones, see below), then the registry, then the interning
- *   locks, which are leaves.
+ *   locks, which are leaves, then the trace's write and buffer locks
+ *   (the child drops the parent's buffered events and, with %p in the
+ *   path, writes a trace of its own).
  * - Locks and threads of python_gc (the interpreter search, the API table,
  *   the GC thread and its mutex, the lifecycle gate) may be held by a thread
  *   waiting for the GIL or the loader, so taking them in prepare could block
@@ -38,16 +40,19 @@
 #include "pygc.h"
 #include "pystack.h"
 #include "stack.h"
+#include "trace.h"
 
 static void prepare(void)
 {
     shim_pressure_atfork_prepare();
     shim_stack_atfork_prepare();
     shim_pystack_atfork_prepare();
+    shim_trace_atfork_prepare();
 }
 
 static void parent(void)
 {
+    shim_trace_atfork_parent();
     shim_pystack_atfork_parent();
     shim_stack_atfork_parent();
     shim_pressure_atfork_parent();
@@ -55,6 +60,7 @@ static void parent(void)
 
 static void child(void)
 {
+    shim_trace_atfork_child();
     shim_pystack_atfork_child();
     shim_stack_atfork_child();
     shim_pressure_atfork_child();

@@ -8,6 +8,7 @@
 #include "options.h"
 #include "pygc.h"
 #include "stats.h"
+#include "trace.h"
 
 __attribute__((constructor)) static void shim_init(void)
 {
@@ -17,6 +18,7 @@ __attribute__((constructor)) static void shim_init(void)
     shim_fork_init();
     shim_pygc_init();
     shim_leak_init();
+    shim_trace_init();
 }
 
 /* Runs after main returned or exit() was called, so after an embedded
@@ -25,5 +27,6 @@ __attribute__((constructor)) static void shim_init(void)
 __attribute__((destructor)) static void shim_fini(void)
 {
     shim_stats_at_exit();
+    shim_trace_at_exit();
     shim_leak_at_exit();
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 ROOM_DIRS = ["shim/base", "shim/alloc", "hooks", "python_gc/interp", "python_gc/gc",
-             "python_gc/stacks", "shim/leak", "shim/process"]
+             "python_gc/stacks", "shim/leak", "shim/trace", "shim/process"]
 
 
 def rooms():

@@ -102,6 +102,9 @@ def _parser():
     r.add_argument("--stack-depth", type=_positive, metavar="N",
                    help="native frames recorded per allocation (default 32)")
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
+    r.add_argument("--trace", metavar="FILE",
+                   help="record every allocation, free, pressure event and collection with "
+                        "stacks to FILE (%%p: the pid); read it with `report`")
     r.add_argument("--log", choices=LOG_LEVELS, metavar="LEVEL",
                    help="shim diagnostics: " + ", ".join(LOG_LEVELS))
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
@@ -111,7 +114,13 @@ def _parser():
         description="Prints the LeakSanitizer-style view of one or more report files "
                     "(SPYRESHIM_REPORT); several files, one per process, are merged: groups "
                     "with identical stacks are summed and list their pids.")
-    rep.add_argument("files", nargs="+", metavar="FILE.json")
+    rep.add_argument("files", nargs="+", metavar="FILE",
+                     help="leak reports (JSON), or one trace (SPYRESHIM_TRACE, found by its magic)")
+    rep.add_argument("--view", choices=("peak", "timeline", "stats"), default=None,
+                     help="for a trace: peak (default; what was live at the peak), timeline "
+                          "(an HTML page, needs --html) or stats (text)")
+    rep.add_argument("--memory-viz", metavar="OUT.pickle",
+                     help="for a trace: write the snapshot PyTorch's memory_viz page reads")
     rep.add_argument("--html", metavar="OUT.html",
                      help="write a self-contained page with a flame graph instead of text")
     rep.add_argument("--top", type=_positive, metavar="N", default=0,
@@ -156,6 +165,7 @@ def cmd_run(args):
         ("SPYRESHIM_SUPPRESSIONS", _abs(args.suppressions)),
         ("SPYRESHIM_STACK_DEPTH", str(args.stack_depth) if args.stack_depth else None),
         ("SPYRESHIM_STATS", _abs(args.stats)),
+        ("SPYRESHIM_TRACE", _abs(args.trace)),
         ("SPYRESHIM_LOG", args.log),
     ]
     for name, value in settings:
@@ -176,7 +186,54 @@ def cmd_run(args):
         raise UsageError("run: cannot run %s: %s" % (cmd[0], e.strerror or e), status)
 
 
+def cmd_trace_report(args):
+    from . import trace as tr
+    from . import tracepeak
+    if len(args.files) != 1:
+        raise UsageError("report: one trace at a time")
+    t = tr.load(args.files[0])
+    if t.truncated:
+        sys.stderr.write("%s report: %s is truncated (the process did not exit); "
+                         "reading what was flushed\n" % (PROG, args.files[0]))
+    if args.memory_viz:
+        from . import memoryviz
+        try:
+            memoryviz.write(t, args.memory_viz)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.memory_viz, e.strerror or e))
+        sys.stderr.write("%s report: wrote %s (drop it on https://pytorch.org/memory_viz)\n" % (
+            PROG, args.memory_viz))
+        if not args.view and not args.html:
+            return 0
+    view = args.view or "peak"
+    if view == "stats":
+        sys.stdout.write(tracepeak.stats_text(t, top=args.top or 5))
+        return 0
+    if view == "timeline" and not args.html:
+        raise UsageError("report: --view timeline draws a page: give --html OUT.html")
+    if args.html:
+        if view == "timeline":
+            from . import timeline
+            page = timeline.page(t)
+        else:
+            page = tracepeak.peak_html(t, top=args.top)
+        try:
+            with open(args.html, "w", encoding="utf-8") as f:
+                f.write(page)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
+        sys.stderr.write("%s report: wrote %s (%s of %d events)\n" % (PROG, args.html, view, len(t)))
+        return 0
+    sys.stdout.write(tracepeak.peak_text(t, top=args.top))
+    return 0
+
+
 def cmd_report(args):
+    from . import trace as tr
+    if any(tr.is_trace(path) for path in args.files):
+        return cmd_trace_report(args)
+    if args.view or args.memory_viz:
+        raise UsageError("report: --view and --memory-viz read a trace (spyreshim run --trace)")
     reports = [rpt.load(path) for path in args.files]
     merged = rpt.merge(reports)
     if args.html:

@@ -1,0 +1,71 @@
+/* The trace file's layout (docs/trace-format.md is its description; the
+ * reader is scripts/package/spyreshim/trace.py). Little-endian, as written
+ * by the host. A file is a header followed by chunks, one per flushed
+ * buffer; a chunk is complete or it is the last one (a crash or SIGKILL
+ * cut it) and readers drop an incomplete last chunk. */
+#ifndef SHIM_TRACEFMT_H
+#define SHIM_TRACEFMT_H
+
+#include <stdint.h>
+
+#define TRACE_MAGIC "SPYTRACE"
+#define TRACE_VERSION 1
+#define TRACE_CHUNK_MAGIC 0x4b4e4843u /* "CHNK" */
+
+typedef struct trace_header {     /* 32 bytes */
+    char magic[8];                /* TRACE_MAGIC */
+    uint32_t version;             /* TRACE_VERSION */
+    uint32_t pid;
+    uint64_t start_realtime_ns;   /* CLOCK_REALTIME when recording began */
+    uint64_t start_monotonic_ns;  /* event times are CLOCK_MONOTONIC minus this */
+} trace_header;
+
+typedef struct trace_chunk {      /* 32 bytes, then events, then metadata */
+    uint32_t magic;               /* TRACE_CHUNK_MAGIC */
+    uint32_t nevents;             /* 32-byte events that follow */
+    uint32_t meta_bytes;          /* metadata records after the events */
+    uint32_t reserved;
+    uint64_t seq_base;            /* the smallest sequence number of its events */
+    uint64_t reserved2;
+} trace_chunk;
+
+enum trace_kind {
+    TRACE_ALLOC = 1,          /* addr, size, site */
+    TRACE_FREE = 2,           /* addr, size of the block, site of its allocation */
+    TRACE_OOM = 3,            /* a request of `size` bytes failed for good */
+    TRACE_PRESSURE_BEGIN = 4, /* size = the request that ran out */
+    TRACE_PRESSURE_END = 5,   /* size = bytes freed during the event */
+    TRACE_GC = 6,             /* size = bytes freed, addr = duration ns; time = its end */
+};
+
+typedef struct trace_event {  /* 32 bytes */
+    uint64_t addr;
+    uint64_t size_kind_dev;   /* size: bits 0-47, kind: 48-55, device: 56-63 */
+    uint64_t time_ns;         /* since the header's start_monotonic_ns */
+    uint32_t seq_lo;          /* sequence, low 32 bits: seq_base + (seq_lo - seq_base) mod 2^32 */
+    uint32_t site;            /* (native stack, Python stack) pair; 0 = none */
+} trace_event;
+
+_Static_assert(sizeof(trace_header) == 32, "header layout");
+_Static_assert(sizeof(trace_chunk) == 32, "chunk layout");
+_Static_assert(sizeof(trace_event) == 32, "event layout");
+
+#define TRACE_DEVICE_NONE 0xff  /* markers that belong to no one device */
+#define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
+
+/* Metadata records: tag, payload length, payload padded to 8 bytes. */
+typedef struct trace_meta {
+    uint32_t tag;
+    uint32_t len;
+} trace_meta;
+
+enum trace_tag {
+    TRACE_META_SITE = 1,     /* u32 site, u32 native stack, u32 Python stack, u32 0 */
+    TRACE_META_NSTACK = 2,   /* u32 id, u32 n, u64 return addresses[n] (innermost first) */
+    TRACE_META_DEVICE = 3,   /* u32 index, u32 0, name (NUL-terminated) */
+    TRACE_META_MAPS = 4,     /* the executable lines of /proc/self/maps, as text */
+    TRACE_META_SYMBOL = 5,   /* u64 addr, i32 line, u32 0, function\0 file\0 object\0 (at exit) */
+    TRACE_META_PYSTACK = 6,  /* u32 id, u32 n, then n times: i32 line, function\0 file\0 (at exit) */
+};
+
+#endif
