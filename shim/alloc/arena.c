@@ -45,6 +45,7 @@
  */
 #include "arena.h"
 #include "bins.h"
+#include "hostmem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -67,14 +68,25 @@ enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE };
 
 /* 32 bytes, so that two nodes share a cache line and none straddles two:
  * a free touches a node and its neighbours at random, and these misses are
- * most of its cost. */
+ * most of its cost. A live block's node is also its hot record: the bin
+ * links, which only a free block needs, hold the bytes the program asked
+ * for (as the slack below the block's size), so a free reads what it must
+ * account from the line it has to touch anyway. */
 typedef struct node {
     uintptr_t addr;
     uint32_t units;                /* size in alignment units */
     uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
-    uint32_t bin_prev, bin_next;   /* free list of the bin; bin_next chains unused slots */
     uint32_t region : 30;
     uint32_t state : 2;
+    union {
+        struct {                   /* NODE_FREE; bin_next chains NODE_UNUSED slots */
+            uint32_t bin_prev, bin_next;
+        };
+        struct {                   /* NODE_LIVE */
+            uint32_t slack;        /* block bytes - requested bytes */
+            uint32_t spare;
+        };
+    };
 } node;
 _Static_assert(sizeof(node) == 32, "node layout");
 
@@ -179,13 +191,12 @@ static bool nodes_reserve(shim_arena *a, uint32_t k)
             return false;
         cap *= 2;
     }
-    /* Cache-line aligned, so that a node never straddles two lines. */
-    node *nn = aligned_alloc(64, (size_t)cap * sizeof *nn);
+    /* Page aligned, so that a node never straddles two lines; grown in
+     * place by the kernel (hostmem.h). */
+    node *nn = shim_hostmem_grow(a->nodes, (size_t)a->nodes_cap * sizeof *nn,
+                                 (size_t)cap * sizeof *nn);
     if (!nn)
         return false;
-    if (a->nodes)
-        memcpy(nn, a->nodes, (size_t)a->nodes_used * sizeof *nn);
-    free(a->nodes);
     a->nodes = nn;
     a->nodes_cap = cap;
     return true;
@@ -452,7 +463,7 @@ void shim_arena_destroy(shim_arena *a)
     }
     free(a->sorted);
     free(a->regions);
-    free(a->nodes);
+    shim_hostmem_free(a->nodes, (size_t)a->nodes_cap * sizeof *a->nodes);
     free(a);
 }
 
@@ -488,7 +499,10 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
         return -1;
     uint32_t b = bin_ceil(u);
     uint64_t need = bin_size(b);
-    if (need > MAX_UNITS)
+    /* The requested size is kept as a 32-bit slack below the block's size
+     * (node.slack): blocks whose rounding alone would not fit it (above
+     * 256 GiB at 256-byte alignment) are not rounded. */
+    if (need > MAX_UNITS || ((need - u) << a->shift) + ((size_t)1 << a->shift) > UINT32_MAX)
         need = u;
     if (!nodes_reserve(a, 1))
         return -1;
@@ -512,6 +526,8 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
     carve(a, i, (uint32_t)need);
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
+    n->slack = (uint32_t)(bytes - size);
+    n->spare = 0;
     add_used(a, bytes);
     *addr = n->addr;
     *node_out = i;
@@ -528,7 +544,13 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
     a->c.used_bytes -= bytes;
     n->state = NODE_FREE;
 
+    /* Both neighbours' lines at once: each is a likely miss, and the
+     * merge decisions below would otherwise wait for them one by one. */
     uint32_t nx = n->addr_next;
+    if (n->addr_prev != NIL)
+        __builtin_prefetch(&a->nodes[n->addr_prev], 1);
+    if (nx != NIL)
+        __builtin_prefetch(&a->nodes[nx], 1);
     if (nx != NIL && a->nodes[nx].state == NODE_FREE) {
         bin_remove(a, nx);
         node *m = &a->nodes[nx];
@@ -591,6 +613,25 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
     while (a->empty_head != NIL && a->c.empty_bytes > keep)
         released += release_cached(a, a->empty_head);
     return released;
+}
+
+uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t i)
+{
+    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE ? a->nodes[i].addr : 0;
+}
+
+size_t shim_arena_block_requested(const shim_arena *a, uint32_t i)
+{
+    if (i >= a->nodes_used || a->nodes[i].state != NODE_LIVE)
+        return 0;
+    const node *n = &a->nodes[i];
+    return ((size_t)n->units << a->shift) - n->slack;
+}
+
+size_t shim_arena_meta_bytes(const shim_arena *a)
+{
+    return sizeof *a + shim_hostmem_size((size_t)a->nodes_cap * sizeof *a->nodes) +
+           (size_t)a->regions_cap * (sizeof *a->regions + sizeof *a->sorted);
 }
 
 void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c)

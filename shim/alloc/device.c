@@ -73,6 +73,12 @@ static int backend_mem_info(void *ctx, size_t *free, size_t *total)
 }
 
 
+/* The live table confirms a candidate by its arena node's address. */
+static uintptr_t node_addr(const void *ctx, uint32_t id)
+{
+    return shim_arena_block_addr(ctx, id);
+}
+
 static shim_device *device_create(const shim_runtime *rt)
 {
     shim_device *d = calloc(1, sizeof *d);
@@ -90,7 +96,7 @@ static shim_device *device_create(const shim_runtime *rt)
     };
     const shim_options *o = shim_opts();
     d->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
-    d->table = shim_table_create(1024);
+    d->table = d->arena ? shim_table_create(1024, node_addr, d->arena) : NULL;
     if (!d->arena || !d->table) {
         if (d->arena)
             shim_arena_destroy(d->arena);
@@ -178,20 +184,18 @@ static void announce_ready(shim_device *d);
  * out of host memory, reported as out-of-memory too). */
 static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out)
 {
+    shim_lock_assert_held(&d->lock);
     uintptr_t addr;
     uint32_t node;
     size_t block;
     if (shim_arena_alloc(d->arena, size, &addr, &node, &block) != 0)
         return false;
-    shim_record rec = {
-        .ptr = addr,
-        .size = size,
+    shim_live_fields f = {
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
-        .node = node,
         .native_stack = nstack,
         .python_stack = pystack,
     };
-    if (shim_table_insert(d->table, &rec) != 0) {
+    if (shim_table_insert(d->table, addr, node, &f) != 0) {
         shim_arena_free_node(d->arena, node);
         return false;
     }
@@ -300,15 +304,20 @@ int shim_device_free(shim_device *d, void *ptr)
     if (!ptr)
         return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
 
+    /* The pointer's table line starts loading while the lock is taken
+     * (with another thread in, that is time the miss would not get). */
+    shim_table_prefetch(d->table, (uintptr_t)ptr);
     bool taken = lock_unless_mine(d);
-    shim_record rec;
-    if (shim_table_remove(d->table, (uintptr_t)ptr, &rec)) {
-        shim_arena_free_node(d->arena, rec.node);
+    shim_lock_assert_held(&d->lock);
+    uint32_t node = shim_table_remove(d->table, (uintptr_t)ptr, NULL);
+    if (node != SHIM_TABLE_NONE) {
+        size_t size = shim_arena_block_requested(d->arena, node);
+        shim_arena_free_node(d->arena, node);
         d->frees++;
-        d->live_bytes -= rec.size;
+        d->live_bytes -= size;
         if (taken)
             shim_lock_release(&d->lock);
-        shim_pressure_note_freed(rec.size);
+        shim_pressure_note_freed(size);
         return 0;
     }
     uintptr_t base = 0;
@@ -369,14 +378,22 @@ struct live_ctx {
     shim_record *out;
     size_t n, cap;
     uint64_t since;
+    const shim_arena *arena;
 };
 
-static void collect_live(const shim_record *r, void *user)
+static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
 {
     struct live_ctx *c = user;
-    if (r->seq <= c->since || c->n == c->cap)
+    if (f->seq <= c->since || c->n == c->cap)
         return;
-    c->out[c->n++] = *r;
+    c->out[c->n++] = (shim_record){
+        .ptr = ptr,
+        .size = shim_arena_block_requested(c->arena, id),
+        .seq = f->seq,
+        .node = id,
+        .native_stack = f->native_stack,
+        .python_stack = f->python_stack,
+    };
 }
 
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
@@ -385,7 +402,7 @@ shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
     bool taken = lock_unless_mine(d);
     size_t count = shim_table_count(d->table);
     struct live_ctx c = {.out = malloc((count ? count : 1) * sizeof(shim_record)),
-                         .cap = count, .since = since};
+                         .cap = count, .since = since, .arena = d->arena};
     if (c.out)
         shim_table_foreach(d->table, collect_live, &c);
     if (taken)
