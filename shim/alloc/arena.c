@@ -70,10 +70,13 @@ enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE };
  * a free touches a node and its neighbours at random, and these misses are
  * most of its cost. A live block's node is also its hot record: the bin
  * links, which only a free block needs, hold the bytes the program asked
- * for (as the slack below the block's size), so a free reads what it must
- * account from the line it has to touch anyway. */
+ * for (as the slack below the block's size) and the owner's two tags (the
+ * stack ids), so a free reads what it must account from the line it has
+ * to touch anyway, and the owner keeps 8 bytes a block apart, not 40. The
+ * address is an offset in the region (regions are at most MAX_UNITS), so
+ * that all of this fits. */
 typedef struct node {
-    uintptr_t addr;
+    uint32_t off;                  /* start, in units from its region's base */
     uint32_t units;                /* size in alignment units */
     uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
     uint32_t region : 30;
@@ -84,7 +87,7 @@ typedef struct node {
         };
         struct {                   /* NODE_LIVE */
             uint32_t slack;        /* block bytes - requested bytes */
-            uint32_t spare;
+            uint32_t tag[2];       /* the owner's (shim_arena_set_tags) */
         };
     };
 } node;
@@ -120,6 +123,11 @@ struct shim_arena {
 
     shim_arena_counters c;
 };
+
+static inline uintptr_t node_addr(const shim_arena *a, const node *n)
+{
+    return a->regions[n->region].base + ((uintptr_t)n->off << a->shift);
+}
 
 /* ---- bins ---------------------------------------------------------- */
 
@@ -412,7 +420,7 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     uint32_t i = node_take(a);
     *g = (region){ .base = addr, .size = rs, .first = i, .empty_prev = NIL, .empty_next = NIL,
                    .dedicated = dedicated, .empty = false, .in_use = true };
-    a->nodes[i] = (node){ .addr = addr, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
+    a->nodes[i] = (node){ .off = 0, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
                           .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL, .region = r,
                           .state = NODE_FREE };
     uint32_t pos = sorted_upper(a, addr);
@@ -476,7 +484,7 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
         uint32_t j = node_take(a);
         n = &a->nodes[i];
         node *m = &a->nodes[j];
-        m->addr = n->addr + ((uintptr_t)take << a->shift);
+        m->off = n->off + take;
         m->units = rest;
         m->addr_prev = i;
         m->addr_next = n->addr_next;
@@ -527,9 +535,9 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
     n->slack = (uint32_t)(bytes - size);
-    n->spare = 0;
+    n->tag[0] = n->tag[1] = 0;
     add_used(a, bytes);
-    *addr = n->addr;
+    *addr = node_addr(a, n);
     *node_out = i;
     *taken = bytes;
     return 0;
@@ -598,8 +606,9 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
         *region_size = g->size;
     for (uint32_t i = g->first; i != NIL; i = a->nodes[i].addr_next) {
         const node *n = &a->nodes[i];
-        if (addr - n->addr < ((uintptr_t)n->units << a->shift)) {
-            if (addr != n->addr)
+        uintptr_t na = node_addr(a, n);
+        if (addr - na < ((uintptr_t)n->units << a->shift)) {
+            if (addr != na)
                 return SHIM_ADDR_INTERIOR;
             return n->state == NODE_LIVE ? SHIM_ADDR_LIVE_START : SHIM_ADDR_FREE_START;
         }
@@ -617,7 +626,20 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
 
 uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t i)
 {
-    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE ? a->nodes[i].addr : 0;
+    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE ? node_addr(a, &a->nodes[i]) : 0;
+}
+
+void shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
+{
+    if (i < a->nodes_used && a->nodes[i].state == NODE_LIVE) {
+        a->nodes[i].tag[0] = t0;
+        a->nodes[i].tag[1] = t1;
+    }
+}
+
+uint32_t shim_arena_tag(const shim_arena *a, uint32_t i, unsigned k)
+{
+    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE && k < 2 ? a->nodes[i].tag[k] : 0;
 }
 
 size_t shim_arena_block_requested(const shim_arena *a, uint32_t i)

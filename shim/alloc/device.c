@@ -192,9 +192,8 @@ static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack
         return false;
     shim_live_fields f = {
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
-        .native_stack = nstack,
-        .python_stack = pystack,
     };
+    shim_arena_set_tags(d->arena, node, nstack, pystack);
     if (shim_table_insert(d->table, addr, node, &f) != 0) {
         shim_arena_free_node(d->arena, node);
         return false;
@@ -391,8 +390,8 @@ static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, 
         .size = shim_arena_block_requested(c->arena, id),
         .seq = f->seq,
         .node = id,
-        .native_stack = f->native_stack,
-        .python_stack = f->python_stack,
+        .native_stack = shim_arena_tag(c->arena, id, 0),
+        .python_stack = shim_arena_tag(c->arena, id, 1),
     };
 }
 

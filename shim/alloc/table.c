@@ -3,7 +3,7 @@
  *
  * Owns: a power-of-two array of 8-byte slots {tag, id}, open addressing
  * with linear probing (eight slots to a cache line), and an array of
- * fields indexed by node id. The tag is the top 32 bits of the pointer's
+ * fields (the sequence number) indexed by node id. The tag is the top 32 bits of the pointer's
  * Fibonacci hash: the slot index is its top bits, so backward-shift
  * deletion finds each entry's home without looking at its key, and a
  * probe asks for a candidate's address (the owner's key function: the

@@ -1,7 +1,7 @@
 /* Live allocations: device pointer -> the arena node of its block, and the
- * block's leak-hunting fields (sequence number, stack ids), kept apart
- * from the node because only allocation writes them and only reports read
- * them. Open addressing with linear probing and backward-shift deletion,
+ * block's sequence number, kept apart from the node because only
+ * allocation writes it and only reports read it (the stack ids fit in the
+ * node: shim_arena_set_tags). Open addressing with linear probing and backward-shift deletion,
  * load factor kept under 3/4, so insert, find and remove are O(1). Host
  * memory only. Not thread-safe: the owner serializes calls with the
  * allocator lock (shim_table_prefetch excepted). */
@@ -30,7 +30,6 @@ typedef struct shim_record {
  * allocation, read by reports only (never on the free path). */
 typedef struct shim_live_fields {
     uint64_t seq;
-    uint32_t native_stack, python_stack;
 } shim_live_fields;
 
 /* The address of live node `id`: the table stores node ids only and asks
