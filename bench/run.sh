@@ -47,7 +47,7 @@ for trace in loguniform sizes64; do
     declare -A ns=() frag=()
     for p in core interposed jemalloc glibc; do
         line=$(onepath $p "$trace" 10000 4096 1)
-        read -r _ _ t _ _ f <<<"$line"
+        read -r _ _ t _ _ f _ <<<"$line"
         ns[$p]=$t
         frag[$p]=$f
     done
