@@ -1,9 +1,12 @@
 /* Allocation benchmark: one trace, replayed through several allocators.
  *
- * The trace (fixed seed): 10,000 live blocks, then 1,000,000 pairs "free a
- * random live block, allocate a new one". Sizes are log-uniform from 256 B
- * to 4 MiB rounded up to 256 B ("loguniform"), or drawn from 64 fixed sizes
- * themselves drawn once log-uniform ("sizes64", repeated tensor shapes).
+ * The trace (fixed seed, bench/trace.h): N live blocks (10,000 unless told),
+ * then 1,000,000 pairs "free a random live block, allocate a new one". Sizes
+ * are log-uniform from 256 B to a maximum (4 MiB unless told) rounded up to
+ * 256 B ("loguniform"), or drawn from 64 fixed sizes themselves drawn once
+ * log-uniform ("sizes64", repeated tensor shapes). With T threads, each
+ * replays a trace of its own with N/T live blocks and 1,000,000/T pairs,
+ * against the same allocator; ns per pair is wall time over all pairs.
  *
  * Paths:
  *   core      shim_arena + shim_table exactly as device.c uses them (an
@@ -14,8 +17,14 @@
  *   jemalloc  malloc/free of Debian's libjemalloc.so.2 through dlopen;
  *   glibc     the C library's malloc/free, for information.
  *
+ *   bench_alloc PATH TRACE [reps] [live] [max_kib] [threads]
  * Prints one line: path trace ns_per_pair peak_live peak_reserved frag
- * (reserved is known for core and for the interposed path; 0 otherwise).
+ * rss_per_live meta_per_live (reserved is known for core and for the
+ * interposed path; 0 otherwise; frag for one thread only). rss_per_live is
+ * the resident host memory gained from before the first allocation to the
+ * end of the first repetition, per live block (the blocks are never
+ * touched, so it is the allocator's own metadata); meta_per_live is the
+ * shim's own accounting of its metadata (core only).
  * Nothing here touches the memory it gets. Figures, not a test. */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -43,6 +52,7 @@ typedef struct path {
     void (*free)(void *);
     uint64_t (*peak_reserved)(void);
     void (*fini)(void);
+    uint64_t (*meta_bytes)(void); /* the allocator's own accounting of its host metadata */
 } path;
 
 /* core: a fake backend handing out address space, never touched */
@@ -71,12 +81,16 @@ static shim_table *core_table;
 static pthread_mutex_t core_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t core_seq;
 
+static uintptr_t core_key(const void *ctx, uint32_t id)
+{
+    return shim_arena_block_addr(ctx, id);
+}
 static int core_init(void)
 {
     static const shim_region_backend be = { .reserve = fake_reserve, .release = fake_release,
                                             .mem_info = fake_mem_info, .alignment = 256 };
     core_arena = shim_arena_create(&be, 0, 0);
-    core_table = shim_table_create(1024);
+    core_table = core_arena ? shim_table_create(1024, core_key, core_arena) : NULL;
     return core_arena && core_table ? 0 : -1;
 }
 static void *core_alloc(size_t size)
@@ -87,8 +101,8 @@ static void *core_alloc(size_t size)
     size_t taken;
     void *p = NULL;
     if (shim_arena_alloc(core_arena, size, &addr, &node, &taken) == 0) {
-        shim_record r = { .ptr = addr, .size = size, .seq = ++core_seq, .node = node };
-        if (shim_table_insert(core_table, &r) == 0)
+        shim_live_fields f = { .seq = ++core_seq };
+        if (shim_table_insert(core_table, addr, node, &f) == 0)
             p = (void *)addr;
         else
             shim_arena_free_node(core_arena, node);
@@ -96,13 +110,21 @@ static void *core_alloc(size_t size)
     pthread_mutex_unlock(&core_mu);
     return p;
 }
+static uint64_t core_live_bytes;
 static void core_free(void *p)
 {
+    shim_table_prefetch(core_table, (uintptr_t)p);
     pthread_mutex_lock(&core_mu);
-    shim_record r;
-    if (shim_table_remove(core_table, (uintptr_t)p, &r))
-        shim_arena_free_node(core_arena, r.node);
+    uint32_t node = shim_table_remove(core_table, (uintptr_t)p, NULL);
+    if (node != SHIM_TABLE_NONE) {
+        core_live_bytes -= shim_arena_block_requested(core_arena, node);
+        shim_arena_free_node(core_arena, node);
+    }
     pthread_mutex_unlock(&core_mu);
+}
+static uint64_t core_meta(void)
+{
+    return shim_arena_meta_bytes(core_arena) + shim_table_meta_bytes(core_table);
 }
 static uint64_t core_peak(void)
 {
@@ -184,10 +206,10 @@ static void libc_free(void *p)
 }
 
 static const path paths[] = {
-    { "core", core_init, core_alloc, core_free, core_peak, core_fini },
-    { "simdev", simdev_init, simdev_alloc, simdev_free, simdev_peak, NULL },
-    { "jemalloc", je_init, je_alloc, je_release, NULL, NULL },
-    { "glibc", no_init, libc_alloc, libc_free, NULL, NULL },
+    { "core", core_init, core_alloc, core_free, core_peak, core_fini, core_meta },
+    { "simdev", simdev_init, simdev_alloc, simdev_free, simdev_peak, NULL, NULL },
+    { "jemalloc", je_init, je_alloc, je_release, NULL, NULL, NULL },
+    { "glibc", no_init, libc_alloc, libc_free, NULL, NULL, NULL },
 };
 
 static double now_ns(void)
@@ -197,29 +219,94 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-/* Replays the trace once; returns ns per pair, or -1 on a failed alloc. */
-static double replay(const path *p, const trace *t, void **live)
+static size_t rss_bytes(void)
 {
-    for (int i = 0; i < LIVE; i++)
-        if (!(live[i] = p->alloc(t->init[i])))
-            return -1;
-    double t0 = now_ns();
-    for (int i = 0; i < PAIRS; i++) {
-        uint32_t k = t->victim[i];
-        p->free(live[k]);
-        if (!(live[k] = p->alloc(t->size[i])))
-            return -1;
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long size = 0, res = 0;
+    if (f) {
+        if (fscanf(f, "%lu %lu", &size, &res) != 2)
+            res = 0;
+        fclose(f);
     }
-    double dt = now_ns() - t0;
-    for (int i = 0; i < LIVE; i++)
-        p->free(live[i]);
-    return dt / PAIRS;
+    return (size_t)res * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* One replayer: its own trace and live array. */
+typedef struct worker {
+    const path *p;
+    trace t;
+    void **live;
+    pthread_barrier_t *start;
+    int failed;
+} worker;
+
+static void *replay_pairs(void *arg)
+{
+    worker *w = arg;
+    if (w->start)
+        pthread_barrier_wait(w->start);
+    for (uint32_t i = 0; i < w->t.pairs; i++) {
+        uint32_t k = w->t.victim[i];
+        w->p->free(w->live[k]);
+        if (!(w->live[k] = w->p->alloc(w->t.size[i]))) {
+            w->failed = 1;
+            break;
+        }
+    }
+    return NULL;
+}
+
+/* Replays the traces once, one thread per worker; returns ns per pair
+ * (wall time over all pairs of all threads), or -1 on a failed alloc.
+ * *rss_delta: resident bytes gained from before the first allocation to
+ * the end of the pairs (the blocks are never touched, so this is the
+ * allocator's own host memory). */
+static double replay(worker *ws, int nthreads, size_t *rss_delta)
+{
+    size_t rss0 = rss_bytes();
+    uint64_t pairs = 0;
+    for (int w = 0; w < nthreads; w++) {
+        for (uint32_t i = 0; i < ws[w].t.live; i++)
+            if (!(ws[w].live[i] = ws[w].p->alloc(ws[w].t.init[i])))
+                return -1;
+        pairs += ws[w].t.pairs;
+    }
+    double t0, dt;
+    if (nthreads == 1) {
+        ws[0].start = NULL;
+        t0 = now_ns();
+        replay_pairs(&ws[0]);
+        dt = now_ns() - t0;
+    } else {
+        pthread_barrier_t b;
+        pthread_barrier_init(&b, NULL, (unsigned)nthreads + 1);
+        pthread_t th[nthreads];
+        for (int w = 0; w < nthreads; w++) {
+            ws[w].start = &b;
+            pthread_create(&th[w], NULL, replay_pairs, &ws[w]);
+        }
+        pthread_barrier_wait(&b);
+        t0 = now_ns();
+        for (int w = 0; w < nthreads; w++)
+            pthread_join(th[w], NULL);
+        dt = now_ns() - t0;
+        pthread_barrier_destroy(&b);
+    }
+    *rss_delta = rss_bytes() - rss0;
+    for (int w = 0; w < nthreads; w++) {
+        if (ws[w].failed)
+            return -1;
+        for (uint32_t i = 0; i < ws[w].t.live; i++)
+            ws[w].p->free(ws[w].live[i]);
+    }
+    return dt / (double)pairs;
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s core|simdev|jemalloc|glibc loguniform|sizes64 [reps]\n", argv[0]);
+        fprintf(stderr, "usage: %s core|simdev|jemalloc|glibc loguniform|sizes64 "
+                        "[reps] [live] [max_kib] [threads]\n", argv[0]);
         return 2;
     }
     const path *p = NULL;
@@ -235,28 +322,49 @@ int main(int argc, char **argv)
     int reps = argc > 3 ? atoi(argv[3]) : 3;
     if (reps < 1)
         reps = 1;
-    static trace t;
-    make_trace(&t, sizes64, sizes64 ? TRACE_SEED_SIZES64 : TRACE_SEED_LOGUNIFORM);
+    uint32_t live = argc > 4 ? (uint32_t)strtoul(argv[4], NULL, 10) : LIVE;
+    double max = argc > 5 ? atof(argv[5]) * 1024 : MAX_SIZE;
+    int nthreads = argc > 6 ? atoi(argv[6]) : 1;
+    if (live < 16 || max < MIN_SIZE || nthreads < 1 || nthreads > 16) {
+        fprintf(stderr, "bench: bad live, max_kib or threads\n");
+        return 2;
+    }
+    /* Several threads split the live set and the pairs; each replays a
+     * trace of its own (seed + thread), against the same allocator. */
+    worker ws[16];
+    uint64_t seed = sizes64 ? TRACE_SEED_SIZES64 : TRACE_SEED_LOGUNIFORM;
+    for (int w = 0; w < nthreads; w++) {
+        ws[w] = (worker){ .p = p };
+        make_trace_n(&ws[w].t, sizes64, seed + (uint64_t)w, live / (uint32_t)nthreads,
+                     PAIRS / (uint32_t)nthreads, max);
+        ws[w].live = malloc(ws[w].t.live * sizeof *ws[w].live);
+        /* Touched now, so that the RSS delta is the allocator's alone. */
+        memset(ws[w].live, 0, ws[w].t.live * sizeof *ws[w].live);
+    }
     if (p->init() != 0) {
         fprintf(stderr, "bench: %s unavailable\n", p->name);
         return 1;
     }
-    void **live = malloc(LIVE * sizeof *live);
     double best = 0;
+    size_t rss = 0;
     for (int r = 0; r < reps; r++) {
-        double ns = replay(p, &t, live);
+        size_t d = 0;
+        double ns = replay(ws, nthreads, &d);
         if (ns < 0) {
             fprintf(stderr, "bench: %s: allocation failed\n", p->name);
             return 1;
         }
+        if (r == 0)
+            rss = d; /* later repetitions reuse what the first one grew */
         if (r == 0 || ns < best)
             best = ns;
     }
     uint64_t peak = p->peak_reserved ? p->peak_reserved() : 0;
-    printf("%s %s %.1f %" PRIu64 " %" PRIu64 " %.4f\n", p->name, argv[2], best, t.peak_live, peak,
-           peak ? (double)peak / (double)t.peak_live : 0.0);
+    uint64_t peak_live = nthreads == 1 ? ws[0].t.peak_live : 0;
+    double meta = p->meta_bytes ? (double)p->meta_bytes() / live : 0;
+    printf("%s %s %.1f %" PRIu64 " %" PRIu64 " %.4f %.1f %.1f\n", p->name, argv[2], best, peak_live,
+           peak, peak && peak_live ? (double)peak / (double)peak_live : 0.0, (double)rss / live, meta);
     if (p->fini)
         p->fini();
-    free(live);
     return 0;
 }

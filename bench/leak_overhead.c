@@ -22,7 +22,7 @@
 
 static bool use_simdev;
 static trace t;
-static void *live[LIVE];
+static void **live;
 
 static void *alloc(size_t n)
 {
@@ -50,7 +50,7 @@ static double now_ns(void)
 
 __attribute__((noinline)) static double replay(void)
 {
-    for (int i = 0; i < LIVE; i++)
+    for (uint32_t i = 0; i < t.live; i++)
         if (!(live[i] = alloc(t.init[i])))
             return -1;
     double t0 = now_ns();
@@ -61,7 +61,7 @@ __attribute__((noinline)) static double replay(void)
             return -1;
     }
     double dt = now_ns() - t0;
-    for (int i = 0; i < LIVE; i++)
+    for (uint32_t i = 0; i < t.live; i++)
         release(live[i]);
     return dt / PAIRS;
 }
@@ -89,6 +89,7 @@ int main(int argc, char **argv)
     /* main, replay and the libc start frames are below the recursion. */
     int recurse = depth > 4 ? depth - 4 : 0;
     make_trace(&t, false, TRACE_SEED_LOGUNIFORM);
+    live = malloc(t.live * sizeof *live);
     double best = 0;
     for (int r = 0; r < (reps < 1 ? 1 : reps); r++) {
         double ns = at_depth(recurse);

@@ -1,9 +1,14 @@
-/* The allocation trace shared by the benchmarks (bench_alloc.c,
+/* The allocation traces shared by the benchmarks (bench_alloc.c,
  * leak_overhead.c): fixed seeds, so every path replays the same requests.
- * 10,000 live blocks, then 1,000,000 pairs "free a random live block,
- * allocate a new one"; sizes log-uniform from 256 B to 4 MiB rounded up to
- * 256 B ("loguniform"), or drawn from 64 fixed sizes themselves drawn once
- * log-uniform ("sizes64"). */
+ * `live` blocks, then PAIRS pairs "free a random live block, allocate a new
+ * one"; sizes log-uniform from 256 B to `max_size` rounded up to 256 B
+ * ("loguniform"), or drawn from 64 fixed sizes themselves drawn once
+ * log-uniform ("sizes64").
+ *
+ * The classic trace (bench/run.sh's first table, leak_overhead.c): 10,000
+ * live blocks of 256 B .. 4 MiB. The live-set axis: 1k .. 1M live blocks of
+ * 256 B .. 64 KiB (1M blocks of up to 4 MiB would be terabytes of simulated
+ * device; at 64 KiB the peak is about 12 GiB). */
 #ifndef BENCH_TRACE_H
 #define BENCH_TRACE_H
 
@@ -19,10 +24,12 @@
 enum { LIVE = 10000, PAIRS = 1000000, NSIZES = 64 };
 #define MIN_SIZE 256.0
 #define MAX_SIZE (4.0 * 1024 * 1024)
+#define SCALE_MAX_SIZE (64.0 * 1024)
 
 typedef struct trace {
-    uint32_t init[LIVE];
-    uint32_t *victim, *size;   /* PAIRS each */
+    uint32_t live, pairs;
+    uint32_t *init;            /* live */
+    uint32_t *victim, *size;   /* pairs each */
     uint64_t peak_live;
 } trace;
 
@@ -39,32 +46,38 @@ static inline double rng_unit(uint64_t *s)
     return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static inline uint32_t log_uniform(uint64_t *s)
+static inline uint32_t log_uniform(uint64_t *s, double max)
 {
-    double v = exp(log(MIN_SIZE) + rng_unit(s) * (log(MAX_SIZE) - log(MIN_SIZE)));
+    double v = exp(log(MIN_SIZE) + rng_unit(s) * (log(max) - log(MIN_SIZE)));
     uint64_t r = ((uint64_t)ceil(v) + 255) & ~(uint64_t)255;
-    return (uint32_t)(r > MAX_SIZE ? MAX_SIZE : r);
+    return (uint32_t)(r > max ? max : r);
 }
 
-static inline void make_trace(trace *t, bool sizes64, uint64_t seed)
+/* With live = LIVE, pairs = PAIRS and max = MAX_SIZE this is, request for
+ * request, the trace of the earlier single-size benchmark. */
+static inline void make_trace_n(trace *t, bool sizes64, uint64_t seed, uint32_t live_n,
+                                uint32_t pairs, double max)
 {
     uint64_t s = seed;
     uint32_t table[NSIZES];
     for (int i = 0; i < NSIZES; i++)
-        table[i] = log_uniform(&s);
-#define DRAW() (sizes64 ? table[rng_next(&s) % NSIZES] : log_uniform(&s))
-    t->victim = malloc(PAIRS * sizeof *t->victim);
-    t->size = malloc(PAIRS * sizeof *t->size);
+        table[i] = log_uniform(&s, max);
+#define DRAW() (sizes64 ? table[rng_next(&s) % NSIZES] : log_uniform(&s, max))
+    t->live = live_n;
+    t->pairs = pairs;
+    t->init = malloc((size_t)live_n * sizeof *t->init);
+    t->victim = malloc((size_t)pairs * sizeof *t->victim);
+    t->size = malloc((size_t)pairs * sizeof *t->size);
     uint64_t live = 0;
-    for (int i = 0; i < LIVE; i++) {
+    for (uint32_t i = 0; i < live_n; i++) {
         t->init[i] = DRAW();
         live += t->init[i];
     }
     t->peak_live = live;
-    uint32_t *cur = malloc(LIVE * sizeof *cur);
-    memcpy(cur, t->init, sizeof t->init);
-    for (int i = 0; i < PAIRS; i++) {
-        uint32_t k = (uint32_t)(rng_next(&s) % LIVE);
+    uint32_t *cur = malloc((size_t)live_n * sizeof *cur);
+    memcpy(cur, t->init, (size_t)live_n * sizeof *cur);
+    for (uint32_t i = 0; i < pairs; i++) {
+        uint32_t k = (uint32_t)(rng_next(&s) % live_n);
         t->victim[i] = k;
         t->size[i] = DRAW();
         live += (uint64_t)t->size[i] - cur[k];
@@ -74,6 +87,11 @@ static inline void make_trace(trace *t, bool sizes64, uint64_t seed)
     }
 #undef DRAW
     free(cur);
+}
+
+static inline void make_trace(trace *t, bool sizes64, uint64_t seed)
+{
+    make_trace_n(t, sizes64, seed, LIVE, PAIRS, MAX_SIZE);
 }
 
 #endif

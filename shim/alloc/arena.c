@@ -45,6 +45,7 @@
  */
 #include "arena.h"
 #include "bins.h"
+#include "hostmem.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -67,14 +68,28 @@ enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE };
 
 /* 32 bytes, so that two nodes share a cache line and none straddles two:
  * a free touches a node and its neighbours at random, and these misses are
- * most of its cost. */
+ * most of its cost. A live block's node is also its hot record: the bin
+ * links, which only a free block needs, hold the bytes the program asked
+ * for (as the slack below the block's size) and the owner's two tags (the
+ * stack ids), so a free reads what it must account from the line it has
+ * to touch anyway, and the owner keeps 8 bytes a block apart, not 40. The
+ * address is an offset in the region (regions are at most MAX_UNITS), so
+ * that all of this fits. */
 typedef struct node {
-    uintptr_t addr;
+    uint32_t off;                  /* start, in units from its region's base */
     uint32_t units;                /* size in alignment units */
     uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
-    uint32_t bin_prev, bin_next;   /* free list of the bin; bin_next chains unused slots */
     uint32_t region : 30;
     uint32_t state : 2;
+    union {
+        struct {                   /* NODE_FREE; bin_next chains NODE_UNUSED slots */
+            uint32_t bin_prev, bin_next;
+        };
+        struct {                   /* NODE_LIVE */
+            uint32_t slack;        /* block bytes - requested bytes */
+            uint32_t tag[2];       /* the owner's (shim_arena_set_tags) */
+        };
+    };
 } node;
 _Static_assert(sizeof(node) == 32, "node layout");
 
@@ -108,6 +123,11 @@ struct shim_arena {
 
     shim_arena_counters c;
 };
+
+static inline uintptr_t node_addr(const shim_arena *a, const node *n)
+{
+    return a->regions[n->region].base + ((uintptr_t)n->off << a->shift);
+}
 
 /* ---- bins ---------------------------------------------------------- */
 
@@ -179,13 +199,12 @@ static bool nodes_reserve(shim_arena *a, uint32_t k)
             return false;
         cap *= 2;
     }
-    /* Cache-line aligned, so that a node never straddles two lines. */
-    node *nn = aligned_alloc(64, (size_t)cap * sizeof *nn);
+    /* Page aligned, so that a node never straddles two lines; grown in
+     * place by the kernel (hostmem.h). */
+    node *nn = shim_hostmem_grow(a->nodes, (size_t)a->nodes_cap * sizeof *nn,
+                                 (size_t)cap * sizeof *nn);
     if (!nn)
         return false;
-    if (a->nodes)
-        memcpy(nn, a->nodes, (size_t)a->nodes_used * sizeof *nn);
-    free(a->nodes);
     a->nodes = nn;
     a->nodes_cap = cap;
     return true;
@@ -401,7 +420,7 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     uint32_t i = node_take(a);
     *g = (region){ .base = addr, .size = rs, .first = i, .empty_prev = NIL, .empty_next = NIL,
                    .dedicated = dedicated, .empty = false, .in_use = true };
-    a->nodes[i] = (node){ .addr = addr, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
+    a->nodes[i] = (node){ .off = 0, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
                           .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL, .region = r,
                           .state = NODE_FREE };
     uint32_t pos = sorted_upper(a, addr);
@@ -452,7 +471,7 @@ void shim_arena_destroy(shim_arena *a)
     }
     free(a->sorted);
     free(a->regions);
-    free(a->nodes);
+    shim_hostmem_free(a->nodes, (size_t)a->nodes_cap * sizeof *a->nodes);
     free(a);
 }
 
@@ -465,7 +484,7 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
         uint32_t j = node_take(a);
         n = &a->nodes[i];
         node *m = &a->nodes[j];
-        m->addr = n->addr + ((uintptr_t)take << a->shift);
+        m->off = n->off + take;
         m->units = rest;
         m->addr_prev = i;
         m->addr_next = n->addr_next;
@@ -488,7 +507,10 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
         return -1;
     uint32_t b = bin_ceil(u);
     uint64_t need = bin_size(b);
-    if (need > MAX_UNITS)
+    /* The requested size is kept as a 32-bit slack below the block's size
+     * (node.slack): blocks whose rounding alone would not fit it (above
+     * 256 GiB at 256-byte alignment) are not rounded. */
+    if (need > MAX_UNITS || ((need - u) << a->shift) + ((size_t)1 << a->shift) > UINT32_MAX)
         need = u;
     if (!nodes_reserve(a, 1))
         return -1;
@@ -512,8 +534,10 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
     carve(a, i, (uint32_t)need);
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
+    n->slack = (uint32_t)(bytes - size);
+    n->tag[0] = n->tag[1] = 0;
     add_used(a, bytes);
-    *addr = n->addr;
+    *addr = node_addr(a, n);
     *node_out = i;
     *taken = bytes;
     return 0;
@@ -528,7 +552,13 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
     a->c.used_bytes -= bytes;
     n->state = NODE_FREE;
 
+    /* Both neighbours' lines at once: each is a likely miss, and the
+     * merge decisions below would otherwise wait for them one by one. */
     uint32_t nx = n->addr_next;
+    if (n->addr_prev != NIL)
+        __builtin_prefetch(&a->nodes[n->addr_prev], 1);
+    if (nx != NIL)
+        __builtin_prefetch(&a->nodes[nx], 1);
     if (nx != NIL && a->nodes[nx].state == NODE_FREE) {
         bin_remove(a, nx);
         node *m = &a->nodes[nx];
@@ -576,8 +606,9 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
         *region_size = g->size;
     for (uint32_t i = g->first; i != NIL; i = a->nodes[i].addr_next) {
         const node *n = &a->nodes[i];
-        if (addr - n->addr < ((uintptr_t)n->units << a->shift)) {
-            if (addr != n->addr)
+        uintptr_t na = node_addr(a, n);
+        if (addr - na < ((uintptr_t)n->units << a->shift)) {
+            if (addr != na)
                 return SHIM_ADDR_INTERIOR;
             return n->state == NODE_LIVE ? SHIM_ADDR_LIVE_START : SHIM_ADDR_FREE_START;
         }
@@ -595,8 +626,9 @@ bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *st
         return false;
     for (uint32_t i = g->first; i != NIL; i = a->nodes[i].addr_next) {
         const node *n = &a->nodes[i];
-        if (addr - n->addr < ((uintptr_t)n->units << a->shift)) {
-            *start = n->addr;
+        uintptr_t na = node_addr(a, n);
+        if (addr - na < ((uintptr_t)n->units << a->shift)) {
+            *start = na;
             return n->state == NODE_LIVE;
         }
     }
@@ -614,6 +646,38 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
     while (a->empty_head != NIL && a->c.empty_bytes > keep)
         released += release_cached(a, a->empty_head);
     return released;
+}
+
+uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t i)
+{
+    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE ? node_addr(a, &a->nodes[i]) : 0;
+}
+
+void shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
+{
+    if (i < a->nodes_used && a->nodes[i].state == NODE_LIVE) {
+        a->nodes[i].tag[0] = t0;
+        a->nodes[i].tag[1] = t1;
+    }
+}
+
+uint32_t shim_arena_tag(const shim_arena *a, uint32_t i, unsigned k)
+{
+    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE && k < 2 ? a->nodes[i].tag[k] : 0;
+}
+
+size_t shim_arena_block_requested(const shim_arena *a, uint32_t i)
+{
+    if (i >= a->nodes_used || a->nodes[i].state != NODE_LIVE)
+        return 0;
+    const node *n = &a->nodes[i];
+    return ((size_t)n->units << a->shift) - n->slack;
+}
+
+size_t shim_arena_meta_bytes(const shim_arena *a)
+{
+    return sizeof *a + shim_hostmem_size((size_t)a->nodes_cap * sizeof *a->nodes) +
+           (size_t)a->regions_cap * (sizeof *a->regions + sizeof *a->sorted);
 }
 
 void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c)

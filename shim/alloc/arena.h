@@ -47,6 +47,17 @@ void shim_arena_destroy(shim_arena *a);
 int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node, size_t *taken);
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);
+/* A live block's address, or 0 when `node` is not a live block. */
+uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t node);
+/* The size a live block was asked for (the `size` given to alloc: the
+ * node keeps it, so the owner need not), or 0 when not a live block. */
+size_t shim_arena_block_requested(const shim_arena *a, uint32_t node);
+/* Two 32-bit words the owner keeps with a live block (device.c: its stack
+ * ids), in the block's node; 0 until set, gone when the block is freed. */
+void shim_arena_set_tags(shim_arena *a, uint32_t node, uint32_t t0, uint32_t t1);
+uint32_t shim_arena_tag(const shim_arena *a, uint32_t node, unsigned k);
+/* Host bytes the arena's own structures take (mapped, not all resident). */
+size_t shim_arena_meta_bytes(const shim_arena *a);
 /* What `addr` is, for diagnostics of a pointer that is not in the live
  * table; *region_base and *region_size describe the region when it is in one. */
 enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,

@@ -109,6 +109,12 @@ static int backend_mem_info(void *ctx, size_t *free, size_t *total)
 }
 
 
+/* The live table confirms a candidate by its arena node's address. */
+static uintptr_t node_addr(const void *ctx, uint32_t id)
+{
+    return shim_arena_block_addr(ctx, id);
+}
+
 static shim_device *device_create(const shim_runtime *rt, int ordinal)
 {
     shim_device *d = calloc(1, sizeof *d);
@@ -131,7 +137,7 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal)
     };
     const shim_options *o = shim_opts();
     d->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
-    d->table = shim_table_create(1024);
+    d->table = d->arena ? shim_table_create(1024, node_addr, d->arena) : NULL;
     if (!d->arena || !d->table) {
         if (d->arena)
             shim_arena_destroy(d->arena);
@@ -318,20 +324,17 @@ static bool too_much_pending(const shim_device *d)
 static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out,
                   uint64_t *seq)
 {
+    shim_lock_assert_held(&d->lock);
     uintptr_t addr;
     uint32_t node;
     size_t block;
     if (shim_arena_alloc(d->arena, size, &addr, &node, &block) != 0)
         return false;
-    shim_record rec = {
-        .ptr = addr,
-        .size = size,
+    shim_live_fields f = {
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
-        .node = node,
-        .native_stack = nstack,
-        .python_stack = pystack,
     };
-    if (shim_table_insert(d->table, &rec) != 0) {
+    shim_arena_set_tags(d->arena, node, nstack, pystack);
+    if (shim_table_insert(d->table, addr, node, &f) != 0) {
         shim_arena_free_node(d->arena, node);
         return false;
     }
@@ -340,7 +343,7 @@ static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack
     if (d->live_bytes > d->peak_live_bytes)
         d->peak_live_bytes = d->live_bytes;
     *out = addr;
-    *seq = rec.seq;
+    *seq = f.seq;
     return true;
 }
 
@@ -447,24 +450,24 @@ static const char *kind_name(enum shim_block_kind k)
     }
 }
 
-/* The block of `rec` is no longer the program's. Lock held; `taken`: by
+/* The block `node` is no longer the program's. Lock held; `taken`: by
  * this call (so it may be dropped for a wait), not by a pressure callback
  * that frees while holding it. */
-static void release_block(shim_device *d, const shim_record *rec, bool taken)
+static void release_block(shim_device *d, uint32_t node, size_t size, bool taken)
 {
     d->frees++;
-    d->live_bytes -= rec->size;
+    d->live_bytes -= size;
     if (!d->rt->sync_device) {
-        shim_arena_free_node(d->arena, rec->node);
+        shim_arena_free_node(d->arena, node);
         return;
     }
-    size_t block = shim_arena_block_size(d->arena, rec->node);
-    if (!defer_free(d, rec->node, block)) {
+    size_t block = shim_arena_block_size(d->arena, node);
+    if (!defer_free(d, node, block)) {
         /* No host memory to remember it: wait for the device now, as the
          * runtime's own free would. */
         if (taken)
             recycle_pending(d);
-        shim_arena_free_node(d->arena, rec->node);
+        shim_arena_free_node(d->arena, node);
         return;
     }
     if (taken && too_much_pending(d))
@@ -477,20 +480,27 @@ int shim_device_free(shim_device *d, void *ptr)
     if (!ptr)
         return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
 
+    /* The pointer's table line starts loading while the lock is taken
+     * (with another thread in, that is time the miss would not get). */
+    shim_table_prefetch(d->table, (uintptr_t)ptr);
     bool taken = lock_unless_mine(d);
-    shim_record rec;
-    if (shim_table_remove(d->table, (uintptr_t)ptr, &rec)) {
+    shim_lock_assert_held(&d->lock);
+    uint32_t node = shim_table_remove(d->table, (uintptr_t)ptr, NULL);
+    if (node != SHIM_TABLE_NONE) {
+        size_t size = shim_arena_block_requested(d->arena, node);
         /* The sequence number first: release_block may drop the lock for
-         * a wait, and the free happened now. */
+         * a wait, and the free happened now. The stack ids too: the node
+         * may be reused once released. */
         shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
         uint64_t seq = ev ? shim_device_seq_next() : 0;
-        release_block(d, &rec, taken);
+        uint32_t nstack = ev ? shim_arena_tag(d->arena, node, 0) : 0;
+        uint32_t pystack = ev ? shim_arena_tag(d->arena, node, 1) : 0;
+        release_block(d, node, size, taken);
         if (taken)
             shim_lock_release(&d->lock);
         if (ev)
-            ev(SHIM_EVENT_FREE, d->index, seq, rec.ptr, rec.size, rec.native_stack,
-               rec.python_stack);
-        shim_pressure_note_freed(rec.size);
+            ev(SHIM_EVENT_FREE, d->index, seq, (uintptr_t)ptr, size, nstack, pystack);
+        shim_pressure_note_freed(size);
         return 0;
     }
     uintptr_t base = 0;
@@ -542,16 +552,16 @@ int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *b
             continue;
         bool taken = lock_unless_mine(d);
         uintptr_t start;
-        const shim_record *rec = NULL;
+        uint32_t node = SHIM_TABLE_NONE;
         if (shim_arena_live_block_at(d->arena, addr, &start))
-            rec = shim_table_find(d->table, start);
-        if (rec) {
-            *base = rec->ptr;
-            *size = rec->size;
+            node = shim_table_find(d->table, start);
+        if (node != SHIM_TABLE_NONE) {
+            *base = start;
+            *size = shim_arena_block_requested(d->arena, node);
         }
         if (taken)
             shim_lock_release(&d->lock);
-        if (rec)
+        if (node != SHIM_TABLE_NONE)
             return 0;
     }
     return -1;
@@ -609,14 +619,22 @@ struct live_ctx {
     shim_record *out;
     size_t n, cap;
     uint64_t since;
+    const shim_arena *arena;
 };
 
-static void collect_live(const shim_record *r, void *user)
+static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
 {
     struct live_ctx *c = user;
-    if (r->seq <= c->since || c->n == c->cap)
+    if (f->seq <= c->since || c->n == c->cap)
         return;
-    c->out[c->n++] = *r;
+    c->out[c->n++] = (shim_record){
+        .ptr = ptr,
+        .size = shim_arena_block_requested(c->arena, id),
+        .seq = f->seq,
+        .node = id,
+        .native_stack = shim_arena_tag(c->arena, id, 0),
+        .python_stack = shim_arena_tag(c->arena, id, 1),
+    };
 }
 
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
@@ -625,7 +643,7 @@ shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
     bool taken = lock_unless_mine(d);
     size_t count = shim_table_count(d->table);
     struct live_ctx c = {.out = malloc((count ? count : 1) * sizeof(shim_record)),
-                         .cap = count, .since = since};
+                         .cap = count, .since = since, .arena = d->arena};
     if (c.out)
         shim_table_foreach(d->table, collect_live, &c);
     if (taken)

@@ -2,6 +2,9 @@
  * owner word; `owner` is written only by the holder, read by anyone (the
  * contract checks and the re-entrant free path). */
 #include "lock.h"
+#include "log.h"
+
+#include <stdlib.h>
 
 void shim_lock_init(spyreshim_lock *l)
 {
@@ -27,6 +30,14 @@ bool shim_lock_held_by_me(const spyreshim_lock *l)
     return atomic_load_explicit(&l->owner, memory_order_relaxed) ==
            (unsigned long)pthread_self();
 }
+
+#ifndef NDEBUG
+void shim_lock_assert_held_fail(const char *file, int line)
+{
+    shim_warn("%s:%d: the allocator lock is not held by this thread", file, line);
+    abort();
+}
+#endif
 
 void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
 {

@@ -20,6 +20,15 @@ void shim_lock_init(spyreshim_lock *l);
 void shim_lock_acquire(spyreshim_lock *l);
 void shim_lock_release(spyreshim_lock *l);
 bool shim_lock_held_by_me(const spyreshim_lock *l);
+/* Debug builds: aborts unless this thread holds `l`. Where the arena and
+ * the live table are touched (they have no lock of their own). */
+#ifdef NDEBUG
+#define shim_lock_assert_held(l) ((void)0)
+#else
+void shim_lock_assert_held_fail(const char *file, int line);
+#define shim_lock_assert_held(l) \
+    (shim_lock_held_by_me(l) ? (void)0 : shim_lock_assert_held_fail(__FILE__, __LINE__))
+#endif
 /* pthread_cond_wait on the lock's mutex, keeping `owner` right. */
 void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv);
 

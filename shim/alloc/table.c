@@ -1,53 +1,90 @@
-/* Live allocations: device pointer -> record.
+/* Live allocations: device pointer -> arena node id, plus each live
+ * block's leak-hunting fields by node id.
  *
- * Owns: one power-of-two array of records, open addressing with linear
- * probing; a slot is empty when its ptr is 0. Deletion shifts the following
- * run back instead of leaving tombstones, so probe lengths never degrade.
- * The load factor stays at or under 1/2 (grow by rehash at insert).
- * Guarded by: the owner's allocator lock; nothing here locks.
+ * Owns: a power-of-two array of 8-byte slots {tag, id}, open addressing
+ * with linear probing (eight slots to a cache line), and an array of
+ * fields (the sequence number) indexed by node id. The tag is the top 32 bits of the pointer's
+ * Fibonacci hash: the slot index is its top bits, so backward-shift
+ * deletion finds each entry's home without looking at its key, and a
+ * probe asks for a candidate's address (the owner's key function: the
+ * arena node, which a free touches next anyway) only when the tags agree.
+ * This replaces the earlier 40-byte records keyed by the pointer itself:
+ * a free touches one slot line and the node, not a record line, a node
+ * line and a second probe line; and the table costs 8 bytes a slot.
+ * Deletion shifts the following run back instead of leaving tombstones,
+ * so probe lengths never degrade. The load factor stays at or under 3/4.
+ * Guarded by: the owner's allocator lock; nothing here locks. The only
+ * reader without it is shim_table_prefetch, through two atomic hints.
  * Never: dereferences a key (keys are device addresses).
  */
 #include "table.h"
+#include "hostmem.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
+
+typedef struct slot {
+    uint32_t tag;
+    uint32_t id;                   /* SHIM_TABLE_NONE when empty */
+} slot;
 
 struct shim_table {
-    shim_record *slots;
+    slot *slots;
     size_t mask;                   /* capacity - 1 */
-    unsigned shift;                /* 64 - log2(capacity) */
+    unsigned bits;                 /* log2(capacity), <= 32 */
     size_t count;
+    shim_live_fields *fields;      /* by node id */
+    size_t fields_cap;
+    shim_table_key_fn key;
+    const void *ctx;
+    /* For shim_table_prefetch only, which runs without the lock. */
+    _Atomic(slot *) hint_slots;
+    _Atomic unsigned hint_bits;
 };
 
 /* Fibonacci hashing: multiply by 2^64/phi and keep the top bits. Device
  * pointers are aligned (256 bytes and more), so their low bits carry
  * nothing; the product's top bits depend on every bit above them. */
-static inline size_t slot_of(const shim_table *t, uintptr_t p)
+static inline uint32_t tag_of(uintptr_t p)
 {
-    return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> t->shift);
+    return (uint32_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 32);
 }
 
-static size_t pow2_ceil(size_t x)
+static inline size_t home_of(uint32_t tag, unsigned bits)
 {
-    size_t c = 16;
-    while (c < x)
-        c <<= 1;
-    return c;
+    return (size_t)(tag >> (32 - bits));
 }
 
-shim_table *shim_table_create(size_t initial_capacity)
+static slot *slots_new(size_t cap)
 {
-    shim_table *t = malloc(sizeof *t);
+    slot *s = shim_hostmem_grow(NULL, 0, cap * sizeof *s);
+    if (s)
+        memset(s, 0xff, cap * sizeof *s); /* id = SHIM_TABLE_NONE */
+    return s;
+}
+
+shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, const void *ctx)
+{
+    if (!key)
+        return NULL;
+    shim_table *t = calloc(1, sizeof *t);
     if (!t)
         return NULL;
-    size_t cap = pow2_ceil(initial_capacity * 2);
-    t->slots = calloc(cap, sizeof *t->slots);
+    unsigned bits = 4;
+    while (((size_t)1 << bits) * 3 / 4 < initial_capacity && bits < 32)
+        bits++;
+    t->slots = slots_new((size_t)1 << bits);
     if (!t->slots) {
         free(t);
         return NULL;
     }
-    t->mask = cap - 1;
-    t->shift = 64u - (unsigned)__builtin_ctzll(cap);
-    t->count = 0;
+    t->bits = bits;
+    t->mask = ((size_t)1 << bits) - 1;
+    t->key = key;
+    t->ctx = ctx;
+    atomic_store_explicit(&t->hint_slots, t->slots, memory_order_relaxed);
+    atomic_store_explicit(&t->hint_bits, bits, memory_order_relaxed);
     return t;
 }
 
@@ -55,95 +92,117 @@ void shim_table_destroy(shim_table *t)
 {
     if (!t)
         return;
-    free(t->slots);
+    shim_hostmem_free(t->slots, (t->mask + 1) * sizeof *t->slots);
+    shim_hostmem_free(t->fields, t->fields_cap * sizeof *t->fields);
     free(t);
 }
 
-static int rehash(shim_table *t, size_t cap)
+static int rehash(shim_table *t, unsigned bits)
 {
-    shim_record *ns = calloc(cap, sizeof *ns);
+    if (bits > 32)
+        return -1;
+    size_t cap = (size_t)1 << bits, mask = cap - 1;
+    slot *ns = slots_new(cap);
     if (!ns)
         return -1;
-    size_t mask = cap - 1;
-    unsigned shift = 64u - (unsigned)__builtin_ctzll(cap);
     for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i].ptr == 0)
+        if (t->slots[i].id == SHIM_TABLE_NONE)
             continue;
-        size_t j = (size_t)(((uint64_t)t->slots[i].ptr * 0x9e3779b97f4a7c15ull) >> shift);
-        while (ns[j].ptr != 0)
+        size_t j = home_of(t->slots[i].tag, bits);
+        while (ns[j].id != SHIM_TABLE_NONE)
             j = (j + 1) & mask;
         ns[j] = t->slots[i];
     }
-    free(t->slots);
+    shim_hostmem_free(t->slots, (t->mask + 1) * sizeof *t->slots);
     t->slots = ns;
     t->mask = mask;
-    t->shift = shift;
+    t->bits = bits;
+    atomic_store_explicit(&t->hint_slots, ns, memory_order_relaxed);
+    atomic_store_explicit(&t->hint_bits, bits, memory_order_relaxed);
     return 0;
 }
 
-int shim_table_insert(shim_table *t, const shim_record *rec)
+static int fields_reserve(shim_table *t, uint32_t id)
 {
-    if (rec->ptr == 0)
+    if (id < t->fields_cap)
+        return 0;
+    size_t cap = t->fields_cap ? t->fields_cap : 1024;
+    while (cap <= id)
+        cap *= 2;
+    shim_live_fields *nf = shim_hostmem_grow(t->fields, t->fields_cap * sizeof *nf, cap * sizeof *nf);
+    if (!nf)
         return -1;
-    size_t i = slot_of(t, rec->ptr);
-    for (;; i = (i + 1) & t->mask) {
-        if (t->slots[i].ptr == rec->ptr) {
-            t->slots[i] = *rec;
-            return 0;
-        }
-        if (t->slots[i].ptr == 0)
-            break;
-    }
-    if ((t->count + 1) * 2 > t->mask + 1) {
-        if (rehash(t, (t->mask + 1) * 2) != 0)
-            return -1;
-        i = slot_of(t, rec->ptr);
-        while (t->slots[i].ptr != 0)
-            i = (i + 1) & t->mask;
-    }
-    t->slots[i] = *rec;
-    t->count++;
+    t->fields = nf;
+    t->fields_cap = cap;
     return 0;
 }
 
+/* The slot holding `ptr`, or SIZE_MAX. */
 static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
     if (ptr == 0)
         return SIZE_MAX;
-    for (size_t i = slot_of(t, ptr);; i = (i + 1) & t->mask) {
-        if (t->slots[i].ptr == ptr)
-            return i;
-        if (t->slots[i].ptr == 0)
+    uint32_t tag = tag_of(ptr);
+    for (size_t i = home_of(tag, t->bits);; i = (i + 1) & t->mask) {
+        const slot *s = &t->slots[i];
+        if (s->id == SHIM_TABLE_NONE)
             return SIZE_MAX;
+        if (s->tag == tag && t->key(t->ctx, s->id) == ptr)
+            return i;
     }
 }
 
-bool shim_table_remove(shim_table *t, uintptr_t ptr, shim_record *out)
+int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+{
+    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
+        return -1;
+    size_t i = lookup(t, ptr);
+    if (i == SIZE_MAX) {
+        if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
+            return -1;
+        uint32_t tag = tag_of(ptr);
+        for (i = home_of(tag, t->bits); t->slots[i].id != SHIM_TABLE_NONE; i = (i + 1) & t->mask)
+            ;
+        t->slots[i].tag = tag;
+        t->count++;
+    }
+    t->slots[i].id = id;
+    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
+    return 0;
+}
+
+uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
 {
     size_t i = lookup(t, ptr);
     if (i == SIZE_MAX)
-        return false;
+        return SHIM_TABLE_NONE;
+    uint32_t id = t->slots[i].id;
     if (out)
-        *out = t->slots[i];
+        *out = t->fields[id];
     /* Backward shift: move each later entry of the run into the hole when
      * the hole lies on its probe path (between its home slot and it). */
     size_t hole = i;
-    for (size_t j = (i + 1) & t->mask; t->slots[j].ptr != 0; j = (j + 1) & t->mask) {
-        size_t home = slot_of(t, t->slots[j].ptr);
+    for (size_t j = (i + 1) & t->mask; t->slots[j].id != SHIM_TABLE_NONE; j = (j + 1) & t->mask) {
+        size_t home = home_of(t->slots[j].tag, t->bits);
         if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
             t->slots[hole] = t->slots[j];
             hole = j;
         }
     }
-    t->slots[hole].ptr = 0;
+    t->slots[hole].id = SHIM_TABLE_NONE;
     t->count--;
-    return true;
+    return id;
 }
 
-const shim_record *shim_table_find(const shim_table *t, uintptr_t ptr)
+uint32_t shim_table_find(const shim_table *t, uintptr_t ptr)
 {
     size_t i = lookup(t, ptr);
-    return i == SIZE_MAX ? NULL : &t->slots[i];
+    return i == SIZE_MAX ? SHIM_TABLE_NONE : t->slots[i].id;
+}
+
+const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id)
+{
+    return id < t->fields_cap ? &t->fields[id] : NULL;
 }
 
 size_t shim_table_count(const shim_table *t)
@@ -151,9 +210,28 @@ size_t shim_table_count(const shim_table *t)
     return t->count;
 }
 
-void shim_table_foreach(const shim_table *t, void (*fn)(const shim_record *, void *), void *user)
+void shim_table_foreach(const shim_table *t,
+                        void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user),
+                        void *user)
 {
-    for (size_t i = 0; i <= t->mask; i++)
-        if (t->slots[i].ptr != 0)
-            fn(&t->slots[i], user);
+    for (size_t i = 0; i <= t->mask; i++) {
+        uint32_t id = t->slots[i].id;
+        if (id != SHIM_TABLE_NONE)
+            fn(t->key(t->ctx, id), id, &t->fields[id], user);
+    }
+}
+
+size_t shim_table_meta_bytes(const shim_table *t)
+{
+    return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots) +
+           shim_hostmem_size(t->fields_cap * sizeof *t->fields);
+}
+
+void shim_table_prefetch(const shim_table *t, uintptr_t ptr)
+{
+    uintptr_t s = (uintptr_t)atomic_load_explicit(&t->hint_slots, memory_order_relaxed);
+    unsigned bits = atomic_load_explicit(&t->hint_bits, memory_order_relaxed);
+    /* Integer arithmetic: with a stale pair the address may lie outside
+     * any array, which a prefetch tolerates and C pointers do not. */
+    __builtin_prefetch((const void *)(s + home_of(tag_of(ptr), bits) * sizeof(slot)));
 }

@@ -1,7 +1,10 @@
-/* Live allocations: device pointer -> record. Open addressing with linear
- * probing and backward-shift deletion, load factor kept under 1/2, so
- * insert, find and remove are O(1). Host memory only. Not thread-safe: the
- * owner serializes calls with the allocator lock. */
+/* Live allocations: device pointer -> the arena node of its block, and the
+ * block's sequence number, kept apart from the node because only
+ * allocation writes it and only reports read it (the stack ids fit in the
+ * node: shim_arena_set_tags). Open addressing with linear probing and backward-shift deletion,
+ * load factor kept under 3/4, so insert, find and remove are O(1). Host
+ * memory only. Not thread-safe: the owner serializes calls with the
+ * allocator lock (shim_table_prefetch excepted). */
 #ifndef SHIM_TABLE_H
 #define SHIM_TABLE_H
 
@@ -9,8 +12,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define SHIM_TABLE_NONE UINT32_MAX
+
+/* A live block as reports see it: assembled from the table and the arena
+ * (shim_device_live). */
 typedef struct shim_record {
-    uintptr_t ptr;           /* key; 0 never stored */
+    uintptr_t ptr;
     uint64_t size;           /* bytes the program asked for */
     uint64_t seq;            /* allocation sequence number */
     uint32_t node;           /* arena block handle */
@@ -19,17 +26,41 @@ typedef struct shim_record {
     uint32_t flags;
 } shim_record;
 
+/* What the table keeps of a live block besides its node: written once at
+ * allocation, read by reports only (never on the free path). */
+typedef struct shim_live_fields {
+    uint64_t seq;
+} shim_live_fields;
+
+/* The address of live node `id`: the table stores node ids only and asks
+ * the owner for a candidate's address to confirm a match (the node is the
+ * line a free touches next anyway). */
+typedef uintptr_t (*shim_table_key_fn)(const void *ctx, uint32_t id);
+
 typedef struct shim_table shim_table;
 
-shim_table *shim_table_create(size_t initial_capacity);
+shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, const void *ctx);
 void shim_table_destroy(shim_table *t);
-/* Inserts (or overwrites) rec->ptr. Returns 0, or -1 if growing failed. */
-int shim_table_insert(shim_table *t, const shim_record *rec);
-/* Removes `ptr`, copying its record to *out. false when absent. */
-bool shim_table_remove(shim_table *t, uintptr_t ptr, shim_record *out);
-const shim_record *shim_table_find(const shim_table *t, uintptr_t ptr);
+/* Inserts `ptr` (key(id) must be ptr; 0 is never stored) with its fields,
+ * or overwrites it. Returns 0, or -1 if growing failed. */
+int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
+/* Removes `ptr`, returning its node id (and its fields in *out when not
+ * NULL), or SHIM_TABLE_NONE when absent. */
+uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out);
+/* The node id of `ptr`, or SHIM_TABLE_NONE. */
+uint32_t shim_table_find(const shim_table *t, uintptr_t ptr);
+/* The fields of a node id the table holds. */
+const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id);
 size_t shim_table_count(const shim_table *t);
-/* Visits every record; `fn` must not modify the table. */
-void shim_table_foreach(const shim_table *t, void (*fn)(const shim_record *, void *), void *user);
+/* Visits every live entry; `fn` must not modify the table. */
+void shim_table_foreach(const shim_table *t,
+                        void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user),
+                        void *user);
+/* Host bytes the table's arrays take (mapped, not all resident). */
+size_t shim_table_meta_bytes(const shim_table *t);
+/* Without the lock: starts loading the line where `ptr` would be found, so
+ * that the miss overlaps taking the lock. A hint only: it reads nothing it
+ * acts on and may touch a stale array (a prefetch never faults). */
+void shim_table_prefetch(const shim_table *t, uintptr_t ptr);
 
 #endif

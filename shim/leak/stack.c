@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hashidx.h"
 #include "log.h"
 
 typedef int (*unw_backtrace_fn)(void **buffer, int size);
@@ -53,18 +54,6 @@ typedef struct stack_entry {
 static _Atomic(stack_entry *) g_chunks[MAX_CHUNKS];
 static _Atomic uint32_t g_count;              /* ids 1..g_count exist */
 
-/* hash -> id: open addressing, linear probing, load <= 1/2. Grown by copying
- * under g_lock and publishing the new table; old tables are kept (a reader
- * may still be probing one) and only cost a geometric series of memory. A
- * reader that misses in an old table falls back to the locked path, which
- * searches the current one. */
-typedef struct index_table {
-    size_t mask;
-    struct index_table *retired;              /* previous table, kept alive */
-    _Atomic uint32_t slot[];
-} index_table;
-
-static _Atomic(index_table *) g_index;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool g_full_warned;
 
@@ -102,45 +91,34 @@ static stack_entry *entry_of(uint32_t id)
     return chunk ? &chunk[i & (CHUNK_SIZE - 1)] : NULL;
 }
 
-static uint32_t index_find(const index_table *t, uint64_t hash, const uintptr_t *f, size_t n)
+typedef struct frames_key {
+    const uintptr_t *f;
+    size_t n;
+} frames_key;
+
+static bool entry_eq(const void *ctx, uint32_t id, uint64_t hash, const void *key)
 {
-    if (!t)
-        return 0;
-    for (size_t i = hash & t->mask;; i = (i + 1) & t->mask) {
-        uint32_t id = atomic_load_explicit(&t->slot[i], memory_order_acquire);
-        if (id == 0)
-            return 0;
-        const stack_entry *e = entry_of(id);
-        if (e->hash == hash && e->n == n && memcmp(e->frames, f, n * sizeof *f) == 0)
-            return id;
-    }
+    (void)ctx;
+    const stack_entry *e = entry_of(id);
+    const frames_key *k = key;
+    return e->hash == hash && e->n == k->n && memcmp(e->frames, k->f, k->n * sizeof *k->f) == 0;
 }
 
-static void index_put(index_table *t, uint64_t hash, uint32_t id)
+static uint64_t entry_hash(const void *ctx, uint32_t id)
 {
-    size_t i = hash & t->mask;
-    while (atomic_load_explicit(&t->slot[i], memory_order_relaxed) != 0)
-        i = (i + 1) & t->mask;
-    atomic_store_explicit(&t->slot[i], id, memory_order_release);
+    (void)ctx;
+    return entry_of(id)->hash;
 }
 
-/* Under g_lock: makes room for one more id. false when out of memory. */
-static bool index_reserve(uint32_t count_after)
+/* hash -> id: the shared index (hashidx.h) in lock-free mode: captures
+ * look stacks up without g_lock; a miss is confirmed under it (a reader
+ * may have probed a superseded table). */
+static shim_hashidx g_index = SHIM_HASHIDX_INIT(entry_hash, entry_eq, NULL, SHIM_HASHIDX_LOCKFREE);
+
+static uint32_t index_find(uint64_t hash, const uintptr_t *f, size_t n)
 {
-    index_table *t = atomic_load_explicit(&g_index, memory_order_relaxed);
-    if (t && (size_t)count_after * 2 <= t->mask + 1)
-        return true;
-    size_t cap = t ? (t->mask + 1) * 2 : 1024;
-    index_table *nt = calloc(1, sizeof *nt + cap * sizeof nt->slot[0]);
-    if (!nt)
-        return false;
-    nt->mask = cap - 1;
-    nt->retired = t;
-    uint32_t have = atomic_load_explicit(&g_count, memory_order_relaxed);
-    for (uint32_t id = 1; id <= have; id++)
-        index_put(nt, entry_of(id)->hash, id);
-    atomic_store_explicit(&g_index, nt, memory_order_release);
-    return true;
+    frames_key k = { f, n };
+    return shim_hashidx_find(&g_index, hash, &k);
 }
 
 static const uintptr_t *pool_copy(const uintptr_t *f, size_t n)
@@ -163,7 +141,7 @@ static const uintptr_t *pool_copy(const uintptr_t *f, size_t n)
 
 static uint32_t intern_locked(uint64_t hash, const uintptr_t *f, size_t n)
 {
-    uint32_t id = index_find(atomic_load_explicit(&g_index, memory_order_relaxed), hash, f, n);
+    uint32_t id = index_find(hash, f, n);
     if (id)
         return id;
     uint32_t count = atomic_load_explicit(&g_count, memory_order_relaxed);
@@ -182,7 +160,7 @@ static uint32_t intern_locked(uint64_t hash, const uintptr_t *f, size_t n)
         atomic_store_explicit(&g_chunks[i >> CHUNK_BITS], chunk, memory_order_release);
     }
     const uintptr_t *copy = pool_copy(f, n);
-    if (!copy || !index_reserve(count + 1))
+    if (!copy || !shim_hashidx_reserve(&g_index, 1))
         return 0;
     stack_entry *e = &chunk[i & (CHUNK_SIZE - 1)];
     e->hash = hash;
@@ -190,7 +168,7 @@ static uint32_t intern_locked(uint64_t hash, const uintptr_t *f, size_t n)
     e->frames = copy;
     id = count + 1;
     atomic_store_explicit(&g_count, id, memory_order_release);
-    index_put(atomic_load_explicit(&g_index, memory_order_relaxed), hash, id);
+    shim_hashidx_insert(&g_index, hash, id);
     return id;
 }
 
@@ -201,7 +179,7 @@ uint32_t shim_stack_intern(const uintptr_t *frames, size_t n)
     if (n > SHIM_STACK_MAX_DEPTH)
         n = SHIM_STACK_MAX_DEPTH;
     uint64_t hash = hash_frames(frames, n);
-    uint32_t id = index_find(atomic_load_explicit(&g_index, memory_order_acquire), hash, frames, n);
+    uint32_t id = index_find(hash, frames, n);
     if (id)
         return id;
     pthread_mutex_lock(&g_lock);

@@ -21,6 +21,7 @@
  * never links it.
  */
 #include "symbolize.h"
+#include "hashidx.h"
 
 #include <dlfcn.h>
 #include <link.h>
@@ -123,10 +124,12 @@ static void dw_load(void)
 
 /* ---- the cache ---------------------------------------------------------- */
 
-typedef struct sym_slot {
-    uintptr_t addr;                 /* 0: empty */
+/* Cached answers, by id (index + 1), found through the shared index
+ * (hashidx.h; one thread per report, so not lock-free). */
+typedef struct sym_entry {
+    uintptr_t addr;
     shim_symbol sym;
-} sym_slot;
+} sym_entry;
 
 typedef struct cu_range {
     Dwarf_Addr lo, hi;                /* module-relative (minus bias) */
@@ -143,8 +146,9 @@ typedef struct mod_index {
 struct shim_symbolizer {
     mod_index *mods;
     size_t nmods, capmods;
-    sym_slot *slots;
-    size_t mask, used;
+    sym_entry *entries;
+    size_t nentries, capentries;
+    shim_hashidx index;
     Dwfl *dwfl;
     bool dwfl_tried;
     char **strings;                 /* every string we own */
@@ -152,18 +156,32 @@ struct shim_symbolizer {
     char exe[4096];
 };
 
+static uint64_t addr_hash(uintptr_t addr)
+{
+    uint64_t h = addr * 0x9e3779b97f4a7c15ull;
+    return h ^ (h >> 29); /* the index takes low bits */
+}
+
+static uint64_t entry_hash(const void *ctx, uint32_t id)
+{
+    const shim_symbolizer *s = ctx;
+    return addr_hash(s->entries[id - 1].addr);
+}
+
+static bool entry_eq(const void *ctx, uint32_t id, uint64_t hash, const void *key)
+{
+    const shim_symbolizer *s = ctx;
+    (void)hash;
+    return s->entries[id - 1].addr == *(const uintptr_t *)key;
+}
+
 shim_symbolizer *shim_symbolizer_create(void)
 {
     pthread_once(&dw_once, dw_load);
     shim_symbolizer *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->mask = 255;
-    s->slots = calloc(s->mask + 1, sizeof *s->slots);
-    if (!s->slots) {
-        free(s);
-        return NULL;
-    }
+    s->index = (shim_hashidx)SHIM_HASHIDX_INIT(entry_hash, entry_eq, s, false);
     ssize_t n = readlink("/proc/self/exe", s->exe, sizeof s->exe - 1);
     s->exe[n > 0 ? n : 0] = '\0';
     return s;
@@ -181,7 +199,8 @@ void shim_symbolizer_destroy(shim_symbolizer *s)
     for (size_t i = 0; i < s->nstrings; i++)
         free(s->strings[i]);
     free(s->strings);
-    free(s->slots);
+    shim_hashidx_destroy(&s->index);
+    free(s->entries);
     free(s);
 }
 
@@ -364,39 +383,23 @@ static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
 
 void shim_symbolize(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
 {
-    size_t i = (addr * 0x9e3779b97f4a7c15ull >> 20) & s->mask;
-    for (;; i = (i + 1) & s->mask) {
-        if (s->slots[i].addr == addr && addr != 0) {
-            *out = s->slots[i].sym;
-            return;
-        }
-        if (s->slots[i].addr == 0)
-            break;
+    uint64_t h = addr_hash(addr);
+    uint32_t id = shim_hashidx_find(&s->index, h, &addr);
+    if (id) {
+        *out = s->entries[id - 1].sym;
+        return;
     }
     resolve(s, addr, out);
-    if (addr == 0)
-        return;
-    if ((s->used + 1) * 2 > s->mask + 1) {
-        size_t cap = (s->mask + 1) * 2;
-        sym_slot *ns = calloc(cap, sizeof *ns);
-        if (!ns)
+    if (s->nentries == s->capentries) {
+        size_t cap = s->capentries ? s->capentries * 2 : 256;
+        sym_entry *ne = realloc(s->entries, cap * sizeof *ne);
+        if (!ne)
             return;                            /* stays correct, just uncached */
-        for (size_t j = 0; j <= s->mask; j++) {
-            if (!s->slots[j].addr)
-                continue;
-            size_t k = (s->slots[j].addr * 0x9e3779b97f4a7c15ull >> 20) & (cap - 1);
-            while (ns[k].addr)
-                k = (k + 1) & (cap - 1);
-            ns[k] = s->slots[j];
-        }
-        free(s->slots);
-        s->slots = ns;
-        s->mask = cap - 1;
-        i = (addr * 0x9e3779b97f4a7c15ull >> 20) & s->mask;
-        while (s->slots[i].addr)
-            i = (i + 1) & s->mask;
+        s->entries = ne;
+        s->capentries = cap;
     }
-    s->slots[i].addr = addr;
-    s->slots[i].sym = *out;
-    s->used++;
+    if (s->nentries >= UINT32_MAX - 1 || !shim_hashidx_reserve(&s->index, 1))
+        return;
+    s->entries[s->nentries++] = (sym_entry){ .addr = addr, .sym = *out };
+    shim_hashidx_insert(&s->index, h, (uint32_t)s->nentries);
 }

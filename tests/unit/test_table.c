@@ -1,6 +1,8 @@
 /* The live-allocation table against a reference model (a plain array of
  * keys present). Keys look like device pointers: 256-aligned, often
- * consecutive, which is what a weak hash clusters on. SEED=n replays. */
+ * consecutive, which is what a weak hash clusters on. The table stores
+ * node ids and asks for a candidate's address through a key function: here
+ * an array id -> pointer stands for the arena. SEED=n replays. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -16,108 +18,157 @@ static uint64_t rng_next(uint64_t *s)
     return z ^ (z >> 31);
 }
 
-static shim_record rec(uintptr_t ptr, uint64_t size)
+enum { IDS = 200000 };
+static uintptr_t addr_of[IDS]; /* the "arena": node id -> address */
+
+static uintptr_t key(const void *ctx, uint32_t id)
 {
-    return (shim_record){ .ptr = ptr, .size = size, .seq = size * 3, .node = (uint32_t)size,
-                          .native_stack = 1, .python_stack = 2, .flags = 4 };
+    (void)ctx;
+    return id < IDS ? addr_of[id] : 0;
+}
+
+static shim_live_fields fields(uint64_t n)
+{
+    return (shim_live_fields){ .seq = n * 3 };
+}
+
+static shim_table *table(size_t cap)
+{
+    shim_table *t = shim_table_create(cap, key, NULL);
+    cr_assert_not_null(t);
+    return t;
 }
 
 Test(table, finds_what_was_inserted_and_forgets_what_was_removed)
 {
-    shim_table *t = shim_table_create(4);
-    cr_assert_not_null(t);
-    shim_record r = rec(0x7f0000001000, 77);
-    cr_assert_eq(shim_table_insert(t, &r), 0);
+    shim_table *t = table(4);
+    addr_of[7] = 0x7f0000001000;
+    shim_live_fields f = fields(77);
+    cr_assert_eq(shim_table_insert(t, addr_of[7], 7, &f), 0);
     cr_assert_eq(shim_table_count(t), 1);
-    const shim_record *f = shim_table_find(t, 0x7f0000001000);
-    cr_assert_not_null(f);
-    cr_assert_eq(f->size, 77);
-    cr_assert_eq(f->seq, 231);
-    cr_assert_eq(f->node, 77);
-    cr_assert_eq(f->python_stack, 2);
-    cr_assert_null(shim_table_find(t, 0x7f0000001100));
-    shim_record out = { 0 };
-    cr_assert(shim_table_remove(t, 0x7f0000001000, &out));
-    cr_assert_eq(out.size, 77);
-    cr_assert_eq(out.flags, 4);
+    cr_assert_eq(shim_table_find(t, 0x7f0000001000), 7);
+    cr_assert_eq(shim_table_fields(t, 7)->seq, 77 * 3);
+    cr_assert_eq(shim_table_find(t, 0x7f0000001100), SHIM_TABLE_NONE);
+    shim_live_fields out = { 0 };
+    cr_assert_eq(shim_table_remove(t, 0x7f0000001000, &out), 7);
+    cr_assert_eq(out.seq, 77 * 3);
     cr_assert_eq(shim_table_count(t), 0);
-    cr_assert_null(shim_table_find(t, 0x7f0000001000));
-    cr_assert_not(shim_table_remove(t, 0x7f0000001000, &out), "a second remove finds nothing");
+    cr_assert_eq(shim_table_find(t, 0x7f0000001000), SHIM_TABLE_NONE);
+    cr_assert_eq(shim_table_remove(t, 0x7f0000001000, &out), SHIM_TABLE_NONE,
+                 "a second remove finds nothing");
     shim_table_destroy(t);
 }
 
-Test(table, inserting_an_existing_pointer_overwrites_its_record)
+Test(table, inserting_an_existing_pointer_overwrites_its_entry)
 {
-    shim_table *t = shim_table_create(0);
-    shim_record a = rec(0x1000, 1), b = rec(0x1000, 2);
-    cr_assert_eq(shim_table_insert(t, &a), 0);
-    cr_assert_eq(shim_table_insert(t, &b), 0);
+    shim_table *t = table(0);
+    addr_of[1] = addr_of[2] = 0x1000;
+    shim_live_fields a = fields(1), b = fields(2);
+    cr_assert_eq(shim_table_insert(t, 0x1000, 1, &a), 0);
+    cr_assert_eq(shim_table_insert(t, 0x1000, 2, &b), 0);
     cr_assert_eq(shim_table_count(t), 1);
-    cr_assert_eq(shim_table_find(t, 0x1000)->size, 2);
+    cr_assert_eq(shim_table_find(t, 0x1000), 2);
+    cr_assert_eq(shim_table_fields(t, 2)->seq, 6);
     shim_table_destroy(t);
 }
 
-Test(table, the_null_pointer_is_never_stored)
+Test(table, the_null_pointer_and_the_none_id_are_never_stored)
 {
-    shim_table *t = shim_table_create(0);
-    shim_record z = rec(0, 1);
-    cr_assert_eq(shim_table_insert(t, &z), -1);
+    shim_table *t = table(0);
+    addr_of[3] = 0;
+    cr_assert_eq(shim_table_insert(t, 0, 3, NULL), -1);
+    cr_assert_eq(shim_table_insert(t, 0x1000, SHIM_TABLE_NONE, NULL), -1);
     cr_assert_eq(shim_table_count(t), 0);
-    cr_assert_null(shim_table_find(t, 0));
-    cr_assert_not(shim_table_remove(t, 0, NULL));
+    cr_assert_eq(shim_table_find(t, 0), SHIM_TABLE_NONE);
+    cr_assert_eq(shim_table_remove(t, 0, NULL), SHIM_TABLE_NONE);
     shim_table_destroy(t);
 }
 
-Test(table, grows_from_a_tiny_capacity_keeping_every_record)
+Test(table, grows_from_a_tiny_capacity_keeping_every_entry)
 {
-    shim_table *t = shim_table_create(1);
-    for (uintptr_t i = 1; i <= 100000; i++) {
-        shim_record r = rec(i * 256, i);
-        cr_assert_eq(shim_table_insert(t, &r), 0);
+    shim_table *t = table(1);
+    for (uint32_t i = 1; i <= 100000; i++) {
+        addr_of[i] = (uintptr_t)i * 256;
+        shim_live_fields f = fields(i);
+        cr_assert_eq(shim_table_insert(t, addr_of[i], i, &f), 0);
     }
     cr_assert_eq(shim_table_count(t), 100000);
-    for (uintptr_t i = 1; i <= 100000; i++) {
-        const shim_record *f = shim_table_find(t, i * 256);
-        cr_assert_not_null(f, "lost %#" PRIxPTR " in growth", i * 256);
-        cr_assert_eq(f->size, i);
+    for (uint32_t i = 1; i <= 100000; i++) {
+        cr_assert_eq(shim_table_find(t, (uintptr_t)i * 256), i, "lost %u", i);
+        cr_assert_eq(shim_table_fields(t, i)->seq, (uint64_t)i * 3);
     }
+    cr_assert_geq(shim_table_meta_bytes(t), 100000 * (8 + sizeof(shim_live_fields)));
     shim_table_destroy(t);
 }
 
-typedef struct visit {
+struct visit {
     size_t n;
     uint64_t sum;
-} visit;
+};
 
-static void count_visit(const shim_record *r, void *user)
+static void count_visit(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
 {
-    visit *v = user;
+    struct visit *v = user;
+    cr_assert_eq(ptr, addr_of[id]);
+    cr_assert_eq(f->seq, (uint64_t)id * 3);
     v->n++;
-    v->sum += r->size;
+    v->sum += ptr;
 }
 
-Test(table, foreach_visits_every_record_once)
+Test(table, foreach_visits_every_entry_once)
 {
-    shim_table *t = shim_table_create(8);
+    shim_table *t = table(8);
     uint64_t sum = 0;
-    for (uintptr_t i = 1; i <= 1000; i++) {
-        shim_record r = rec(0x7f0000000000 + i * 4096, i);
-        shim_table_insert(t, &r);
-        sum += i;
+    for (uint32_t i = 0; i < 5000; i++) {
+        addr_of[i] = 0x7f0000000000 + (uintptr_t)i * 4096;
+        shim_live_fields f = fields(i);
+        shim_table_insert(t, addr_of[i], i, &f);
     }
-    for (uintptr_t i = 1; i <= 1000; i += 3) {
-        shim_table_remove(t, 0x7f0000000000 + i * 4096, NULL);
-        sum -= i;
-    }
-    visit v = { 0 };
+    for (uint32_t i = 0; i < 5000; i += 3)
+        shim_table_remove(t, addr_of[i], NULL);
+    for (uint32_t i = 0; i < 5000; i++)
+        if (i % 3)
+            sum += addr_of[i];
+    struct visit v = { 0 };
     shim_table_foreach(t, count_visit, &v);
     cr_assert_eq(v.n, shim_table_count(t));
     cr_assert_eq(v.sum, sum);
     shim_table_destroy(t);
 }
 
+/* x * inverse == 1 mod 2^64 (Newton's iteration; the multiplier is odd). */
+static uint64_t inverse(uint64_t x)
+{
+    uint64_t y = x;
+    for (int i = 0; i < 6; i++)
+        y *= 2 - x * y;
+    return y;
+}
+
+/* Pointers whose hashes agree in their top 32 bits share a tag and a home
+ * slot: only the key function tells them apart. */
+Test(table, pointers_with_equal_tags_are_told_apart_by_their_keys)
+{
+    const uint64_t phi = 0x9e3779b97f4a7c15ull, inv = inverse(phi);
+    shim_table *t = table(16);
+    uint64_t h = 0x123456789abc0000ull;
+    for (uint32_t i = 0; i < 8; i++) {
+        addr_of[i] = (uintptr_t)((h + i) * inv);
+        cr_assert_eq((addr_of[i] * phi) >> 32, h >> 32);
+        shim_live_fields f = fields(i);
+        cr_assert_eq(shim_table_insert(t, addr_of[i], i, &f), 0);
+    }
+    for (uint32_t i = 0; i < 8; i += 2)
+        cr_assert_eq(shim_table_remove(t, addr_of[i], NULL), i);
+    for (uint32_t i = 0; i < 8; i++)
+        cr_assert_eq(shim_table_find(t, addr_of[i]), i % 2 ? i : SHIM_TABLE_NONE, "%u", i);
+    cr_assert_eq(shim_table_find(t, (uintptr_t)((h + 9) * inv)), SHIM_TABLE_NONE);
+    shim_table_destroy(t);
+}
+
 /* Random inserts and removes over a small key space (so that runs form and
- * removals shift them), checked against a presence array after each step. */
+ * removals shift them), checked against a presence array after each step.
+ * Key k is node id k. */
 Test(table, random_operations_match_a_reference_model)
 {
     const char *env = getenv("SEED");
@@ -125,28 +176,31 @@ Test(table, random_operations_match_a_reference_model)
     fprintf(stderr, "table random: SEED=%" PRIu64 "\n", seed);
     uint64_t s = seed;
     enum { KEYS = 4096 };
-    static uint64_t present[KEYS]; /* 0 absent, else the size stored */
+    static uint64_t present[KEYS]; /* 0 absent, else the seq stored */
     size_t count = 0;
-    shim_table *t = shim_table_create(16);
+    shim_table *t = table(16);
+    for (unsigned k = 0; k < KEYS; k++)
+        /* Mostly clustered keys, some spread over the address space. */
+        addr_of[k] = k < KEYS / 2 ? 0x7f0000000000 + (uintptr_t)k * 256
+                                  : ((uintptr_t)k << 32) | 0x200;
     for (unsigned op = 0; op < 400000; op++) {
         unsigned k = (unsigned)(rng_next(&s) % KEYS);
-        /* Mostly clustered keys, some spread over the address space. */
-        uintptr_t ptr = k < KEYS / 2 ? 0x7f0000000000 + (uintptr_t)k * 256
-                                     : ((uintptr_t)k << 32) | 0x200;
+        uintptr_t ptr = addr_of[k];
         if (rng_next(&s) % 2) {
-            uint64_t size = (rng_next(&s) % 1000) + 1;
-            shim_record r = rec(ptr, size);
-            cr_assert_eq(shim_table_insert(t, &r), 0);
+            uint64_t seq = (rng_next(&s) % 1000) + 1;
+            shim_live_fields f = { .seq = seq };
+            cr_assert_eq(shim_table_insert(t, ptr, k, &f), 0);
             if (!present[k])
                 count++;
-            present[k] = size;
+            present[k] = seq;
         } else {
-            shim_record out = { 0 };
-            bool had = shim_table_remove(t, ptr, &out);
-            cr_assert_eq(had, present[k] != 0, "seed=%" PRIu64 " op %u: remove of %#" PRIxPTR, seed,
-                         op, ptr);
-            if (had) {
-                cr_assert_eq(out.size, present[k], "seed=%" PRIu64, seed);
+            shim_live_fields out = { 0 };
+            uint32_t id = shim_table_remove(t, ptr, &out);
+            cr_assert_eq(id != SHIM_TABLE_NONE, present[k] != 0,
+                         "seed=%" PRIu64 " op %u: remove of %#" PRIxPTR, seed, op, ptr);
+            if (id != SHIM_TABLE_NONE) {
+                cr_assert_eq(id, k, "seed=%" PRIu64, seed);
+                cr_assert_eq(out.seq, present[k], "seed=%" PRIu64, seed);
                 present[k] = 0;
                 count--;
             }
@@ -154,14 +208,14 @@ Test(table, random_operations_match_a_reference_model)
         cr_assert_eq(shim_table_count(t), count, "seed=%" PRIu64, seed);
         if (op % 4999 == 0) {
             for (unsigned j = 0; j < KEYS; j++) {
-                uintptr_t p = j < KEYS / 2 ? 0x7f0000000000 + (uintptr_t)j * 256
-                                           : ((uintptr_t)j << 32) | 0x200;
-                const shim_record *f = shim_table_find(t, p);
+                uint32_t id = shim_table_find(t, addr_of[j]);
                 if (present[j])
-                    cr_assert(f && f->size == present[j],
-                              "seed=%" PRIu64 " op %u: %#" PRIxPTR " lost or wrong", seed, op, p);
+                    cr_assert(id == j && shim_table_fields(t, j)->seq == present[j],
+                              "seed=%" PRIu64 " op %u: %#" PRIxPTR " lost or wrong", seed, op,
+                              addr_of[j]);
                 else
-                    cr_assert_null(f, "seed=%" PRIu64 " op %u: %#" PRIxPTR " resurrected", seed, op, p);
+                    cr_assert_eq(id, SHIM_TABLE_NONE, "seed=%" PRIu64 " op %u: %#" PRIxPTR
+                                 " resurrected", seed, op, addr_of[j]);
             }
         }
     }

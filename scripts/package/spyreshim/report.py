@@ -197,7 +197,7 @@ def merge(reports):
                 m = merged[key] = {
                     "bytes": 0, "count": 0, "runtime": g["runtime"],
                     "suppressed": g["suppressed"], "frames": g["frames"], "pids": [],
-                    "order": g["order"], "unspliced": g["unspliced"],
+                    "order": g.get("order"), "unspliced": g.get("unspliced"),
                 }
                 order.append(key)
             m["bytes"] += g["bytes"]
@@ -230,7 +230,7 @@ def visible_frames(g, native_frames="folded"):
     program's entry) are left out; "all" keeps every frame."""
     if native_frames == "all":
         return list(g["frames"])
-    return [f for f in g["frames"] if not f["folded"]]
+    return [f for f in g["frames"] if not f.get("folded")]
 
 
 def frame_label(f):
