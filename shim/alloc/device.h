@@ -33,7 +33,9 @@ void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
 /* The device for `rt`, created on first use. `rt` must outlive the process
  * (a static in the hook file). Never NULL unless out of host memory. */
 shim_device *shim_device_get(const shim_runtime *rt);
-/* Returns the runtime's error numbers: 0, err_invalid or err_oom. */
+/* Returns the runtime's error numbers: 0, err_invalid or err_oom, or the
+ * runtime's own error when it refused a region for another reason (no
+ * driver, a stub library), at once and without pressure events. */
 int shim_device_malloc(shim_device *d, void **ptr, size_t size);
 int shim_device_free(shim_device *d, void *ptr);
 int shim_device_mem_info(shim_device *d, size_t *free, size_t *total);
