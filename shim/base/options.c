@@ -87,15 +87,20 @@ static void warn_bad(const struct row *r, const char *value, const char *why)
 {
     if (opts.log_level >= SHIM_LOG_OFF)
         return;
-    char buf[512];
+    /* One line whatever the value holds: a newline in it is escaped. */
+    char shown[65], esc[4 * 64 + 1];
+    snprintf(shown, sizeof shown, "%s", value);
+    shim_log_escape(shown, esc, sizeof esc);
+    char buf[512 + sizeof esc];
     snprintf(buf, sizeof buf,
-             "spyreshim: warning: %s=\"%.64s\" is invalid (%s); using the default %s\n",
-             r->name, value, why, r->def[0] ? r->def : "(unset)");
+             "spyreshim: warning: %s=\"%s\" is invalid (%s); using the default %s\n",
+             r->name, esc, why, r->def[0] ? r->def : "(unset)");
     write_err(buf);
 }
 
 int shim_parse_size(const char *s, size_t *out)
 {
+    errno = EINVAL;
     if (!s || !*s)
         return -1;
     while (*s == ' ')
@@ -106,7 +111,7 @@ int shim_parse_size(const char *s, size_t *out)
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno)
-        return -1;
+        return -1; /* ERANGE: too large */
     unsigned shift = 0;
     switch (*end) {
     case 'k': case 'K': shift = 10; end++; break;
@@ -121,14 +126,17 @@ int shim_parse_size(const char *s, size_t *out)
         end += 2;
     else if (end[0] == 'b' || end[0] == 'B')
         end++;
-    if (*end)
+    if (*end) {
+        errno = EINVAL;
         return -1;
-    if (shift && v > (ULLONG_MAX >> shift))
+    }
+    /* No device has 2^63 bytes, and requests above SIZE_MAX/2 always fail:
+     * such a size is a mistake, not a setting. */
+    if ((shift && v > (ULLONG_MAX >> shift)) || (v << shift) > (SIZE_MAX >> 1)) {
+        errno = ERANGE;
         return -1;
-    v <<= shift;
-    if (v > SIZE_MAX)
-        return -1;
-    *out = (size_t)v;
+    }
+    *out = (size_t)(v << shift);
     return 0;
 }
 
@@ -173,8 +181,12 @@ static int apply(const struct row *r, const char *s, const char **why)
     switch (r->kind) {
     case K_SIZE: {
         size_t v;
-        if (shim_parse_size(s, &v)) { *why = "expected bytes with an optional K/M/G/T suffix"; return -1; }
-        if (v != 0 && (long long)v < r->min) { *why = "below the minimum of 1M"; return -1; }
+        if (shim_parse_size(s, &v)) {
+            *why = errno == ERANGE ? "too large: at most 2^63-1 bytes"
+                                   : "expected bytes with an optional K/M/G/T suffix";
+            return -1;
+        }
+        if (v != 0 && v < (size_t)r->min) { *why = "below the minimum of 1M"; return -1; }
         memcpy(field, &v, sizeof v);
         return 0;
     }

@@ -103,6 +103,26 @@ def test_bad_variable_warns_once_and_runs(shim_lib, name, value):
     assert "default" in warnings[0]
 
 
+@pytest.mark.parametrize("name", ["SPYRESHIM_LIMIT", "SPYRESHIM_REGION_SIZE"])
+@pytest.mark.parametrize("value", ["9223372036854775808", "8388608T", "18446744073709551615",
+                                   "99999999999999999999"])
+def test_a_size_of_2_to_the_63_or_more_is_too_large(shim_lib, name, value):
+    r = ops("a:1M", "F", env={name: value})
+    assert r.returncode == 0, r
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert name in r.stderr and "too large" in r.stderr, r.stderr
+    assert "minimum" not in r.stderr, r.stderr
+
+
+def test_a_value_with_a_newline_warns_on_one_line(shim_lib):
+    r = ops("a:1M", "F", env={"SPYRESHIM_LIMIT": "1M\nX", "SPYRESHIM_LOG": "lo\nud"})
+    assert r.returncode == 0, r
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2, r.stderr
+    assert any('SPYRESHIM_LIMIT="1M\\nX"' in l for l in lines), r.stderr
+    assert any('SPYRESHIM_LOG="lo\\nud"' in l for l in lines), r.stderr
+
+
 def test_info_log_prints_one_summary_line(shim_lib):
     r = ops("a:1M", "F", env={"SPYRESHIM_LOG": "info"})
     r.check()
