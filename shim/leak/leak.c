@@ -92,8 +92,7 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
         return;
     FILE *f = shim_path_open_write(path);
     if (!f) {
-        shim_warn("cannot write report %s: %s", path,
-                  errno == EPERM ? "it belongs to another user" : strerror(errno));
+        shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
         return;
     }
     int rc = shim_report_write_json(r, f, reason);

@@ -150,6 +150,41 @@ def test_bad_suppressions_file_warns_and_keeps_going(programs, shim_lib, tmp_pat
     assert r.returncode == 23 and "cannot read suppressions" in r.stderr
 
 
+def suppression_warnings(r):
+    return [l for l in r.stderr.splitlines() if "suppressions" in l]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "huge"])
+def test_odd_suppressions_files_warn_once_and_never_hang(programs, shim_lib, tmp_path, kind):
+    if kind == "fifo":
+        path = tmp_path / "supp.fifo"
+        os.mkfifo(path)
+        why = "not a regular file"
+    elif kind == "dev-zero":
+        path, why = "/dev/zero", "not a regular file"
+    elif kind == "directory":
+        path, why = tmp_path, "directory"
+    else:
+        path, why = tmp_path / "huge.txt", "larger than 1024 KiB"
+        path.write_text("leak:leak_small_blocks\n" + "# padding\n" * 120000)
+    r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path,
+                           env={"SPYRESHIM_SUPPRESSIONS": path})
+    assert r.returncode == 23, "the file was ignored, the leak stands: " + r.describe()
+    w = suppression_warnings(r)
+    assert len(w) == 1 and why in w[0], r.stderr
+    assert data["live_bytes"] == 3000
+
+
+def test_a_fifo_as_suppressions_never_hangs_a_process_without_devices(shim_lib, tmp_path):
+    fifo = tmp_path / "supp.fifo"
+    os.mkfifo(fifo)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_PRELOAD": str(shim_lib),
+           "SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_SUPPRESSIONS": str(fifo)}
+    r = pythons.run(["/bin/true"], env=env, timeout=30)
+    assert not r.timed_out and r.returncode == 0, r.describe()
+    assert len(r.stderr.splitlines()) <= 1, r.stderr
+
+
 def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
     r, data, _ = run_leaks(programs, shim_lib, ["threads:8"], tmp_path)
     assert r.returncode == 23, r.describe()

@@ -152,3 +152,58 @@ def test_python_module_in_a_local_scope_is_intercepted(tmp_path, name, shim_lib)
     r.check()
     s = json.loads(stats.read_text())
     assert s["allocs"] == 8 and s["frees"] == 8
+
+
+def stats_warnings(r):
+    return [l for l in r.stderr.splitlines() if "SPYRESHIM_STATS" in l]
+
+
+def test_stats_into_a_fifo_never_blocks(tmp_path, shim_lib):
+    fifo = tmp_path / "stats.fifo"
+    os.mkfifo(fifo)
+    # No reader (a plain open for writing would block forever), then a
+    # reader that waits (the write would block once the pipe is full).
+    r = ops("a:1M", env={"SPYRESHIM_STATS": str(fifo)}, timeout=30)
+    assert not r.timed_out and r.returncode == 0, r
+    assert len(stats_warnings(r)) == 1 and "not a regular file" in r.stderr, r.stderr
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        r = ops("a:1M", env={"SPYRESHIM_STATS": str(fifo)}, timeout=30)
+        assert not r.timed_out and r.returncode == 0, r
+        assert len(stats_warnings(r)) == 1 and "not a regular file" in r.stderr, r.stderr
+        try:
+            got = os.read(reader, 1)
+        except BlockingIOError:
+            got = b""
+        assert got == b"", "nothing was written into the FIFO"
+    finally:
+        os.close(reader)
+
+
+def test_stats_never_overwrite_a_hard_link_or_another_users_file(tmp_path, shim_lib):
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    link = tmp_path / "stats.json"
+    os.link(victim, link)
+    r = ops("a:1M", env={"SPYRESHIM_STATS": str(link)}, timeout=30)
+    assert r.returncode == 0, r
+    assert len(stats_warnings(r)) == 1 and "other links" in r.stderr, r.stderr
+    assert victim.read_text() == "precious"
+    if os.geteuid() != 0:
+        return  # giving a file to another user needs root
+    other = tmp_path / "other.json"
+    other.write_text("theirs")
+    os.chown(other, 65534, 65534)
+    r = ops("a:1M", env={"SPYRESHIM_STATS": str(other)}, timeout=30)
+    assert r.returncode == 0, r
+    assert len(stats_warnings(r)) == 1 and "another user" in r.stderr, r.stderr
+    assert other.read_text() == "theirs"
+
+
+@pytest.mark.parametrize("path", ["/dev/full", "/proc/version", "/dev/null"])
+def test_stats_into_a_device_or_proc_file_gives_one_warning(shim_lib, path):
+    r = ops("a:1M", env={"SPYRESHIM_STATS": path}, timeout=30)
+    assert not r.timed_out and r.returncode == 0, r
+    w = stats_warnings(r)
+    assert len(w) == 1 and path in w[0], r.stderr
+    assert r.stderr.count("\n") == 1, r.stderr
