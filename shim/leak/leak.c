@@ -143,6 +143,12 @@ void shim_leak_at_exit(void)
 {
     if (!shim_leak_enabled() || atomic_flag_test_and_set(&g_exit_done))
         return;
+    /* A process that never touched a runtime has nothing to say, and with
+     * a fixed SPYRESHIM_REPORT path its empty report would replace the one
+     * of the child that leaked (a shell running the program). The stats
+     * file follows the same rule (shim/process/stats.c). */
+    if (shim_device_count() == 0)
+        return;
     const shim_options *o = shim_opts();
     spyreshim_snapshot *s = spyreshim_snapshot_take(0);
     if (!s) {

@@ -104,6 +104,20 @@ def test_clean_program_passes_and_still_writes_its_report(programs, shim_lib, tm
     assert data["live_bytes"] == 0 and data["groups"] == []
 
 
+def test_a_shell_that_never_touched_a_device_keeps_its_childs_report(programs, shim_lib, tmp_path):
+    # A fixed path (no %p), as `spyreshim run --report leaks.json -- bash run.sh`.
+    report = tmp_path / "leaks.json"
+    script = tmp_path / "run.sh"
+    script.write_text(f"{programs / 'leak_program'} small\necho child=$?\n")
+    r, _, _ = run_leaks(programs, shim_lib, [script], tmp_path, program="/bin/bash",
+                        report=False, env={"SPYRESHIM_REPORT": report})
+    assert "child=23" in r.stdout, r.describe()
+    assert r.returncode == 0, "bash itself leaked nothing: " + r.describe()
+    data = json.loads(report.read_text())
+    assert data["live_bytes"] == 3000 and data["pid"] != 0, data
+    assert by_function(data)["leak_small_blocks"][:2] == (3000, 3)
+
+
 def test_without_leak_checking_there_is_no_verdict(programs, shim_lib, tmp_path):
     r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_LEAK_CHECK": 0})
     assert r.returncode == 0, r.describe()
