@@ -199,6 +199,21 @@ def test_a_fifo_as_suppressions_never_hangs_a_process_without_devices(shim_lib, 
     assert len(r.stderr.splitlines()) <= 1, r.stderr
 
 
+LIST_FDS = "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+
+
+def test_leak_checking_opens_no_descriptor_at_start_up(shim_lib):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_PRELOAD": str(shim_lib),
+           "SPYRESHIM_LEAK_CHECK": "1"}
+    for python in ("/usr/bin/python3", "/usr/bin/python3.11"):
+        if not os.path.exists(python):
+            continue
+        r = pythons.run([python, "-c", LIST_FDS], env=env, timeout=60)
+        assert r.returncode == 0, r.describe()
+        # 0, 1, 2 and the listing's own descriptor, nothing of the shim's.
+        assert r.stdout.split() == ["[0,", "1,", "2,", "3]"], r.describe()
+
+
 def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
     r, data, _ = run_leaks(programs, shim_lib, ["threads:8"], tmp_path)
     assert r.returncode == 23, r.describe()
