@@ -61,7 +61,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_SUPPRESSIONS", K_PATH, OFF(suppressions), "", 0, 0,
      "file of leak:<pattern> lines; matching leaks are not reported"},
     {"SPYRESHIM_OOM_REPORT", K_UINT, OFF(oom_report_top), "10", 0, 1000,
-     "stack groups printed when a request finally fails; 0 = none"},
+     "stack groups printed at exit when the last failed request was never followed by a successful one (one line at the failure itself); 0 = none"},
 };
 #undef OFF
 

@@ -310,12 +310,34 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     assert "Leak of 3000 byte(s)" in r.stderr
 
 
+QUIET_OOM = "full report at exit if it does not recover"
+
+
+def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim_lib, tmp_path):
+    # Two failures, each followed by frees and a successful allocation, as a
+    # caching allocator does: one quiet line, no report, no .oom file.
+    steps = ["a:4M", "a:4M", "fill:1M", "f", "f", "a:512K", "fill:1M", "f", "a:256K", "F"]
+    r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
+                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.count("filled") == 2, r.describe()
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("spyreshim: out of simdev memory for 1048576 bytes (live: ")
+    assert "in 1" in lines[0] and QUIET_OOM in lines[0], lines
+    assert not list(tmp_path.glob("report.*.json.oom"))
+    assert data["live_bytes"] == 0
+
+
 def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path):
+    # The program ends on its failure (nothing allocated after it): the full
+    # report, at exit, of what held memory when it failed.
     steps = ["a:4M", "a:4M", "fill:1M", "F"]
     r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
                            env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
     assert r.returncode == 0, "everything was freed before exit: " + r.describe()
     err = r.stderr
+    assert err.count(QUIET_OOM) == 1, err
     assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
     # How many groups depends on the compiler (an unrolled loop has several
     # call sites); the first is the largest, and all of it is accounted for.
@@ -323,7 +345,7 @@ def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path)
     assert live and "of simdev memory, allocated from:" in live[0], err
     assert "SUMMARY: spyreshim: 16777216 byte(s) live in 10 allocation(s)." in err, err
     assert "simdev_ops.c:" in err
-    assert err.count("out of simdev memory") == 1, "one failure, one report"
+    assert err.count("out of simdev memory: a request") == 1, "one failure, one report"
     oom = list(tmp_path.glob("report.*.json.oom"))
     assert len(oom) == 1
     d = json.loads(oom[0].read_text())
