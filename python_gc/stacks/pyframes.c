@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include "pyframes.h"
@@ -67,9 +68,66 @@ enum {
     DBG_OB_TYPE = 360,
 };
 
-/* The fallback of safe_copy; its own lock, never held across anything. */
+/* The fallback of safe_copy; its own lock, never held across anything.
+ * The pipe is created on first need, never at start-up (a process that
+ * hands its descriptors to a child, or closes every descriptor it does not
+ * know, must not find ours). A program may close our descriptors under us
+ * and reuse the numbers: each end's identity (device, inode) and the pid
+ * that created them are remembered and checked with fstat before every
+ * use, so the shim never writes into, reads from or closes a number that
+ * is no longer its pipe; a child after fork() makes its own (the parent's
+ * is shared with it and would mix their bytes). */
 static pthread_mutex_t pipe_lock = PTHREAD_MUTEX_INITIALIZER;
 static int pipe_fds[2] = { -1, -1 };
+static dev_t pipe_dev;
+static ino_t pipe_ino;
+static pid_t pipe_pid;
+
+static bool pipe_end_is_ours(int fd)
+{
+    struct stat st;
+    return fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && st.st_dev == pipe_dev &&
+           st.st_ino == pipe_ino;
+}
+
+/* Under pipe_lock: a usable pipe in pipe_fds, or false. */
+static bool pipe_ready(void)
+{
+    bool ours0 = pipe_end_is_ours(pipe_fds[0]), ours1 = pipe_end_is_ours(pipe_fds[1]);
+    if (ours0 && ours1 && pipe_pid == getpid())
+        return true;
+    /* Close only what is still ours (an inherited copy in a child, or one
+     * end of a half-closed pair); a reused number is left alone. */
+    if (ours0)
+        close(pipe_fds[0]);
+    if (ours1)
+        close(pipe_fds[1]);
+    pipe_fds[0] = pipe_fds[1] = -1;
+    int fds[2];
+    struct stat st;
+    if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
+        return false;
+    if (fstat(fds[0], &st) != 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return false;
+    }
+    pipe_dev = st.st_dev;
+    pipe_ino = st.st_ino;
+    pipe_pid = getpid();
+    pipe_fds[0] = fds[0];
+    pipe_fds[1] = fds[1];
+    return true;
+}
+
+bool shim_pyframes_pipe_read(void *dst, uintptr_t addr, size_t n)
+{
+    pthread_mutex_lock(&pipe_lock);
+    bool ok = pipe_ready() && write(pipe_fds[1], (const void *)addr, n) == (ssize_t)n &&
+              read(pipe_fds[0], dst, n) == (ssize_t)n;
+    pthread_mutex_unlock(&pipe_lock);
+    return ok;
+}
 
 /* Reads n bytes at addr through the kernel: false (never a fault) when
  * they are not mapped. process_vm_readv on ourselves needs no privilege;
@@ -87,12 +145,7 @@ static bool safe_copy(void *dst, uintptr_t addr, size_t n)
         return false;
     if (n > 64)
         return false;
-    pthread_mutex_lock(&pipe_lock);
-    bool ok = (pipe_fds[0] >= 0 || pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0) &&
-              write(pipe_fds[1], (const void *)addr, n) == (ssize_t)n &&
-              read(pipe_fds[0], dst, n) == (ssize_t)n;
-    pthread_mutex_unlock(&pipe_lock);
-    return ok;
+    return shim_pyframes_pipe_read(dst, addr, n);
 }
 
 /* A pointer that can be a heap or data object: non-null, word-aligned,

@@ -99,4 +99,10 @@ bool shim_pyframes_still_alive(const shim_pylayout *L, const shim_pyrawframe *f)
 uintptr_t shim_pyframes_name_obj(const shim_pylayout *L, uintptr_t code);
 uintptr_t shim_pyframes_file_obj(const shim_pylayout *L, uintptr_t code);
 
+/* safe_copy's fallback where process_vm_readv is refused: n (<= 64) bytes
+ * at addr through a pipe; false when not mapped. Its pipe is created on
+ * first use and survives its descriptors being closed (and the numbers
+ * reused) under it. Exposed for tests. */
+bool shim_pyframes_pipe_read(void *dst, uintptr_t addr, size_t n);
+
 #endif

@@ -122,6 +122,7 @@ struct shim_arena {
     uint32_t empty_head;           /* cached empty regions */
 
     shim_arena_counters c;
+    int reserve_error;             /* set by grow: the backend's non-OOM error */
 };
 
 static inline uintptr_t node_addr(const shim_arena *a, const node *n)
@@ -400,7 +401,12 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
      * not for a whole region, nor for the request's size class). */
     uintptr_t addr = 0;
     size_t min = dedicated ? exact : need;
-    while (a->be.reserve(a->be.ctx, rs, &addr) != 0) {
+    int rc;
+    while ((rc = a->be.reserve(a->be.ctx, rs, &addr)) != 0) {
+        if (rc < 0) {
+            a->reserve_error = -rc; /* not a lack of room: smaller will not help */
+            return NIL;
+        }
         if (rs > min) {
             rs = align_down(a, rs / 2);
             if (rs < min)
@@ -521,13 +527,14 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
         if (n->addr_prev == NIL && n->addr_next == NIL)
             set_empty(a, n->region, false);
     } else {
+        a->reserve_error = 0;
         i = grow(a, need << a->shift, u << a->shift);
-        if (i == NIL && a->c.empty_bytes) {
+        if (i == NIL && a->c.empty_bytes && !a->reserve_error) {
             shim_arena_trim(a, 0);
             i = grow(a, need << a->shift, u << a->shift);
         }
         if (i == NIL)
-            return -1;
+            return a->reserve_error ? a->reserve_error : -1;
         if (a->regions[a->nodes[i].region].dedicated)
             need = a->nodes[i].units;
     }

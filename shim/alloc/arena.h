@@ -11,7 +11,10 @@
 
 typedef struct shim_region_backend {
     void *ctx;
-    /* Reserve `size` bytes. 0 and *addr set, or nonzero when refused. */
+    /* Reserve `size` bytes. 0 and *addr set; positive when refused for lack
+     * of room (a smaller size may still fit); negative, -(the runtime's
+     * error), when the runtime failed for another reason (no driver, a stub
+     * library): then no smaller size is tried either. */
     int (*reserve)(void *ctx, size_t size, uintptr_t *addr);
     void (*release)(void *ctx, uintptr_t addr, size_t size);
     /* The runtime's own view; nonzero on failure. */
@@ -43,7 +46,9 @@ void shim_arena_destroy(shim_arena *a);
 /* Allocates a block of at least `size` (> 0) bytes. On success returns 0,
  * sets *addr, *node (the block's handle, for shim_arena_free_node) and
  * *taken (bytes the block occupies, after rounding). Returns -1 when no free
- * block fits and a new region is refused by the limit or the backend. */
+ * block fits and a new region is refused by the limit or the backend for
+ * lack of room; a positive value, the runtime's own error, when the backend
+ * failed for another reason (not out-of-memory: no relief can help). */
 int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node, size_t *taken);
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);

@@ -79,8 +79,12 @@ static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
     tls_in_backend++;
     int rc = d->rt->real_malloc(&p, size);
     tls_in_backend--;
-    if (rc != 0 || !p)
-        return rc ? rc : d->rt->err_oom;
+    if (rc == 0 && !p)
+        rc = d->rt->err_oom;
+    if (rc == d->rt->err_oom)
+        return 1;   /* no room: the arena may try a smaller region */
+    if (rc != 0)
+        return -rc; /* another failure (no driver, a stub library): final */
     *addr = (uintptr_t)p;
     shim_debug("%s: reserved region %p + %zu", d->name, p, size);
     return 0;
@@ -320,15 +324,19 @@ static bool too_much_pending(const shim_device *d)
 
 /* Step: one try at serving the request from the arena, recording the
  * block. Lock held. False when no block fits (or the table could not grow:
- * out of host memory, reported as out-of-memory too). */
+ * out of host memory, reported as out-of-memory too); *rt_err is then the
+ * runtime's own error when it refused a region for a reason other than
+ * out-of-memory (0 otherwise). *seq is the allocation's sequence number. */
 static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out,
-                  uint64_t *seq)
+                  uint64_t *seq, int *rt_err)
 {
     shim_lock_assert_held(&d->lock);
     uintptr_t addr;
     uint32_t node;
     size_t block;
-    if (shim_arena_alloc(d->arena, size, &addr, &node, &block) != 0)
+    int rc = shim_arena_alloc(d->arena, size, &addr, &node, &block);
+    *rt_err = rc > 0 ? rc : 0;
+    if (rc != 0)
         return false;
     shim_live_fields f = {
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
@@ -405,6 +413,18 @@ static int fail(shim_device *d, size_t size, bool taken)
     return d->rt->err_oom;
 }
 
+/* Step: the runtime refused a region with an error other than
+ * out-of-memory (no driver, a stub library). Nothing the shim can do makes
+ * room for that: its own error at once, no pressure event, no OOM report. */
+static int fail_other(shim_device *d, size_t size, bool taken, int rt_err)
+{
+    d->failed++;
+    if (taken)
+        shim_lock_release(&d->lock);
+    shim_debug("%s: the runtime refused %zu bytes with error %d", d->rt->name, size, rt_err);
+    return rt_err;
+}
+
 int shim_device_malloc(shim_device *d, void **ptr, size_t size)
 {
     const shim_runtime *rt = d->rt;
@@ -412,8 +432,14 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
         return rt->err_invalid;
     if (size == 0)
         return rt->real_malloc(ptr, 0); /* whatever the runtime does */
-    if (size > (SIZE_MAX >> 1))
+    if (size > (SIZE_MAX >> 1)) {
+        /* No device has that much; a failed request all the same. */
+        bool mine = lock_unless_mine(d);
+        d->failed++;
+        if (mine)
+            shim_lock_release(&d->lock);
         return rt->err_oom;
+    }
 
     uint32_t nstack = 0, pystack = 0;
     shim_capture_fn capture = atomic_load_explicit(&capture_hook, memory_order_relaxed);
@@ -426,9 +452,13 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     struct relief_budget budget = {.max_rounds = shim_opts()->pressure_rounds};
     uintptr_t addr;
     uint64_t seq;
-    while (!serve(d, size, nstack, pystack, &addr, &seq))
+    int rt_err;
+    while (!serve(d, size, nstack, pystack, &addr, &seq, &rt_err)) {
+        if (rt_err)
+            return fail_other(d, size, taken, rt_err);
         if (!taken || !make_room(d, size, &budget))
             return fail(d, size, taken);
+    }
     if (taken)
         shim_lock_release(&d->lock);
     shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
@@ -474,6 +504,22 @@ static void release_block(shim_device *d, uint32_t node, size_t size, bool taken
         recycle_pending(d);
 }
 
+/* Invalid-free warnings: a program that frees garbage in a loop must not
+ * flood stderr. The first few are printed, then one line says the rest are
+ * not; the counters (statistics) stay exact. Process-wide, lock-free. */
+#define INVALID_FREE_WARNINGS 10
+static atomic_uint invalid_free_warned;
+
+static bool invalid_free_reportable(void)
+{
+    if (atomic_load_explicit(&invalid_free_warned, memory_order_relaxed) > INVALID_FREE_WARNINGS)
+        return false; /* and the counter never wraps around */
+    unsigned nth = atomic_fetch_add_explicit(&invalid_free_warned, 1, memory_order_relaxed);
+    if (nth == INVALID_FREE_WARNINGS)
+        shim_warn("further invalid frees not reported (counted in invalid_frees)");
+    return nth < INVALID_FREE_WARNINGS;
+}
+
 int shim_device_free(shim_device *d, void *ptr)
 {
     const shim_runtime *rt = d->rt;
@@ -507,17 +553,29 @@ int shim_device_free(shim_device *d, void *ptr)
     size_t rsize = 0;
     enum shim_block_kind k = shim_arena_classify(d->arena, (uintptr_t)ptr, &base, &rsize);
     if (k == SHIM_ADDR_OUTSIDE) {
-        d->foreign_frees++;
         if (taken)
             shim_lock_release(&d->lock);
-        /* Allocated before the shim took over, or by other means. */
-        return rt->real_free(ptr);
+        /* Allocated before the shim took over, or by other means; unless
+         * the runtime rejects it too: then it is a wild pointer. */
+        int rc = rt->real_free(ptr);
+        bool relock = lock_unless_mine(d);
+        if (rc == rt->err_invalid)
+            d->invalid_frees++;
+        else
+            d->foreign_frees++;
+        if (relock)
+            shim_lock_release(&d->lock);
+        if (rc == rt->err_invalid && invalid_free_reportable())
+            shim_warn("%s: invalid free of %p: in no region of the shim, and the runtime "
+                      "rejected it too", rt->name, ptr);
+        return rc;
     }
     d->invalid_frees++;
     if (taken)
         shim_lock_release(&d->lock);
-    shim_warn("%s: invalid free of %p: %s, in region %#lx + %zu; rejected", rt->name, ptr,
-              kind_name(k), (unsigned long)base, rsize);
+    if (invalid_free_reportable())
+        shim_warn("%s: invalid free of %p: %s, in region %#lx + %zu; rejected", rt->name, ptr,
+                  kind_name(k), (unsigned long)base, rsize);
     return rt->err_invalid;
 }
 

@@ -73,7 +73,9 @@ shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal);
 int shim_device_for_caller(const shim_runtime *rt, shim_device **out);
 /* shim_device_get_ordinal(rt, 0): runtimes with one device, tests. */
 shim_device *shim_device_get(const shim_runtime *rt);
-/* Returns the runtime's error numbers: 0, err_invalid or err_oom. */
+/* Returns the runtime's error numbers: 0, err_invalid or err_oom, or the
+ * runtime's own error when it refused a region for another reason (no
+ * driver, a stub library), at once and without pressure events. */
 int shim_device_malloc(shim_device *d, void **ptr, size_t size);
 int shim_device_free(shim_device *d, void *ptr);
 /* Frees `ptr` whichever device of `rt`'s runtime served it, whatever device

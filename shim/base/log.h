@@ -10,6 +10,10 @@ void shim_log(enum shim_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Formats into a stack buffer then one write(); never allocates. */
 int shim_log_enabled(enum shim_log_level level);
+/* Copies `s` into out[n] with control characters escaped (\n, \r, \t,
+ * \xNN), truncated to fit; returns the length written. */
+#include <stddef.h>
+size_t shim_log_escape(const char *s, char *out, size_t n);
 
 #define shim_debug(...) shim_log(SHIM_LOG_DEBUG, __VA_ARGS__)
 #define shim_info(...)  shim_log(SHIM_LOG_INFO, __VA_ARGS__)

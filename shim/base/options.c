@@ -39,7 +39,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_LIMIT", K_SIZE, OFF(limit), "0", 0, 0,
      "cap on bytes reserved from the runtime (K/M/G/T suffixes, binary); 0 = the runtime's capacity"},
     {"SPYRESHIM_STATS", K_PATH, OFF(stats_path), "", 0, 0,
-     "write statistics as one JSON object to this path at exit (%p = pid)"},
+     "write statistics as one JSON object to this path at exit (%p = pid); only processes that touched a runtime write it"},
     {"SPYRESHIM_REGION_SIZE", K_SIZE, OFF(region_size), "0", 1 << 20, 0,
      "size of the regions reserved from the runtime; 0 = adaptive"},
     {"SPYRESHIM_PRESSURE_ROUNDS", K_UINT, OFF(pressure_rounds), "3", 1, 16,
@@ -55,13 +55,13 @@ static const struct row rows[] = {
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
      "with leak checking or a trace, also record the Python stack of the allocating thread"},
     {"SPYRESHIM_REPORT", K_PATH, OFF(report_path), "", 0, 0,
-     "write the leak report as JSON to this path at exit (%p = pid)"},
+     "write the leak report as JSON to this path at exit (%p = pid); only processes that touched a runtime write it"},
     {"SPYRESHIM_EXITCODE", K_INT, OFF(exitcode), "23", 0, 255,
      "exit status when leaks remain at exit (leak checking on)"},
     {"SPYRESHIM_SUPPRESSIONS", K_PATH, OFF(suppressions), "", 0, 0,
      "file of leak:<pattern> lines; matching leaks are not reported"},
     {"SPYRESHIM_OOM_REPORT", K_UINT, OFF(oom_report_top), "10", 0, 1000,
-     "stack groups printed when a request finally fails; 0 = none"},
+     "stack groups printed at exit when the last failed request was never followed by a successful one (one line at the failure itself); 0 = none"},
     {"SPYRESHIM_TRACE", K_PATH, OFF(trace_path), "", 0, 0,
      "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid; docs/trace-format.md)"},
     {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,
@@ -91,15 +91,20 @@ static void warn_bad(const struct row *r, const char *value, const char *why)
 {
     if (opts.log_level >= SHIM_LOG_OFF)
         return;
-    char buf[512];
+    /* One line whatever the value holds: a newline in it is escaped. */
+    char shown[65], esc[4 * 64 + 1];
+    snprintf(shown, sizeof shown, "%s", value);
+    shim_log_escape(shown, esc, sizeof esc);
+    char buf[512 + sizeof esc];
     snprintf(buf, sizeof buf,
-             "spyreshim: warning: %s=\"%.64s\" is invalid (%s); using the default %s\n",
-             r->name, value, why, r->def[0] ? r->def : "(unset)");
+             "spyreshim: warning: %s=\"%s\" is invalid (%s); using the default %s\n",
+             r->name, esc, why, r->def[0] ? r->def : "(unset)");
     write_err(buf);
 }
 
 int shim_parse_size(const char *s, size_t *out)
 {
+    errno = EINVAL;
     if (!s || !*s)
         return -1;
     while (*s == ' ')
@@ -110,7 +115,7 @@ int shim_parse_size(const char *s, size_t *out)
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
     if (errno)
-        return -1;
+        return -1; /* ERANGE: too large */
     unsigned shift = 0;
     switch (*end) {
     case 'k': case 'K': shift = 10; end++; break;
@@ -125,14 +130,17 @@ int shim_parse_size(const char *s, size_t *out)
         end += 2;
     else if (end[0] == 'b' || end[0] == 'B')
         end++;
-    if (*end)
+    if (*end) {
+        errno = EINVAL;
         return -1;
-    if (shift && v > (ULLONG_MAX >> shift))
+    }
+    /* No device has 2^63 bytes, and requests above SIZE_MAX/2 always fail:
+     * such a size is a mistake, not a setting. */
+    if ((shift && v > (ULLONG_MAX >> shift)) || (v << shift) > (SIZE_MAX >> 1)) {
+        errno = ERANGE;
         return -1;
-    v <<= shift;
-    if (v > SIZE_MAX)
-        return -1;
-    *out = (size_t)v;
+    }
+    *out = (size_t)(v << shift);
     return 0;
 }
 
@@ -177,8 +185,12 @@ static int apply(const struct row *r, const char *s, const char **why)
     switch (r->kind) {
     case K_SIZE: {
         size_t v;
-        if (shim_parse_size(s, &v)) { *why = "expected bytes with an optional K/M/G/T suffix"; return -1; }
-        if (v != 0 && (long long)v < r->min) { *why = "below the minimum of 1M"; return -1; }
+        if (shim_parse_size(s, &v)) {
+            *why = errno == ERANGE ? "too large: at most 2^63-1 bytes"
+                                   : "expected bytes with an optional K/M/G/T suffix";
+            return -1;
+        }
+        if (v != 0 && v < (size_t)r->min) { *why = "below the minimum of 1M"; return -1; }
         memcpy(field, &v, sizeof v);
         return 0;
     }

@@ -33,7 +33,8 @@ const shim_options *shim_opts(void);
 void shim_options_reload(void);
 /* Writes the effective configuration, one "NAME=value" line each. */
 void shim_options_dump(int fd);
-/* Parses "64M", "1G", "4096" (binary suffixes K M G T). 0 on success. */
+/* Parses "64M", "1G", "4096" (binary suffixes K M G T). 0 on success; -1
+ * with errno ERANGE when the size is 2^63 or more, EINVAL when malformed. */
 int shim_parse_size(const char *s, size_t *out);
 
 #endif

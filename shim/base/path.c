@@ -1,6 +1,11 @@
-/* Creation of report files (SPYRESHIM_REPORT, snapshot JSON).
+/* The one safe-open policy for every file the shim writes (SPYRESHIM_REPORT,
+ * SPYRESHIM_STATS, snapshot JSON) or reads (SPYRESHIM_SUPPRESSIONS).
  *
- * Owns no state. The rules: the last path component is never followed when
+ * Owns no state. Both directions: regular files only; a FIFO or a device is
+ * opened O_NONBLOCK (so opening it cannot block) and refused after fstat on
+ * the opened descriptor, never read or written. Reads are bounded by a size
+ * cap (/dev/zero, or a huge file by mistake, must not grow memory without
+ * bound). Writes: the last path component is never followed when
  * it is a symlink (O_NOFOLLOW), a new file is created with O_EXCL and mode
  * 0600 whatever the umask says, and an existing file is reused only when it
  * is a regular file owned by our effective uid with a single link; another
@@ -13,7 +18,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,4 +94,83 @@ FILE *shim_path_open_write(const char *path)
         errno = err;
     }
     return f;
+}
+
+char *shim_path_read(const char *path, size_t max, size_t *len)
+{
+    /* O_NONBLOCK: opening a FIFO with no writer would otherwise block. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    int err = 0;
+    if (fstat(fd, &st) != 0)
+        err = errno;
+    else if (S_ISDIR(st.st_mode))
+        err = EISDIR;
+    else if (!S_ISREG(st.st_mode))
+        err = EINVAL;
+    else if ((uint64_t)st.st_size > max)
+        err = EFBIG;
+    char *buf = NULL;
+    size_t n = 0;
+    if (!err) {
+        /* A regular file can still grow under us, and /proc files say size
+         * 0: read at most max + 1 bytes to tell "too large" apart. */
+        size_t cap = (size_t)st.st_size < 4096 ? 4096 : (size_t)st.st_size + 1;
+        if (cap > max + 1)
+            cap = max + 1;
+        buf = malloc(cap + 1);
+        if (!buf)
+            err = ENOMEM;
+        while (!err) {
+            if (n == cap) {
+                if (n > max) {
+                    err = EFBIG;
+                    break;
+                }
+                size_t ncap = cap * 2 > max + 1 ? max + 1 : cap * 2;
+                char *nb = realloc(buf, ncap + 1);
+                if (!nb) {
+                    err = ENOMEM;
+                    break;
+                }
+                buf = nb;
+                cap = ncap;
+            }
+            ssize_t r = read(fd, buf + n, cap - n);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0)
+                err = errno;
+            else if (r == 0)
+                break;
+            else
+                n += (size_t)r;
+        }
+        if (!err && n > max)
+            err = EFBIG;
+    }
+    close(fd);
+    if (err) {
+        free(buf);
+        errno = err;
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+const char *shim_path_why(int err)
+{
+    switch (err) {
+    case ELOOP: return "it is a symbolic link";
+    case EPERM: return "it belongs to another user or has other links";
+    case EINVAL:
+    case ENXIO: return "not a regular file (a FIFO or a device)";
+    case EISDIR: return "it is a directory";
+    case EFBIG: return "too large";
+    default: return strerror(err);
+    }
 }

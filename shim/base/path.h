@@ -1,4 +1,4 @@
-/* Report files created safely. See reportfile.c. */
+/* The one safe-open policy for files the shim writes and reads. See path.c. */
 #ifndef SHIM_PATH_H
 #define SHIM_PATH_H
 
@@ -14,5 +14,13 @@ int shim_path_expand(const char *tmpl, char *out, size_t n);
  * set to 0600). NULL with errno set (ELOOP for a symlink, EPERM for a file of
  * another user, EINVAL for a non-regular file). */
 FILE *shim_path_open_write(const char *path);
+/* Reads a whole regular file of at most `max` bytes: a malloc'ed,
+ * NUL-terminated copy (caller frees), its length in *len. Never blocks on a
+ * FIFO and never reads a device. NULL with errno set (EISDIR, EINVAL for a
+ * FIFO or device, EFBIG above `max`, or open's error). */
+char *shim_path_read(const char *path, size_t max, size_t *len);
+/* Why a path was refused, for a warning: the policy's errors in words,
+ * strerror otherwise. */
+const char *shim_path_why(int err);
 
 #endif

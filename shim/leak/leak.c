@@ -2,7 +2,8 @@
  *
  * Owns the on/off switch and the capture depth (written once by
  * shim_leak_init from the constructor, read-only afterwards) and the
- * at-exit and out-of-memory reports. Capture runs on the allocating thread
+ * at-exit and out-of-memory reports (the last out-of-memory's snapshot is
+ * kept and judged at exit). Capture runs on the allocating thread
  * before the allocator lock is taken and must stay cheap: a native unwind
  * and an interning lookup (stack.c), plus a Python frame walk when asked
  * (pystack). Reports run with no shim lock held; they copy the live records
@@ -13,9 +14,11 @@
 #include "leak.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -30,12 +33,10 @@
 #include "suppress.h"
 
 #define DEFAULT_DEPTH 32
-#define OOM_REPORTS_MAX 3
 
 static atomic_bool g_enabled;
 static unsigned g_depth = DEFAULT_DEPTH;
 static bool g_python;
-static atomic_uint g_oom_reports;
 static atomic_flag g_exit_done = ATOMIC_FLAG_INIT;
 
 void shim_leak_init(void)
@@ -95,8 +96,7 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
         return;
     FILE *f = shim_path_open_write(path);
     if (!f) {
-        shim_warn("cannot write report %s: %s", path,
-                  errno == EPERM ? "it belongs to another user" : strerror(errno));
+        shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
         return;
     }
     int rc = shim_report_write_json(r, f, reason);
@@ -109,43 +109,95 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
         shim_warn("writing report %s failed: %s", path, strerror(err));
 }
 
+/* The last out-of-memory, kept for the verdict at exit: a copy of the live
+ * records (stack ids only, nothing resolved), what failed, and the
+ * allocation sequence at that moment. Published by an atomic exchange, so
+ * no lock (none to be left held by a fork, none to order with others). */
+typedef struct oom_state {
+    spyreshim_snapshot *snap;
+    char runtime[32];
+    size_t size;
+    uint64_t seq;
+} oom_state;
+
+static _Atomic(oom_state *) g_oom;
+static atomic_bool g_oom_line_done;
+
+static void oom_state_free(oom_state *st)
+{
+    if (st) {
+        spyreshim_snapshot_free(st->snap);
+        free(st);
+    }
+}
+
 void shim_leak_on_oom(const char *runtime, size_t size)
 {
     const shim_options *o = shim_opts();
     if (o->oom_report_top == 0)
         return;
-    /* A program that retries with smaller sizes would drown stderr. */
-    unsigned nth = atomic_fetch_add(&g_oom_reports, 1);
-    if (nth > OOM_REPORTS_MAX)
+    /* On the failing thread, which may hold the GIL or a framework's lock,
+     * and whose program may well recover (a caching allocator frees its
+     * cache and retries): no loader call, no DWARF, no Python, no report.
+     * A copy of the live records and, once per process, one line. */
+    oom_state *st = calloc(1, sizeof *st);
+    if (!st)
         return;
-    if (nth == OOM_REPORTS_MAX) {
-        shim_warn("out of %s memory again (%zu bytes); further OOM reports suppressed", runtime, size);
+    st->seq = shim_device_seq_now();
+    st->snap = spyreshim_snapshot_take(0);
+    snprintf(st->runtime, sizeof st->runtime, "%s", runtime);
+    st->size = size;
+    uint64_t bytes = spyreshim_snapshot_bytes(st->snap);
+    size_t blocks = spyreshim_snapshot_count(st->snap);
+    oom_state_free(atomic_exchange(&g_oom, st));
+    if (!atomic_exchange(&g_oom_line_done, true))
+        shim_warn("out of %s memory for %zu bytes (live: %" PRIu64 " bytes in %zu blocks); "
+                  "full report at exit if it does not recover",
+                  runtime, size, bytes, blocks);
+}
+
+void shim_leak_oom_at_exit(void)
+{
+    oom_state *st = atomic_exchange(&g_oom, NULL);
+    if (!st || !st->snap) {
+        oom_state_free(st);
         return;
     }
-    spyreshim_snapshot *s = spyreshim_snapshot_take(0);
-    if (!s)
+    /* As a user would judge it: the program recovered when something was
+     * allocated after its last failure; if not, that failure is what it
+     * ended on, and the report shows what held the memory then. */
+    if (shim_device_seq_now() != st->seq) {
+        oom_state_free(st);
         return;
+    }
+    const shim_options *o = shim_opts();
+    spyreshim_snapshot *s = st->snap;
     size_t n = spyreshim_snapshot_count(s);
     /* What holds memory, all of it: suppressions are for leak verdicts. */
     shim_report *r = shim_report_build(n ? spyreshim_snapshot_get(s, 0) : NULL, n, NULL);
     if (r) {
-        char headline[256];
+        char headline[320];
         snprintf(headline, sizeof headline,
-                 "spyreshim: out of %s memory: a request of %zu bytes failed; "
-                 "top %u holders of device memory%s:",
-                 runtime, size, o->oom_report_top,
+                 "spyreshim: out of %s memory: a request of %zu bytes failed and nothing was "
+                 "allocated after it; top %u holders of device memory at that moment%s:",
+                 st->runtime, st->size, o->oom_report_top,
                  shim_leak_enabled() ? "" : " (SPYRESHIM_LEAK_CHECK=1 records their stacks)");
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LIVE, headline, o->oom_report_top);
-        if (nth == 0)
-            write_json(r, ".oom", "oom");
+        write_json(r, ".oom", "oom");
         shim_report_free(r);
     }
-    spyreshim_snapshot_free(s);
+    oom_state_free(st);
 }
 
 void shim_leak_at_exit(void)
 {
     if (!shim_leak_enabled() || atomic_flag_test_and_set(&g_exit_done))
+        return;
+    /* A process that never touched a runtime has nothing to say, and with
+     * a fixed SPYRESHIM_REPORT path its empty report would replace the one
+     * of the child that leaked (a shell running the program). The stats
+     * file follows the same rule (shim/process/stats.c). */
+    if (shim_device_count() == 0)
         return;
     const shim_options *o = shim_opts();
     spyreshim_snapshot *s = spyreshim_snapshot_take(0);

@@ -17,8 +17,13 @@ bool shim_leak_enabled(void);
  * without any allocator lock held. */
 void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack);
 /* A request failed for good (callbacks had their turn); no lock held.
- * Prints what holds device memory now. */
+ * Cheap on the failing thread: copies the live records (stack ids only) and
+ * prints one line, once per process; nothing is resolved. */
 void shim_leak_on_oom(const char *runtime, size_t size);
+/* From the library destructor: when the last out-of-memory was not
+ * followed by any successful allocation, the full report of what held
+ * device memory then (SPYRESHIM_OOM_REPORT groups) and <report>.oom. */
+void shim_leak_oom_at_exit(void);
 /* From the library destructor, after the interpreter finalized: the report,
  * SPYRESHIM_REPORT, and the exit status. */
 void shim_leak_at_exit(void);

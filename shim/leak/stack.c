@@ -249,10 +249,12 @@ static void init_once(void)
         return;
     }
     dl_iterate_phdr(find_self, (void *)(uintptr_t)&shim_stack_capture);
-    /* The first unwind reads unwind tables and builds caches (milliseconds);
-     * pay it now rather than on the program's first allocation. */
-    void *warm[SHIM_STACK_MAX_DEPTH];
-    g_backtrace(warm, SHIM_STACK_MAX_DEPTH);
+    /* No warm-up unwind here: libunwind's first unwind opens a pipe (its
+     * memory validation, x86_64 Ginit.c) that would then sit at fds 3 and 4
+     * of every leak-checked process, /bin/true included, breaking programs
+     * that hand out or close descriptors by number (CPython's pass_fds).
+     * The program's first capture pays that first unwind (milliseconds,
+     * once) in a process that does use a device. */
 }
 
 bool shim_stack_init(void)

@@ -17,6 +17,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "path.h"
 
 struct shim_suppressions {
     char **patterns;
@@ -133,37 +134,28 @@ shim_suppressions *shim_suppressions_parse(const char *text, const char *origin)
     return s;
 }
 
+/* A suppression file is a few lines; anything larger is a mistake (a
+ * device, a log file) and must not grow memory at exit. */
+#define SUPPRESSIONS_MAX ((size_t)1 << 20)
+
 shim_suppressions *shim_suppressions_load(const char *path)
 {
     if (!path || !path[0])
         return calloc(1, sizeof(shim_suppressions));
-    FILE *f = fopen(path, "re");
-    if (!f) {
-        shim_warn("cannot read suppressions %s: %s", path, strerror(errno));
+    /* path.c's policy: a regular file only (a FIFO would hang every
+     * leak-checked process at exit), at most SUPPRESSIONS_MAX bytes. */
+    size_t len;
+    char *text = shim_path_read(path, SUPPRESSIONS_MAX, &len);
+    if (!text) {
+        int err = errno;
+        if (err == EFBIG)
+            shim_warn("cannot read suppressions %s: larger than %zu KiB; ignored", path,
+                      SUPPRESSIONS_MAX >> 10);
+        else
+            shim_warn("cannot read suppressions %s: %s", path, shim_path_why(err));
         return calloc(1, sizeof(shim_suppressions));
     }
-    char *text = NULL;
-    size_t len = 0, cap = 0;
-    char buf[4096];
-    size_t got;
-    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
-        if (len + got + 1 > cap) {
-            cap = (len + got + 1) * 2;
-            char *nt = realloc(text, cap);
-            if (!nt) {
-                free(text);
-                fclose(f);
-                return NULL;
-            }
-            text = nt;
-        }
-        memcpy(text + len, buf, got);
-        len += got;
-    }
-    fclose(f);
-    if (text)
-        text[len] = '\0';
-    shim_suppressions *s = shim_suppressions_parse(text ? text : "", path);
+    shim_suppressions *s = shim_suppressions_parse(text, path);
     free(text);
     return s;
 }

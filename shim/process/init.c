@@ -22,11 +22,13 @@ __attribute__((constructor)) static void shim_init(void)
 }
 
 /* Runs after main returned or exit() was called, so after an embedded
- * interpreter has finalized. The leak report comes last: it may end the
+ * interpreter has finalized. The verdict on the last out-of-memory comes
+ * before the leak report, which comes last: it may end the
  * process with SPYRESHIM_EXITCODE. */
 __attribute__((destructor)) static void shim_fini(void)
 {
     shim_stats_at_exit();
     shim_trace_at_exit();
+    shim_leak_oom_at_exit();
     shim_leak_at_exit();
 }

@@ -76,9 +76,7 @@ void shim_stats_at_exit(void)
              * another user's file or a hard link. */
             FILE *f = shim_path_open_write(path);
             if (!f) {
-                shim_warn("SPYRESHIM_STATS: cannot write %s: %s", path,
-                          errno == EPERM ? "it belongs to another user or has other links"
-                                         : strerror(errno));
+                shim_warn("SPYRESHIM_STATS: cannot write %s: %s", path, shim_path_why(errno));
             } else {
                 write_json(f, &s);
                 int bad = ferror(f);

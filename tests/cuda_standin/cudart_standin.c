@@ -4,7 +4,10 @@
  * = 2), a fixed capacity (CUDA_STANDIN_MEMORY bytes, default 256 MiB), and
  * device addresses that are a PROT_NONE reservation: like real device
  * memory, the host cannot touch them. Its own calls are counted so that
- * tests can tell what reached the runtime and what the shim served. */
+ * tests can tell what reached the runtime and what the shim served.
+ * CUDA_STANDIN_FAIL=N makes every cudaMalloc of a nonzero size return N
+ * (e.g. 35, cudaErrorInsufficientDriver), read on each call so that a test
+ * can switch it on and off. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +23,7 @@ static struct { uintptr_t addr; size_t size; } blocks[MAXBLOCKS];
 static size_t nblocks;
 static uintptr_t next;
 
-API unsigned standin_mallocs, standin_frees, standin_null_frees;
+API unsigned standin_mallocs, standin_frees, standin_null_frees, standin_forced_failures;
 
 static void init(void)
 {
@@ -38,6 +41,11 @@ static int do_malloc(void **ptr, size_t size)
 {
     if (!ptr)
         return 1;
+    const char *fail = getenv("CUDA_STANDIN_FAIL");
+    if (fail && *fail && size != 0) {
+        __atomic_fetch_add(&standin_forced_failures, 1, __ATOMIC_RELAXED);
+        return atoi(fail);
+    }
     pthread_mutex_lock(&mu);
     init();
     int rc = 0;

@@ -104,6 +104,20 @@ def test_clean_program_passes_and_still_writes_its_report(programs, shim_lib, tm
     assert data["live_bytes"] == 0 and data["groups"] == []
 
 
+def test_a_shell_that_never_touched_a_device_keeps_its_childs_report(programs, shim_lib, tmp_path):
+    # A fixed path (no %p), as `spyreshim run --report leaks.json -- bash run.sh`.
+    report = tmp_path / "leaks.json"
+    script = tmp_path / "run.sh"
+    script.write_text(f"{programs / 'leak_program'} small\necho child=$?\n")
+    r, _, _ = run_leaks(programs, shim_lib, [script], tmp_path, program="/bin/bash",
+                        report=False, env={"SPYRESHIM_REPORT": report})
+    assert "child=23" in r.stdout, r.describe()
+    assert r.returncode == 0, "bash itself leaked nothing: " + r.describe()
+    data = json.loads(report.read_text())
+    assert data["live_bytes"] == 3000 and data["pid"] != 0, data
+    assert by_function(data)["leak_small_blocks"][:2] == (3000, 3)
+
+
 def test_without_leak_checking_there_is_no_verdict(programs, shim_lib, tmp_path):
     r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_LEAK_CHECK": 0})
     assert r.returncode == 0, r.describe()
@@ -148,6 +162,56 @@ def test_bad_suppressions_file_warns_and_keeps_going(programs, shim_lib, tmp_pat
     r, _, _ = run_leaks(programs, shim_lib, ["small"], tmp_path,
                         env={"SPYRESHIM_SUPPRESSIONS": tmp_path / "missing.txt"})
     assert r.returncode == 23 and "cannot read suppressions" in r.stderr
+
+
+def suppression_warnings(r):
+    return [l for l in r.stderr.splitlines() if "suppressions" in l]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory", "huge"])
+def test_odd_suppressions_files_warn_once_and_never_hang(programs, shim_lib, tmp_path, kind):
+    if kind == "fifo":
+        path = tmp_path / "supp.fifo"
+        os.mkfifo(path)
+        why = "not a regular file"
+    elif kind == "dev-zero":
+        path, why = "/dev/zero", "not a regular file"
+    elif kind == "directory":
+        path, why = tmp_path, "directory"
+    else:
+        path, why = tmp_path / "huge.txt", "larger than 1024 KiB"
+        path.write_text("leak:leak_small_blocks\n" + "# padding\n" * 120000)
+    r, data, _ = run_leaks(programs, shim_lib, ["small"], tmp_path,
+                           env={"SPYRESHIM_SUPPRESSIONS": path})
+    assert r.returncode == 23, "the file was ignored, the leak stands: " + r.describe()
+    w = suppression_warnings(r)
+    assert len(w) == 1 and why in w[0], r.stderr
+    assert data["live_bytes"] == 3000
+
+
+def test_a_fifo_as_suppressions_never_hangs_a_process_without_devices(shim_lib, tmp_path):
+    fifo = tmp_path / "supp.fifo"
+    os.mkfifo(fifo)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_PRELOAD": str(shim_lib),
+           "SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_SUPPRESSIONS": str(fifo)}
+    r = pythons.run(["/bin/true"], env=env, timeout=30)
+    assert not r.timed_out and r.returncode == 0, r.describe()
+    assert len(r.stderr.splitlines()) <= 1, r.stderr
+
+
+LIST_FDS = "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))"
+
+
+def test_leak_checking_opens_no_descriptor_at_start_up(shim_lib):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_PRELOAD": str(shim_lib),
+           "SPYRESHIM_LEAK_CHECK": "1"}
+    for python in ("/usr/bin/python3", "/usr/bin/python3.11"):
+        if not os.path.exists(python):
+            continue
+        r = pythons.run([python, "-c", LIST_FDS], env=env, timeout=60)
+        assert r.returncode == 0, r.describe()
+        # 0, 1, 2 and the listing's own descriptor, nothing of the shim's.
+        assert r.stdout.split() == ["[0,", "1,", "2,", "3]"], r.describe()
 
 
 def test_threads_get_native_stacks(programs, shim_lib, tmp_path):
@@ -246,12 +310,34 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     assert "Leak of 3000 byte(s)" in r.stderr
 
 
+QUIET_OOM = "full report at exit if it does not recover"
+
+
+def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim_lib, tmp_path):
+    # Two failures, each followed by frees and a successful allocation, as a
+    # caching allocator does: one quiet line, no report, no .oom file.
+    steps = ["a:4M", "a:4M", "fill:1M", "f", "f", "a:512K", "fill:1M", "f", "a:256K", "F"]
+    r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
+                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
+    assert r.returncode == 0, r.describe()
+    assert r.stdout.count("filled") == 2, r.describe()
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("spyreshim: out of simdev memory for 1048576 bytes (live: ")
+    assert "in 1" in lines[0] and QUIET_OOM in lines[0], lines
+    assert not list(tmp_path.glob("report.*.json.oom"))
+    assert data["live_bytes"] == 0
+
+
 def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path):
+    # The program ends on its failure (nothing allocated after it): the full
+    # report, at exit, of what held memory when it failed.
     steps = ["a:4M", "a:4M", "fill:1M", "F"]
     r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
                            env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
     assert r.returncode == 0, "everything was freed before exit: " + r.describe()
     err = r.stderr
+    assert err.count(QUIET_OOM) == 1, err
     assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
     # How many groups depends on the compiler (an unrolled loop has several
     # call sites); the first is the largest, and all of it is accounted for.
@@ -259,7 +345,7 @@ def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path)
     assert live and "of simdev memory, allocated from:" in live[0], err
     assert "SUMMARY: spyreshim: 16777216 byte(s) live in 10 allocation(s)." in err, err
     assert "simdev_ops.c:" in err
-    assert err.count("out of simdev memory") == 1, "one failure, one report"
+    assert err.count("out of simdev memory: a request") == 1, "one failure, one report"
     oom = list(tmp_path.glob("report.*.json.oom"))
     assert len(oom) == 1
     d = json.loads(oom[0].read_text())

@@ -2,7 +2,9 @@
 matrix is complete and honest, and a runaway script cannot hang the run."""
 import os
 import signal
+import struct
 import time
+from pathlib import Path
 
 import pythons
 
@@ -31,6 +33,53 @@ def test_flags_match_the_names():
             assert i.debug, i
         if i.kind == "cpython":
             assert i.name.startswith("cpython%d.%d" % i.version[:2]), i
+
+
+def elf_needed(path):
+    """DT_NEEDED of a 64-bit little-endian ELF file, read from its dynamic
+    segment (no binutils needed)."""
+    data = Path(path).read_bytes()
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, path
+    phoff, = struct.unpack_from("<Q", data, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+    loads, dynamic = [], None
+    for i in range(phnum):
+        p_type, _, p_offset, p_vaddr, _, p_filesz, _, _ = struct.unpack_from(
+            "<IIQQQQQQ", data, phoff + i * phentsize)
+        if p_type == 1:
+            loads.append((p_vaddr, p_offset, p_filesz))
+        elif p_type == 2:
+            dynamic = (p_offset, p_filesz)
+    if dynamic is None:
+        return []              # a fully static executable
+    def offset(vaddr):
+        for v, o, n in loads:
+            if v <= vaddr < v + n:
+                return o + vaddr - v
+        raise AssertionError(f"{path}: address {vaddr:#x} in no segment")
+    needed, strtab = [], None
+    for i in range(0, dynamic[1], 16):
+        tag, val = struct.unpack_from("<qQ", data, dynamic[0] + i)
+        if tag == 0:
+            break
+        if tag == 1:
+            needed.append(val)
+        elif tag == 5:
+            strtab = offset(val)
+    return [data[strtab + n:data.index(b"\0", strtab + n)].decode() for n in needed]
+
+
+def test_the_static_interpreter_has_no_libpython():
+    i = {i.name: i for i in pythons.interpreters()}["cpython3.11-static"]
+    if not i.available:
+        return
+    assert i.static, i
+    needed = elf_needed(os.path.realpath(i.exe))
+    assert needed and "libc.so.6" in needed, needed
+    assert not [n for n in needed if n.startswith("libpython")], needed
+    shared = {i.name: i for i in pythons.interpreters()}["cpython3.11-shared"]
+    if shared.available:  # the control: the shared build does need it
+        assert [n for n in elf_needed(os.path.realpath(shared.exe)) if n.startswith("libpython")]
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):

@@ -430,3 +430,77 @@ Test(pystack, marks_the_frame_each_evaluation_loop_call_was_entered_with)
     cr_assert_eq(shim_pystack_flags(cut), SHIM_PYSTACK_TRUNCATED);
     cr_assert_neq(cut, id);
 }
+
+/* ---- the pipe fallback of checked reads (pyframes.c) ------------------- */
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "pyframes.h"
+
+/* The descriptors of this process that are pipes, lowest first. */
+static int pipe_fds_now(int *out, int max)
+{
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert_not_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char link[64], path[300];
+        snprintf(path, sizeof path, "/proc/self/fd/%s", e->d_name);
+        ssize_t l = readlink(path, link, sizeof link - 1);
+        if (l > 0 && (link[l] = 0, strncmp(link, "pipe:", 5) == 0) && n < max)
+            out[n++] = atoi(e->d_name);
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && out[j - 1] > out[j]; j--) {
+            int t = out[j]; out[j] = out[j - 1]; out[j - 1] = t;
+        }
+    return n;
+}
+
+Test(pyframes_pipe, opens_on_first_use_and_never_writes_into_a_reused_number)
+{
+    static const char src[17] = "0123456789abcdef";
+    char got[16];
+    int before[64], after[64];
+    int nb = pipe_fds_now(before, 64);
+    cr_assert(shim_pyframes_pipe_read(got, (uintptr_t)src, 16));
+    cr_assert_eq(memcmp(got, src, 16), 0);
+    int na = pipe_fds_now(after, 64);
+    cr_assert_eq(na, nb + 2, "the pipe is created on first use, not before");
+    int mine[2], k = 0;
+    for (int i = 0; i < na && k < 2; i++) {
+        bool old = false;
+        for (int j = 0; j < nb; j++)
+            old |= before[j] == after[i];
+        if (!old)
+            mine[k++] = after[i];
+    }
+    cr_assert_not(shim_pyframes_pipe_read(got, 8, 8), "an unmapped address is an error");
+
+    /* The program closes our descriptors and reuses both numbers for a
+     * file of its own. */
+    close(mine[0]);
+    close(mine[1]);
+    char path[] = "/tmp/spyreshim_pipe_reuse_XXXXXX";
+    int f1 = mkstemp(path);
+    int f2 = open(path, O_RDWR | O_CLOEXEC);
+    unlink(path);
+    cr_assert(f1 == mine[0] && f2 == mine[1], "the numbers %d %d were not reused (%d %d)",
+              mine[0], mine[1], f1, f2);
+    cr_assert(shim_pyframes_pipe_read(got, (uintptr_t)src + 1, 8));
+    cr_assert_eq(memcmp(got, src + 1, 8), 0);
+    struct stat st;
+    cr_assert_eq(fstat(f1, &st), 0);
+    cr_assert_eq(st.st_size, 0, "the shim wrote into the program's file");
+    cr_assert_eq(lseek(f1, 0, SEEK_CUR), 0);
+    cr_assert_eq(lseek(f2, 0, SEEK_CUR), 0, "the shim read from the program's file");
+    cr_assert_neq(fcntl(f1, F_GETFD), -1, "the shim closed the program's descriptor");
+    cr_assert_neq(fcntl(f2, F_GETFD), -1, "the shim closed the program's descriptor");
+    close(f1);
+    close(f2);
+}
