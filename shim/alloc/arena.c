@@ -623,6 +623,12 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
     return SHIM_ADDR_INTERIOR; /* unreachable: the nodes tile the region */
 }
 
+bool shim_arena_contains(const shim_arena *a, uintptr_t addr)
+{
+    uint32_t pos = sorted_upper(a, addr);
+    return pos > 0 && addr - a->regions[a->sorted[pos - 1]].base < a->regions[a->sorted[pos - 1]].size;
+}
+
 bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *start)
 {
     uint32_t pos = sorted_upper(a, addr);

@@ -67,6 +67,8 @@ size_t shim_arena_meta_bytes(const shim_arena *a);
  * table; *region_base and *region_size describe the region when it is in one. */
 enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
                                          uintptr_t *region_base, size_t *region_size);
+/* Whether `addr` lies in one of the arena's regions: O(log regions). */
+bool shim_arena_contains(const shim_arena *a, uintptr_t addr);
 /* Whether `addr` lies inside a live block, and that block's start. Walks
  * the region's blocks: for address queries, not for the hot path. */
 bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *start);

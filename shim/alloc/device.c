@@ -520,12 +520,14 @@ static bool invalid_free_reportable(void)
     return nth < INVALID_FREE_WARNINGS;
 }
 
-int shim_device_free(shim_device *d, void *ptr)
-{
-    const shim_runtime *rt = d->rt;
-    if (!ptr)
-        return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
+static bool owns(shim_device *d, uintptr_t addr);
 
+/* Frees `ptr` on device `d`. A pointer outside d's regions is looked for on
+ * the other devices of its runtime when `others`, and is otherwise passed
+ * to the caller's route's real free. */
+static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool others)
+{
+    const shim_runtime *rt = caller;
     /* The pointer's table line starts loading while the lock is taken
      * (with another thread in, that is time the miss would not get). */
     shim_table_prefetch(d->table, (uintptr_t)ptr);
@@ -555,6 +557,11 @@ int shim_device_free(shim_device *d, void *ptr)
     if (k == SHIM_ADDR_OUTSIDE) {
         if (taken)
             shim_lock_release(&d->lock);
+        size_t n = others ? shim_device_count() : 0;
+        for (size_t i = 0; i < n; i++)
+            if (devices[i] != d && same_runtime(devices[i], caller) &&
+                owns(devices[i], (uintptr_t)ptr))
+                return free_on(devices[i], caller, ptr, false);
         /* Allocated before the shim took over, or by other means; unless
          * the runtime rejects it too: then it is a wild pointer. */
         int rc = rt->real_free(ptr);
@@ -579,26 +586,32 @@ int shim_device_free(shim_device *d, void *ptr)
     return rt->err_invalid;
 }
 
+int shim_device_free(shim_device *d, void *ptr)
+{
+    if (!ptr)
+        return d->rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
+    return free_on(d, d->rt, ptr, false);
+}
+
 int shim_device_free_any(const shim_runtime *rt, void *ptr)
 {
     if (!ptr)
         return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
-    /* The caller's device first: almost every free comes from there. */
-    shim_device *cur = NULL;
+    /* The caller's device first: almost every free comes from there, and a
+     * hit costs one lock and one table lookup. */
     int ordinal = 0;
+    shim_device *cur = NULL;
     if (!rt->current_device || rt->current_device(&ordinal) == 0)
         cur = find_device(rt, ordinal);
-    if (cur && shim_device_owns(cur, (uintptr_t)ptr))
-        return shim_device_free(cur, ptr);
-    size_t n = shim_device_count();
-    for (size_t i = 0; i < n; i++)
-        if (devices[i] != cur && same_runtime(devices[i], rt) &&
-            shim_device_owns(devices[i], (uintptr_t)ptr))
-            return shim_device_free(devices[i], ptr);
-    if (cur)
-        return shim_device_free(cur, ptr); /* counts it as foreign there */
-    /* Allocated before the shim took over, or by other means. */
-    return rt->real_free(ptr);
+    if (!cur) {
+        size_t n = shim_device_count();
+        for (size_t i = 0; i < n && !cur; i++)
+            if (same_runtime(devices[i], rt))
+                cur = devices[i];
+    }
+    if (!cur)
+        return rt->real_free(ptr); /* no device yet: not the shim's */
+    return free_on(cur, rt, ptr, true);
 }
 
 int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base, size_t *size)
@@ -625,10 +638,10 @@ int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *b
     return -1;
 }
 
-bool shim_device_owns(shim_device *d, uintptr_t addr)
+static bool owns(shim_device *d, uintptr_t addr)
 {
     bool taken = lock_unless_mine(d);
-    bool in = shim_arena_classify(d->arena, addr, NULL, NULL) != SHIM_ADDR_OUTSIDE;
+    bool in = shim_arena_contains(d->arena, addr);
     if (taken)
         shim_lock_release(&d->lock);
     return in;

@@ -81,8 +81,6 @@ int shim_device_free(shim_device *d, void *ptr);
 /* Frees `ptr` whichever device of `rt`'s runtime served it, whatever device
  * is current; a pointer no device knows goes to rt->real_free. */
 int shim_device_free_any(const shim_runtime *rt, void *ptr);
-/* Whether `addr` lies in one of the device's regions. */
-bool shim_device_owns(shim_device *d, uintptr_t addr);
 /* The live block of `rt`'s runtime that contains `addr`: 0 with its start
  * and the size the program asked for, or -1 when no device served it. */
 int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base,
