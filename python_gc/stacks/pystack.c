@@ -40,6 +40,7 @@
 #include <string.h>
 #include "find.h"
 #include "gate.h"
+#include "hashidx.h"
 #include "log.h"
 #include "pyapi.h"
 #include "pyframes.h"
@@ -100,12 +101,8 @@ static bool full_warned;
 /* Guarded by stack_lock. */
 static pframe *frames;
 static uint32_t nframes, frames_cap;
-static uint32_t *frame_index;         /* open addressing: frame id + 1, 0 empty */
-static uint32_t frame_index_cap;
 static pstack *stacks;
 static uint32_t nstacks, stacks_cap;
-static uint32_t *stack_index;         /* stack id (index + 1), 0 empty */
-static uint32_t stack_index_cap;
 static uint32_t *pool;
 static uint32_t npool, pool_cap;
 
@@ -268,54 +265,39 @@ static bool grow(void **arr, uint32_t *cap, uint32_t need, size_t elem, uint32_t
     return true;
 }
 
-/* Rebuilds an index at twice the size, so that it stays under half full. */
-static bool index_rehash(uint32_t **index, uint32_t *cap, uint32_t count,
-                         uint64_t (*hash_of)(uint32_t id))
-{
-    if ((uint64_t)(count + 1) * 2 <= *cap)
-        return true;
-    uint32_t c = *cap ? *cap * 2 : 256;
-    uint32_t *ix = calloc(c, sizeof *ix);
-    if (!ix)
-        return false;
-    for (uint32_t id = 1; id <= count; id++) {
-        uint32_t at = (uint32_t)hash_of(id) & (c - 1);
-        while (ix[at])
-            at = (at + 1) & (c - 1);
-        ix[at] = id;
-    }
-    free(*index);
-    *index = ix;
-    *cap = c;
-    return true;
-}
+/* The two indexes (shim/base/hashidx.h), guarded by stack_lock: frame id
+ * and stack id (index + 1) by hash, equality decided here. */
+struct frame_key {
+    const shim_pyrawframe *f;
+    uint32_t ep;
+};
 
-static uint64_t frame_hash_of(uint32_t id)
+static uint64_t frame_hash_of(const void *ctx, uint32_t id)
 {
+    (void)ctx;
     return frame_hash(&frames[id - 1].raw, frames[id - 1].epoch);
 }
 
-static uint64_t stack_hash_of(uint32_t id)
+static bool frame_eq(const void *ctx, uint32_t id, uint64_t hash, const void *key)
 {
-    return stacks[id - 1].hash;
+    (void)ctx, (void)hash;
+    const struct frame_key *k = key;
+    return frames[id - 1].epoch == k->ep && raw_equal(&frames[id - 1].raw, k->f);
 }
+
+static shim_hashidx frame_index = SHIM_HASHIDX_INIT(frame_hash_of, frame_eq, NULL, false);
 
 /* The id (index + 1) of frame `f` of lifetime `ep`, added when new (with a
  * reference to its code object when `take_ref`). 0 when the table is full. */
 static uint32_t frame_intern_locked(const shim_pyrawframe *f, uint32_t ep, bool take_ref)
 {
     uint64_t h = frame_hash(f, ep);
-    if (frame_index_cap) {
-        for (uint32_t at = (uint32_t)h & (frame_index_cap - 1);; at = (at + 1) & (frame_index_cap - 1)) {
-            uint32_t id = frame_index[at];
-            if (!id)
-                break;
-            if (frames[id - 1].epoch == ep && raw_equal(&frames[id - 1].raw, f))
-                return id;
-        }
-    }
+    struct frame_key key = {f, ep};
+    uint32_t found = shim_hashidx_find(&frame_index, h, &key);
+    if (found)
+        return found;
     if (!grow((void **)&frames, &frames_cap, nframes + 1, sizeof *frames, MAX_FRAMES) ||
-        !index_rehash(&frame_index, &frame_index_cap, nframes, frame_hash_of))
+        !shim_hashidx_reserve(&frame_index, 1))
         return 0;
     pframe *p = &frames[nframes++];
     memset(p, 0, sizeof *p);
@@ -325,10 +307,7 @@ static uint32_t frame_intern_locked(const shim_pyrawframe *f, uint32_t ep, bool 
         api->incref((shim_pyobj *)f->code);
         p->held = 1;
     }
-    uint32_t at = (uint32_t)h & (frame_index_cap - 1);
-    while (frame_index[at])
-        at = (at + 1) & (frame_index_cap - 1);
-    frame_index[at] = nframes;
+    shim_hashidx_insert(&frame_index, h, nframes);
     return nframes;
 }
 
@@ -346,28 +325,44 @@ static uint64_t stack_hash(const shim_pyrawframe *buf, const uint64_t *entry, un
     return h;
 }
 
+struct stack_key {
+    const shim_pyrawframe *buf;
+    const uint64_t *entry;
+    unsigned n;
+    uint8_t flags;
+    uint32_t ep;
+};
+
+static uint64_t stack_hash_of(const void *ctx, uint32_t id)
+{
+    (void)ctx;
+    return stacks[id - 1].hash;
+}
+
+static bool stack_eq(const void *ctx, uint32_t id, uint64_t hash, const void *key)
+{
+    (void)ctx;
+    const struct stack_key *k = key;
+    const pstack *s = &stacks[id - 1];
+    if (s->hash != hash || s->depth != k->n || s->flags != k->flags)
+        return false;
+    for (unsigned i = 0; i < k->n; i++) {
+        uint32_t slot = pool[s->first + i];
+        const pframe *f = &frames[POOL_ID(slot) - 1];
+        if (f->epoch != k->ep || !raw_equal(&f->raw, &k->buf[i]) ||
+            (slot >> 31) != ENTRY_BIT(k->entry, i))
+            return false;
+    }
+    return true;
+}
+
+static shim_hashidx stack_index = SHIM_HASHIDX_INIT(stack_hash_of, stack_eq, NULL, false);
+
 static uint32_t stack_find_locked(uint64_t h, const shim_pyrawframe *buf, const uint64_t *entry,
                                   unsigned n, uint8_t flags, uint32_t ep)
 {
-    if (!stack_index_cap)
-        return 0;
-    for (uint32_t at = (uint32_t)h & (stack_index_cap - 1);; at = (at + 1) & (stack_index_cap - 1)) {
-        uint32_t id = stack_index[at];
-        if (!id)
-            return 0;
-        const pstack *s = &stacks[id - 1];
-        if (s->hash != h || s->depth != n || s->flags != flags)
-            continue;
-        unsigned i = 0;
-        for (; i < n; i++) {
-            uint32_t slot = pool[s->first + i];
-            const pframe *f = &frames[POOL_ID(slot) - 1];
-            if (f->epoch != ep || !raw_equal(&f->raw, &buf[i]) || (slot >> 31) != ENTRY_BIT(entry, i))
-                break;
-        }
-        if (i == n)
-            return id;
-    }
+    struct stack_key key = {buf, entry, n, flags, ep};
+    return shim_hashidx_find(&stack_index, h, &key);
 }
 
 static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const uint64_t *entry,
@@ -375,7 +370,7 @@ static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const u
 {
     if (!grow((void **)&stacks, &stacks_cap, nstacks + 1, sizeof *stacks, MAX_STACKS) ||
         !grow((void **)&pool, &pool_cap, npool + n, sizeof *pool, MAX_POOL) ||
-        !index_rehash(&stack_index, &stack_index_cap, nstacks, stack_hash_of)) {
+        !shim_hashidx_reserve(&stack_index, 1)) {
         warn_full_locked();
         return 0;
     }
@@ -393,10 +388,7 @@ static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const u
     s->first = npool;
     s->depth = n;
     npool += n;
-    uint32_t at = (uint32_t)h & (stack_index_cap - 1);
-    while (stack_index[at])
-        at = (at + 1) & (stack_index_cap - 1);
-    stack_index[at] = nstacks;
+    shim_hashidx_insert(&stack_index, h, nstacks);
     return nstacks;
 }
 

@@ -1,7 +1,7 @@
 /* One open-addressing index: 32-bit ids (never 0) keyed by a 64-bit hash,
  * the caller deciding equality, for every hash table of the shim whose
- * entries live elsewhere (native stacks, the symbol cache; Python stacks
- * next). Insert-only: none of its users forgets an entry.
+ * entries live elsewhere (native stacks, the symbol cache, Python frames
+ * and stacks). Insert-only: none of its users forgets an entry.
  *
  * Readers may run without the writer's lock (SHIM_HASHIDX_LOCKFREE): slots
  * are atomic, a grown table is published with a release store, and the

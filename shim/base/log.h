@@ -4,15 +4,17 @@
 #ifndef SHIM_LOG_H
 #define SHIM_LOG_H
 
+#include <stddef.h>
+
 enum shim_log_level { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO, SHIM_LOG_WARN, SHIM_LOG_OFF };
 
+/* Formats into a stack buffer then one write(); never allocates. */
 void shim_log(enum shim_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* Formats into a stack buffer then one write(); never allocates. */
+/* Whether messages of `level` are printed. */
 int shim_log_enabled(enum shim_log_level level);
 /* Copies `s` into out[n] with control characters escaped (\n, \r, \t,
  * \xNN), truncated to fit; returns the length written. */
-#include <stddef.h>
 size_t shim_log_escape(const char *s, char *out, size_t n);
 
 #define shim_debug(...) shim_log(SHIM_LOG_DEBUG, __VA_ARGS__)
