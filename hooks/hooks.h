@@ -30,7 +30,7 @@ enum { SHIM_ROLE_MALLOC, SHIM_ROLE_FREE, SHIM_ROLE_MEMINFO, SHIM_ROLES };
 typedef struct shim_hook_slots {
     const char *names[SHIM_ROLES];
     shim_runtime rt;
-    pthread_mutex_t mu;            /* serializes resolution */
+    pthread_mutex_t mu;            /* serializes publishing (never held across the loader) */
     _Atomic(shim_device *) device; /* set once everything is resolved */
 } shim_hook_slots;
 

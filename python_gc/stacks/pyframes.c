@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include "mutex.h"
 #include "pyframes.h"
 
 /* Frames walked at most, whatever `max` says, so that a cycle in a
@@ -87,11 +88,11 @@ static bool safe_copy(void *dst, uintptr_t addr, size_t n)
         return false;
     if (n > 64)
         return false;
-    pthread_mutex_lock(&pipe_lock);
+    shim_mutex_lock(&pipe_lock);
     bool ok = (pipe_fds[0] >= 0 || pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) == 0) &&
               write(pipe_fds[1], (const void *)addr, n) == (ssize_t)n &&
               read(pipe_fds[0], dst, n) == (ssize_t)n;
-    pthread_mutex_unlock(&pipe_lock);
+    shim_mutex_unlock(&pipe_lock);
     return ok;
 }
 

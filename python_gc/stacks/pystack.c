@@ -40,6 +40,7 @@
 #include "find.h"
 #include "gate.h"
 #include "log.h"
+#include "mutex.h"
 #include "pyframes.h"
 #include "pystack.h"
 
@@ -135,9 +136,9 @@ static inline bool raw_equal(const shim_pyrawframe *a, const shim_pyrawframe *b)
            a->name_hash == b->name_hash && a->file == b->file && a->firstlineno == b->firstlineno;
 }
 
-void shim_pystack_atfork_prepare(void) { pthread_mutex_lock(&stack_lock); }
-void shim_pystack_atfork_parent(void) { pthread_mutex_unlock(&stack_lock); }
-void shim_pystack_atfork_child(void) { pthread_mutex_unlock(&stack_lock); }
+void shim_pystack_atfork_prepare(void) { shim_mutex_lock(&stack_lock); }
+void shim_pystack_atfork_parent(void) { shim_mutex_unlock(&stack_lock); }
+void shim_pystack_atfork_child(void) { shim_mutex_unlock(&stack_lock); }
 
 static void on_finalize(void);
 
@@ -183,14 +184,14 @@ static void setup(void)
         }
     }
     bool first = false;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (atomic_load(&state) == ST_UNKNOWN) {
         L = l;
         api = a;
         atomic_store_explicit(&state, result, memory_order_release);
         first = result == ST_READY;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (first) {
         shim_debug("Python stacks: CPython %d.%d%s, frame layout from the %s", py->major,
                    py->minor, L.free_threaded ? " (free-threaded)" : "", L.source);
@@ -250,14 +251,14 @@ static void maybe_reopen(void)
         api.is_finalizing())
         return;
     bool reopened = false;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (atomic_load(&closed)) {
         atomic_fetch_add(&epoch, 1);
         atomic_store(&resolve_scheduled, false);   /* a call left pending died with the old one */
         atomic_store(&closed, false);
         reopened = true;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (reopened)
         shim_gate_at_finalize(on_finalize);
 }
@@ -416,9 +417,9 @@ static void resolve_ids(const uint32_t *ids, size_t n)
 {
     uint32_t ep = atomic_load(&epoch);
     for (size_t i = 0; i < n; i++) {
-        pthread_mutex_lock(&stack_lock);
+        shim_mutex_lock(&stack_lock);
         pframe f = frames[ids[i] - 1];
-        pthread_mutex_unlock(&stack_lock);
+        shim_mutex_unlock(&stack_lock);
         if (f.done || f.epoch != ep)
             continue;
         char *function = NULL, *file = NULL;
@@ -435,7 +436,7 @@ static void resolve_ids(const uint32_t *ids, size_t n)
             line = api.addr2line((void *)f.raw.code, f.raw.offset);
             api.err_restore(type, value, tb);
         }
-        pthread_mutex_lock(&stack_lock);
+        shim_mutex_lock(&stack_lock);
         pframe *p = &frames[ids[i] - 1];
         if (!p->done) {
             p->function = function ? function : UNKNOWN;
@@ -444,7 +445,7 @@ static void resolve_ids(const uint32_t *ids, size_t n)
             p->done = 1;
             function = file = NULL;
         }
-        pthread_mutex_unlock(&stack_lock);
+        shim_mutex_unlock(&stack_lock);
         free(function);
         free(file);
     }
@@ -510,7 +511,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
         return 0;
     uint32_t ep = atomic_load_explicit(&epoch, memory_order_relaxed);
     uint64_t h = stack_hash(buf, n, ep);
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     bool is_closed = atomic_load(&closed);
     uint32_t id = stack_find_locked(h, buf, n, ep);
     uint32_t new_from = nframes, new_to = nframes;
@@ -523,7 +524,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
         id = stack_add_locked(h, buf, n, ep, take_refs);
         new_to = nframes;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (new_to > new_from && !attached && !is_closed)
         schedule_resolve();
     /* Past this lifetime's gate (atexit handlers, late allocations) no
@@ -568,19 +569,19 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max)
     if (id == 0)
         return 0;
     bool resolve = can_resolve();
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (id > nstacks) {
-        pthread_mutex_unlock(&stack_lock);
+        shim_mutex_unlock(&stack_lock);
         return 0;
     }
     size_t n = 0;
     uint32_t *todo = resolve ? pending_locked(id, &n) : NULL;
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (todo)
         resolve_ids(todo, n);
     free(todo);
 
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     const pstack *s = &stacks[id - 1];
     size_t depth = s->depth;
     for (size_t i = 0; i < depth && i < max; i++) {
@@ -589,7 +590,7 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max)
         out[i].file = f->done ? f->file : UNKNOWN;
         out[i].line = f->done ? f->line : 0;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     return depth;
 }
 
@@ -598,9 +599,9 @@ void shim_pystack_resolve_all(void)
     if (!can_resolve())
         return;
     size_t n = 0;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     uint32_t *todo = pending_locked(0, &n);
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (todo)
         resolve_ids(todo, n);
     free(todo);
@@ -613,7 +614,7 @@ static void on_finalize(void)
 {
     shim_pystack_resolve_all();
     unsigned long cycle = shim_gate_cycles();
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     atomic_store(&closed_cycle, cycle);
     atomic_store(&closed, true);
     size_t n = 0;
@@ -624,7 +625,7 @@ static void on_finalize(void)
             codes[n++] = frames[i].raw.code;
         }
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     for (size_t i = 0; i < n; i++)
         api.decref((void *)codes[i]);
     free(codes);

@@ -15,6 +15,7 @@
 #include "device.h"
 #include "lock.h"
 #include "log.h"
+#include "mutex.h"
 #include "options.h"
 #include "pressure.h"
 
@@ -115,7 +116,7 @@ shim_device *shim_device_get(const shim_runtime *rt)
         if (devices[i]->rt == rt)
             return devices[i];
 
-    pthread_mutex_lock(&devices_mu);
+    shim_mutex_lock(&devices_mu);
     shim_device *d = NULL;
     n = atomic_load_explicit(&ndevices, memory_order_relaxed);
     for (size_t i = 0; i < n && !d; i++)
@@ -129,7 +130,7 @@ shim_device *shim_device_get(const shim_runtime *rt)
             shim_debug("%s: serving allocations (limit %zu bytes)", rt->name, shim_opts()->limit);
         }
     }
-    pthread_mutex_unlock(&devices_mu);
+    shim_mutex_unlock(&devices_mu);
     return d;
 }
 
@@ -415,6 +416,7 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *s)
     s->pressure_waits += d->ps.waits;
     s->callback_runs += d->ps.callback_runs;
     s->callback_recovered_bytes += d->ps.recovered_bytes;
+    s->pressure_wait_timeouts += d->ps.wait_timeouts;
     if (taken)
         shim_lock_release(&d->lock);
 }
@@ -446,10 +448,7 @@ void shim_device_fork_parent(size_t i)
 
 static void reset_pressure(shim_device *d)
 {
-    /* A pressure event of a thread that does not exist in the child would
-     * never end: nobody is running it here. */
-    d->ps.active = false;
-    pthread_cond_init(&d->ps.done, NULL);
+    shim_pressure_state_atfork_child(&d->ps);
 }
 
 void shim_device_fork_child(size_t i)
@@ -494,7 +493,7 @@ void shim_device_atfork_child_early(void)
 
 void shim_device_reset_for_tests(void)
 {
-    pthread_mutex_lock(&devices_mu);
+    shim_mutex_lock(&devices_mu);
     atomic_store(&ndevices, 0);
-    pthread_mutex_unlock(&devices_mu);
+    shim_mutex_unlock(&devices_mu);
 }

@@ -48,7 +48,7 @@ _STATS_FIELDS = [
     "regions_released", "invalid_frees", "foreign_frees", "pressure_events",
     "pressure_waits", "callback_runs", "callback_recovered_bytes",
     "gc_collections", "gc_time_ns", "gc_recovered_bytes", "gc_timeouts",
-    "gc_skipped", "gc_backoff_skips",
+    "gc_skipped", "gc_backoff_skips", "pressure_wait_timeouts",
 ]
 
 
