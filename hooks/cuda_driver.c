@@ -26,6 +26,7 @@
 
 #include "cuda.h"
 #include "hooks.h"
+#include "loader.h"
 #include "log.h"
 
 typedef int CUresult;
@@ -82,12 +83,12 @@ static bool is_ours(void *fn)
     static Dl_info self;
     static _Atomic bool have_self;
     if (!atomic_load_explicit(&have_self, memory_order_acquire)) {
-        if (!dladdr((void *)is_ours, &self))
+        if (!shim_dladdr((void *)is_ours, &self))
             return false;
         atomic_store_explicit(&have_self, true, memory_order_release);
     }
     Dl_info di;
-    return fn && dladdr(fn, &di) && di.dli_fbase == self.dli_fbase;
+    return fn && shim_dladdr(fn, &di) && di.dli_fbase == self.dli_fbase;
 }
 
 /* Publishes `d` unless another thread was first; returns the table in use. */

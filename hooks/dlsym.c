@@ -19,7 +19,9 @@
 #include <string.h>
 
 #include "cuda.h"
+#include "forkgate.h"
 #include "hooks.h"
+#include "loader.h"
 #include "log.h"
 
 /* Read by the stub's tail jump: never NULL once shim_dlsym_pick returned. */
@@ -44,13 +46,19 @@ static void *(*resolve_next(void))(void *, const char *)
 
 void *shim_real_dlsym(void *handle, const char *name)
 {
-    return resolve_next()(handle, name);
+    void *(*next)(void *, const char *) = resolve_next();
+    /* The rules of every loader call of the shim (shim/base/loader.h). */
+    shim_loader_check("dlsym");
+    shim_fork_gate_enter();
+    void *p = next(handle, name);
+    shim_fork_gate_leave();
+    return p;
 }
 
 static bool called_from_shim(void *ret)
 {
     Dl_info self, caller;
-    return dladdr((void *)called_from_shim, &self) && dladdr(ret, &caller) &&
+    return shim_dladdr((void *)called_from_shim, &self) && shim_dladdr(ret, &caller) &&
            self.dli_fbase == caller.dli_fbase;
 }
 

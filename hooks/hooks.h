@@ -36,7 +36,7 @@ typedef struct shim_hook_slots {
     /* Optional: true when this call must go straight to the real function
      * (the runtime reaches the shim through another route). */
     bool (*pass_through)(void);
-    pthread_mutex_t mu;            /* serializes resolution */
+    pthread_mutex_t mu;            /* serializes publishing (never held across the loader) */
     _Atomic(shim_device *) device; /* set once everything is resolved */
 } shim_hook_slots;
 

@@ -7,15 +7,22 @@
  * RTLD_NEXT cannot see the real ones. Then we walk the loaded objects and
  * ask each, through a RTLD_NOLOAD handle, for the symbol. Nothing is loaded
  * by name: libcudart may be in the loader cache and must not be pulled into
- * a process that did not load it. Never called with an allocator lock
- * held. */
-#include <dlfcn.h>
-#include <link.h>
+ * a process that did not load it.
+ *
+ * Lock: each runtime's `mu` (the hook resolution lock) only serializes
+ * publishing what was resolved; it is never held across a loader call. A
+ * library constructor that allocates device memory runs under the loader's
+ * lock: had we held `mu` while waiting for the loader, a thread making its
+ * first allocation and that constructor would wait for each other forever.
+ * So every thread resolves into locals with no lock held (all loader calls
+ * go through loader.h, which checks that), and the first to publish wins. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "hooks.h"
+#include "loader.h"
 #include "log.h"
+#include "mutex.h"
 
 struct paths {
     char **v;
@@ -47,7 +54,7 @@ static const char *self_path(void)
     static const char *path;
     if (!path) {
         Dl_info di;
-        if (dladdr((void *)shim_resolve_real, &di) && di.dli_fname)
+        if (shim_dladdr((void *)shim_resolve_real, &di) && di.dli_fname)
             path = di.dli_fname;
         else
             path = "";
@@ -58,30 +65,30 @@ static const char *self_path(void)
 static bool is_ours(void *addr)
 {
     Dl_info di;
-    return dladdr(addr, &di) && di.dli_fname && !strcmp(di.dli_fname, self_path());
+    return shim_dladdr(addr, &di) && di.dli_fname && !strcmp(di.dli_fname, self_path());
 }
 
 void *shim_resolve_real(const char *name)
 {
-    void *f = dlsym(RTLD_NEXT, name);
+    void *f = shim_dlsym(RTLD_NEXT, name);
     if (f && !is_ours(f))
         return f;
 
     /* Paths first, dlopen after: no loader calls inside dl_iterate_phdr's
      * callback, which runs under the loader's own lock. */
     struct paths p = {0};
-    dl_iterate_phdr(collect, &p);
+    shim_dl_iterate_phdr(collect, &p);
     f = NULL;
     for (size_t i = 0; i < p.n; i++) {
         if (!f && strcmp(p.v[i], self_path()) != 0) {
-            void *h = dlopen(p.v[i], RTLD_LAZY | RTLD_NOLOAD | RTLD_LOCAL);
+            void *h = shim_dlopen_noload(p.v[i], RTLD_LAZY | RTLD_LOCAL);
             if (h) {
-                void *cand = dlsym(h, name);
+                void *cand = shim_dlsym(h, name);
                 if (cand && !is_ours(cand)) {
                     f = cand;
                     shim_debug("resolved %s in %s (local scope)", name, p.v[i]);
                 }
-                dlclose(h);
+                shim_dlclose(h);
             }
         }
         free(p.v[i]);
@@ -95,27 +102,31 @@ shim_device *shim_hook_device(shim_hook_slots *s)
     shim_device *d = atomic_load_explicit(&s->device, memory_order_acquire);
     if (d)
         return d;
-    pthread_mutex_lock(&s->mu);
+    /* Resolve with no lock held (see the top); concurrent first calls may
+     * all resolve, and find the same functions. */
+    void *f[SHIM_ROLES];
+    bool all = true;
+    for (int r = 0; r < SHIM_ROLES; r++)
+        all &= (f[r] = shim_resolve_real(s->names[r])) != NULL;
+    if (!all) {
+        static _Atomic bool warned;
+        if (!atomic_exchange(&warned, true))
+            shim_warn("%s: the runtime's real %s was not found in the process; "
+                      "calls fail with 'invalid value'", s->rt.name,
+                      f[SHIM_ROLE_MALLOC] ? s->names[SHIM_ROLE_FREE] : s->names[SHIM_ROLE_MALLOC]);
+        return NULL;
+    }
+    /* Publish: the first thread here fills the runtime and creates its
+     * device; later ones take what it published. No loader call inside. */
+    shim_mutex_lock(&s->mu);
     d = atomic_load_explicit(&s->device, memory_order_relaxed);
     if (!d) {
-        void *f[SHIM_ROLES];
-        bool all = true;
-        for (int r = 0; r < SHIM_ROLES; r++)
-            all &= (f[r] = shim_resolve_real(s->names[r])) != NULL;
-        if (all) {
-            s->rt.real_malloc = (int (*)(void **, size_t))f[SHIM_ROLE_MALLOC];
-            s->rt.real_free = (int (*)(void *))f[SHIM_ROLE_FREE];
-            s->rt.real_mem_info = (int (*)(size_t *, size_t *))f[SHIM_ROLE_MEMINFO];
-            d = shim_device_get(&s->rt);
-            atomic_store_explicit(&s->device, d, memory_order_release);
-        } else {
-            static _Atomic bool warned;
-            if (!atomic_exchange(&warned, true))
-                shim_warn("%s: the runtime's real %s was not found in the process; "
-                          "calls fail with 'invalid value'", s->rt.name,
-                          f[SHIM_ROLE_MALLOC] ? s->names[SHIM_ROLE_FREE] : s->names[SHIM_ROLE_MALLOC]);
-        }
+        s->rt.real_malloc = (int (*)(void **, size_t))f[SHIM_ROLE_MALLOC];
+        s->rt.real_free = (int (*)(void *))f[SHIM_ROLE_FREE];
+        s->rt.real_mem_info = (int (*)(size_t *, size_t *))f[SHIM_ROLE_MEMINFO];
+        d = shim_device_get(&s->rt);
+        atomic_store_explicit(&s->device, d, memory_order_release);
     }
-    pthread_mutex_unlock(&s->mu);
+    shim_mutex_unlock(&s->mu);
     return d;
 }

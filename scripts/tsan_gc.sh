@@ -12,4 +12,5 @@ ninja -C "$dir" >/dev/null
 SPYRESHIM_BUILD=$PWD/$dir SPYRESHIM_TSAN=1 exec /usr/bin/python3 -m pytest -q -rs \
     -p no:cacheprovider tests/integration/test_gc_threads.py \
     tests/integration/test_gc_lifecycle.py \
-    tests/integration/test_gc_embed.py tests/integration/test_stress.py "$@"
+    tests/integration/test_gc_embed.py tests/integration/test_stress.py \
+    tests/integration/test_promises.py "$@"

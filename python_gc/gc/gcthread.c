@@ -30,6 +30,7 @@
 #include "gate.h"
 #include "gcthread.h"
 #include "log.h"
+#include "mutex.h"
 #include "pressure.h"
 
 static pthread_mutex_t gct_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -75,7 +76,7 @@ typedef struct job {
 
 static void finish(job *j, enum shim_gcthread_status st, const shim_collect_result *r)
 {
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     if (!j->abandoned) {
         if (completed < j->target)
             completed = j->target;
@@ -86,7 +87,7 @@ static void finish(job *j, enum shim_gcthread_status st, const shim_collect_resu
             cur_job = NULL;
         pthread_cond_broadcast(&done_cv);
     }
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     j->done = true;
 }
 
@@ -94,10 +95,10 @@ static void finish(job *j, enum shim_gcthread_status st, const shim_collect_resu
  * the gate on its behalf). */
 static void leave_gate(job *j)
 {
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     bool mine = j->in_gate && !j->abandoned;
     j->in_gate = false;
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     if (mine)
         shim_gate_leave();
 }
@@ -108,10 +109,10 @@ static void on_killed(void *arg)
     job *j = arg;
     leave_gate(j);
     shim_pressure_leave_service();
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     if (j->gen == thread_gen)
         running = false;
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     if (!j->done)
         finish(j, SHIM_GCT_NOT_RUNNING, NULL);
     shim_warn("python_gc: the interpreter ended the GC thread (finalizing?)");
@@ -128,9 +129,9 @@ static void run_one(const shim_pyapi *api, job *j)
         finish(j, SHIM_GCT_GATE_CLOSED, NULL);
         return;
     }
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     j->in_gate = true;
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     int g = api->gil_ensure();
     if (api->pypy)
         shim_pypy_threads_init(api);
@@ -160,18 +161,18 @@ static void *gc_thread_main(void *arg)
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL);
     for (;;) {
-        pthread_mutex_lock(&gct_mu);
+        shim_mutex_lock(&gct_mu);
         while (gen == thread_gen && requested == completed)
             pthread_cond_wait(&req_cv, &gct_mu);
         if (gen != thread_gen) {                 /* abandoned meanwhile */
-            pthread_mutex_unlock(&gct_mu);
+            shim_mutex_unlock(&gct_mu);
             return NULL;
         }
         /* gct_mu -> gate_mu, the one order between the two leaf locks. */
         job j = { .target = requested, .gen = gen, .cycle = shim_gate_cycles() };
         cur_job = &j;
         const shim_pyapi *api = req_api;
-        pthread_mutex_unlock(&gct_mu);
+        shim_mutex_unlock(&gct_mu);
 
         shim_pressure_enter_service();
         pthread_cleanup_push(on_killed, &j);
@@ -218,7 +219,7 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
                                                 shim_collect_result *out)
 {
     pthread_once(&gct_once, gct_init_once);
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     if (abandon_stuck_thread(shim_gate_cycles()))
         shim_warn("python_gc: the GC thread never came back from the interpreter's "
                   "last finalization; starting another");
@@ -232,7 +233,7 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
         int rc = pthread_create(&t, &a, gc_thread_main, (void *)(uintptr_t)thread_gen);
         pthread_attr_destroy(&a);
         if (rc != 0) {
-            pthread_mutex_unlock(&gct_mu);
+            shim_mutex_unlock(&gct_mu);
             shim_warn("python_gc: cannot start the GC thread: %s", strerror(rc));
             return SHIM_GCT_NO_THREAD;
         }
@@ -251,16 +252,16 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
     enum shim_gcthread_status st = completed >= ticket ? last_status : SHIM_GCT_TIMEOUT;
     if (st == SHIM_GCT_COLLECTED && out)
         *out = last_result;
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     return st;
 }
 
 bool shim_gcthread_busy(void)
 {
     pthread_once(&gct_once, gct_init_once);
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     bool busy = running && requested != completed;
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     return busy;
 }
 
@@ -269,12 +270,12 @@ bool shim_gcthread_wait_idle(unsigned timeout_ms)
     pthread_once(&gct_once, gct_init_once);
     struct timespec deadline;
     deadline_after(&deadline, timeout_ms);
-    pthread_mutex_lock(&gct_mu);
+    shim_mutex_lock(&gct_mu);
     int rc = 0;
     while (running && requested != completed && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&done_cv, &gct_mu, &deadline);
     bool idle = !running || requested == completed;
-    pthread_mutex_unlock(&gct_mu);
+    shim_mutex_unlock(&gct_mu);
     return idle;
 }
 

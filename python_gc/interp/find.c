@@ -7,13 +7,23 @@
  * Guarded by find_mu, which is NEVER held across a call into the dynamic
  * loader (dl_iterate_phdr, dlopen): a library constructor that allocates
  * device memory can enter here with the loader's lock held, and a thread
- * holding find_mu while waiting for that lock would deadlock with it.
+ * holding find_mu while waiting for that lock would deadlock with it. Every
+ * loader call goes through loader.h (checked: no shim lock held; inside the
+ * fork gate).
+ *
+ * Steady state makes no walk: an interpreter once found stays (its handle
+ * is kept, so it cannot be unloaded) and is returned as is. Without one,
+ * "none as of loader counters (adds, subs)" is remembered; the counters are
+ * read (one dl_iterate_phdr call stopped at its first object) on the
+ * pressure path (shim_python_find_now), and on the allocation path only
+ * after a hint that new code runs (shim_python_find_hint: leak checking
+ * gives one for each new native stack), so that leak checking in a process
+ * without Python pays nothing per allocation. A full scan runs only when
+ * the counters moved.
  * Never dlopen()s anything that is not already loaded (RTLD_NOLOAD), never
  * RTLD_GLOBAL, never calls into Python except Py_GetVersion (a pure string
  * formatter, safe before initialization). */
-#include <dlfcn.h>
 #include <elf.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -23,7 +33,9 @@
 #include <string.h>
 
 #include "find.h"
+#include "loader.h"
 #include "log.h"
+#include "mutex.h"
 
 #define MAX_SEGMENTS 16
 #define MAX_RECORDS 16
@@ -43,6 +55,10 @@ static int nrecords;
 static _Atomic(const found *) current;
 /* Loader counters at the last completed scan; adds == 0 means "never". */
 static _Atomic unsigned long long scanned_adds, scanned_subs;
+/* Hints that new code runs (shim_python_find_hint): `hinted` once any came,
+ * `hint_gen` counts them, `hint_seen` is hint_gen at the last counter read. */
+static _Atomic bool hinted;
+static _Atomic uint64_t hint_gen, hint_seen;
 
 /* ---- the loader's view -------------------------------------------------- */
 
@@ -123,7 +139,7 @@ static bool in_segments(int nseg, const uintptr_t *lo, const uintptr_t *hi, cons
  * dlpi_addr is 0), so attribution goes by the PT_LOAD segments. */
 static void *own_sym(void *handle, const object *o, const char *name)
 {
-    void *p = dlsym(handle, name);
+    void *p = shim_dlsym(handle, name);
     if (p && !in_segments(o->nseg, o->seg_lo, o->seg_hi, p))
         return NULL;
     return p;
@@ -192,14 +208,14 @@ static bool usable_version(const found *f)
 static bool scan(found *out, unsigned long long *adds, unsigned long long *subs)
 {
     object_list l = { 0 };
-    dl_iterate_phdr(collect_cb, &l);
+    shim_dl_iterate_phdr(collect_cb, &l);
     *adds = l.adds;
     *subs = l.subs;
     bool got = false;
     for (size_t i = 0; i < l.n && !got; i++) {
         object *o = &l.v[i];
-        void *h = o->name[0] ? dlopen(o->name, RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD)
-                             : dlopen(NULL, RTLD_LAZY);
+        void *h = o->name[0] ? shim_dlopen_noload(o->name, RTLD_LAZY | RTLD_LOCAL)
+                             : shim_dlopen(NULL, RTLD_LAZY); /* the main program: loads nothing */
         if (!h)
             continue;
         found f;
@@ -217,14 +233,14 @@ static bool scan(found *out, unsigned long long *adds, unsigned long long *subs)
                     out->pub.path = strdup("main program");
                 }
                 if (!out->pub.path) {
-                    dlclose(h);
+                    shim_dlclose(h);
                     break;
                 }
                 got = true;
                 continue;
             }
         }
-        dlclose(h);
+        shim_dlclose(h);
     }
     for (size_t i = 0; i < l.n; i++)
         free(l.v[i].name);
@@ -238,10 +254,30 @@ static bool same_object(const found *a, const found *b)
            a->seg_lo[0] == b->seg_lo[0] && strcmp(a->pub.path, b->pub.path) == 0;
 }
 
-const shim_python *shim_python_find(void)
+void shim_python_find_hint(void)
 {
+    if (!atomic_load_explicit(&hinted, memory_order_relaxed))
+        atomic_store(&hinted, true);
+    atomic_fetch_add_explicit(&hint_gen, 1, memory_order_relaxed);
+}
+
+static const shim_python *find(bool now)
+{
+    const found *cur = atomic_load(&current);
+    if (cur)
+        return &cur->pub;       /* kept loaded by our handle: nothing to look for */
+    /* A caller holding a lock of ours (a pressure callback allocating
+     * before releasing the allocator lock) must not enter the loader. */
+    if (shim_locks_held())
+        return NULL;
+    uint64_t h = atomic_load(&hint_gen);
+    if (!now && atomic_load(&hinted) && atomic_load(&scanned_adds) != 0 &&
+        h == atomic_load(&hint_seen))
+        return NULL;            /* nothing new ran since the last look */
+    atomic_store(&hint_seen, h);
+
     unsigned long long c[2] = { 0, 0 };
-    dl_iterate_phdr(counters_cb, c);
+    shim_dl_iterate_phdr(counters_cb, c);
     if (c[0] != 0 && c[0] == atomic_load(&scanned_adds) && c[1] == atomic_load(&scanned_subs)) {
         const found *f = atomic_load(&current);
         return f ? &f->pub : NULL;
@@ -251,8 +287,8 @@ const shim_python *shim_python_find(void)
     unsigned long long adds, subs;
     bool got = scan(&f, &adds, &subs);
 
-    pthread_mutex_lock(&find_mu);
-    const found *cur = atomic_load(&current);
+    shim_mutex_lock(&find_mu);
+    cur = atomic_load(&current);
     const found *pub = NULL;
     if (got) {
         if (cur && same_object(cur, &f)) {
@@ -274,14 +310,24 @@ const shim_python *shim_python_find(void)
     atomic_store(&current, pub);
     atomic_store(&scanned_subs, subs);
     atomic_store(&scanned_adds, adds);
-    pthread_mutex_unlock(&find_mu);
+    shim_mutex_unlock(&find_mu);
 
     if (got && f.pub.handle) {
         /* An equal record was already published; drop the extra reference. */
-        dlclose(f.pub.handle);
+        shim_dlclose(f.pub.handle);
         free((char *)f.pub.path);
     }
     return pub ? &pub->pub : NULL;
+}
+
+const shim_python *shim_python_find(void)
+{
+    return find(false);
+}
+
+const shim_python *shim_python_find_now(void)
+{
+    return find(true);
 }
 
 void *shim_python_sym(const shim_python *py, const char *name)
@@ -289,7 +335,7 @@ void *shim_python_sym(const shim_python *py, const char *name)
     if (!py || !py->handle || !name)
         return NULL;
     const found *f = (const found *)py;
-    void *p = dlsym(py->handle, name);
+    void *p = shim_dlsym(py->handle, name);
     if (p && !in_segments(f->nseg, f->seg_lo, f->seg_hi, p))
         return NULL;
     return p;

@@ -23,6 +23,7 @@
 
 #include "gate.h"
 #include "log.h"
+#include "mutex.h"
 
 enum { UNARMED, OPEN, CLOSED };
 
@@ -54,7 +55,7 @@ static void gate_init_once(void)
 static void gate_lock(void)
 {
     pthread_once(&gate_once, gate_init_once);
-    pthread_mutex_lock(&gate_mu);
+    shim_mutex_lock(&gate_mu);
 }
 
 enum shim_gate_verdict shim_gate_enter(const shim_pyapi *api)
@@ -66,7 +67,7 @@ enum shim_gate_verdict shim_gate_enter(const shim_pyapi *api)
                                                   : SHIM_GATE_REFUSE;
     if (v != SHIM_GATE_REFUSE)
         inflight++;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     return v;
 }
 
@@ -75,14 +76,14 @@ void shim_gate_leave(void)
     gate_lock();
     if (inflight > 0 && --inflight == 0)
         pthread_cond_broadcast(&gate_cv);
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
 }
 
 bool shim_gate_is_open(void)
 {
     gate_lock();
     bool open = state == OPEN;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     return open;
 }
 
@@ -94,21 +95,21 @@ void shim_gate_on_close(void (*fn)(void))
         dup |= on_close[i] == fn;
     if (!dup && n_on_close < MAX_ON_CLOSE)
         on_close[n_on_close++] = fn;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
 }
 
 void shim_gate_set_wait_ms(unsigned ms)
 {
     gate_lock();
     wait_ms = ms;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
 }
 
 unsigned long shim_gate_cycles(void)
 {
     gate_lock();
     unsigned long c = cycles;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     return c;
 }
 
@@ -121,14 +122,14 @@ static void close_and_drain(const shim_pyapi *api, bool release_gil)
     int n = n_on_close;
     for (int i = 0; i < n; i++)
         fns[i] = on_close[i];
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     for (int i = 0; i < n; i++)
         fns[i]();
 
     gate_lock();
     state = CLOSED;
     bool busy = inflight > 0;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     if (!busy)
         return;
 
@@ -147,7 +148,7 @@ static void close_and_drain(const shim_pyapi *api, bool release_gil)
     while (inflight > 0 && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&gate_cv, &gate_mu, &deadline);
     unsigned left = inflight;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     if (left)
         shim_warn("python_gc: %u collection(s) still running as Python finalizes "
                   "(waited %u ms)", left, wait_ms);
@@ -173,7 +174,7 @@ static void gate_ll_exit(void)
     gate_lock();
     state = UNARMED;
     cycles++;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
 }
 
 /* PyPy_AtExit: cpyext's shutdown, the GIL held by the exiting thread in a
@@ -185,11 +186,11 @@ static void gate_pypy_exit(void)
     gate_lock();
     unsigned saved = wait_ms;
     wait_ms = 100;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     close_and_drain(api, false);
     gate_lock();
     wait_ms = saved;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
 }
 
 /* gc.callbacks hook: ("start"|"stop", info). Python calls it with the GIL
@@ -283,11 +284,11 @@ int shim_gate_arm(const shim_pyapi *api)
     gate_lock();
     if (state != UNARMED) {
         int rc = state == OPEN ? 0 : -1;
-        pthread_mutex_unlock(&gate_mu);
+        shim_mutex_unlock(&gate_mu);
         return rc;
     }
     armed_api = api;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
 
     shim_pyobj *t, *v, *tb;
     api->err_fetch(&t, &v, &tb);
@@ -304,7 +305,7 @@ int shim_gate_arm(const shim_pyapi *api)
     gate_lock();
     if (rc == 0 && state == UNARMED)
         state = OPEN;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     if (rc != 0)
         shim_warn("python_gc: could not register the interpreter exit hook; "
                   "collections stay off while Python finalizes");
@@ -331,7 +332,7 @@ void shim_gate_schedule_arm(const shim_pyapi *api)
     bool go = state == UNARMED && scheduled_cycle != cycles;
     if (go)
         scheduled_cycle = cycles;
-    pthread_mutex_unlock(&gate_mu);
+    shim_mutex_unlock(&gate_mu);
     if (go && api->is_initialized() && !api->is_finalizing())
         api->add_pending_call(pending_arm, NULL);
 }

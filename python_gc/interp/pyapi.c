@@ -2,13 +2,17 @@
  *
  * Owns: the resolved tables, one per interpreter record, append-only and
  * never freed (a published table is immutable, so readers need no lock).
- * Guarded by api_mu, which is never held across a call into the loader.
+ * Guarded by api_mu, which is never held across a call into the loader:
+ * a table is resolved (dlsym, through loader.h) into a local with no lock
+ * held, then api_mu is taken only to append and publish it; concurrent
+ * first callers may both resolve, the first to publish wins.
  * Never calls a Python function here: resolution is dlsym only. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
 
 #include "log.h"
+#include "mutex.h"
 #include "pyapi.h"
 
 #define MAX_TABLES 16
@@ -59,29 +63,42 @@ const shim_pyapi *shim_pyapi_cached(void)
     return atomic_load_explicit(&current, memory_order_acquire);
 }
 
+static const shim_pyapi *published_for(const shim_python *py)
+{
+    for (int i = 0; i < ntables; i++)
+        if (tables[i].py == py)
+            return &tables[i];
+    return NULL;
+}
+
 const shim_pyapi *shim_pyapi_get(void)
 {
-    const shim_python *py = shim_python_find();
+    const shim_python *py = shim_python_find_now();
     const shim_pyapi *cur = shim_pyapi_cached();
     if (!py || py == atomic_load(&unusable))
         return NULL;
     if (cur && cur->py == py)
         return cur;
 
-    pthread_mutex_lock(&api_mu);
-    const shim_pyapi *found = NULL;
-    for (int i = 0; i < ntables; i++)
-        if (tables[i].py == py)
-            found = &tables[i];
-    if (!found && ntables < MAX_TABLES) {
-        if (resolve(py, &tables[ntables]))
+    shim_mutex_lock(&api_mu);
+    const shim_pyapi *found = published_for(py);
+    shim_mutex_unlock(&api_mu);
+    if (!found) {
+        /* Loader calls: no lock held (see the top). */
+        shim_pyapi t;
+        bool ok = resolve(py, &t);
+        shim_mutex_lock(&api_mu);
+        found = published_for(py);
+        if (!found && ok && ntables < MAX_TABLES) {
+            tables[ntables] = t;
             found = &tables[ntables++];
-        else
+        } else if (!found && !ok) {
             atomic_store(&unusable, py);
+        }
+        shim_mutex_unlock(&api_mu);
     }
     if (found)
         atomic_store_explicit(&current, found, memory_order_release);
-    pthread_mutex_unlock(&api_mu);
     return found;
 }
 

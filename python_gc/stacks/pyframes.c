@@ -25,6 +25,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include "mutex.h"
 #include "pyframes.h"
 
 /* Frames walked at most, whatever `max` says, so that a cycle in a
@@ -122,10 +123,10 @@ static bool pipe_ready(void)
 
 bool shim_pyframes_pipe_read(void *dst, uintptr_t addr, size_t n)
 {
-    pthread_mutex_lock(&pipe_lock);
+    shim_mutex_lock(&pipe_lock);
     bool ok = pipe_ready() && write(pipe_fds[1], (const void *)addr, n) == (ssize_t)n &&
               read(pipe_fds[0], dst, n) == (ssize_t)n;
-    pthread_mutex_unlock(&pipe_lock);
+    shim_mutex_unlock(&pipe_lock);
     return ok;
 }
 

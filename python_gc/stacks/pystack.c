@@ -41,8 +41,10 @@
 #include "find.h"
 #include "gate.h"
 #include "hashidx.h"
+#include "loader.h"
 #include "log.h"
 #include "pyapi.h"
+#include "mutex.h"
 #include "pyframes.h"
 #include "pystack.h"
 
@@ -127,9 +129,9 @@ static inline bool raw_equal(const shim_pyrawframe *a, const shim_pyrawframe *b)
            a->name_hash == b->name_hash && a->file == b->file && a->firstlineno == b->firstlineno;
 }
 
-void shim_pystack_atfork_prepare(void) { pthread_mutex_lock(&stack_lock); }
-void shim_pystack_atfork_parent(void) { pthread_mutex_unlock(&stack_lock); }
-void shim_pystack_atfork_child(void) { pthread_mutex_unlock(&stack_lock); }
+void shim_pystack_atfork_prepare(void) { shim_mutex_lock(&stack_lock); }
+void shim_pystack_atfork_parent(void) { shim_mutex_unlock(&stack_lock); }
+void shim_pystack_atfork_child(void) { shim_mutex_unlock(&stack_lock); }
 
 static void on_finalize(void);
 
@@ -164,10 +166,10 @@ static void setup(void)
     Dl_info info;
     void *probe = shim_python_sym(py, py->kind == SHIM_PY_PYPY ? "PyPy_IsInitialized"
                                                                : "Py_IsInitialized");
-    if (probe && dladdr(probe, &info))
+    if (probe && shim_dladdr(probe, &info))
         base = (uintptr_t)info.dli_fbase;
     bool first = false;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (atomic_load(&state) == ST_UNKNOWN) {
         L = l;
         api = a;
@@ -179,7 +181,7 @@ static void setup(void)
         atomic_store_explicit(&state, result, memory_order_release);
         first = result == ST_READY;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (first) {
         shim_debug("Python stacks: CPython %d.%d%s, frame layout from the %s", py->major,
                    py->minor, L.free_threaded ? " (free-threaded)" : "", L.source);
@@ -228,14 +230,14 @@ static void maybe_reopen(void)
         api->is_finalizing())
         return;
     bool reopened = false;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (atomic_load(&closed)) {
         atomic_fetch_add(&epoch, 1);
         atomic_store(&resolve_scheduled, false);   /* a call left pending died with the old one */
         atomic_store(&closed, false);
         reopened = true;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (reopened)
         shim_gate_at_finalize(on_finalize);
 }
@@ -398,9 +400,9 @@ static void resolve_ids(const uint32_t *ids, size_t n)
 {
     uint32_t ep = atomic_load(&epoch);
     for (size_t i = 0; i < n; i++) {
-        pthread_mutex_lock(&stack_lock);
+        shim_mutex_lock(&stack_lock);
         pframe f = frames[ids[i] - 1];
-        pthread_mutex_unlock(&stack_lock);
+        shim_mutex_unlock(&stack_lock);
         if (f.done || f.epoch != ep)
             continue;
         char *function = NULL, *file = NULL;
@@ -418,7 +420,7 @@ static void resolve_ids(const uint32_t *ids, size_t n)
             line = api->code_addr2line((shim_pyobj *)f.raw.code, f.raw.offset);
             api->err_restore(type, value, tb);
         }
-        pthread_mutex_lock(&stack_lock);
+        shim_mutex_lock(&stack_lock);
         pframe *p = &frames[ids[i] - 1];
         if (!p->done) {
             p->function = function ? function : UNKNOWN;
@@ -427,7 +429,7 @@ static void resolve_ids(const uint32_t *ids, size_t n)
             p->done = 1;
             function = file = NULL;
         }
-        pthread_mutex_unlock(&stack_lock);
+        shim_mutex_unlock(&stack_lock);
         free(function);
         free(file);
     }
@@ -496,7 +498,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
     uint8_t flags = (w.truncated ? SHIM_PYSTACK_TRUNCATED : 0) |
                     (w.unsure || !w.clean ? SHIM_PYSTACK_UNSURE : 0);
     uint64_t h = stack_hash(buf, entry, n, flags, ep);
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     bool is_closed = atomic_load(&closed);
     uint32_t id = stack_find_locked(h, buf, entry, n, flags, ep);
     uint32_t new_from = nframes, new_to = nframes;
@@ -509,7 +511,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
         id = stack_add_locked(h, buf, entry, n, flags, ep, take_refs);
         new_to = nframes;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (new_to > new_from && !attached && !is_closed)
         schedule_resolve();
     /* Past this lifetime's gate (atexit handlers, late allocations) no
@@ -554,19 +556,19 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max)
     if (id == 0)
         return 0;
     bool resolve = can_resolve();
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (id > nstacks) {
-        pthread_mutex_unlock(&stack_lock);
+        shim_mutex_unlock(&stack_lock);
         return 0;
     }
     size_t n = 0;
     uint32_t *todo = resolve ? pending_locked(id, &n) : NULL;
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (todo)
         resolve_ids(todo, n);
     free(todo);
 
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     const pstack *s = &stacks[id - 1];
     size_t depth = s->depth;
     for (size_t i = 0; i < depth && i < max; i++) {
@@ -577,7 +579,7 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max)
         out[i].line = f->done ? f->line : 0;
         out[i].entry = (slot & POOL_ENTRY) != 0;
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     return depth;
 }
 
@@ -586,9 +588,9 @@ void shim_pystack_resolve_all(void)
     if (!can_resolve())
         return;
     size_t n = 0;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     uint32_t *todo = pending_locked(0, &n);
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     if (todo)
         resolve_ids(todo, n);
     free(todo);
@@ -601,7 +603,7 @@ static void on_finalize(void)
 {
     shim_pystack_resolve_all();
     unsigned long cycle = shim_gate_cycles();
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     atomic_store(&closed_cycle, cycle);
     atomic_store(&closed, true);
     size_t n = 0;
@@ -612,7 +614,7 @@ static void on_finalize(void)
             codes[n++] = frames[i].raw.code;
         }
     }
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     for (size_t i = 0; i < n; i++)
         api->decref((shim_pyobj *)codes[i]);
     free(codes);
@@ -621,10 +623,10 @@ static void on_finalize(void)
 unsigned shim_pystack_flags(uint32_t id)
 {
     unsigned flags = 0;
-    pthread_mutex_lock(&stack_lock);
+    shim_mutex_lock(&stack_lock);
     if (id && id <= nstacks)
         flags = stacks[id - 1].flags;
-    pthread_mutex_unlock(&stack_lock);
+    shim_mutex_unlock(&stack_lock);
     return flags;
 }
 

@@ -17,6 +17,7 @@
 #include "device.h"
 #include "lock.h"
 #include "log.h"
+#include "mutex.h"
 #include "options.h"
 #include "pressure.h"
 
@@ -188,7 +189,7 @@ shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
     shim_device *d = find_device(rt, ordinal);
     if (d)
         return d;
-    pthread_mutex_lock(&devices_mu);
+    shim_mutex_lock(&devices_mu);
     d = find_device(rt, ordinal);
     size_t n = atomic_load_explicit(&ndevices, memory_order_relaxed);
     if (!d && n < SHIM_MAX_DEVICES) {
@@ -200,7 +201,7 @@ shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
             shim_debug("%s: serving allocations (limit %zu bytes)", d->name, shim_opts()->limit);
         }
     }
-    pthread_mutex_unlock(&devices_mu);
+    shim_mutex_unlock(&devices_mu);
     return d;
 }
 
@@ -745,6 +746,7 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *s)
     s->callback_runs += d->ps.callback_runs;
     s->callback_recovered_bytes += d->ps.recovered_bytes;
     s->device_waits += d->device_waits;
+    s->pressure_wait_timeouts += d->ps.wait_timeouts;
     if (taken)
         shim_lock_release(&d->lock);
 }
@@ -776,10 +778,7 @@ void shim_device_fork_parent(size_t i)
 
 static void reset_pressure(shim_device *d)
 {
-    /* A pressure event of a thread that does not exist in the child would
-     * never end: nobody is running it here. */
-    d->ps.active = false;
-    pthread_cond_init(&d->ps.done, NULL);
+    shim_pressure_state_atfork_child(&d->ps);
 }
 
 void shim_device_fork_child(size_t i)
@@ -824,7 +823,7 @@ void shim_device_atfork_child_early(void)
 
 void shim_device_reset_for_tests(void)
 {
-    pthread_mutex_lock(&devices_mu);
+    shim_mutex_lock(&devices_mu);
     atomic_store(&ndevices, 0);
-    pthread_mutex_unlock(&devices_mu);
+    shim_mutex_unlock(&devices_mu);
 }

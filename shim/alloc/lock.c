@@ -1,10 +1,13 @@
 /* The allocator lock (see lock.h). Owns nothing but the mutex and the
  * owner word; `owner` is written only by the holder, read by anyone (the
- * contract checks and the re-entrant free path). */
+ * contract checks and the re-entrant free path). Counted in the thread's
+ * shim locks (mutex.h) like every other lock of ours, so that a loader
+ * call made while holding it is caught. */
 #include "lock.h"
 #include "log.h"
 
 #include <stdlib.h>
+#include "mutex.h"
 
 void shim_lock_init(spyreshim_lock *l)
 {
@@ -16,10 +19,12 @@ void shim_lock_acquire(spyreshim_lock *l)
 {
     pthread_mutex_lock(&l->mu);
     atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+    shim_locks_note_acquired();
 }
 
 void shim_lock_release(spyreshim_lock *l)
 {
+    shim_locks_note_released();
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     pthread_mutex_unlock(&l->mu);
 }
@@ -44,6 +49,14 @@ void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     pthread_cond_wait(cv, &l->mu);
     atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+}
+
+int shim_lock_timedwait(spyreshim_lock *l, pthread_cond_t *cv, const struct timespec *deadline)
+{
+    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
+    int rc = pthread_cond_timedwait(cv, &l->mu, deadline);
+    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+    return rc;
 }
 
 SPYRESHIM_API void spyreshim_lock_release(spyreshim_lock *lock)

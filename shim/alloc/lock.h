@@ -31,5 +31,8 @@ void shim_lock_assert_held_fail(const char *file, int line);
 #endif
 /* pthread_cond_wait on the lock's mutex, keeping `owner` right. */
 void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv);
+/* The same, until `deadline` (the clock `cv` was made with); returns
+ * pthread_cond_timedwait's result (ETIMEDOUT). */
+int shim_lock_timedwait(spyreshim_lock *l, pthread_cond_t *cv, const struct timespec *deadline);
 
 #endif

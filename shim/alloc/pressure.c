@@ -1,19 +1,32 @@
 /* Pressure callbacks and the pressure event.
  *
  * Locks: the registry has its own leaf mutex, held only to copy or edit the
- * table, never while a callback runs. A pressure event runs with the owning
- * device's allocator lock held on entry and exit; callbacks release it
- * around anything that blocks, which is what lets frees from other threads
- * (and from finalizers on this one) go through meanwhile.
+ * table and the list of runs in flight, never while a callback runs. A
+ * pressure event runs with the owning device's allocator lock held on entry
+ * and exit; callbacks release it around anything that blocks, which is what
+ * lets frees from other threads (and from finalizers on this one) go
+ * through meanwhile.
  *
  * Only one event per device runs at a time: a thread that hits pressure
  * while another thread's event runs waits for that event to end and then
- * retries, instead of starting a second collection. */
+ * retries, instead of starting a second collection. That wait is bounded
+ * (SPYRESHIM_GC_TIMEOUT_MS): the event's callback may need a lock the
+ * waiting thread holds (a framework's lock, or one a finalizer takes); past
+ * the bound that one request fails with out-of-memory (pressure_wait_timeouts).
+ *
+ * Unregistering quiesces: every callback run is listed (registry_mu) while
+ * it runs, and spyreshim_unregister_pressure_callback waits until no other
+ * thread runs that (fn, user) any more; a callback that unregisters itself
+ * does not wait for itself. */
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "log.h"
+#include "mutex.h"
+#include "options.h"
 #include "pressure.h"
 
 #define MAX_CALLBACKS 32
@@ -26,6 +39,17 @@ struct entry {
 static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct entry registry[MAX_CALLBACKS];
 static size_t registry_len;
+
+/* One callback run in flight, on the running thread's stack, listed under
+ * registry_mu for as long as the callback runs. */
+struct run {
+    struct entry e;
+    pthread_t thread;
+    struct run *next;
+};
+static struct run *running;
+/* Signalled (registry_mu) when a run ends: unregister waits on it. */
+static pthread_cond_t run_ended = PTHREAD_COND_INITIALIZER;
 
 static _Atomic uint64_t freed_total;
 
@@ -53,7 +77,7 @@ SPYRESHIM_API int spyreshim_register_pressure_callback(spyreshim_pressure_fn fn,
     if (!fn)
         return -1;
     int rc = -1;
-    pthread_mutex_lock(&registry_mu);
+    shim_mutex_lock(&registry_mu);
     for (size_t i = 0; i < registry_len; i++) {
         if (registry[i].fn == fn && registry[i].user == user) {
             rc = 0;
@@ -65,14 +89,22 @@ SPYRESHIM_API int spyreshim_register_pressure_callback(spyreshim_pressure_fn fn,
         rc = 0;
     }
 out:
-    pthread_mutex_unlock(&registry_mu);
+    shim_mutex_unlock(&registry_mu);
     return rc;
+}
+
+static bool runs_elsewhere(struct entry e)
+{
+    for (const struct run *r = running; r; r = r->next)
+        if (r->e.fn == e.fn && r->e.user == e.user && !pthread_equal(r->thread, pthread_self()))
+            return true;
+    return false;
 }
 
 SPYRESHIM_API int spyreshim_unregister_pressure_callback(spyreshim_pressure_fn fn, void *user)
 {
     int rc = -1;
-    pthread_mutex_lock(&registry_mu);
+    shim_mutex_lock(&registry_mu);
     for (size_t i = 0; i < registry_len; i++) {
         if (registry[i].fn == fn && registry[i].user == user) {
             memmove(&registry[i], &registry[i + 1], (registry_len - i - 1) * sizeof registry[0]);
@@ -81,7 +113,12 @@ SPYRESHIM_API int spyreshim_unregister_pressure_callback(spyreshim_pressure_fn f
             break;
         }
     }
-    pthread_mutex_unlock(&registry_mu);
+    /* Quiesce: no event copies the entry any more; wait for the runs that
+     * did (the promise of spyreshim.h: `user` may be freed on return). Not
+     * for a run on this thread: the callback unregistering itself. */
+    while (rc == 0 && runs_elsewhere((struct entry){fn, user}))
+        pthread_cond_wait(&run_ended, &registry_mu);
+    shim_mutex_unlock(&registry_mu);
     return rc;
 }
 
@@ -91,14 +128,46 @@ void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_
     atomic_store(&wait_detach, detach);
 }
 
-void shim_pressure_atfork_prepare(void) { pthread_mutex_lock(&registry_mu); }
-void shim_pressure_atfork_parent(void) { pthread_mutex_unlock(&registry_mu); }
-void shim_pressure_atfork_child(void) { pthread_mutex_unlock(&registry_mu); }
+void shim_pressure_atfork_prepare(void) { shim_mutex_lock(&registry_mu); }
+void shim_pressure_atfork_parent(void) { shim_mutex_unlock(&registry_mu); }
+void shim_pressure_atfork_child(void)
+{
+    /* Runs of threads that do not exist here never end: forget them (the
+     * forking thread's own run, if it forked from a callback, stays). */
+    struct run **pp = &running;
+    while (*pp) {
+        if (pthread_equal((*pp)->thread, pthread_self()))
+            pp = &(*pp)->next;
+        else
+            *pp = (*pp)->next;
+    }
+    pthread_cond_init(&run_ended, NULL);
+    shim_mutex_unlock(&registry_mu);
+}
+
+static void init_done_cond(shim_pressure_state *ps)
+{
+    /* CLOCK_MONOTONIC: the bounded wait must not stretch or shrink when
+     * the wall clock is set. */
+    pthread_condattr_t a;
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&ps->done, &a);
+    pthread_condattr_destroy(&a);
+}
 
 void shim_pressure_state_init(shim_pressure_state *ps)
 {
     memset(ps, 0, sizeof *ps);
-    pthread_cond_init(&ps->done, NULL);
+    init_done_cond(ps);
+}
+
+void shim_pressure_state_atfork_child(shim_pressure_state *ps)
+{
+    /* An event of a thread that does not exist in the child would never
+     * end: nobody is running it here. */
+    ps->active = false;
+    init_done_cond(ps);
 }
 
 bool shim_pressure_in_event(void)
@@ -170,21 +239,38 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
         shim_pressure_reattach_fn reattach = atomic_load(&wait_reattach);
         void *py = detach ? detach() : NULL;
         shim_lock_acquire(lock);
-        while (ps->active && ps->generation == gen)
-            shim_lock_wait(lock, &ps->done);
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        unsigned ms = shim_opts()->gc_timeout_ms ? shim_opts()->gc_timeout_ms : 1;
+        deadline.tv_sec += ms / 1000;
+        deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        bool timed_out = false;
+        while (ps->active && ps->generation == gen && !timed_out)
+            timed_out = shim_lock_timedwait(lock, &ps->done, &deadline) == ETIMEDOUT &&
+                        ps->active && ps->generation == gen;
+        if (timed_out)
+            ps->wait_timeouts++;
         if (py && reattach) {
             shim_lock_release(lock);
             reattach(py);
             shim_lock_acquire(lock);
         }
+        if (timed_out) {
+            shim_debug("pressure: another thread's event outlasted %u ms; failing this request", ms);
+            return SHIM_RELIEF_NONE;
+        }
         return SHIM_RELIEF_WAITED;
     }
 
     struct entry cbs[MAX_CALLBACKS];
-    pthread_mutex_lock(&registry_mu);
+    shim_mutex_lock(&registry_mu);
     size_t n = registry_len;
     memcpy(cbs, registry, n * sizeof cbs[0]);
-    pthread_mutex_unlock(&registry_mu);
+    shim_mutex_unlock(&registry_mu);
 
     ps->active = true;
     ps->events++;
@@ -196,9 +282,32 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
         ev(true, want);
 
     for (size_t i = 0; i < n && !tls_give_up; i++) {
+        /* Listed while it runs, unless unregistered since the copy: then
+         * its unregister may have returned already, and `user` be gone. */
+        struct run r = {.e = cbs[i], .thread = pthread_self()};
+        bool live = false;
+        shim_mutex_lock(&registry_mu);
+        for (size_t j = 0; j < registry_len && !live; j++)
+            live = registry[j].fn == r.e.fn && registry[j].user == r.e.user;
+        if (live) {
+            r.next = running;
+            running = &r;
+        }
+        shim_mutex_unlock(&registry_mu);
+        if (!live)
+            continue;
         ps->callback_runs++;
         cbs[i].fn(lock, want, cbs[i].user);
         check_contract(lock, cbs[i].fn);
+        shim_mutex_lock(&registry_mu);
+        for (struct run **pp = &running; *pp; pp = &(*pp)->next) {
+            if (*pp == &r) {
+                *pp = r.next;
+                break;
+            }
+        }
+        pthread_cond_broadcast(&run_ended);
+        shim_mutex_unlock(&registry_mu);
     }
 
     ps->recovered_bytes += shim_pressure_freed_total() - before;

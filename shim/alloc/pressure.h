@@ -15,19 +15,24 @@ typedef struct shim_pressure_state {
     uint64_t generation;         /* bumped when an event ends */
     pthread_cond_t done;         /* signalled when an event ends */
     uint64_t events, waits, callback_runs, recovered_bytes;
+    uint64_t wait_timeouts;      /* waits for another thread's event that gave up */
 } shim_pressure_state;
 
 void shim_pressure_state_init(shim_pressure_state *ps);
+/* fork(): the child's state of a device (no event runs there). */
+void shim_pressure_state_atfork_child(shim_pressure_state *ps);
 
 enum shim_relief {
-    SHIM_RELIEF_NONE,    /* nothing more will help: fail the request */
+    SHIM_RELIEF_NONE,    /* nothing more will help (or another thread's event
+                            outlasted the bound): fail the request */
     SHIM_RELIEF_RAN,     /* this thread ran an event: retry */
     SHIM_RELIEF_WAITED,  /* another thread's event ended: retry */
 };
 
 /* Entered with `lock` held after a request of `want` bytes failed. Runs one
  * pressure event (every callback, in registration order), or, when another
- * thread's event is running, waits for it to end. Returns with `lock` held.
+ * thread's event is running, waits for it to end, at most
+ * SPYRESHIM_GC_TIMEOUT_MS (then SHIM_RELIEF_NONE). Returns with `lock` held.
  * The wait hooks run around that wait (a thread attached to Python detaches:
  * the event may need the GIL). */
 enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want);

@@ -47,7 +47,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_GC", K_BOOL, OFF(gc), "1", 0, 0,
      "collect garbage in the embedded Python under memory pressure"},
     {"SPYRESHIM_GC_TIMEOUT_MS", K_UINT, OFF(gc_timeout_ms), "2000", 1, 3600000,
-     "longest wait of a thread without the GIL for a collection done on its behalf"},
+     "longest wait of a thread for pressure work done on its behalf: a collection by the GC thread, or another thread's pressure event"},
     {"SPYRESHIM_LEAK_CHECK", K_BOOL, OFF(leak_check), "0", 0, 0,
      "record stacks of live allocations; report leaks at exit"},
     {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "32", 1, 256,

@@ -41,9 +41,12 @@ typedef void (*spyreshim_pressure_fn)(spyreshim_lock *lock, size_t bytes_wanted,
 /* Returns 0, or -1 when the table is full or `fn` is NULL. The same
  * (fn, user) pair may be registered once; registering it again is a no-op. */
 SPYRESHIM_API int spyreshim_register_pressure_callback(spyreshim_pressure_fn fn, void *user);
-/* Returns 0, or -1 when (fn, user) was not registered. Safe to call from
- * inside a callback; the callback being unregistered may still be running on
- * another thread when this returns only if called from that callback. */
+/* Returns 0, or -1 when (fn, user) was not registered. Called outside the
+ * callback, returns only once that callback stopped running on every thread
+ * (`user` may be freed then). Safe to call from inside the callback itself,
+ * which then does not wait for itself. Do not call it with the allocator
+ * lock held for a callback other than the one running (it may wait for a
+ * run on another thread that needs that lock). */
 SPYRESHIM_API int spyreshim_unregister_pressure_callback(spyreshim_pressure_fn fn, void *user);
 
 SPYRESHIM_API void spyreshim_lock_release(spyreshim_lock *lock);
@@ -77,7 +80,8 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(gc_timeouts, "requests that stopped waiting for the GC thread")             \
     X(gc_skipped, "pressure events with no collection (not initialized, ...)")    \
     X(gc_backoff_skips, "pressure events skipped by the back-off")                 \
-    X(device_waits, "waits for a device before reusing blocks freed while in use")
+    X(device_waits, "waits for a device before reusing blocks freed while in use") \
+    X(pressure_wait_timeouts, "requests that stopped waiting for another thread's pressure event")
 
 typedef struct spyreshim_stats {
     size_t size;

@@ -23,7 +23,9 @@
 #include <unistd.h>
 
 #include "device.h"
+#include "find.h"
 #include "log.h"
+#include "mutex.h"
 #include "options.h"
 #include "pystack.h"
 #include "report.h"
@@ -67,10 +69,32 @@ bool shim_leak_enabled(void)
     return atomic_load_explicit(&g_enabled, memory_order_relaxed);
 }
 
+/* Native stacks seen when the interpreter finder was last told of new
+ * code: a stack id above it is new (ids grow by one per new stack). */
+static _Atomic uint32_t g_stacks_hinted;
+
 void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
 {
-    *native_stack = shim_stack_capture(g_depth);
-    *python_stack = g_python ? shim_pystack_capture(g_depth) : 0;
+    *native_stack = *python_stack = 0;
+    /* An allocation made by a pressure callback before it released the
+     * allocator lock: unwinding walks the loaded objects (the loader's
+     * lock), which no lock of ours may be held across. */
+    if (shim_locks_held())
+        return;
+    uint32_t id = shim_stack_capture(g_depth);
+    *native_stack = id;
+    if (!g_python)
+        return;
+    /* A new native stack (or none: no unwinder) is the only sign on this
+     * path that code never seen before runs, e.g. an interpreter loaded
+     * since: only then may the finder look at the loader again. */
+    uint32_t seen = atomic_load_explicit(&g_stacks_hinted, memory_order_relaxed);
+    if (id == 0 || id > seen) {
+        if (id > seen)
+            atomic_compare_exchange_strong(&g_stacks_hinted, &seen, id);
+        shim_python_find_hint();
+    }
+    *python_stack = shim_pystack_capture(g_depth);
 }
 
 /* The expanded SPYRESHIM_REPORT path (plus `suffix`), or false when there is

@@ -11,21 +11,27 @@
  * over the C++ exceptions (and glibc backtraces) of every library in the
  * process. dlopen(RTLD_LOCAL) keeps its symbols visible to us alone.
  *
+ * Unwinding walks the loaded objects (libunwind calls dl_iterate_phdr and
+ * takes locks of its own): every unw_backtrace runs inside the fork gate
+ * (forkgate.h), so that a fork never leaves a child holding those locks,
+ * and is never called with a shim lock held (leak.c does not capture then).
+ *
  * Interned stacks are never freed: ids stay valid for the life of the
  * process, so records and reports can hold them without reference counts.
  * Memory is bounded by the number of distinct stacks, not allocations.
  */
 #include "stack.h"
 
-#include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "hashidx.h"
+#include "forkgate.h"
+#include "loader.h"
 #include "log.h"
+#include "mutex.h"
 
 typedef int (*unw_backtrace_fn)(void **buffer, int size);
 
@@ -182,9 +188,9 @@ uint32_t shim_stack_intern(const uintptr_t *frames, size_t n)
     uint32_t id = index_find(hash, frames, n);
     if (id)
         return id;
-    pthread_mutex_lock(&g_lock);
+    shim_mutex_lock(&g_lock);
     id = intern_locked(hash, frames, n);
-    pthread_mutex_unlock(&g_lock);
+    shim_mutex_unlock(&g_lock);
     return id;
 }
 
@@ -202,9 +208,9 @@ size_t shim_stack_count(void)
     return atomic_load_explicit(&g_count, memory_order_acquire);
 }
 
-void shim_stack_atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
-void shim_stack_atfork_parent(void) { pthread_mutex_unlock(&g_lock); }
-void shim_stack_atfork_child(void) { pthread_mutex_unlock(&g_lock); }
+void shim_stack_atfork_prepare(void) { shim_mutex_lock(&g_lock); }
+void shim_stack_atfork_parent(void) { shim_mutex_unlock(&g_lock); }
+void shim_stack_atfork_child(void) { shim_mutex_unlock(&g_lock); }
 
 /* ---- capture ------------------------------------------------------------ */
 
@@ -238,17 +244,17 @@ static void init_once(void)
 {
     /* RTLD_LOCAL: see the comment at the top. RTLD_NOW: fail here, not on
      * the first allocation. */
-    void *h = dlopen("libunwind.so.8", RTLD_LOCAL | RTLD_NOW);
+    void *h = shim_dlopen("libunwind.so.8", RTLD_LOCAL | RTLD_NOW);
     if (!h) {
-        shim_warn("leak check: cannot load libunwind.so.8 (%s): no native stacks", dlerror());
+        shim_warn("leak check: cannot load libunwind.so.8 (%s): no native stacks", shim_dlerror());
         return;
     }
-    g_backtrace = (unw_backtrace_fn)dlsym(h, "unw_backtrace");
+    g_backtrace = (unw_backtrace_fn)shim_dlsym(h, "unw_backtrace");
     if (!g_backtrace) {
         shim_warn("leak check: libunwind.so.8 has no unw_backtrace: no native stacks");
         return;
     }
-    dl_iterate_phdr(find_self, (void *)(uintptr_t)&shim_stack_capture);
+    shim_dl_iterate_phdr(find_self, (void *)(uintptr_t)&shim_stack_capture);
     /* No warm-up unwind here: libunwind's first unwind opens a pipe (its
      * memory validation, x86_64 Ginit.c) that would then sit at fds 3 and 4
      * of every leak-checked process, /bin/true included, breaking programs
@@ -293,6 +299,7 @@ uint32_t shim_stack_capture(unsigned max_depth)
     if (own > OWN_FRAMES_MAX)
         own = OWN_FRAMES_MAX;
     int want = (int)(max_depth + own);
+    shim_fork_gate_enter();
     int n = bt(buf, want);
     int skip = count_own(buf, n);
     /* A path with more frames of ours than assumed: remember, and when the
@@ -307,6 +314,7 @@ uint32_t shim_stack_capture(unsigned max_depth)
         n = bt(buf, want);
         skip = count_own(buf, n);
     }
+    shim_fork_gate_leave();
     size_t keep = n > skip ? (size_t)(n - skip) : 0;
     if (keep > max_depth)
         keep = max_depth;

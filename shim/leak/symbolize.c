@@ -23,14 +23,14 @@
 #include "symbolize.h"
 #include "hashidx.h"
 
-#include <dlfcn.h>
-#include <link.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "loader.h"
 
 /* ---- libdw, declared by hand ------------------------------------------- */
 
@@ -84,7 +84,7 @@ static demangle_fn g_demangle;
 
 #define DW_SYM(field, name)                                           \
     do {                                                              \
-        *(void **)&dw.field = dlsym(h, name);                         \
+        *(void **)&dw.field = shim_dlsym(h, name);                    \
         if (!dw.field)                                                \
             return;                                                   \
     } while (0)
@@ -93,9 +93,9 @@ static void dw_load(void)
 {
     /* C++ names: demangle with the program's own libstdc++ when it has one
      * (never load it ourselves). */
-    *(void **)&g_demangle = dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    *(void **)&g_demangle = shim_dlsym(RTLD_DEFAULT, "__cxa_demangle");
 
-    void *h = dlopen("libdw.so.1", RTLD_LOCAL | RTLD_NOW);
+    void *h = shim_dlopen("libdw.so.1", RTLD_LOCAL | RTLD_NOW);
     if (!h)
         return;
     DW_SYM(begin, "dwfl_begin");
@@ -107,17 +107,17 @@ static void dw_load(void)
     DW_SYM(module_addrname, "dwfl_module_addrname");
     DW_SYM(module_getsrc, "dwfl_module_getsrc");
     DW_SYM(lineinfo, "dwfl_lineinfo");
-    *(void **)&dw_callbacks.find_elf = dlsym(h, "dwfl_linux_proc_find_elf");
-    *(void **)&dw_callbacks.find_debuginfo = dlsym(h, "dwfl_build_id_find_debuginfo");
+    *(void **)&dw_callbacks.find_elf = shim_dlsym(h, "dwfl_linux_proc_find_elf");
+    *(void **)&dw_callbacks.find_debuginfo = shim_dlsym(h, "dwfl_build_id_find_debuginfo");
     if (!dw_callbacks.find_elf || !dw_callbacks.find_debuginfo)
         return;
     dw_ok = true;
-    *(void **)&dw.module_getdwarf = dlsym(h, "dwfl_module_getdwarf");
-    *(void **)&dw.get_units = dlsym(h, "dwarf_get_units");
-    *(void **)&dw.ranges = dlsym(h, "dwarf_ranges");
-    *(void **)&dw.getsrc_die = dlsym(h, "dwarf_getsrc_die");
-    *(void **)&dw.linesrc = dlsym(h, "dwarf_linesrc");
-    *(void **)&dw.lineno = dlsym(h, "dwarf_lineno");
+    *(void **)&dw.module_getdwarf = shim_dlsym(h, "dwfl_module_getdwarf");
+    *(void **)&dw.get_units = shim_dlsym(h, "dwarf_get_units");
+    *(void **)&dw.ranges = shim_dlsym(h, "dwarf_ranges");
+    *(void **)&dw.getsrc_die = shim_dlsym(h, "dwarf_getsrc_die");
+    *(void **)&dw.linesrc = shim_dlsym(h, "dwarf_linesrc");
+    *(void **)&dw.lineno = shim_dlsym(h, "dwarf_lineno");
     dw_units_ok = dw.module_getdwarf && dw.get_units && dw.ranges && dw.getsrc_die &&
                   dw.linesrc && dw.lineno;
 }
@@ -342,7 +342,7 @@ static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
     uintptr_t pc = addr ? addr - 1 : 0;
     Dl_info info;
     struct link_map *lm = NULL;
-    if (dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP)) {
+    if (shim_dladdr1((void *)pc, &info, (void **)&lm, RTLD_DL_LINKMAP)) {
         const char *obj = info.dli_fname;
         /* The main program's link map has an empty name (dladdr then makes
          * one up from argv[0], possibly relative): use the real path. */

@@ -28,6 +28,13 @@
  * first. The process-wide handlers are installed by the constructor, before
  * any of those.
  *
+ * The fork gate (shim/base/forkgate.c): walks of the loaded objects (the
+ * shim's loader calls, libunwind's unwinding) take the loader's and
+ * libunwind's locks, which nobody resets in a child. Prepare closes the gate
+ * first and waits, bounded, for the walks in flight (they hold no lock of
+ * ours: loader.h checks it), and new walks wait while the fork is pending;
+ * parent and child open it last. So a child never inherits a walk.
+ *
  * Per-thread state: the forking thread continues in the child with its
  * thread-locals (inside a pressure event or not, detached from Python or
  * not), which stay true for it. Other threads do not exist there. */
@@ -36,6 +43,7 @@
 
 #include "device.h"
 #include "fork.h"
+#include "forkgate.h"
 #include "pressure.h"
 #include "pygc.h"
 #include "pystack.h"
@@ -44,6 +52,7 @@
 
 static void prepare(void)
 {
+    shim_fork_gate_prepare();
     shim_pressure_atfork_prepare();
     shim_stack_atfork_prepare();
     shim_pystack_atfork_prepare();
@@ -56,6 +65,7 @@ static void parent(void)
     shim_pystack_atfork_parent();
     shim_stack_atfork_parent();
     shim_pressure_atfork_parent();
+    shim_fork_gate_parent();
 }
 
 static void child(void)
@@ -67,6 +77,7 @@ static void child(void)
     /* Runs before the devices' own child handlers (registered later). */
     shim_device_atfork_child_early();
     shim_pygc_atfork_child();
+    shim_fork_gate_child();
 }
 
 /* One row of handlers per device slot: pthread_atfork takes no argument. */

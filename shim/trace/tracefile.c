@@ -32,6 +32,7 @@
 
 #include "device.h"
 #include "log.h"
+#include "mutex.h"
 #include "path.h"
 #include "pystack.h"
 #include "stack.h"
@@ -274,16 +275,16 @@ void shim_tracefile_append(unsigned kind, unsigned device, uint64_t seq, uint64_
     if (!atomic_load_explicit(&g_on, memory_order_relaxed))
         return;
     uint64_t t = now_ns(CLOCK_MONOTONIC) - g_start_mono;
-    pthread_mutex_lock(&buf_mu);
+    shim_mutex_lock(&buf_mu);
     if (closed) {
-        pthread_mutex_unlock(&buf_mu);
+        shim_mutex_unlock(&buf_mu);
         return;
     }
     if (!cur)
         cur = chunk_get();
     if (!cur) {
         dropped++;
-        pthread_mutex_unlock(&buf_mu);
+        shim_mutex_unlock(&buf_mu);
         return;
     }
     struct chunk *c = cur;
@@ -309,7 +310,7 @@ void shim_tracefile_append(unsigned kind, unsigned device, uint64_t seq, uint64_
     }
     bool start = !writer_started;
     writer_started = true;
-    pthread_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&buf_mu);
     if (wake)
         pthread_cond_signal(&buf_cv);
     if (start)
@@ -496,7 +497,7 @@ static void write_chunk(struct chunk *c, const struct meta *m)
 /* Writes every buffered event. write_mu held by the caller. */
 static void flush_locked(void)
 {
-    pthread_mutex_lock(&buf_mu);
+    shim_mutex_lock(&buf_mu);
     struct chunk *list = full_head;
     full_head = full_tail = NULL;
     if (cur && cur->n) {
@@ -516,7 +517,7 @@ static void flush_locked(void)
         memcpy(news, sites + first, n * sizeof *news);
     else
         n = 0;
-    pthread_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&buf_mu);
 
     if (list && file_ready()) {
         struct meta m = {0};
@@ -531,13 +532,13 @@ static void flush_locked(void)
         free(m.p);
     }
     free(news);
-    pthread_mutex_lock(&buf_mu);
+    shim_mutex_lock(&buf_mu);
     while (list) {
         struct chunk *next = list->next;
         chunk_put(list);
         list = next;
     }
-    pthread_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&buf_mu);
 }
 
 static void *writer_main(void *arg)
@@ -552,17 +553,17 @@ static void *writer_main(void *arg)
             deadline.tv_sec++;
             deadline.tv_nsec -= 1000000000L;
         }
-        pthread_mutex_lock(&buf_mu);
+        shim_mutex_lock(&buf_mu);
         while (!full_head && !closed &&
                pthread_cond_timedwait(&buf_cv, &buf_mu, &deadline) != ETIMEDOUT)
             ;
         bool stop = closed;
-        pthread_mutex_unlock(&buf_mu);
+        shim_mutex_unlock(&buf_mu);
         if (stop)
             return NULL;
-        pthread_mutex_lock(&write_mu);
+        shim_mutex_lock(&write_mu);
         flush_locked();
-        pthread_mutex_unlock(&write_mu);
+        shim_mutex_unlock(&write_mu);
     }
 }
 
@@ -667,9 +668,9 @@ static void add_names(struct meta *m)
         shim_symbolizer_destroy(sym);
     /* Python stacks were resolved while the interpreter was alive. */
     struct addr_set py = {0};
-    pthread_mutex_lock(&buf_mu);
+    shim_mutex_lock(&buf_mu);
     uint32_t n = nsites;
-    pthread_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&buf_mu);
     for (uint32_t i = 0; i < n; i++)
         if (sites[i].pystack && addr_insert(&py, sites[i].pystack))
             add_pystack(m, sites[i].pystack);
@@ -680,19 +681,24 @@ void shim_tracefile_close(void)
 {
     if (!g_template[0])
         return;
-    pthread_mutex_lock(&write_mu);
-    pthread_mutex_lock(&buf_mu);
+    shim_mutex_lock(&write_mu);
+    shim_mutex_lock(&buf_mu);
     bool was_closed = closed, any = writer_started;
     closed = true;
     uint64_t lost = dropped;
-    pthread_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&buf_mu);
     pthread_cond_broadcast(&buf_cv);
     if (!was_closed && any) {
         flush_locked();
         if (g_fd >= 0 && !g_failed) {
+            /* Names come from the loader (symbolization): never with a
+             * lock of ours held (docs/locking.md). `closed` keeps every
+             * other writer out meanwhile. */
+            shim_mutex_unlock(&write_mu);
             struct meta m = {0};
             add_names(&m);
-            if (!m.oom)
+            shim_mutex_lock(&write_mu);
+            if (!m.oom && g_fd >= 0 && !g_failed)
                 write_chunk(NULL, &m);
             free(m.p);
         }
@@ -706,21 +712,21 @@ void shim_tracefile_close(void)
         g_fd = -1;
     }
     atomic_store(&g_on, false);
-    pthread_mutex_unlock(&write_mu);
+    shim_mutex_unlock(&write_mu);
 }
 
 /* ---- fork ---- */
 
 void shim_tracefile_atfork_prepare(void)
 {
-    pthread_mutex_lock(&write_mu);
-    pthread_mutex_lock(&buf_mu);
+    shim_mutex_lock(&write_mu);
+    shim_mutex_lock(&buf_mu);
 }
 
 void shim_tracefile_atfork_parent(void)
 {
-    pthread_mutex_unlock(&buf_mu);
-    pthread_mutex_unlock(&write_mu);
+    shim_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&write_mu);
 }
 
 void shim_tracefile_atfork_child(void)
@@ -758,6 +764,6 @@ void shim_tracefile_atfork_child(void)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&buf_cv, &ca);
     pthread_condattr_destroy(&ca);
-    pthread_mutex_unlock(&buf_mu);
-    pthread_mutex_unlock(&write_mu);
+    shim_mutex_unlock(&buf_mu);
+    shim_mutex_unlock(&write_mu);
 }

@@ -48,7 +48,7 @@ _STATS_FIELDS = [
     "regions_released", "invalid_frees", "foreign_frees", "pressure_events",
     "pressure_waits", "callback_runs", "callback_recovered_bytes",
     "gc_collections", "gc_time_ns", "gc_recovered_bytes", "gc_timeouts",
-    "gc_skipped", "gc_backoff_skips", "device_waits",
+    "gc_skipped", "gc_backoff_skips", "device_waits", "pressure_wait_timeouts",
 ]
 
 

@@ -1,0 +1,42 @@
+/* The per-thread count of shim locks held (mutex.h).
+ *
+ * Owns one thread-local counter, no lock. Maintained in every build (a
+ * thread-local increment, next to a mutex operation that costs far more):
+ * debug builds assert on it before every loader call, and the interpreter
+ * finder reads it in all builds to skip looking when the caller holds a
+ * lock (a pressure callback that allocates before releasing the allocator
+ * lock). Must never block or log: it runs inside every lock operation. */
+#include "mutex.h"
+
+static __thread unsigned held;
+
+void shim_locks_note_acquired(void)
+{
+    held++;
+}
+
+void shim_locks_note_released(void)
+{
+    /* A lock released by a thread that did not count it (a fork child
+     * handler re-initializing, a misuse) must not wrap around. */
+    if (held)
+        held--;
+}
+
+unsigned shim_locks_held(void)
+{
+    return held;
+}
+
+void shim_mutex_lock(pthread_mutex_t *mu)
+{
+    pthread_mutex_lock(mu);
+    held++;
+}
+
+void shim_mutex_unlock(pthread_mutex_t *mu)
+{
+    if (held)
+        held--;
+    pthread_mutex_unlock(mu);
+}

@@ -1,0 +1,54 @@
+"""The threaded promises of issue 7 (tests/programs/promises.c), each run a
+few times; a generous timeout is the hang detector, nothing is timed.
+bench/promises_stress.sh runs the same scenarios by the thousand with the
+CPUs busy.
+- loader: a library constructor (under the loader's lock) allocates while
+  the main thread makes its first allocation: both finish;
+- foreign lock, both orders: a thread holding the lock another thread's
+  pressure callback needs gets out-of-memory instead of waiting forever,
+  and the timeout is counted (pressure_wait_timeouts);
+- unregister: returns only once the callback stopped running elsewhere;
+- fork: 200 forks while threads allocate under pressure, leak checking on,
+  no Python in the process: every child finishes."""
+import gc_support
+import pythons
+import pytest
+
+
+def promises(shim_lib, *args, env=None, timeout=120):
+    e = {"SIMDEV_MEMORY": "1G", "SPYRESHIM_LIMIT": "8M", "SPYRESHIM_OOM_REPORT": "0",
+         **gc_support.preload_env(shim_lib), **(env or {})}
+    return pythons.run([str(pythons.builddir() / "tests" / "promises"), *args],
+                       env=e, timeout=timeout)
+
+
+def test_library_constructor_allocating_during_the_first_allocation(shim_lib):
+    lib = pythons.builddir() / "tests" / "libctor_alloc.so"
+    for _ in range(5):
+        r = promises(shim_lib, "loader", lib, timeout=60)
+        assert not r.timed_out, r
+        assert r.returncode == 0 and "loader ok" in r.stdout, r
+
+
+@pytest.mark.parametrize("order", ["1", "2"])
+def test_waiting_for_an_event_that_needs_our_lock_ends_in_oom(shim_lib, order):
+    for _ in range(3):
+        r = promises(shim_lib, "foreign", order, timeout=60,
+                     env={"SPYRESHIM_GC": "0", "SPYRESHIM_GC_TIMEOUT_MS": "200"})
+        assert not r.timed_out, r
+        assert r.returncode == 0 and f"foreign {order} ok rc=2" in r.stdout, r
+
+
+def test_unregister_waits_for_runs_on_other_threads(shim_lib):
+    r = promises(shim_lib, "unregister", "100", timeout=120,
+                 env={"SPYRESHIM_GC": "0", "SPYRESHIM_PRESSURE_ROUNDS": "1"})
+    assert not r.timed_out, r
+    assert r.returncode == 0 and "saw_poison=0" in r.stdout, r
+
+
+def test_fork_while_threads_allocate_under_pressure(shim_lib):
+    n = "60" if gc_support.tsan_runtime() else "200"
+    r = promises(shim_lib, "fork", n, timeout=300,
+                 env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_EXITCODE": "0"})
+    assert not r.timed_out, r
+    assert r.returncode == 0 and "hangs=0 failed=0" in r.stdout, r
