@@ -15,7 +15,8 @@
  * lock: had we held `mu` while waiting for the loader, a thread making its
  * first allocation and that constructor would wait for each other forever.
  * So every thread resolves into locals with no lock held (all loader calls
- * go through loader.h, which checks that), and the first to publish wins. */
+ * go through loader.h, which checks that), and the first to publish wins.
+ * Locks, their order and fork: docs/locking.md. */
 #include <stdlib.h>
 #include <string.h>
 

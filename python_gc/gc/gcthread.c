@@ -18,7 +18,8 @@
  * hangs there instead (3.13.8+ parks such a thread forever), the first
  * request after that finalization abandons it and starts a new one (at most
  * MAX_ABANDONED times); an abandoned thread that ever wakes up touches
- * nothing shared and exits. */
+ * nothing shared and exits.
+ * Locks, their order and fork: docs/locking.md. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>

@@ -22,7 +22,8 @@
  * the counters moved.
  * Never dlopen()s anything that is not already loaded (RTLD_NOLOAD), never
  * RTLD_GLOBAL, never calls into Python except Py_GetVersion (a pure string
- * formatter, safe before initialization). */
+ * formatter, safe before initialization).
+ * Locks, their order and fork: docs/locking.md. */
 #include <elf.h>
 #include <pthread.h>
 #include <stdatomic.h>

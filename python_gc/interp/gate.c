@@ -15,7 +15,8 @@
  *
  * Owns the state, the in-flight count and the close-time functions; all
  * guarded by gate_mu, a leaf lock never held while calling Python or while
- * taking any other lock. */
+ * taking any other lock.
+ * Locks, their order and fork: docs/locking.md. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>

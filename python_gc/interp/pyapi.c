@@ -6,7 +6,8 @@
  * a table is resolved (dlsym, through loader.h) into a local with no lock
  * held, then api_mu is taken only to append and publish it; concurrent
  * first callers may both resolve, the first to publish wins.
- * Never calls a Python function here: resolution is dlsym only. */
+ * Never calls a Python function here: resolution is dlsym only.
+ * Locks, their order and fork: docs/locking.md. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>

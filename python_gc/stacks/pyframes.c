@@ -17,7 +17,8 @@
  * build's header adds (free-threaded builds, Py_TRACE_REFS), which is
  * measured on a known object rather than assumed. The test
  * tests/integration/test_pystack.py compiles the headers of every
- * interpreter on the machine and compares. */
+ * interpreter on the machine and compares.
+ * Locks, their order and fork: docs/locking.md. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>

@@ -32,7 +32,8 @@
  * leak reports have native stacks only there.
  *
  * Memory is bounded (MAX_FRAMES, MAX_STACKS, MAX_POOL): when full, new
- * stacks are not recorded (id 0) and one warning says so. */
+ * stacks are not recorded (id 0) and one warning says so.
+ * Locks, their order and fork: docs/locking.md. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>

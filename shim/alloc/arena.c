@@ -42,6 +42,7 @@
  *   shim_arena_trim releases cached ones (the owner calls it under
  *   pressure), and a request that cannot get a new region releases them and
  *   tries again before failing.
+ * Locks, their order and fork: docs/locking.md.
  */
 #include "arena.h"
 #include "bins.h"

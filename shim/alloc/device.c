@@ -255,6 +255,7 @@ static bool lock_unless_mine(shim_device *d)
 
 static bool has_empty_regions(const shim_device *d)
 {
+    shim_lock_assert_held(&d->lock);
     shim_arena_counters c;
     shim_arena_get_counters(d->arena, &c);
     return c.empty_regions > 0;
@@ -267,6 +268,7 @@ static void announce_ready(shim_device *d);
  * waiting (the wait blocks). False when nothing was recycled. */
 static bool recycle_pending(shim_device *d)
 {
+    shim_lock_assert_held(&d->lock);
     uint64_t covered = d->next_ticket;
     bool taken_here = shim_lock_held_by_me(&d->lock);
     if (taken_here)
@@ -301,6 +303,7 @@ static bool recycle_pending(shim_device *d)
  * (the caller then waits for the device right away). */
 static bool defer_free(shim_device *d, uint32_t node, size_t block)
 {
+    shim_lock_assert_held(&d->lock);
     if (d->npending == d->pending_cap) {
         size_t cap = d->pending_cap ? d->pending_cap * 2 : 64;
         pending_free *p = realloc(d->pending, cap * sizeof *p);
@@ -316,6 +319,7 @@ static bool defer_free(shim_device *d, uint32_t node, size_t block)
 
 static bool too_much_pending(const shim_device *d)
 {
+    shim_lock_assert_held(&d->lock);
     if (d->npending >= PENDING_MAX_BLOCKS)
         return true;
     shim_arena_counters c;
@@ -370,6 +374,7 @@ struct relief_budget {
  * must fail. */
 static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
 {
+    shim_lock_assert_held(&d->lock);
     /* Blocks freed while the device may still use them are the cheapest
      * memory there is: one wait for the device and they are free. */
     if (d->npending > 0 && recycle_pending(d))
@@ -486,6 +491,7 @@ static const char *kind_name(enum shim_block_kind k)
  * that frees while holding it. */
 static void release_block(shim_device *d, uint32_t node, size_t size, bool taken)
 {
+    shim_lock_assert_held(&d->lock);
     d->frees++;
     d->live_bytes -= size;
     if (!d->rt->sync_device) {

@@ -2,7 +2,8 @@
  * owner word; `owner` is written only by the holder, read by anyone (the
  * contract checks and the re-entrant free path). Counted in the thread's
  * shim locks (mutex.h) like every other lock of ours, so that a loader
- * call made while holding it is caught. */
+ * call made while holding it is caught.
+ * Locks, their order and fork: docs/locking.md. */
 #include "lock.h"
 #include "log.h"
 

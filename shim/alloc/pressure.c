@@ -17,7 +17,8 @@
  * Unregistering quiesces: every callback run is listed (registry_mu) while
  * it runs, and spyreshim_unregister_pressure_callback waits until no other
  * thread runs that (fn, user) any more; a callback that unregisters itself
- * does not wait for itself. */
+ * does not wait for itself.
+ * Locks, their order and fork: docs/locking.md. */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>

@@ -16,6 +16,7 @@
  * Guarded by: the owner's allocator lock; nothing here locks. The only
  * reader without it is shim_table_prefetch, through two atomic hints.
  * Never: dereferences a key (keys are device addresses).
+ * Locks, their order and fork: docs/locking.md.
  */
 #include "table.h"
 #include "hostmem.h"

@@ -12,7 +12,8 @@
  * prepare handlers too, and a walker may wait for the loader's lock held by
  * a thread that waits for an allocator lock a device's prepare took. Past
  * the bound the fork (or the walk) proceeds as it would without the gate,
- * and a debug line says so. Must never take a lock or call the loader. */
+ * and a debug line says so. Must never take a lock or call the loader.
+ * Locks, their order and fork: docs/locking.md. */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>

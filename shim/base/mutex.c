@@ -5,7 +5,8 @@
  * debug builds assert on it before every loader call, and the interpreter
  * finder reads it in all builds to skip looking when the caller holds a
  * lock (a pressure callback that allocates before releasing the allocator
- * lock). Must never block or log: it runs inside every lock operation. */
+ * lock). Must never block or log: it runs inside every lock operation.
+ * Locks, their order and fork: docs/locking.md. */
 #include "mutex.h"
 
 static __thread unsigned held;

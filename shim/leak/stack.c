@@ -19,6 +19,7 @@
  * Interned stacks are never freed: ids stay valid for the life of the
  * process, so records and reports can hold them without reference counts.
  * Memory is bounded by the number of distinct stacks, not allocations.
+ * Locks, their order and fork: docs/locking.md.
  */
 #include "stack.h"
 
