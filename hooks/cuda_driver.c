@@ -256,7 +256,7 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (shim_device_in_backend())
         return drv->mem_free(ptr);
-    return shim_device_free_any(&driver_rt, (void *)(uintptr_t)ptr);
+    return shim_device_free_any(&driver_rt, NULL, (void *)(uintptr_t)ptr);
 }
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total)

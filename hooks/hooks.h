@@ -56,17 +56,20 @@ shim_device *shim_hook_device(shim_hook_slots *s);
             return slots.rt.err_invalid;                                          \
         if (SHIM_HOOK_PASS_)                                                      \
             return slots.rt.real_malloc(ptr, size);                               \
+        if (!slots.rt.current_device) /* one device: the one resolved */          \
+            return shim_device_malloc(d, ptr, size);                              \
         int rc = shim_device_for_caller(&slots.rt, &d);                           \
         return rc ? rc : shim_device_malloc(d, ptr, size);                        \
     }
 #define SHIM_HOOK_WRAP_FREE(sym)                                                  \
     __attribute__((visibility("default"))) int sym(void *ptr)                     \
     {                                                                             \
-        if (!shim_hook_device(&slots))                                            \
+        shim_device *d = shim_hook_device(&slots);                                \
+        if (!d)                                                                   \
             return slots.rt.err_invalid;                                          \
         if (SHIM_HOOK_PASS_)                                                      \
             return slots.rt.real_free(ptr);                                       \
-        return shim_device_free_any(&slots.rt, ptr);                              \
+        return shim_device_free_any(&slots.rt, d, ptr);                           \
     }
 #define SHIM_HOOK_WRAP_MEMINFO(sym)                                               \
     __attribute__((visibility("default"))) int sym(size_t *free, size_t *total)  \
@@ -76,6 +79,8 @@ shim_device *shim_hook_device(shim_hook_slots *s);
             return slots.rt.err_invalid;                                          \
         if (SHIM_HOOK_PASS_)                                                      \
             return slots.rt.real_mem_info(free, total);                           \
+        if (!slots.rt.current_device)                                             \
+            return shim_device_mem_info(d, free, total);                          \
         int rc = shim_device_for_caller(&slots.rt, &d);                           \
         return rc ? rc : shim_device_mem_info(d, free, total);                    \
     }

@@ -600,15 +600,15 @@ int shim_device_free(shim_device *d, void *ptr)
     return free_on(d, d->rt, ptr, false);
 }
 
-int shim_device_free_any(const shim_runtime *rt, void *ptr)
+int shim_device_free_any(const shim_runtime *rt, shim_device *hint, void *ptr)
 {
     if (!ptr)
         return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
     /* The caller's device first: almost every free comes from there, and a
      * hit costs one lock and one table lookup. */
     int ordinal = 0;
-    shim_device *cur = NULL;
-    if (!rt->current_device || rt->current_device(&ordinal) == 0)
+    shim_device *cur = rt->current_device ? NULL : hint;
+    if (!cur && (!rt->current_device || rt->current_device(&ordinal) == 0))
         cur = find_device(rt, ordinal);
     if (!cur) {
         size_t n = shim_device_count();

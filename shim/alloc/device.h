@@ -79,8 +79,9 @@ shim_device *shim_device_get(const shim_runtime *rt);
 int shim_device_malloc(shim_device *d, void **ptr, size_t size);
 int shim_device_free(shim_device *d, void *ptr);
 /* Frees `ptr` whichever device of `rt`'s runtime served it, whatever device
- * is current; a pointer no device knows goes to rt->real_free. */
-int shim_device_free_any(const shim_runtime *rt, void *ptr);
+ * is current (looked at first; `hint` when the runtime has one device, or
+ * NULL); a pointer no device knows goes to rt->real_free. */
+int shim_device_free_any(const shim_runtime *rt, shim_device *hint, void *ptr);
 /* The live block of `rt`'s runtime that contains `addr`: 0 with its start
  * and the size the program asked for, or -1 when no device served it. */
 int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base,

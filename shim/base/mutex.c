@@ -9,7 +9,10 @@
  * Locks, their order and fork: docs/locking.md. */
 #include "mutex.h"
 
-static __thread unsigned held;
+/* initial-exec: one %fs-relative access instead of a __tls_get_addr call
+ * on every lock operation (the library is preloaded or linked, so its TLS
+ * is static; a dlopen gets it from glibc's static TLS surplus). */
+static __thread unsigned held __attribute__((tls_model("initial-exec")));
 
 void shim_locks_note_acquired(void)
 {
