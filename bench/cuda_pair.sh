@@ -29,7 +29,9 @@ for s in 0 1 2; do
   pairs=$([ "$s" = 0 ] && echo 400000 || echo 40000)
   plain=$(best "$prog" "$pairs" "$s")
   shim=$(LD_PRELOAD=$PWD/$b/libspyreshim.so best "$prog" "$pairs" "$s")
-  waits=$(LD_PRELOAD=$PWD/$b/libspyreshim.so SPYRESHIM_STATS=/dev/stdout "$prog" "$pairs" "$s" \
-          | sed -n 's/.*"device_waits": \([0-9]*\).*/\1/p')
+  stats=$(mktemp)
+  LD_PRELOAD=$PWD/$b/libspyreshim.so SPYRESHIM_STATS=$stats "$prog" "$pairs" "$s" >/dev/null
+  waits=$(sed -n 's/.*"device_waits": \([0-9]*\).*/\1/p' "$stats")
+  rm -f "$stats"
   printf '| %s | %s | %s | %.3f | %s |\n' "$s" "$plain" "$shim" "$(echo "$shim / $plain" | bc -l)" "$waits"
 done
