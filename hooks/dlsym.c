@@ -27,7 +27,12 @@
 /* Read by the stub's tail jump: never NULL once shim_dlsym_pick returned. */
 __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlsym_next)(void *, const char *);
 
-static void *(*resolve_next(void))(void *, const char *)
+/* Not instrumented by sanitizers: a sanitizer's runtime looks its real
+ * functions up with dlsym while it initializes, before instrumented code
+ * may run, and those lookups come through here. */
+#define NO_SANITIZE __attribute__((no_sanitize("thread", "address", "undefined")))
+
+NO_SANITIZE static void *(*resolve_next(void))(void *, const char *)
 {
     void *(*fn)(void *, const char *) = atomic_load_explicit(&shim_dlsym_next, memory_order_acquire);
     if (fn)
@@ -36,10 +41,8 @@ static void *(*resolve_next(void))(void *, const char *)
     *(void **)&fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
     if (!fn)
         *(void **)&fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    if (!fn) {
-        shim_warn("cannot find the C library's dlsym; aborting");
-        abort();
-    }
+    if (!fn)
+        abort(); /* no glibc dlsym: nothing can work (nothing to log with yet) */
     atomic_store_explicit(&shim_dlsym_next, fn, memory_order_release);
     return fn;
 }
@@ -55,6 +58,16 @@ void *shim_real_dlsym(void *handle, const char *name)
     return p;
 }
 
+static bool called_from_shim(void *ret);
+
+/* A lookup of a name that may be a driver function the shim serves. */
+static void *pick_driver(void *handle, const char *name, void *ret)
+{
+    if (called_from_shim(ret))
+        return NULL; /* the shim looking for the real function */
+    return shim_cuda_driver_lookup(handle, name);
+}
+
 static bool called_from_shim(void *ret)
 {
     Dl_info self, caller;
@@ -64,16 +77,16 @@ static bool called_from_shim(void *ret)
 
 /* From the stub, with dlsym's arguments and its caller's return address.
  * NULL: the stub forwards the call untouched. */
-__attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *handle, const char *name,
-                                                            void *ret)
+NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *handle,
+                                                                        const char *name,
+                                                                        void *ret)
 {
     resolve_next();
     /* The special handles are relative to the caller or global: the global
      * scope already finds the shim's exports first, and RTLD_NEXT must stay
-     * the caller's. The fast test on the name keeps everything else cheap. */
+     * the caller's. The fast test on the name keeps everything else cheap
+     * (and out of instrumented code). */
     if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || name[0] != 'c' || name[1] != 'u')
         return NULL;
-    if (called_from_shim(ret))
-        return NULL; /* the shim looking for the real function */
-    return shim_cuda_driver_lookup(handle, name);
+    return pick_driver(handle, name, ret);
 }
