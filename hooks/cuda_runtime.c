@@ -10,6 +10,7 @@
  * cudaErrorMemoryAllocation = 2. cudaMalloc guarantees 256-byte alignment,
  * so the shim's blocks keep it. */
 #include <stdatomic.h>
+#include <stdlib.h>
 
 #include "cuda.h"
 #include "hooks.h"
@@ -19,44 +20,57 @@
     X(FREE, cudaFree)        \
     X(MEMINFO, cudaMemGetInfo)
 
-/* Optional runtime functions: resolved once, NULL when absent. */
-static int (*real_get_device)(int *);
-static int (*real_set_device)(int);
-static int (*real_device_synchronize)(void);
-static _Atomic bool optional_resolved;
+/* Optional runtime functions: resolved once into a table published with
+ * one atomic store (racing first callers resolve the same values; the
+ * loser's copy is freed). NULL members: absent. */
+typedef struct optional {
+    int (*get_device)(int *);
+    int (*set_device)(int);
+    int (*device_synchronize)(void);
+} optional;
 
-static void resolve_optional(void)
+static _Atomic(optional *) the_optional;
+static const optional none; /* out of host memory: treat all as absent */
+
+static const optional *resolve_optional(void)
 {
-    if (atomic_load_explicit(&optional_resolved, memory_order_acquire))
-        return;
-    /* Racing threads resolve the same values; the flag publishes them. */
-    *(void **)&real_get_device = shim_resolve_real("cudaGetDevice");
-    *(void **)&real_set_device = shim_resolve_real("cudaSetDevice");
-    *(void **)&real_device_synchronize = shim_resolve_real("cudaDeviceSynchronize");
-    atomic_store_explicit(&optional_resolved, true, memory_order_release);
+    optional *o = atomic_load_explicit(&the_optional, memory_order_acquire);
+    if (o)
+        return o;
+    optional *mine = calloc(1, sizeof *mine);
+    if (!mine)
+        return &none;
+    *(void **)&mine->get_device = shim_resolve_real("cudaGetDevice");
+    *(void **)&mine->set_device = shim_resolve_real("cudaSetDevice");
+    *(void **)&mine->device_synchronize = shim_resolve_real("cudaDeviceSynchronize");
+    optional *expected = NULL;
+    if (atomic_compare_exchange_strong(&the_optional, &expected, mine))
+        return mine;
+    free(mine);
+    return expected;
 }
 
 static int current_device(int *ordinal)
 {
-    resolve_optional();
+    const optional *o = resolve_optional();
     *ordinal = 0;
-    return real_get_device ? real_get_device(ordinal) : 0;
+    return o->get_device ? o->get_device(ordinal) : 0;
 }
 
 static int sync_device(int ordinal)
 {
-    resolve_optional();
-    if (!real_device_synchronize)
+    const optional *o = resolve_optional();
+    if (!o->device_synchronize)
         return 0; /* a runtime without asynchronous work */
     int cur = 0;
     if (current_device(&cur) == 0 && cur == ordinal)
-        return real_device_synchronize();
-    if (!real_set_device)
+        return o->device_synchronize();
+    if (!o->set_device)
         return 0;
-    int rc = real_set_device(ordinal);
+    int rc = o->set_device(ordinal);
     if (rc == 0)
-        rc = real_device_synchronize();
-    real_set_device(cur);
+        rc = o->device_synchronize();
+    o->set_device(cur);
     return rc;
 }
 
