@@ -80,15 +80,19 @@ static _Atomic bool routed; /* the runtime got our cuMemAlloc_v2 from cuGetProcA
 
 static bool is_ours(void *fn)
 {
-    static Dl_info self;
-    static _Atomic bool have_self;
-    if (!atomic_load_explicit(&have_self, memory_order_acquire)) {
+    /* The shim's load address, looked up once (racing threads store the
+     * same value). */
+    static _Atomic(void *) self_base;
+    void *base = atomic_load_explicit(&self_base, memory_order_relaxed);
+    if (!base) {
+        Dl_info self;
         if (!shim_dladdr((void *)is_ours, &self))
             return false;
-        atomic_store_explicit(&have_self, true, memory_order_release);
+        base = self.dli_fbase;
+        atomic_store_explicit(&self_base, base, memory_order_relaxed);
     }
     Dl_info di;
-    return fn && shim_dladdr(fn, &di) && di.dli_fbase == self.dli_fbase;
+    return fn && shim_dladdr(fn, &di) && di.dli_fbase == base;
 }
 
 /* Publishes `d` unless another thread was first; returns the table in use. */
