@@ -768,16 +768,28 @@ size_t shim_device_trim(shim_device *d)
 
 /* fork(): what a device does; when, and in which order with every other
  * lock of the process, is shim/process/fork.c's (docs/locking.md). */
+
+/* Device i as the fork handlers see it: the acquire load of the count pairs
+ * with the release store that published the device (the handlers were
+ * installed by another thread, through glibc's own lock). */
+static shim_device *device_slot(size_t i)
+{
+    return i < atomic_load_explicit(&ndevices, memory_order_acquire) ? devices[i] : NULL;
+}
 void shim_device_fork_prepare(size_t i)
 {
-    shim_device *d = devices[i];
+    shim_device *d = device_slot(i);
+    if (!d)
+        return;
     shim_lock_acquire(&d->lock);
     d->fork_locked = true;
 }
 
 void shim_device_fork_parent(size_t i)
 {
-    shim_device *d = devices[i];
+    shim_device *d = device_slot(i);
+    if (!d || !d->fork_locked)
+        return;
     d->fork_locked = false;
     shim_lock_release(&d->lock);
 }
@@ -789,7 +801,9 @@ static void reset_pressure(shim_device *d)
 
 void shim_device_fork_child(size_t i)
 {
-    shim_device *d = devices[i];
+    shim_device *d = device_slot(i);
+    if (!d || !d->fork_locked)
+        return;
     reset_pressure(d);
     d->fork_locked = false;
     shim_lock_release(&d->lock);

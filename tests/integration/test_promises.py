@@ -47,8 +47,14 @@ def test_unregister_waits_for_runs_on_other_threads(shim_lib):
 
 
 def test_fork_while_threads_allocate_under_pressure(shim_lib):
-    n = "60" if gc_support.tsan_runtime() else "200"
+    tsan = gc_support.tsan_runtime()
+    n = "60" if tsan else "200"
+    # Under ThreadSanitizer without leak checking: libunwind's per-thread
+    # trace cache is freed by a thread-specific-data destructor when a
+    # thread exits, after TSan has torn that thread down, and TSan crashes
+    # in it (not the shim's code). The walks leak checking adds are covered
+    # by the plain run.
     r = promises(shim_lib, "fork", n, timeout=300,
-                 env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_EXITCODE": "0"})
+                 env={"SPYRESHIM_LEAK_CHECK": "0" if tsan else "1", "SPYRESHIM_EXITCODE": "0"})
     assert not r.timed_out, r
     assert r.returncode == 0 and "hangs=0 failed=0" in r.stdout, r
