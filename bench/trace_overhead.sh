@@ -37,8 +37,8 @@ run_native() { # threads trace? -> "wall cpu"
         SPYRESHIM_EXITCODE=0 "${t[@]}" "$bench" simdev 32 "$reps" "$1" 2>/dev/null |
         awk '{ print $6, $8 }'
 }
-d() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.0f", (a - b) / 2 }'; }  # per event
-printf '%-44s %10s %10s %14s %14s\n' case wall/pair cpu/pair wall/event cpu/event
+d() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.0f", a - b }'; }  # per pair = per allocation and its free
+printf '%-44s %10s %10s %14s %14s\n' case wall/pair cpu/pair +wall/alloc +cpu/alloc
 for th in 1 2; do
     read -r w0 c0 <<<"$(run_native "$th" 0)"
     read -r w1 c1 <<<"$(run_native "$th" 1)"
@@ -52,16 +52,17 @@ pyrun() { # python_stacks trace?
     [[ $2 == 1 ]] && t=(SPYRESHIM_TRACE="$tr")
     env SIMDEV_MEMORY=64G LD_PRELOAD="$shim" PYTHONPATH="$build/tests/simdev" \
         SPYRESHIM_LEAK_CHECK=1 SPYRESHIM_PYTHON_STACKS="$1" SPYRESHIM_EXITCODE=0 "${t[@]}" \
-        "$py" "$root/bench/leak_overhead.py" --depth 20 --reps "$reps" 2>/dev/null | awk '{ print $NF }'
+        "$py" "$root/bench/leak_overhead.py" --depth 20 --reps "$reps" --clock "$3" 2>/dev/null |
+        awk '{ print $NF }'
 }
 if env PYTHONPATH="$build/tests/simdev" "$py" -c 'import simdev' 2>/dev/null; then
     for ps in 0 1; do
         label=$([[ $ps == 0 ]] && echo "native stacks" || echo "+ Python stacks")
-        p0=$(pyrun "$ps" 0)
-        p1=$(pyrun "$ps" 1)
-        printf '%-44s %10s %10s %14s %14s\n' "python, $label, leak check" "$p0" - - -
-        printf '%-44s %10s %10s %14s %14s\n' "python, $label, leak check + trace" "$p1" - \
-            "$(d "$p1" "$p0")" -
+        p0=$(pyrun "$ps" 0 wall) c0=$(pyrun "$ps" 0 cpu)
+        p1=$(pyrun "$ps" 1 wall) c1=$(pyrun "$ps" 1 cpu)
+        printf '%-44s %10s %10s %14s %14s\n' "python, $label, leak check" "$p0" "$c0" - -
+        printf '%-44s %10s %10s %14s %14s\n' "python, $label, leak check + trace" "$p1" "$c1" \
+            "$(d "$p1" "$p0")" "$(d "$c1" "$c0")"
     done
 else
     echo "(python: $py cannot import simdev from $build/tests/simdev: skipped)"
@@ -84,5 +85,5 @@ if [[ ${CALLGRIND:-1} == 1 ]] && command -v valgrind >/dev/null; then
         printf "callgrind: allocating thread +%.0f instructions per event (%d events);\n", (r1 - r0) / n, n
         printf "           the hook (on_event, inclusive) %.0f per event; the writer thread %.1f\n", ev / n, wr / n }'
 fi
-echo "(best of $reps; per event = per pair / 2; trace file in $dir; $(nproc) CPUs," \
+echo "(best of $reps; +/alloc: per pair, an allocation and its free both recorded; trace file in $dir; $(nproc) CPUs," \
      "load $(cut -d' ' -f1 /proc/loadavg); $("$py" -c 'import platform; print("Python", platform.python_version())' 2>/dev/null))"
