@@ -77,8 +77,10 @@ if [[ ${CALLGRIND:-1} == 1 ]] && command -v valgrind >/dev/null; then
             SPYRESHIM_EXITCODE=0 "${e[@]}" valgrind -q --tool=callgrind \
             --callgrind-out-file="$tr.cg.$t" "$bench" simdev 32 1 1 "$pairs" >/dev/null 2>&1
     done
+    # awk reads to the end: an early exit would SIGPIPE callgrind_annotate,
+    # and pipefail with set -e would end the script without a word.
     ir() { callgrind_annotate --inclusive=yes --threshold=100 "$1" 2>/dev/null |
-           awk -v f="$2" '$0 ~ f { gsub(",", "", $1); print $1; exit }'; }
+           awk -v f="$2" '$0 ~ f && !v { v = $1; gsub(",", "", v) } END { print v + 0 }'; }
     r0=$(ir "$tr.cg.0" ':replay ') r1=$(ir "$tr.cg.1" ':replay ') ev=$(ir "$tr.cg.1" ':on_event ')
     wr=$(ir "$tr.cg.1" ':writer_main ')
     awk -v r0="$r0" -v r1="$r1" -v ev="$ev" -v wr="${wr:-0}" -v n="$events" 'BEGIN {
