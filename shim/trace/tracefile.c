@@ -1,24 +1,39 @@
 /* The trace file (tracefile.h; the layout is tracefmt.h and
  * docs/trace-format.md).
  *
- * Owns: the event buffers (chunks of 32768 events, 1 MiB), the table of
- * sites (a site is a (native stack, Python stack) pair, interned so that an
- * event carries one 32-bit id), the writer thread, and the file.
+ * Owns: the event buffers (one per recording thread: chunks of 8192
+ * events, 256 KiB), the table of sites (a site is a (native stack, Python
+ * stack) pair, interned so that an event carries one 32-bit id), the writer
+ * thread, and the file.
  *
- * Locks (docs/locking.md): `buf_mu` guards the current chunk, the queue of
- * full chunks, the free list and the site table. It is a leaf: appending
- * takes it for a copy of 32 bytes and a hash lookup, and it may be taken
- * with an allocator lock held (markers of a pressure event, allocations by
- * a callback that holds the lock) or the GIL (collection markers). `write_mu`
- * guards the file and what has been written to it (sites, stacks,
- * devices); it is held across the file's I/O and taken before `buf_mu`.
- * Never does I/O with `buf_mu` held, never does I/O on the allocating
- * thread: the writer thread (or the destructor) writes. Never calls into
- * the allocator or Python.
+ * The append path takes no lock: each thread appends to its own chunk and
+ * publishes the count with a release store; the site of an event comes
+ * from a per-thread cache of the site table. Threads meet only when a
+ * chunk fills (once per 8192 events), on a site the thread has not seen,
+ * and on a thread's first event and its exit. The writer reads the events
+ * a thread published so far without stopping it (it never touches an event
+ * past the published count), so a thread's partial chunk reaches the file
+ * at every flush interval. Chunks are written in any order across
+ * threads: the sequence number in each event is the order (the reader
+ * sorts by it).
+ *
+ * Locks (docs/locking.md): `buf_mu` guards the list of threads' buffers,
+ * the queue of full chunks, the free list and the site table. It is a
+ * leaf, taken only off the common path (see above), possibly with an
+ * allocator lock held (markers of a pressure event, allocations by a
+ * callback that holds the lock) or the GIL (collection markers). `write_mu`
+ * guards the file and what has been written to it (sites, stacks, devices,
+ * how much of each chunk); it is held across the file's I/O and taken
+ * before `buf_mu`. Never does I/O with `buf_mu` held, never does I/O on the
+ * allocating thread: the writer thread (or the destructor) writes. Never
+ * calls into the allocator or Python.
  *
  * Crash safety: the writer thread flushes every SPYRESHIM_TRACE_FLUSH_MS
- * (at most a second) and whenever a chunk fills, so a SIGKILL loses at
- * most that much; a chunk cut by the kill is dropped by the reader. */
+ * (at most a second), every thread's partial chunk included, and whenever
+ * a chunk fills, so a SIGKILL loses at most that much; a chunk cut by the
+ * kill is dropped by the reader. A thread that exits hands its chunk to the
+ * writer (a pthread key destructor); at exit the destructor writes every
+ * thread's; after fork() the child drops every buffer of the parent's. */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -40,15 +55,30 @@
 #include "tracefile.h"
 #include "tracefmt.h"
 
-#define EV_PER_CHUNK 32768
-#define FREE_CHUNKS_KEPT 4
+#define EV_PER_CHUNK 8192
+#define FREE_CHUNKS_KEPT 8
 #define PYSTACK_MAX_FRAMES 256
+#define SITE_CACHE 64 /* per thread, direct-mapped; a power of two */
 
 struct chunk {
-    struct chunk *next;
-    uint32_t n;
-    uint64_t seq_min;
+    struct chunk *next;          /* in the full queue or the free list (buf_mu) */
+    _Atomic uint32_t n;          /* events published by the owning thread */
+    uint32_t written;            /* of those, how many are in the file (write_mu) */
+    _Atomic uint64_t last_seq;   /* the newest event's whole sequence number: events
+                                    carry its low 32 bits, the writer the rest */
     trace_event ev[EV_PER_CHUNK];
+};
+
+/* One recording thread's buffer. `cur` and the list links change under
+ * buf_mu; the owning thread reads `cur` and the cache without it (it is
+ * the only one that changes them). */
+struct tbuf {
+    struct tbuf *next, *prev;
+    struct chunk *cur;
+    struct {
+        uint64_t key;            /* nstack << 32 | pystack; 0 = empty */
+        uint32_t site;
+    } cache[SITE_CACHE];
 };
 
 struct site {
@@ -60,14 +90,22 @@ static char g_template[4096];
 static unsigned g_flush_ms = 1000;
 static uint64_t g_start_mono, g_start_real;
 static atomic_bool g_on;
+static pthread_key_t g_key;      /* a thread's tbuf: its destructor hands the chunk over */
+static bool g_key_ok;
+/* initial-exec: no __tls_get_addr call per event. The shim is preloaded
+ * (static TLS); a dlopen finds these 8 bytes in glibc's surplus. */
+static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
+static _Atomic uint64_t dropped;
+static atomic_bool writer_started;
 
 /* Guarded by buf_mu. */
 static pthread_mutex_t buf_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t buf_cv;
-static struct chunk *cur, *full_head, *full_tail, *free_list;
+static struct tbuf *threads;     /* every thread's buffer */
+static size_t nthreads;
+static struct chunk *full_head, *full_tail, *free_list;
 static unsigned free_count;
-static bool closed, writer_started;
-static uint64_t dropped;
+static bool closed;
 static struct site *sites;      /* sites[id - 1] */
 static uint32_t nsites, sites_cap;
 static uint64_t *site_slots;    /* open addressing: key (nstack << 32 | pystack), 0 = empty */
@@ -86,6 +124,12 @@ static size_t nstack_seen_bytes;
 static uint32_t *nstacks;       /* native stack ids written, in order */
 static size_t n_nstacks, nstacks_cap;
 static uint64_t maps_hash;
+struct span {                    /* part of a chunk to write */
+    struct chunk *c;
+    uint32_t end;
+};
+static struct span *spans;       /* the writer's snapshot of threads' chunks */
+static size_t spans_cap;
 
 /* Metadata being built for one write; writer only. */
 struct meta {
@@ -205,32 +249,34 @@ static uint32_t site_intern(uint32_t nstack, uint32_t pystack)
 
 /* ---- buffers (buf_mu held) ---- */
 
-static struct chunk *chunk_get(void)
+/* A chunk from the free list, or NULL (buf_mu held). */
+static struct chunk *chunk_reuse(void)
 {
     struct chunk *c = free_list;
     if (c) {
         free_list = c->next;
         free_count--;
-    } else {
-        c = malloc(sizeof *c);
-        if (!c)
-            return NULL;
     }
-    c->next = NULL;
-    c->n = 0;
-    c->seq_min = UINT64_MAX;
     return c;
 }
 
-static void chunk_put(struct chunk *c)
+static void chunk_reset(struct chunk *c)
 {
-    if (free_count >= FREE_CHUNKS_KEPT) {
-        free(c);
-        return;
-    }
-    c->next = free_list;
-    free_list = c;
-    free_count++;
+    c->next = NULL;
+    atomic_store_explicit(&c->n, 0, memory_order_relaxed);
+    atomic_store_explicit(&c->last_seq, 0, memory_order_relaxed);
+    c->written = 0;
+}
+
+/* buf_mu held. */
+static void queue_full(struct chunk *c)
+{
+    c->next = NULL;
+    if (full_tail)
+        full_tail->next = c;
+    else
+        full_head = c;
+    full_tail = c;
 }
 
 static void *writer_main(void *arg);
@@ -253,6 +299,8 @@ static void start_writer(void)
                   strerror(rc));
 }
 
+static void tbuf_exit(void *arg);
+
 void shim_tracefile_init(const char *path_template, unsigned flush_ms)
 {
     if (!path_template || !path_template[0] || strlen(path_template) >= sizeof g_template)
@@ -264,57 +312,143 @@ void shim_tracefile_init(const char *path_template, unsigned flush_ms)
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&buf_cv, &ca);
     pthread_condattr_destroy(&ca);
+    /* Without the key a thread's buffer outlives it: its events are still
+     * written (the writer finds the buffer in the list), only the memory
+     * stays. */
+    g_key_ok = pthread_key_create(&g_key, tbuf_exit) == 0;
     g_start_mono = now_ns(CLOCK_MONOTONIC);
     g_start_real = now_ns(CLOCK_REALTIME);
     atomic_store(&g_on, true);
 }
 
+/* The calling thread's first event: its buffer, in the list the writer
+ * reads. The chunk is allocated before buf_mu is taken. */
+static struct tbuf *tbuf_new(void)
+{
+    struct tbuf *tb = calloc(1, sizeof *tb);
+    struct chunk *c = malloc(sizeof *c);
+    if (!tb || !c) {
+        free(tb);
+        free(c);
+        return NULL;
+    }
+    chunk_reset(c);
+    tb->cur = c;
+    shim_mutex_lock(&buf_mu);
+    tb->next = threads;
+    if (threads)
+        threads->prev = tb;
+    threads = tb;
+    nthreads++;
+    shim_mutex_unlock(&buf_mu);
+    tls_buf = tb;
+    if (g_key_ok)
+        pthread_setspecific(g_key, tb);
+    if (!atomic_exchange(&writer_started, true))
+        start_writer();
+    return tb;
+}
+
+/* Thread exit (the key's destructor): the chunk goes to the writer's
+ * queue, the buffer leaves the list. A later event of this thread (another
+ * destructor that allocates) starts a new buffer. */
+static void tbuf_exit(void *arg)
+{
+    struct tbuf *tb = arg;
+    if (tls_buf == tb)
+        tls_buf = NULL;
+    shim_mutex_lock(&buf_mu);
+    if (tb->prev)
+        tb->prev->next = tb->next;
+    else
+        threads = tb->next;
+    if (tb->next)
+        tb->next->prev = tb->prev;
+    nthreads--;
+    struct chunk *c = tb->cur;
+    if (c && atomic_load_explicit(&c->n, memory_order_relaxed) > c->written)
+        queue_full(c);
+    else
+        free(c);
+    shim_mutex_unlock(&buf_mu);
+    free(tb);
+}
+
+/* The thread's chunk is full (or there is none): it goes to the writer,
+ * and a fresh one replaces it. Returns NULL when there is no memory. */
+static struct chunk *chunk_swap(struct tbuf *tb)
+{
+    shim_mutex_lock(&buf_mu);
+    if (tb->cur)
+        queue_full(tb->cur);
+    /* Reset before it is published: the writer may look at it at once. */
+    struct chunk *c = chunk_reuse();
+    if (c)
+        chunk_reset(c);
+    tb->cur = c;
+    shim_mutex_unlock(&buf_mu);
+    pthread_cond_signal(&buf_cv);
+    if (!c) {
+        c = malloc(sizeof *c);
+        if (!c)
+            return NULL;
+        chunk_reset(c);
+        shim_mutex_lock(&buf_mu);
+        tb->cur = c;
+        shim_mutex_unlock(&buf_mu);
+    }
+    return c;
+}
+
+/* A pair this thread's cache does not have: the shared table (buf_mu). */
+static uint32_t site_slow(struct tbuf *tb, unsigned slot, uint64_t key)
+{
+    shim_mutex_lock(&buf_mu);
+    uint32_t id = site_intern((uint32_t)(key >> 32), (uint32_t)key);
+    shim_mutex_unlock(&buf_mu);
+    if (id) {
+        tb->cache[slot].key = key;
+        tb->cache[slot].site = id;
+    }
+    return id;
+}
+
 void shim_tracefile_append(unsigned kind, unsigned device, uint64_t seq, uint64_t addr,
                            uint64_t size, uint32_t native_stack, uint32_t python_stack)
 {
-    if (!atomic_load_explicit(&g_on, memory_order_relaxed))
+    if (__builtin_expect(!atomic_load_explicit(&g_on, memory_order_relaxed), 0))
         return;
-    uint64_t t = now_ns(CLOCK_MONOTONIC) - g_start_mono;
-    shim_mutex_lock(&buf_mu);
-    if (closed) {
-        shim_mutex_unlock(&buf_mu);
-        return;
-    }
-    if (!cur)
-        cur = chunk_get();
-    if (!cur) {
-        dropped++;
-        shim_mutex_unlock(&buf_mu);
+    struct tbuf *tb = tls_buf;
+    if (__builtin_expect(!tb, 0) && !(tb = tbuf_new())) {
+        atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
         return;
     }
-    struct chunk *c = cur;
-    c->ev[c->n++] = (trace_event){
-        .addr = addr,
-        .size_kind_dev = (size & TRACE_SIZE_MASK) | (uint64_t)(kind & 0xff) << 48 |
-                         (uint64_t)(device & 0xff) << 56,
-        .time_ns = t,
-        .seq_lo = (uint32_t)seq,
-        .site = site_intern(native_stack, python_stack),
-    };
-    if (seq < c->seq_min)
-        c->seq_min = seq;
-    bool wake = false;
-    if (c->n == EV_PER_CHUNK) {
-        if (full_tail)
-            full_tail->next = c;
-        else
-            full_head = c;
-        full_tail = c;
-        cur = NULL;
-        wake = true;
+    struct chunk *c = tb->cur;
+    if (__builtin_expect(!c, 0) && !(c = chunk_swap(tb))) {
+        atomic_fetch_add_explicit(&dropped, 1, memory_order_relaxed);
+        return;
     }
-    bool start = !writer_started;
-    writer_started = true;
-    shim_mutex_unlock(&buf_mu);
-    if (wake)
-        pthread_cond_signal(&buf_cv);
-    if (start)
-        start_writer();
+    uint64_t key = (uint64_t)native_stack << 32 | python_stack;
+    uint32_t site = 0;
+    if (key) {
+        unsigned slot = (unsigned)((key * 0x9e3779b97f4a7c15ULL) >> 58) & (SITE_CACHE - 1);
+        site = tb->cache[slot].key == key ? tb->cache[slot].site : site_slow(tb, slot, key);
+    }
+    /* Only this thread writes n: a relaxed load of its own store. */
+    uint32_t n = atomic_load_explicit(&c->n, memory_order_relaxed);
+    trace_event *e = &c->ev[n];
+    e->addr = addr;
+    e->size_kind_dev = (size & TRACE_SIZE_MASK) | (uint64_t)(kind & 0xff) << 48 |
+                       (uint64_t)(device & 0xff) << 56;
+    e->time_ns = now_ns(CLOCK_MONOTONIC) - g_start_mono;
+    e->seq_lo = (uint32_t)seq;
+    e->site = site;
+    atomic_store_explicit(&c->last_seq, seq, memory_order_relaxed);
+    /* Release: the writer that reads n sees the event (and the site it
+     * names, interned before). */
+    atomic_store_explicit(&c->n, n + 1, memory_order_release);
+    if (__builtin_expect(n + 1 == EV_PER_CHUNK, 0))
+        chunk_swap(tb);
 }
 
 /* ---- the file (write_mu held) ---- */
@@ -480,13 +614,25 @@ static void add_new_meta(struct meta *m, const struct site *news, uint32_t first
         add_maps(m);
 }
 
-static void write_chunk(struct chunk *c, const struct meta *m)
+/* One chunk record of the file: events ev[0..n) (their smallest sequence
+ * number is the record's base), then the metadata. `ref` is the whole
+ * sequence number of one event of the chunk they come from. */
+static void write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, const struct meta *m)
 {
-    uint32_t n = c ? c->n : 0;
+    uint64_t base = UINT64_MAX;
+    /* Events of one chunk lie within 2^31 sequence numbers of each other
+     * (a flush interval's worth at most): each one's whole number is the
+     * reference moved by the signed difference of the low bits. Not
+     * computed while appending: it costs the allocating thread nothing. */
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t s = ref + (uint64_t)(int64_t)(int32_t)(ev[i].seq_lo - (uint32_t)ref);
+        if (s < base)
+            base = s;
+    }
     trace_chunk h = {.magic = TRACE_CHUNK_MAGIC, .nevents = n,
                      .meta_bytes = m ? (uint32_t)m->len : 0,
-                     .seq_base = c && n ? c->seq_min : 0};
-    if (write_all(&h, sizeof h) != 0 || (n && write_all(c->ev, n * sizeof c->ev[0]) != 0) ||
+                     .seq_base = n ? base : 0};
+    if (write_all(&h, sizeof h) != 0 || (n && write_all(ev, n * sizeof ev[0]) != 0) ||
         (m && m->len && write_all(m->p, m->len) != 0)) {
         shim_warn("SPYRESHIM_TRACE: write failed: %s; recording stops", strerror(errno));
         g_failed = true;
@@ -494,22 +640,41 @@ static void write_chunk(struct chunk *c, const struct meta *m)
     }
 }
 
-/* Writes every buffered event. write_mu held by the caller. */
+/* Writes every event published so far: the full chunks, then what each
+ * thread's current chunk holds past what was written. write_mu held by the
+ * caller. */
 static void flush_locked(void)
 {
-    shim_mutex_lock(&buf_mu);
+    size_t nspans;
+    for (;;) {
+        shim_mutex_lock(&buf_mu);
+        size_t need = nthreads;
+        if (need <= spans_cap)
+            break;
+        shim_mutex_unlock(&buf_mu);
+        size_t cap = spans_cap ? spans_cap : 16;
+        while (cap < need)
+            cap *= 2;
+        struct span *p = realloc(spans, cap * sizeof *p);
+        if (!p) {
+            shim_mutex_lock(&buf_mu);  /* only the full chunks this time */
+            need = 0;
+            break;
+        }
+        spans = p;
+        spans_cap = cap;
+    }
     struct chunk *list = full_head;
     full_head = full_tail = NULL;
-    if (cur && cur->n) {
-        if (list) {
-            struct chunk *t = list;
-            while (t->next)
-                t = t->next;
-            t->next = cur;
-        } else {
-            list = cur;
-        }
-        cur = NULL;
+    nspans = 0;
+    for (struct tbuf *tb = threads; tb && nspans < spans_cap; tb = tb->next) {
+        struct chunk *c = tb->cur;
+        if (!c)
+            continue;
+        /* Acquire: the events below n are complete, their sites interned. */
+        uint32_t end = atomic_load_explicit(&c->n, memory_order_acquire);
+        if (end > c->written)
+            spans[nspans++] = (struct span){c, end};
     }
     uint32_t first = sites_written, n = nsites - sites_written;
     struct site *news = n ? malloc(n * sizeof *news) : NULL;
@@ -519,23 +684,52 @@ static void flush_locked(void)
         n = 0;
     shim_mutex_unlock(&buf_mu);
 
-    if (list && file_ready()) {
+    /* A chunk in the queue is no thread's any more: its count is final.
+     * A thread's current chunk is written up to the snapshot; the thread
+     * appends past it meanwhile, never below. */
+    if ((list || nspans) && file_ready()) {
         struct meta m = {0};
         add_new_meta(&m, news, first + 1, n);
-        if (!m.oom) {
+        if (!m.oom)
             sites_written = first + n;
-        } else {
+        else
             m.len = 0;   /* these sites are written with the next chunk */
+        bool meta_done = false;
+        for (struct chunk *c = list; c && !g_failed; c = c->next) {
+            uint32_t end = atomic_load_explicit(&c->n, memory_order_acquire);
+            if (end <= c->written)
+                continue;
+            write_chunk(c->ev + c->written, end - c->written,
+                        atomic_load_explicit(&c->last_seq, memory_order_relaxed),
+                        meta_done ? NULL : &m);
+            meta_done = true;
+            c->written = end;
         }
-        for (struct chunk *c = list; c && !g_failed; c = c->next)
-            write_chunk(c, c == list ? &m : NULL);
+        for (size_t i = 0; i < nspans && !g_failed; i++) {
+            struct chunk *c = spans[i].c;
+            write_chunk(c->ev + c->written, spans[i].end - c->written,
+                        atomic_load_explicit(&c->last_seq, memory_order_relaxed),
+                        meta_done ? NULL : &m);
+            meta_done = true;
+            c->written = spans[i].end;
+        }
+        if (!meta_done && m.len && !g_failed)
+            write_chunk(NULL, 0, 0, &m);
         free(m.p);
     }
     free(news);
+    if (!list)
+        return;
     shim_mutex_lock(&buf_mu);
     while (list) {
         struct chunk *next = list->next;
-        chunk_put(list);
+        if (free_count >= FREE_CHUNKS_KEPT) {
+            free(list);
+        } else {
+            list->next = free_list;
+            free_list = list;
+            free_count++;
+        }
         list = next;
     }
     shim_mutex_unlock(&buf_mu);
@@ -681,11 +875,14 @@ void shim_tracefile_close(void)
 {
     if (!g_template[0])
         return;
+    /* Appends stop here; one already past the check may still land in its
+     * chunk and be written below, or be lost, as if it came after. */
+    atomic_store(&g_on, false);
     shim_mutex_lock(&write_mu);
     shim_mutex_lock(&buf_mu);
-    bool was_closed = closed, any = writer_started;
+    bool was_closed = closed, any = atomic_load(&writer_started);
     closed = true;
-    uint64_t lost = dropped;
+    uint64_t lost = atomic_load(&dropped);
     shim_mutex_unlock(&buf_mu);
     pthread_cond_broadcast(&buf_cv);
     if (!was_closed && any) {
@@ -699,7 +896,7 @@ void shim_tracefile_close(void)
             add_names(&m);
             shim_mutex_lock(&write_mu);
             if (!m.oom && g_fd >= 0 && !g_failed)
-                write_chunk(NULL, &m);
+                write_chunk(NULL, 0, 0, &m);
             free(m.p);
         }
         if (lost)
@@ -733,8 +930,11 @@ void shim_tracefile_atfork_child(void)
 {
     /* The parent writes what it buffered; the child starts a file of its
      * own (the sites table is kept: ids stay valid, and every site and
-     * stack is written again to the new file). No writer thread exists
-     * here: it starts again with the next event. */
+     * stack is written again to the new file). Every buffer is the
+     * parent's: the other threads do not exist here, and the forking
+     * thread's events are the parent's too. They are all dropped; this
+     * thread starts a new buffer, and with it the writer thread (none
+     * exists here), with its next event. */
     struct chunk *c = full_head;
     while (c) {
         struct chunk *next = c->next;
@@ -742,9 +942,18 @@ void shim_tracefile_atfork_child(void)
         c = next;
     }
     full_head = full_tail = NULL;
-    if (cur)
-        cur->n = 0, cur->seq_min = UINT64_MAX;
-    writer_started = false;
+    for (struct tbuf *tb = threads; tb;) {
+        struct tbuf *next = tb->next;
+        free(tb->cur);
+        free(tb);
+        tb = next;
+    }
+    threads = NULL;
+    nthreads = 0;
+    tls_buf = NULL;
+    if (g_key_ok)
+        pthread_setspecific(g_key, NULL);
+    atomic_store(&writer_started, false);
     sites_written = 0;
     devices_written = 0;
     n_nstacks = 0;

@@ -92,6 +92,49 @@ def test_sigkill_leaves_a_parsable_file(tmp_path, builddir):
     assert "live device memory (peak)" in r.stdout
 
 
+def test_exited_threads_events_reach_the_file_before_a_sigkill(tmp_path, builddir):
+    """Each thread appends to a buffer of its own; one that exits hands its
+    buffer to the writer (a pthread key destructor), so its events are in
+    the file at the next flush although the process is then killed. Each
+    thread records more than one buffer (8192 events) and keeps 50 blocks."""
+    trace = tmp_path / "x.trace"
+    prog = ("import simdev, threading, time\n"
+            "keep = []\n"
+            "def work():\n"
+            "    for _ in range(5000):\n"
+            "        simdev.Tensor(1024)\n"
+            "    keep.extend(simdev.Tensor(4096) for _ in range(50))\n"
+            "ts = [threading.Thread(target=work) for _ in range(4)]\n"
+            "[t.start() for t in ts]\n"
+            "[t.join() for t in ts]\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n")
+    env = shim_env(SIMDEV_MEMORY="64M", SPYRESHIM_TRACE=trace, SPYRESHIM_TRACE_FLUSH_MS=20,
+                   PYTHONPATH=builddir / "tests" / "simdev")
+    p = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    t = tr.load(str(trace))
+    assert not t.truncated
+    kinds = list(t.kind)
+    assert kinds.count(tr.ALLOC) == 4 * 5050 and kinds.count(tr.FREE) == 4 * 5000
+    # Merged from four threads' buffers, the sequence numbers are 1..N.
+    assert list(t.seq) == list(range(1, len(t) + 1))
+    live = {}
+    for i in range(len(t)):
+        if t.kind[i] == tr.ALLOC:
+            live[t.addr[i]] = t.size[i]
+        else:
+            assert live.pop(t.addr[i]) == t.size[i]
+    assert sorted(live.values()) == [4096] * 200
+
+
 def test_fork_child_writes_its_own_trace(tmp_path, builddir):
     prog = ("import os, simdev\n"
             "a = simdev.Tensor(1 << 20)\n"

@@ -8,6 +8,7 @@ memoryviz.py (PyTorch's memory_viz snapshot). Stdlib only. A trace cut by
 a crash ends with an incomplete chunk: it is dropped and `truncated` says so.
 """
 
+import operator
 import struct
 from array import array
 
@@ -192,55 +193,67 @@ def load(path):
     t.path, t.pid, t.start_realtime_ns, t.file_bytes = path, pid, real, len(data)
     pos = HEADER.size
     n = len(data)
-    seq_lo_all = array("I")
-    bases = []   # (first event index, seq_base)
-    words = array("Q")
+    parts = []
+    bases = []   # (first event index, event count, seq_base)
+    count = 0
     while pos + CHUNK.size <= n:
         cm, nev, meta_bytes, _, base, _ = CHUNK.unpack_from(data, pos)
         end = pos + CHUNK.size + nev * 32 + meta_bytes
         if cm != CHUNK_MAGIC or end > n:
             t.truncated = True
             break
-        ev = data[pos + CHUNK.size:pos + CHUNK.size + nev * 32]
-        bases.append((len(words) // 4, base))
-        words.frombytes(ev)
+        if nev:
+            parts.append(data[pos + CHUNK.size:pos + CHUNK.size + nev * 32])
+            bases.append((count, nev, base))
+            count += nev
         _parse_meta(t, data[pos + CHUNK.size + nev * 32:end])
         t.chunks += 1
         pos = end
     if pos < n and not t.truncated:
         t.truncated = True
-    count = len(words) // 4
-    skd = words[1::4]
-    w3 = words[3::4]
-    t.addr = words[0::4]
+    del data
+    ev = b"".join(parts)
+    del parts
+    # Fields by strided byte slices (C speed; 10 million events in a few
+    # seconds): an event is addr u64, size|kind|dev u64, time u64,
+    # seq_lo u32, site u32, little-endian like the host (array's order).
+    words = array("Q")
+    words.frombytes(ev)
+    addr = words[0::4]
     times = words[2::4]
-    seq = array("Q", bytes(8 * count))
-    bases.append((count, 0))
-    for j in range(len(bases) - 1):
-        lo, base = bases[j]
-        hi = bases[j + 1][0]
+    del words
+
+    def field(offset, width, nbytes):
+        out = bytearray(width * count)
+        for b in range(nbytes):
+            out[b::width] = ev[offset + b::32]
+        a = array("Q" if width == 8 else "I")
+        a.frombytes(out)
+        return a
+
+    size = field(8, 8, 6)
+    kind = array("B", ev[14::32])
+    dev = array("B", ev[15::32])
+    site = field(28, 4, 4)
+    seq = field(24, 8, 4)   # the low 32 bits; the rest from each chunk's base
+    del ev
+    for lo, m, base in bases:
         blo = base & 0xFFFFFFFF
         bhi = base - blo
-        for i in range(lo, hi):
-            s = w3[i] & 0xFFFFFFFF
+        if bhi == 0 and min(seq[lo:lo + m]) >= blo:
+            continue         # seq = seq_lo (fewer than 2^32 events, no wrap)
+        for i in range(lo, lo + m):
+            s = seq[i]
             seq[i] = bhi + s if s >= blo else bhi + (1 << 32) + s
-    sorted_already = all(seq[i] < seq[i + 1] for i in range(count - 1))
-    order = None if sorted_already else sorted(range(count), key=seq.__getitem__)
-    if sorted_already:
-        t.seq = seq
-        t.size = array("Q", (v & SIZE_MASK for v in skd))
-        t.kind = array("B", ((v >> 48) & 0xFF for v in skd))
-        t.dev = array("B", (v >> 56 for v in skd))
-        t.time = times
-        t.site = array("I", (v >> 32 for v in w3))
-    else:
-        t.seq = array("Q", (seq[i] for i in order))
-        t.addr = array("Q", (t.addr[i] for i in order))
-        t.size = array("Q", (skd[i] & SIZE_MASK for i in order))
-        t.kind = array("B", ((skd[i] >> 48) & 0xFF for i in order))
-        t.dev = array("B", (skd[i] >> 56 for i in order))
-        t.time = array("Q", (times[i] for i in order))
-        t.site = array("I", (w3[i] >> 32 for i in order))
+    # One thread's chunk is in order; several threads' chunks interleave.
+    sorted_already = count < 2 or all(map(operator.lt, seq[:-1], seq[1:]))
+    if not sorted_already:
+        order = sorted(range(count), key=seq.__getitem__)
+        pick = [a.__getitem__ for a in (seq, addr, size, kind, dev, times, site)]
+        seq, addr, size, kind, dev, times, site = (
+            array(a.typecode, map(g, order))
+            for a, g in zip((seq, addr, size, kind, dev, times, site), pick))
+    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = seq, addr, size, kind, dev, times, site
     return t
 
 
