@@ -1,7 +1,7 @@
 """Cost of capturing a 20-frame Python stack (python_gc/pystack.c), the
 part of leak checking that Python frames add to each device allocation.
 
-    python3 bench/pystack_capture.py [build/tests/libpystackhook.so] [--depth 20] [--iters 200000]
+    python3 bench/pystack_capture.py [build/tests/libpystackhook.so ...] [--depth 20] [--iters 200000]
 
 Run it with any CPython of the matrix (pyenv's, /usr/bin/python3.11,
 python3.11-dbg, the free-threaded 3.13t). The loop runs in C
@@ -11,6 +11,11 @@ exactly --depth frames; it prints nanoseconds per capture with the GIL held
 simdev.Tensor(n, release_gil=True) call in). Every capture after the first
 finds its stack already interned: the steady state of a training loop.
 Target: <= 1500 ns per capture (issue 4).
+
+Several hooks (builds of different commits) are measured in the same run,
+their repeats interleaved, so that a before/after comparison sees the same
+machine load (issue 12: the entry marks' budget is +20 ns). Each hook is a
+separate library with its own tables; ctypes loads them side by side.
 """
 import argparse
 import ctypes
@@ -20,20 +25,26 @@ import sys
 
 here = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
-ap.add_argument("hook", nargs="?", default=os.path.join(
-    os.environ.get("SPYRESHIM_BUILD") or os.path.join(here, "..", "build"), "tests", "libpystackhook.so"))
+ap.add_argument("hooks", nargs="*", default=[os.path.join(
+    os.environ.get("SPYRESHIM_BUILD") or os.path.join(here, "..", "build"), "tests", "libpystackhook.so")])
 ap.add_argument("--depth", type=int, default=20)
 ap.add_argument("--iters", type=int, default=200000)
 ap.add_argument("--repeat", type=int, default=5)
 args = ap.parse_args()
 
-libs = {"gil": ctypes.PyDLL(args.hook), "nogil": ctypes.CDLL(args.hook)}
-for lib in libs.values():
-    lib.pystack_test_bench.restype = ctypes.c_double
-    lib.pystack_test_bench.argtypes = [ctypes.c_uint, ctypes.c_uint]
-    lib.pystack_test_capture.restype = ctypes.c_uint
-    lib.pystack_test_frames.restype = ctypes.c_size_t
-    lib.pystack_test_frames.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_size_t]
+
+def load(path):
+    libs = {"gil": ctypes.PyDLL(path), "nogil": ctypes.CDLL(path)}
+    for lib in libs.values():
+        lib.pystack_test_bench.restype = ctypes.c_double
+        lib.pystack_test_bench.argtypes = [ctypes.c_uint, ctypes.c_uint]
+        lib.pystack_test_capture.restype = ctypes.c_uint
+        lib.pystack_test_frames.restype = ctypes.c_size_t
+        lib.pystack_test_frames.argtypes = [ctypes.c_uint, ctypes.c_char_p, ctypes.c_size_t]
+    return libs
+
+
+hooks = [(path, load(path)) for path in args.hooks]
 
 
 def frames_now():
@@ -53,16 +64,23 @@ def at_depth(want, fn):
 print(f"{platform.python_implementation()} {platform.python_version()} "
       f"({'free-threaded' if not getattr(sys, '_is_gil_enabled', lambda: True)() else 'GIL'}), "
       f"{args.depth} frames, {args.iters} captures x {args.repeat}")
-# The stack really is --depth frames deep (and no deeper: the bound is the depth asked).
-sid = at_depth(args.depth, lambda: libs["gil"].pystack_test_capture(1000))
-got = libs["gil"].pystack_test_frames(sid, ctypes.create_string_buffer(1 << 16), 1 << 16)
-if got != args.depth:
-    sys.exit(f"the stack has {got} frames, not {args.depth}")
-for mode, lib in libs.items():
-    best = None
-    for _ in range(args.repeat):
-        ns = at_depth(args.depth, lambda: lib.pystack_test_bench(args.depth, args.iters))
-        if ns < 0:
-            sys.exit("no stack captured: is this CPython 3.8-3.13?")
-        best = ns if best is None else min(best, ns)
-    print(f"  {mode:6} {best:8.1f} ns per capture (best of {args.repeat})")
+for path, libs in hooks:
+    # The stack really is --depth frames deep (and no deeper: the bound is the depth asked).
+    sid = at_depth(args.depth, lambda: libs["gil"].pystack_test_capture(1000))
+    got = libs["gil"].pystack_test_frames(sid, ctypes.create_string_buffer(1 << 16), 1 << 16)
+    if got != args.depth:
+        sys.exit(f"{path}: the stack has {got} frames, not {args.depth}")
+best = {}
+for _ in range(args.repeat):
+    for path, libs in hooks:
+        for mode, lib in libs.items():
+            ns = at_depth(args.depth, lambda: lib.pystack_test_bench(args.depth, args.iters))
+            if ns < 0:
+                sys.exit("no stack captured: is this CPython 3.8-3.13?")
+            key = (path, mode)
+            best[key] = ns if key not in best else min(best[key], ns)
+for path, _ in hooks:
+    if len(hooks) > 1:
+        print(f" {path}")
+    for mode in ("gil", "nogil"):
+        print(f"  {mode:6} {best[(path, mode)]:8.1f} ns per capture (best of {args.repeat})")

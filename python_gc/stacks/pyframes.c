@@ -182,6 +182,15 @@ static inline bool rd_u8(bool safe, uintptr_t addr, uint8_t *out)
     return true;
 }
 
+/* Two adjacent bytes in one load. */
+static inline bool rd_2u8(bool safe, uintptr_t addr, uint8_t out[2])
+{
+    if (safe)
+        return safe_copy(out, addr, 2);
+    memcpy(out, (const void *)addr, 2);
+    return true;
+}
+
 static bool read_u64(uintptr_t addr, uint64_t *out)
 {
     return safe_copy(out, addr, sizeof *out);
@@ -292,6 +301,10 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
     if (published && py->minor == 13)
         use_debug_offsets(py, L);
     if (L->instr == SHIM_PYINSTR_POINTER) {
+        if (L->fr_owner < 0) {
+            *why = "no frame owner offset";    /* the walk reads it from 3.11 on */
+            return -1;
+        }
         /* Code objects are variable-sized with the bytecode last, so the
          * type's basic size is where the bytecode starts: a check of the
          * whole code layout against the running build (tp_basicsize follows
@@ -306,35 +319,52 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
     return 0;
 }
 
+/* How a layout tells where the calls of the evaluation loop begin, which
+ * is also what sets its frame reads apart. The walk is compiled once per
+ * kind (and once more for checked reads), so that the per-frame tests of
+ * the layout and of `safe` fold away: on 3.11 to 3.13 they cost more than
+ * recording the entry marks themselves did (issue 12's capture budget). */
+enum walk_kind {
+    WALK_OBJECTS,    /* 3.8-3.10: frames are objects, each its own call */
+    WALK_IS_ENTRY,   /* 3.11: the frame's is_entry byte */
+    WALK_CSTACK,     /* 3.12+: a C-stack entry frame below each call's frames */
+};
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
 /* One frame: its code object and instruction offset (1), or 0 when the
  * frame is not a Python function's (an incomplete frame, 3.13's shims:
  * skip it), or -1 for a C-stack entry frame (3.12+: the boundary between
  * two calls of the evaluation loop; skipped too). *entry receives 3.11's
- * is_entry, read whether the frame is kept or not. */
-static inline int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
-                             shim_pyrawframe *f, bool *stop, bool *entry)
+ * is_entry, read whether the frame is kept or not. Every kind but
+ * WALK_OBJECTS has an owner byte (shim_pyframes_layout). */
+static ALWAYS_INLINE int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
+                                    enum walk_kind kind, shim_pyrawframe *f, bool *stop,
+                                    bool *entry)
 {
     uintptr_t code, type;
+    uint8_t owner = OWNED_BY_THREAD;
     if (!rd_word(safe, fr + L->fr_code, &code)) {
         *stop = true;
         return 0;
     }
-    if (L->fr_owner >= 0) {
-        uint8_t owner;
+    if (kind == WALK_CSTACK) {
         if (!rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner)) {
             *stop = true;
             return 0;
         }
         if (owner == OWNED_BY_CSTACK)
             return -1;
-    }
-    if (L->fr_entry >= 0) {
-        uint8_t e;
-        if (!rd_u8(safe, fr + (uintptr_t)L->fr_entry, &e)) {
+    } else if (kind == WALK_IS_ENTRY) {
+        /* 3.11: is_entry is the byte right before owner (layout), read
+         * with it; 3.11 has no C-stack entry frames to look for. */
+        uint8_t b[2];
+        if (!rd_2u8(safe, fr + (uintptr_t)L->fr_entry, b)) {
             *stop = true;
             return 0;
         }
-        *entry = e != 0;
+        *entry = b[0] != 0;
+        owner = b[1];
     }
     if (!plausible(code) || !rd_word(safe, code + L->ob_type, &type)) {
         *stop = true;
@@ -352,7 +382,7 @@ static inline int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
         return 0;
     }
     int32_t off;
-    if (L->instr == SHIM_PYINSTR_POINTER) {
+    if (kind != WALK_OBJECTS) {
         uintptr_t ip;
         int32_t first;
         if (!rd_word(safe, fr + L->fr_instr, &ip) ||
@@ -365,9 +395,6 @@ static inline int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
          * and 3.12's own walkers skip it too. Generators' frames are
          * always complete. */
         if (ip < start + 2 * (uintptr_t)(first > 0 ? first : 0)) {
-            uint8_t owner = OWNED_BY_THREAD;
-            if (L->fr_owner >= 0)
-                rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner);
             if (owner != OWNED_BY_GENERATOR || ip < start)
                 return 0;
         }
@@ -393,21 +420,11 @@ static inline int read_frame(const shim_pylayout *L, uintptr_t fr, bool safe,
     return 1;
 }
 
-unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyrawframe *out,
-                            uint64_t *entry, unsigned max, bool safe, shim_pywalk *w)
+/* The walk from innermost frame `fr`; `entry` is cleared. */
+static ALWAYS_INLINE unsigned walk(const shim_pylayout *L, uintptr_t fr, shim_pyrawframe *out,
+                                   uint64_t *entry, unsigned max, bool safe,
+                                   enum walk_kind kind, shim_pywalk *w)
 {
-    uintptr_t fr;
-    w->clean = w->truncated = w->unsure = false;
-    for (unsigned i = 0; i < (max + 63) / 64; i++)
-        entry[i] = 0;
-    if (!plausible(tstate) || !rd_word(safe, tstate + L->ts_frame, &fr))
-        return 0;
-    if (L->cf_current >= 0) {
-        if (!plausible(fr) || !rd_word(safe, fr + (uintptr_t)L->cf_current, &fr))
-            return 0;
-    }
-    /* Before 3.11 every frame has a call of the evaluation loop of its own. */
-    bool each_entered = L->instr != SHIM_PYINSTR_POINTER;
     /* Frames kept since the last boundary between calls: a boundary with
      * none means a call whose frames were all skipped, which a splice
      * could not place. */
@@ -421,32 +438,77 @@ unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyraw
         }
         if (!plausible(fr))
             break;
-        if (each_entered) {
+        if (kind == WALK_OBJECTS) {
             /* Before 3.11 a frame is an object: check its type too. */
             uintptr_t type;
             if (!rd_word(safe, fr + L->ob_type, &type) || type != L->frame_type)
                 break;
         }
-        bool stop = false, is_entry = each_entered;
-        int r = read_frame(L, fr, safe, &out[n], &stop, &is_entry);
-        if (r > 0) {
-            n++;
-            in_call = true;
-        }
-        if (r < 0 || is_entry) {
-            if (in_call)
-                entry[(n - 1) / 64] |= 1ull << ((n - 1) % 64);
+        bool stop = false, is_entry = false;
+        int r = read_frame(L, fr, safe, kind, &out[n], &stop, &is_entry);
+        if (kind == WALK_OBJECTS) {
+            /* Each frame is a call of its own, so every kept frame is an
+             * entry (all marked at the end, a word at a time) and a frame
+             * not kept is a call the splice could not place. */
+            if (r > 0)
+                n++;
             else
                 w->unsure = true;
-            in_call = false;
+        } else {
+            if (r > 0) {
+                n++;
+                in_call = true;
+            }
+            if (r < 0 || is_entry) {
+                if (in_call)
+                    entry[(n - 1) / 64] |= 1ull << ((n - 1) % 64);
+                else
+                    w->unsure = true;
+                in_call = false;
+            }
         }
         if (stop || !rd_word(safe, fr + L->fr_back, &fr))
             break;
     }
-    /* A chain ends with the outermost call's boundary. */
-    if (in_call && !w->truncated)
+    if (kind == WALK_OBJECTS) {
+        for (unsigned i = 0; i < n / 64; i++)
+            entry[i] = ~0ull;
+        if (n % 64)
+            entry[n / 64] = (1ull << (n % 64)) - 1;
+    } else if (in_call && !w->truncated) {
+        /* A chain ends with the outermost call's boundary. */
         w->unsure = true;
+    }
     return n;
+}
+
+unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyrawframe *out,
+                            uint64_t *entry, unsigned max, bool safe, shim_pywalk *w)
+{
+    uintptr_t fr;
+    w->clean = w->truncated = w->unsure = false;
+    for (unsigned i = 0; i < (max + 63) / 64; i++)
+        entry[i] = 0;
+    if (!plausible(tstate) || !rd_word(safe, tstate + L->ts_frame, &fr))
+        return 0;
+    if (L->cf_current >= 0) {
+        if (!plausible(fr) || !rd_word(safe, fr + (uintptr_t)L->cf_current, &fr))
+            return 0;
+    }
+    enum walk_kind kind = L->instr != SHIM_PYINSTR_POINTER ? WALK_OBJECTS
+                          : L->fr_entry >= 0               ? WALK_IS_ENTRY
+                                                           : WALK_CSTACK;
+    /* Checked reads cost a system call each: one generic copy will do. */
+    if (safe)
+        return walk(L, fr, out, entry, max, true, kind, w);
+    switch (kind) {
+    case WALK_OBJECTS:
+        return walk(L, fr, out, entry, max, false, WALK_OBJECTS, w);
+    case WALK_IS_ENTRY:
+        return walk(L, fr, out, entry, max, false, WALK_IS_ENTRY, w);
+    default:
+        return walk(L, fr, out, entry, max, false, WALK_CSTACK, w);
+    }
 }
 
 bool shim_pyframes_still_alive(const shim_pylayout *L, const shim_pyrawframe *f)

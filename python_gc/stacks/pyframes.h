@@ -46,7 +46,8 @@ typedef struct shim_pylayout {
     size_t fr_back, fr_code, fr_instr;
     ptrdiff_t fr_owner;
     /* 3.11's _PyInterpreterFrame.is_entry (the frame a call of the
-     * evaluation loop began with); < 0 in other versions. */
+     * evaluation loop began with), always fr_owner - 1: the walk reads
+     * both in one load; < 0 in other versions. */
     ptrdiff_t fr_entry;
     enum shim_pyinstr instr;
     /* Code object. co_qualname < 0 before 3.11; co_code_adaptive and

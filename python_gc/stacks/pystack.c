@@ -317,14 +317,23 @@ static uint32_t frame_intern_locked(const shim_pyrawframe *f, uint32_t ep, bool 
 #define ENTRY_WORDS (MAX_DEPTH / 64)
 #define ENTRY_BIT(entry, i) (((entry)[(i) / 64] >> ((i) % 64)) & 1u)
 
+/* Where a stack goes in the index. Per frame only its code object and
+ * offset, in one mix (frame_hash takes four): stack_eq compares every
+ * field anyway, and stacks that differ only in the other ones (a code
+ * address reused by another function) are too rare to matter to a chain's
+ * length. This and the word-wise entry marks in stack_eq pay for the marks
+ * and flags that joined the key (issue 12's capture budget). */
 static uint64_t stack_hash(const shim_pyrawframe *buf, const uint64_t *entry, unsigned n,
                            uint8_t flags, uint32_t ep)
 {
-    uint64_t h = mix(0x5EED, n | (uint64_t)flags << 32);
+    uint64_t h = mix(0x5EED, n | (uint64_t)flags << 16 | (uint64_t)ep << 32);
     for (unsigned i = 0; i < n; i++)
-        h = mix(h, frame_hash(&buf[i], ep));
+        h = mix(h, buf[i].code + ((uint64_t)(uint32_t)buf[i].offset << 40));
     for (unsigned i = 0; i < (n + 63) / 64; i++)
         h = mix(h, entry[i]);
+#ifdef PYSTACK_TEST_HASH_COLLIDE
+    h = 0x5EED;           /* tests: every lookup decided by stack_eq */
+#endif
     return h;
 }
 
@@ -347,13 +356,27 @@ static bool stack_eq(const void *ctx, uint32_t id, uint64_t hash, const void *ke
     (void)ctx;
     const struct stack_key *k = key;
     const pstack *s = &stacks[id - 1];
-    if (s->hash != hash || s->depth != k->n || s->flags != k->flags)
+    const unsigned n = k->n;
+    if (s->hash != hash || s->depth != n || s->flags != k->flags)
         return false;
-    for (unsigned i = 0; i < k->n; i++) {
-        uint32_t slot = pool[s->first + i];
-        const pframe *f = &frames[POOL_ID(slot) - 1];
-        if (f->epoch != k->ep || !raw_equal(&f->raw, &k->buf[i]) ||
-            (slot >> 31) != ENTRY_BIT(k->entry, i))
+    const uint32_t *slots = pool + s->first;
+    const shim_pyrawframe *buf = k->buf;
+    const uint32_t ep = k->ep;
+    /* The entry marks a word at a time: gathered from the slots' top bits,
+     * compared with the walk's bitmap (whose bits past n are clear) once
+     * per 64 frames rather than bit by bit. Outermost first within a word,
+     * so that each mark shifts in at the bottom (two instructions). */
+    for (unsigned base = 0; base < n; base += 64) {
+        unsigned end = n - base < 64 ? n : base + 64;
+        uint64_t marks = 0;
+        for (unsigned i = end; i-- > base;) {
+            uint32_t slot = slots[i];
+            const pframe *f = &frames[POOL_ID(slot) - 1];
+            if (f->epoch != ep || !raw_equal(&f->raw, &buf[i]))
+                return false;
+            marks = marks << 1 | slot >> 31;
+        }
+        if (marks != k->entry[base / 64])
             return false;
     }
     return true;

@@ -21,7 +21,7 @@
 /* ---- the fake interpreter (3.12 offsets) ---- */
 
 #define NCODE 8
-#define NFRAME 16
+#define NFRAME 160
 
 typedef struct { uintptr_t w[16]; } fake_type;
 static fake_type bool_type, code_type, frame_type;
@@ -435,6 +435,44 @@ Test(pystack, marks_the_frame_each_evaluation_loop_call_was_entered_with)
     uint32_t cut = shim_pystack_capture(2);
     cr_assert_eq(shim_pystack_flags(cut), SHIM_PYSTACK_TRUNCATED);
     cr_assert_neq(cut, id);
+}
+
+/* Marks past the first 64 frames: stacks compare them a word of the
+ * bitmap at a time, so the same frames divided into other calls must
+ * still be another stack whichever word the difference is in. */
+Test(pystack, entry_marks_beyond_64_frames_are_part_of_the_stack)
+{
+    enum { KEPT = 140 };
+    static const int second[2] = { 99, 119 };
+    uint32_t ids[2];
+    for (int v = 0; v < 2; v++) {
+        static int code_of[NFRAME], off[NFRAME];
+        bool cstack[NFRAME] = { false };
+        int n = 0;
+        for (int k = 0; k < KEPT; k++) {
+            code_of[n] = k % NCODE;
+            off[n++] = k;
+            if (k == 9 || k == second[v] || k == KEPT - 1) {
+                code_of[n] = 0;
+                off[n] = 0;
+                cstack[n++] = true;      /* the entry frame below call's outermost */
+            }
+        }
+        chain(n, code_of, off);
+        for (int i = 0; i < n; i++)
+            if (cstack[i])
+                AT(&frames[i], 70, uint8_t) = 3;
+        ids[v] = shim_pystack_capture(256);
+        cr_assert_neq(ids[v], 0);
+        cr_assert_eq(shim_pystack_capture(256), ids[v], "the same stack is one id");
+        shim_pyframe f[KEPT];
+        cr_assert_eq(shim_pystack_frames(ids[v], f, KEPT), KEPT);
+        for (int k = 0; k < KEPT; k++)
+            cr_assert_eq(f[k].entry, k == 9 || k == second[v] || k == KEPT - 1, "stack %d frame %d",
+                         v, k);
+        cr_assert_eq(shim_pystack_flags(ids[v]), 0);
+    }
+    cr_assert_neq(ids[0], ids[1], "other calls, another stack");
 }
 
 /* ---- the pipe fallback of checked reads (pyframes.c) ------------------- */
