@@ -36,8 +36,9 @@ typedef struct shim_hook_slots {
     /* Optional: true when this call must go straight to the real function
      * (the runtime reaches the shim through another route). */
     bool (*pass_through)(void);
-    pthread_mutex_t mu;            /* serializes publishing (never held across the loader) */
-    _Atomic(shim_device *) device; /* set once everything is resolved */
+    /* Set once everything is resolved; published under the hook
+     * resolution lock (shim_device_publish_lock). */
+    _Atomic(shim_device *) device;
 } shim_hook_slots;
 
 /* Device 0 behind `s`, resolving the real functions on first use; NULL
@@ -95,7 +96,6 @@ shim_device *shim_hook_device(shim_hook_slots *s);
         .rt = {.name = label, .err_invalid = einval, .err_oom = eoom,            \
                .alignment = align, .current_device = curdev, .sync_device = sync}, \
         .pass_through = pass,                                                     \
-        .mu = PTHREAD_MUTEX_INITIALIZER,                                          \
     };                                                                            \
     ENTRY_POINTS(SHIM_HOOK_WRAP_)
 #define SHIM_HOOK_RUNTIME(label, ENTRY_POINTS, einval, eoom, align)               \

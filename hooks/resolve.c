@@ -9,11 +9,13 @@
  * by name: libcudart may be in the loader cache and must not be pulled into
  * a process that did not load it.
  *
- * Lock: each runtime's `mu` (the hook resolution lock) only serializes
- * publishing what was resolved; it is never held across a loader call. A
- * library constructor that allocates device memory runs under the loader's
- * lock: had we held `mu` while waiting for the loader, a thread making its
- * first allocation and that constructor would wait for each other forever.
+ * Lock: the hook resolution lock (shim_device_publish_lock: one for every
+ * runtime, in the allocator room so that the fork policy can take it
+ * around fork()) only serializes publishing what was resolved; it is never
+ * held across a loader call. A library constructor that allocates device
+ * memory runs under the loader's lock: had we held it while waiting for the
+ * loader, a thread making its first allocation and that constructor would
+ * wait for each other forever.
  * So every thread resolves into locals with no lock held (all loader calls
  * go through loader.h, which checks that), and the first to publish wins.
  * Locks, their order and fork: docs/locking.md. */
@@ -23,7 +25,6 @@
 #include "hooks.h"
 #include "loader.h"
 #include "log.h"
-#include "mutex.h"
 
 struct paths {
     char **v;
@@ -98,6 +99,11 @@ void *shim_resolve_real(const char *name)
     return f;
 }
 
+/* Tests only (the "fork-publish" scenario of tests/programs/promises.c):
+ * when set, called by a thread publishing a runtime with the hook
+ * resolution lock held, so that a test can fork while a thread is there. */
+__attribute__((visibility("default"))) void (*_Atomic spyreshim_test_publishing)(void);
+
 shim_device *shim_hook_device(shim_hook_slots *s)
 {
     shim_device *d = atomic_load_explicit(&s->device, memory_order_acquire);
@@ -119,15 +125,19 @@ shim_device *shim_hook_device(shim_hook_slots *s)
     }
     /* Publish: the first thread here fills the runtime and creates its
      * device; later ones take what it published. No loader call inside. */
-    shim_mutex_lock(&s->mu);
+    shim_device_publish_lock();
     d = atomic_load_explicit(&s->device, memory_order_relaxed);
     if (!d) {
+        void (*test_hook)(void) = atomic_load_explicit(&spyreshim_test_publishing,
+                                                       memory_order_relaxed);
+        if (test_hook)
+            test_hook();
         s->rt.real_malloc = (int (*)(void **, size_t))f[SHIM_ROLE_MALLOC];
         s->rt.real_free = (int (*)(void *))f[SHIM_ROLE_FREE];
         s->rt.real_mem_info = (int (*)(size_t *, size_t *))f[SHIM_ROLE_MEMINFO];
         d = shim_device_get(&s->rt);
         atomic_store_explicit(&s->device, d, memory_order_release);
     }
-    shim_mutex_unlock(&s->mu);
+    shim_device_publish_unlock();
     return d;
 }

@@ -64,6 +64,8 @@ static _Atomic(shim_device_ready_fn) ready_hook;
 static _Atomic(shim_event_fn) event_hook;
 
 static pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The hook resolution lock (device.h): taken before devices_mu. */
+static pthread_mutex_t publish_mu = PTHREAD_MUTEX_INITIALIZER;
 static shim_device *devices[SHIM_MAX_DEVICES];
 static _Atomic size_t ndevices;
 static _Atomic uint64_t seq_counter;
@@ -840,6 +842,17 @@ void shim_device_atfork_child_early(void)
         }
     }
 }
+
+void shim_device_publish_lock(void) { shim_mutex_lock(&publish_mu); }
+void shim_device_publish_unlock(void) { shim_mutex_unlock(&publish_mu); }
+
+/* Taken, not started afresh: a publisher holds it only while it fills its
+ * runtime's entry points and creates the device (calloc, devices_mu, no
+ * loader call, no allocator lock), so prepare's wait is short, and the
+ * child finds every runtime either published or untouched. */
+void shim_device_publish_atfork_prepare(void) { shim_mutex_lock(&publish_mu); }
+void shim_device_publish_atfork_parent(void) { shim_mutex_unlock(&publish_mu); }
+void shim_device_publish_atfork_child(void) { shim_mutex_unlock(&publish_mu); }
 
 void shim_device_reset_for_tests(void)
 {

@@ -127,6 +127,19 @@ void shim_device_fork_parent(size_t index);
 void shim_device_fork_child(size_t index);
 void shim_device_atfork_child_early(void);
 
+/* The hook resolution lock: serializes a runtime's hooks publishing its
+ * resolved entry points and creating its device (hooks/resolve.c), one lock
+ * for every runtime. It lives here, below the hooks, because the fork
+ * policy must take it: a thread publishing at fork() would otherwise leave
+ * it held in the child, whose first call into that runtime then waits
+ * forever. Never held across a loader call. prepare takes it, parent and
+ * child release it (docs/locking.md). */
+void shim_device_publish_lock(void);
+void shim_device_publish_unlock(void);
+void shim_device_publish_atfork_prepare(void);
+void shim_device_publish_atfork_parent(void);
+void shim_device_publish_atfork_child(void);
+
 /* Tests only: forget every device (the process keeps its memory). */
 void shim_device_reset_for_tests(void);
 

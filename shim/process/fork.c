@@ -4,15 +4,19 @@
  *
  * Two kinds of locks:
  * - Locks that protect state a child must find consistent (each device's
- *   allocator lock, the callback registry, the native and Python stack
- *   interning locks) are taken by the forking thread in prepare and
- *   released in both processes, so the child inherits them unlocked with
- *   nothing half-updated. Prepare takes them in the process's lock order
- *   (docs/locking.md): device locks first (their handlers run before the
- *   process-wide ones, see below), then the registry, then the interning
- *   locks, which are leaves, then the trace's write and buffer locks
- *   (the child drops the parent's buffered events and, with %p in the
- *   path, writes a trace of its own).
+ *   allocator lock, the hook resolution lock, the callback registry, the
+ *   native and Python stack interning locks) are taken by the forking
+ *   thread in prepare and released in both processes, so the child inherits
+ *   them unlocked with nothing half-updated. Every lock of ours that another
+ *   thread may hold at fork() is in one of the two kinds: one left out is
+ *   inherited held by a thread that does not exist in the child (the hook
+ *   resolution lock was: a thread making its runtime's first call at fork
+ *   hung the child's first call). Prepare takes them in the process's lock
+ *   order (docs/locking.md): device locks first (their handlers run before
+ *   the process-wide ones, see below), then the hook resolution lock, the
+ *   registry, then the interning locks, which are leaves, then the trace's
+ *   write and buffer locks (the child drops the parent's buffered events
+ *   and, with %p in the path, writes a trace of its own).
  * - Locks and threads of python_gc (the interpreter search, the API table,
  *   the GC thread and its mutex, the lifecycle gate) may be held by a thread
  *   waiting for the GIL or the loader, so taking them in prepare could block
@@ -53,6 +57,7 @@
 static void prepare(void)
 {
     shim_fork_gate_prepare();
+    shim_device_publish_atfork_prepare();
     shim_pressure_atfork_prepare();
     shim_stack_atfork_prepare();
     shim_pystack_atfork_prepare();
@@ -65,6 +70,7 @@ static void parent(void)
     shim_pystack_atfork_parent();
     shim_stack_atfork_parent();
     shim_pressure_atfork_parent();
+    shim_device_publish_atfork_parent();
     shim_fork_gate_parent();
 }
 
@@ -77,6 +83,7 @@ static void child(void)
     /* Runs before the devices' own child handlers (registered later). */
     shim_device_atfork_child_early();
     shim_pygc_atfork_child();
+    shim_device_publish_atfork_child();
     shim_fork_gate_child();
 }
 

@@ -9,7 +9,9 @@ CPUs busy.
   and the timeout is counted (pressure_wait_timeouts);
 - unregister: returns only once the callback stopped running elsewhere;
 - fork: 200 forks while threads allocate under pressure, leak checking on,
-  no Python in the process: every child finishes."""
+  no Python in the process: every child finishes;
+- fork while a thread publishes the runtime (its first call, held there by
+  the shim's test hook): the child's own first call finishes."""
 import gc_support
 import pythons
 import pytest
@@ -58,3 +60,12 @@ def test_fork_while_threads_allocate_under_pressure(shim_lib):
                  env={"SPYRESHIM_LEAK_CHECK": "0" if tsan else "1", "SPYRESHIM_EXITCODE": "0"})
     assert not r.timed_out, r
     assert r.returncode == 0 and "hangs=0 failed=0" in r.stdout, r
+
+
+def test_fork_while_a_thread_makes_the_first_call(shim_lib):
+    # Deterministic: without the hook resolution lock in the fork policy
+    # every run hangs the child (it inherits the lock held).
+    for _ in range(3):
+        r = promises(shim_lib, "fork-publish", timeout=120)
+        assert not r.timed_out, r
+        assert r.returncode == 0 and "fork-publish ok hangs=0 failed=0" in r.stdout, r

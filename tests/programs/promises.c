@@ -13,8 +13,15 @@
  *                         the callback must never see the poison
  *   promises fork N       N forks while two threads allocate under
  *                         pressure; each child allocates, frees, exits
+ *   promises fork-publish one fork while thread P, making the process's
+ *                         first call into the runtime, holds the hook
+ *                         resolution lock (held there by the shim's test
+ *                         hook); the child allocates, frees, exits
  * Prints one line "<scenario> ok ..." and exits 0, or says what broke and
- * exits 1. Sizes assume SPYRESHIM_LIMIT=8M (loader: any). */
+ * exits 1. Sizes assume SPYRESHIM_LIMIT=8M (loader: any).
+ * PROMISES_HANG_WAIT=S (debugging only): a fork child that hangs is named
+ * on stderr ("promises: child PID hangs") and left alone for S seconds
+ * before it is killed, so that a debugger can be attached to it. */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -250,6 +257,39 @@ static void *churn(void *arg)
     return NULL;
 }
 
+/* Hang detector per child: generous, never a timing assertion. */
+static void wait_child(pid_t pid, int *hangs, int *bad)
+{
+    int status = 0;
+    pid_t w = 0;
+    for (int k = 0; k < 200000 && (w = waitpid(pid, &status, WNOHANG)) == 0; k++)
+        pause_us(100);
+    if (w == 0) {
+        (*hangs)++;
+        const char *wait_s = getenv("PROMISES_HANG_WAIT");
+        if (wait_s && atoi(wait_s) > 0) {
+            fprintf(stderr, "promises: child %d hangs; waiting %s s for a debugger\n",
+                    (int)pid, wait_s);
+            sleep((unsigned)atoi(wait_s));
+        }
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+    } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        (*bad)++;
+    }
+}
+
+static int child_allocates(void)
+{
+    void *p = NULL;
+    int rc = simdevMalloc(&p, MB);
+    if (rc == 0)
+        rc = simdevFree(p);
+    /* Out of memory is an answer too (the parent's threads held the limit
+     * at fork); what must not happen is no answer. */
+    return rc == 0 || rc == simdevErrorMemoryAllocation ? 0 : 3;
+}
+
 static int forks(int n)
 {
     pthread_t t[2];
@@ -258,36 +298,83 @@ static int forks(int n)
     int hangs = 0, bad = 0;
     for (int i = 0; i < n; i++) {
         pid_t pid = fork();
-        if (pid == 0) {
-            void *p = NULL;
-            int rc = simdevMalloc(&p, MB);
-            if (rc == 0)
-                rc = simdevFree(p);
-            /* Out of memory is an answer too (the parent's threads held
-             * the limit at fork); what must not happen is no answer. */
-            _exit(rc == 0 || rc == simdevErrorMemoryAllocation ? 0 : 3);
-        }
+        if (pid == 0)
+            _exit(child_allocates());
         if (pid < 0) {
             bad++;
             continue;
         }
-        /* Hang detector per child: generous, never a timing assertion. */
-        int status = 0;
-        pid_t w = 0;
-        for (int k = 0; k < 200000 && (w = waitpid(pid, &status, WNOHANG)) == 0; k++)
-            pause_us(100);
-        if (w == 0) {
-            hangs++;
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-        } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            bad++;
-        }
+        wait_child(pid, &hangs, &bad);
     }
     atomic_store(&stop, 1);
     for (int i = 0; i < 2; i++)
         pthread_join(t[i], NULL);
     printf("fork %s forks=%d hangs=%d failed=%d\n", hangs || bad ? "FAILED" : "ok", n, hangs, bad);
+    return hangs || bad ? 1 : 0;
+}
+
+/* ---- fork while a thread publishes the runtime -------------------------- */
+
+static void (*_Atomic *test_publishing)(void);
+static _Atomic int publishing, fork_preparing, fork_done;
+
+static void note_prepare(void) { atomic_store(&fork_preparing, 1); }
+static void note_parent(void) { atomic_store(&fork_done, 1); }
+
+/* Called by the shim with the hook resolution lock held. Holds it until
+ * main's fork is under way, then until that fork is done (a fork policy
+ * that leaves the lock out forks under us, and the child inherits it held)
+ * or for 200 ms (a policy that takes it waits for us: it cannot finish
+ * while we are here). Bounded either way. */
+static void hold_publication(void)
+{
+    atomic_store(&publishing, 1);
+    for (int k = 0; k < 100000 && !atomic_load(&fork_preparing); k++)
+        pause_us(50);
+    for (int k = 0; k < 4000 && !atomic_load(&fork_done); k++)
+        pause_us(50);
+}
+
+static void *first_call(void *arg)
+{
+    (void)arg;
+    void *p = NULL;
+    if (simdevMalloc(&p, MB) == 0)
+        simdevFree(p);
+    return NULL;
+}
+
+static int fork_publish(void)
+{
+    *(void **)&test_publishing = dlsym(RTLD_DEFAULT, "spyreshim_test_publishing");
+    if (!test_publishing) {
+        fprintf(stderr, "promises: run with LD_PRELOAD=libspyreshim.so\n");
+        return 2;
+    }
+    /* Registered after the shim's process-wide handlers: this prepare runs
+     * before the shim's, this parent after the shim's. */
+    pthread_atfork(note_prepare, note_parent, NULL);
+    atomic_store(test_publishing, hold_publication);
+    pthread_t p;
+    pthread_create(&p, NULL, first_call, NULL);
+    for (int k = 0; k < 100000 && !atomic_load(&publishing); k++)
+        pause_us(50);
+    if (!atomic_load(&publishing)) {
+        printf("fork-publish FAILED: the first call never reached the publication\n");
+        return 1;
+    }
+    int hangs = 0, bad = 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        atomic_store(test_publishing, NULL);
+        _exit(child_allocates());
+    }
+    if (pid < 0)
+        bad++;
+    else
+        wait_child(pid, &hangs, &bad);
+    pthread_join(p, NULL);
+    printf("fork-publish %s hangs=%d failed=%d\n", hangs || bad ? "FAILED" : "ok", hangs, bad);
     return hangs || bad ? 1 : 0;
 }
 
@@ -301,6 +388,9 @@ int main(int argc, char **argv)
         return unregister_race(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "fork"))
         return forks(atoi(argv[2]));
-    fprintf(stderr, "usage: promises loader LIB | foreign 1|2 | unregister N | fork N\n");
+    if (argc >= 2 && !strcmp(argv[1], "fork-publish"))
+        return fork_publish();
+    fprintf(stderr, "usage: promises loader LIB | foreign 1|2 | unregister N | fork N | "
+                    "fork-publish\n");
     return 2;
 }
