@@ -373,7 +373,13 @@ time.sleep(0.2)
 def test_daemon_threads_allocating_through_finalization(interpreter, shim_lib, tmp_path):
     cpython(interpreter)
     report = tmp_path / "r.json"
-    for _ in range(3):
+    # CPython 3.11 and older can crash by themselves here: a daemon thread
+    # still waiting for the GIL when finalization destroys it wakes up on
+    # freed state (3.12 parks such threads). The shim only makes exit
+    # longer, so each extra run is one more chance of CPython's own crash:
+    # they run the scenario once, newer interpreters three times.
+    runs = 3 if tuple(interpreter.version[:2]) >= (3, 12) else 1
+    for _ in range(runs):
         res = pythons.run_python(interpreter, DAEMONS, timeout=120,
                                  env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
                                       "SPYRESHIM_EXITCODE": "0"})
