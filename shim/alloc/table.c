@@ -12,8 +12,9 @@
  * This replaces the earlier 40-byte records keyed by the pointer itself:
  * a free touches one slot line and the node, not a record line, a node
  * line and a second probe line; and the table costs 8 bytes a slot.
- * Deletion shifts the following run back instead of leaving tombstones,
- * so probe lengths never degrade. The load factor stays at or under 3/4,
+ * Entries keep Robin Hood order (see place()), so searches stop early and
+ * deletion shifts back only the entries displaced from their home, without
+ * tombstones: probe lengths never degrade. The load factor stays at or under 3/4,
  * and the capacity grows by half rather than doubling: at a million live
  * blocks that is 1.35M slots (11 bytes a live block) instead of 2M
  * (17 bytes), which is what brings the host metadata under 64 bytes a
@@ -124,6 +125,8 @@ void shim_table_destroy(shim_table *t)
     free(t);
 }
 
+static void place(slot *slots, size_t cap, slot e);
+
 static int rehash(shim_table *t, size_t cap)
 {
     if (cap <= t->cap)
@@ -131,14 +134,9 @@ static int rehash(shim_table *t, size_t cap)
     slot *ns = slots_new(cap);
     if (!ns)
         return -1;
-    for (size_t i = 0; i < t->cap; i++) {
-        if (t->slots[i].id == SHIM_TABLE_NONE)
-            continue;
-        size_t j = home_of(t->slots[i].tag, cap);
-        while (ns[j].id != SHIM_TABLE_NONE)
-            j = next_slot(j, cap);
-        ns[j] = t->slots[i];
-    }
+    for (size_t i = 0; i < t->cap; i++)
+        if (t->slots[i].id != SHIM_TABLE_NONE)
+            place(ns, cap, t->slots[i]);
     shim_hostmem_free(t->slots, t->cap * sizeof *t->slots);
     t->slots = ns;
     t->cap = cap;
@@ -162,15 +160,45 @@ static int fields_reserve(shim_table *t, uint32_t id)
     return 0;
 }
 
+/* Robin Hood order: along a run, no entry is further from its home than
+ * the entry after it would be from its own at that slot. A search stops at
+ * the first entry closer to its home than the searched key would be, and
+ * a removal shifts back only until an entry sits at its home, so neither
+ * walks a whole run at loads near 3/4 (plain linear probing did: a removal
+ * scanned to the next empty slot, two lines on average at that load). */
+
+/* Places `e` (not in the table) in `slots`, displacing entries that sit
+ * closer to their home than `e` would. */
+static void place(slot *slots, size_t cap, slot e)
+{
+    size_t i = home_of(e.tag, cap), d = 0;
+    for (;;) {
+        slot *s = &slots[i];
+        if (s->id == SHIM_TABLE_NONE) {
+            *s = e;
+            return;
+        }
+        size_t sd = dist(home_of(s->tag, cap), i, cap);
+        if (sd < d) {
+            slot x = *s;
+            *s = e;
+            e = x;
+            d = sd;
+        }
+        i = next_slot(i, cap);
+        d++;
+    }
+}
+
 /* The slot holding `ptr`, or SIZE_MAX. */
 static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
     if (ptr == 0)
         return SIZE_MAX;
     uint32_t tag = tag_of(ptr);
-    for (size_t i = home_of(tag, t->cap);; i = next_slot(i, t->cap)) {
+    for (size_t i = home_of(tag, t->cap), d = 0;; i = next_slot(i, t->cap), d++) {
         const slot *s = &t->slots[i];
-        if (s->id == SHIM_TABLE_NONE)
+        if (s->id == SHIM_TABLE_NONE || dist(home_of(s->tag, t->cap), i, t->cap) < d)
             return SIZE_MAX;
         if (s->tag == tag && t->key(t->ctx, s->id) == ptr)
             return i;
@@ -185,13 +213,11 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
     if (i == SIZE_MAX) {
         if ((t->count + 1) * 4 > t->cap * 3 && rehash(t, grown(t->cap)) != 0)
             return -1;
-        uint32_t tag = tag_of(ptr);
-        for (i = home_of(tag, t->cap); t->slots[i].id != SHIM_TABLE_NONE; i = next_slot(i, t->cap))
-            ;
-        t->slots[i].tag = tag;
+        place(t->slots, t->cap, (slot){ .tag = tag_of(ptr), .id = id });
         t->count++;
+    } else {
+        t->slots[i].id = id;
     }
-    t->slots[i].id = id;
     t->fields[id] = f ? *f : (shim_live_fields){ 0 };
     return 0;
 }
@@ -204,16 +230,14 @@ uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
     uint32_t id = t->slots[i].id;
     if (out)
         *out = t->fields[id];
-    /* Backward shift: move each later entry of the run into the hole when
-     * the hole lies on its probe path (between its home slot and it). */
+    /* Backward shift: each following entry not at its home moves back one
+     * slot; the first one at its home (or an empty slot) ends the run. */
     size_t hole = i;
-    for (size_t j = next_slot(i, t->cap); t->slots[j].id != SHIM_TABLE_NONE;
+    for (size_t j = next_slot(i, t->cap);
+         t->slots[j].id != SHIM_TABLE_NONE && home_of(t->slots[j].tag, t->cap) != j;
          j = next_slot(j, t->cap)) {
-        size_t home = home_of(t->slots[j].tag, t->cap);
-        if (dist(home, j, t->cap) >= dist(hole, j, t->cap)) {
-            t->slots[hole] = t->slots[j];
-            hole = j;
-        }
+        t->slots[hole] = t->slots[j];
+        hole = j;
     }
     t->slots[hole].id = SHIM_TABLE_NONE;
     t->count--;
