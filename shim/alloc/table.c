@@ -1,25 +1,18 @@
 /* Live allocations: device pointer -> arena node id, plus each live
  * block's leak-hunting fields by node id.
  *
- * Owns: an array of 8-byte slots {tag, id}, open addressing with linear
- * probing (eight slots to a cache line), and an array of fields (the
- * sequence number) indexed by node id. The tag is the top 32 bits of the
- * pointer's Fibonacci hash; an entry's home slot is tag * capacity / 2^32
- * (a multiply and a shift, any capacity), so backward-shift deletion finds
- * each entry's home without looking at its key, and a
+ * Owns: a power-of-two array of 8-byte slots {tag, id}, open addressing
+ * with linear probing (eight slots to a cache line), and an array of
+ * fields (the sequence number) indexed by node id. The tag is the top 32 bits of the pointer's
+ * Fibonacci hash: the slot index is its top bits, so backward-shift
+ * deletion finds each entry's home without looking at its key, and a
  * probe asks for a candidate's address (the owner's key function: the
  * arena node, which a free touches next anyway) only when the tags agree.
  * This replaces the earlier 40-byte records keyed by the pointer itself:
  * a free touches one slot line and the node, not a record line, a node
  * line and a second probe line; and the table costs 8 bytes a slot.
- * Entries keep Robin Hood order (see place()), so searches stop early and
- * deletion shifts back only the entries displaced from their home, without
- * tombstones: probe lengths never degrade. The load factor stays at or under 3/4,
- * and the capacity grows by half rather than doubling: at a million live
- * blocks that is 1.35M slots (11 bytes a live block) instead of 2M
- * (17 bytes), which is what brings the host metadata under 64 bytes a
- * block (docs/allocator.md); the longer probes at loads near 3/4 stay
- * within one or two lines of eight slots.
+ * Deletion shifts the following run back instead of leaving tombstones,
+ * so probe lengths never degrade. The load factor stays at or under 3/4.
  * Guarded by: the owner's allocator lock; nothing here locks. The only
  * reader without it is shim_table_prefetch, through two atomic hints.
  * Never: dereferences a key (keys are device addresses).
@@ -39,7 +32,8 @@ typedef struct slot {
 
 struct shim_table {
     slot *slots;
-    size_t cap;                    /* slots, <= 2^32 */
+    size_t mask;                   /* capacity - 1 */
+    unsigned bits;                 /* log2(capacity), <= 32 */
     size_t count;
     shim_live_fields *fields;      /* by node id */
     size_t fields_cap;
@@ -47,11 +41,8 @@ struct shim_table {
     const void *ctx;
     /* For shim_table_prefetch only, which runs without the lock. */
     _Atomic(slot *) hint_slots;
-    _Atomic size_t hint_cap;
+    _Atomic unsigned hint_bits;
 };
-
-#define CAP_MIN 16
-#define CAP_MAX ((size_t)1 << 32)
 
 /* Fibonacci hashing: multiply by 2^64/phi and keep the top bits. Device
  * pointers are aligned (256 bytes and more), so their low bits carry
@@ -61,28 +52,9 @@ static inline uint32_t tag_of(uintptr_t p)
     return (uint32_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 32);
 }
 
-/* The home slot: the tag scaled to the capacity. Monotonic in the tag,
- * like the top bits of the hash were, and any capacity works. */
-static inline size_t home_of(uint32_t tag, size_t cap)
+static inline size_t home_of(uint32_t tag, unsigned bits)
 {
-    return (size_t)(((uint64_t)tag * cap) >> 32);
-}
-
-static inline size_t next_slot(size_t i, size_t cap)
-{
-    return i + 1 == cap ? 0 : i + 1;
-}
-
-/* How far slot `j` is past slot `from`, going forward around the array. */
-static inline size_t dist(size_t from, size_t j, size_t cap)
-{
-    return j >= from ? j - from : j + cap - from;
-}
-
-static size_t grown(size_t cap)
-{
-    size_t n = cap + cap / 2;
-    return n > CAP_MAX ? CAP_MAX : n;
+    return (size_t)(tag >> (32 - bits));
 }
 
 static slot *slots_new(size_t cap)
@@ -100,19 +72,20 @@ shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, co
     shim_table *t = calloc(1, sizeof *t);
     if (!t)
         return NULL;
-    size_t cap = CAP_MIN;
-    while (cap * 3 / 4 < initial_capacity && cap < CAP_MAX)
-        cap = grown(cap);
-    t->slots = slots_new(cap);
+    unsigned bits = 4;
+    while (((size_t)1 << bits) * 3 / 4 < initial_capacity && bits < 32)
+        bits++;
+    t->slots = slots_new((size_t)1 << bits);
     if (!t->slots) {
         free(t);
         return NULL;
     }
-    t->cap = cap;
+    t->bits = bits;
+    t->mask = ((size_t)1 << bits) - 1;
     t->key = key;
     t->ctx = ctx;
     atomic_store_explicit(&t->hint_slots, t->slots, memory_order_relaxed);
-    atomic_store_explicit(&t->hint_cap, cap, memory_order_relaxed);
+    atomic_store_explicit(&t->hint_bits, bits, memory_order_relaxed);
     return t;
 }
 
@@ -120,28 +93,33 @@ void shim_table_destroy(shim_table *t)
 {
     if (!t)
         return;
-    shim_hostmem_free(t->slots, t->cap * sizeof *t->slots);
+    shim_hostmem_free(t->slots, (t->mask + 1) * sizeof *t->slots);
     shim_hostmem_free(t->fields, t->fields_cap * sizeof *t->fields);
     free(t);
 }
 
-static void place(slot *slots, size_t cap, slot e);
-
-static int rehash(shim_table *t, size_t cap)
+static int rehash(shim_table *t, unsigned bits)
 {
-    if (cap <= t->cap)
+    if (bits > 32)
         return -1;
+    size_t cap = (size_t)1 << bits, mask = cap - 1;
     slot *ns = slots_new(cap);
     if (!ns)
         return -1;
-    for (size_t i = 0; i < t->cap; i++)
-        if (t->slots[i].id != SHIM_TABLE_NONE)
-            place(ns, cap, t->slots[i]);
-    shim_hostmem_free(t->slots, t->cap * sizeof *t->slots);
+    for (size_t i = 0; i <= t->mask; i++) {
+        if (t->slots[i].id == SHIM_TABLE_NONE)
+            continue;
+        size_t j = home_of(t->slots[i].tag, bits);
+        while (ns[j].id != SHIM_TABLE_NONE)
+            j = (j + 1) & mask;
+        ns[j] = t->slots[i];
+    }
+    shim_hostmem_free(t->slots, (t->mask + 1) * sizeof *t->slots);
     t->slots = ns;
-    t->cap = cap;
+    t->mask = mask;
+    t->bits = bits;
     atomic_store_explicit(&t->hint_slots, ns, memory_order_relaxed);
-    atomic_store_explicit(&t->hint_cap, cap, memory_order_relaxed);
+    atomic_store_explicit(&t->hint_bits, bits, memory_order_relaxed);
     return 0;
 }
 
@@ -160,45 +138,15 @@ static int fields_reserve(shim_table *t, uint32_t id)
     return 0;
 }
 
-/* Robin Hood order: along a run, no entry is further from its home than
- * the entry after it would be from its own at that slot. A search stops at
- * the first entry closer to its home than the searched key would be, and
- * a removal shifts back only until an entry sits at its home, so neither
- * walks a whole run at loads near 3/4 (plain linear probing did: a removal
- * scanned to the next empty slot, two lines on average at that load). */
-
-/* Places `e` (not in the table) in `slots`, displacing entries that sit
- * closer to their home than `e` would. */
-static void place(slot *slots, size_t cap, slot e)
-{
-    size_t i = home_of(e.tag, cap), d = 0;
-    for (;;) {
-        slot *s = &slots[i];
-        if (s->id == SHIM_TABLE_NONE) {
-            *s = e;
-            return;
-        }
-        size_t sd = dist(home_of(s->tag, cap), i, cap);
-        if (sd < d) {
-            slot x = *s;
-            *s = e;
-            e = x;
-            d = sd;
-        }
-        i = next_slot(i, cap);
-        d++;
-    }
-}
-
 /* The slot holding `ptr`, or SIZE_MAX. */
 static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
     if (ptr == 0)
         return SIZE_MAX;
     uint32_t tag = tag_of(ptr);
-    for (size_t i = home_of(tag, t->cap), d = 0;; i = next_slot(i, t->cap), d++) {
+    for (size_t i = home_of(tag, t->bits);; i = (i + 1) & t->mask) {
         const slot *s = &t->slots[i];
-        if (s->id == SHIM_TABLE_NONE || dist(home_of(s->tag, t->cap), i, t->cap) < d)
+        if (s->id == SHIM_TABLE_NONE)
             return SIZE_MAX;
         if (s->tag == tag && t->key(t->ctx, s->id) == ptr)
             return i;
@@ -211,13 +159,15 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
         return -1;
     size_t i = lookup(t, ptr);
     if (i == SIZE_MAX) {
-        if ((t->count + 1) * 4 > t->cap * 3 && rehash(t, grown(t->cap)) != 0)
+        if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
             return -1;
-        place(t->slots, t->cap, (slot){ .tag = tag_of(ptr), .id = id });
+        uint32_t tag = tag_of(ptr);
+        for (i = home_of(tag, t->bits); t->slots[i].id != SHIM_TABLE_NONE; i = (i + 1) & t->mask)
+            ;
+        t->slots[i].tag = tag;
         t->count++;
-    } else {
-        t->slots[i].id = id;
     }
+    t->slots[i].id = id;
     t->fields[id] = f ? *f : (shim_live_fields){ 0 };
     return 0;
 }
@@ -230,14 +180,15 @@ uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
     uint32_t id = t->slots[i].id;
     if (out)
         *out = t->fields[id];
-    /* Backward shift: each following entry not at its home moves back one
-     * slot; the first one at its home (or an empty slot) ends the run. */
+    /* Backward shift: move each later entry of the run into the hole when
+     * the hole lies on its probe path (between its home slot and it). */
     size_t hole = i;
-    for (size_t j = next_slot(i, t->cap);
-         t->slots[j].id != SHIM_TABLE_NONE && home_of(t->slots[j].tag, t->cap) != j;
-         j = next_slot(j, t->cap)) {
-        t->slots[hole] = t->slots[j];
-        hole = j;
+    for (size_t j = (i + 1) & t->mask; t->slots[j].id != SHIM_TABLE_NONE; j = (j + 1) & t->mask) {
+        size_t home = home_of(t->slots[j].tag, t->bits);
+        if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
+            t->slots[hole] = t->slots[j];
+            hole = j;
+        }
     }
     t->slots[hole].id = SHIM_TABLE_NONE;
     t->count--;
@@ -264,7 +215,7 @@ void shim_table_foreach(const shim_table *t,
                         void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user),
                         void *user)
 {
-    for (size_t i = 0; i < t->cap; i++) {
+    for (size_t i = 0; i <= t->mask; i++) {
         uint32_t id = t->slots[i].id;
         if (id != SHIM_TABLE_NONE)
             fn(t->key(t->ctx, id), id, &t->fields[id], user);
@@ -273,15 +224,15 @@ void shim_table_foreach(const shim_table *t,
 
 size_t shim_table_meta_bytes(const shim_table *t)
 {
-    return sizeof *t + shim_hostmem_size(t->cap * sizeof *t->slots) +
+    return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots) +
            shim_hostmem_size(t->fields_cap * sizeof *t->fields);
 }
 
 void shim_table_prefetch(const shim_table *t, uintptr_t ptr)
 {
     uintptr_t s = (uintptr_t)atomic_load_explicit(&t->hint_slots, memory_order_relaxed);
-    size_t cap = atomic_load_explicit(&t->hint_cap, memory_order_relaxed);
+    unsigned bits = atomic_load_explicit(&t->hint_bits, memory_order_relaxed);
     /* Integer arithmetic: with a stale pair the address may lie outside
      * any array, which a prefetch tolerates and C pointers do not. */
-    __builtin_prefetch((const void *)(s + home_of(tag_of(ptr), cap) * sizeof(slot)));
+    __builtin_prefetch((const void *)(s + home_of(tag_of(ptr), bits) * sizeof(slot)));
 }

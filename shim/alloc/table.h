@@ -1,9 +1,8 @@
 /* Live allocations: device pointer -> the arena node of its block, and the
  * block's sequence number, kept apart from the node because only
  * allocation writes it and only reports read it (the stack ids fit in the
- * node: shim_arena_set_tags). Open addressing with linear probing in Robin
- * Hood order and backward-shift deletion, load factor kept under 3/4, so
- * insert, find and remove are O(1). Host
+ * node: shim_arena_set_tags). Open addressing with linear probing and backward-shift deletion,
+ * load factor kept under 3/4, so insert, find and remove are O(1). Host
  * memory only. Not thread-safe: the owner serializes calls with the
  * allocator lock (shim_table_prefetch excepted). */
 #ifndef SHIM_TABLE_H
