@@ -35,7 +35,7 @@ uint32_t shim_pystack_capture(unsigned max_depth);
  * thread holds the GIL; otherwise reports what was resolved before. */
 size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max);
 /* With the GIL held: resolve every frame seen so far (run at interpreter
- * exit through shim_pygc_on_finalize, and by report/snapshot calls). */
+ * exit through shim_gate_at_finalize, and by report/snapshot calls). */
 void shim_pystack_resolve_all(void);
 /* SHIM_PYSTACK_* flags of stack `id` (0 for an unknown id). */
 unsigned shim_pystack_flags(uint32_t id);
