@@ -272,14 +272,12 @@ static bool recycle_pending(shim_device *d)
 {
     shim_lock_assert_held(&d->lock);
     uint64_t covered = d->next_ticket;
-    bool taken_here = shim_lock_held_by_me(&d->lock);
-    if (taken_here)
-        shim_lock_release(&d->lock);
+    /* The wait blocks: never with the allocator lock (docs/locking.md). */
+    shim_lock_release(&d->lock);
     tls_in_backend++;
     int rc = d->rt->sync_device(d->ordinal);
     tls_in_backend--;
-    if (taken_here)
-        shim_lock_acquire(&d->lock);
+    shim_lock_acquire(&d->lock);
     d->device_waits++;
     if (rc != 0) {
         /* Holding them forever would leak the device's memory; a device
