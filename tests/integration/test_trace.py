@@ -61,26 +61,33 @@ def test_threads_every_event_in_order_and_the_peak_is_the_shims(tmp_path, buildd
     assert "work" in names
 
 
+def run_then_sigkill(prog, trace, builddir, settle_s):
+    """Runs `prog` with a trace flushed every 20 ms; once it prints "ready",
+    waits `settle_s` (several flush intervals) and kills it with SIGKILL.
+    Returns the loaded trace."""
+    env = shim_env(SIMDEV_MEMORY="64M", SPYRESHIM_TRACE=trace, SPYRESHIM_TRACE_FLUSH_MS=20,
+                   PYTHONPATH=builddir / "tests" / "simdev")
+    p = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(settle_s)
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return tr.load(str(trace))
+
+
 def test_sigkill_leaves_a_parsable_file(tmp_path, builddir):
     trace = tmp_path / "k.trace"
     prog = ("import simdev, sys, time\n"
             "keep = [simdev.Tensor(4096) for _ in range(100)]\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
-    env = shim_env(SIMDEV_MEMORY="64M", SPYRESHIM_TRACE=trace, SPYRESHIM_TRACE_FLUSH_MS=20,
-                   PYTHONPATH=builddir / "tests" / "simdev")
-    p = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        # Ten flush intervals: the 100 allocations are on disk (a flush
-        # happens at most every 20 ms while events wait).
-        time.sleep(0.2)
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    t = tr.load(str(trace))
+    # Ten flush intervals: the 100 allocations are on disk (a flush happens
+    # at most every 20 ms while events wait).
+    t = run_then_sigkill(prog, trace, builddir, 0.2)
     allocs = [i for i in range(len(t)) if t.kind[i] == tr.ALLOC and t.size[i] == 4096]
     assert len(allocs) >= 100
     # Killed: no names were written at exit, but stacks and the module map were.
@@ -109,18 +116,7 @@ def test_exited_threads_events_reach_the_file_before_a_sigkill(tmp_path, builddi
             "[t.join() for t in ts]\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
-    env = shim_env(SIMDEV_MEMORY="64M", SPYRESHIM_TRACE=trace, SPYRESHIM_TRACE_FLUSH_MS=20,
-                   PYTHONPATH=builddir / "tests" / "simdev")
-    p = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        time.sleep(0.3)
-        p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
-    t = tr.load(str(trace))
+    t = run_then_sigkill(prog, trace, builddir, 0.3)
     assert not t.truncated
     kinds = list(t.kind)
     assert kinds.count(tr.ALLOC) == 4 * 5050 and kinds.count(tr.FREE) == 4 * 5000
