@@ -106,6 +106,7 @@ struct shim_arena {
     shim_region_backend be;
     unsigned shift;                /* log2(alignment) */
     size_t limit;
+    shim_arena_pool *pool;         /* shared with the device's other arenas, or NULL */
     size_t fixed_region;           /* 0 = adaptive */
     size_t capacity;               /* 0 until first asked */
 
@@ -264,6 +265,56 @@ static void set_empty(shim_arena *a, uint32_t r, bool empty)
     }
 }
 
+/* A pool's arenas check the limit against what all of them hold: the
+ * share is taken before the backend is asked (another arena may be asking
+ * at the same time) and given back when refused or released. */
+static bool pool_take(shim_arena *a, size_t n)
+{
+    if (!a->pool)
+        return true;
+    uint64_t cur = atomic_load_explicit(&a->pool->reserved, memory_order_relaxed);
+    do {
+        if (a->limit && cur + n > a->limit)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&a->pool->reserved, &cur, cur + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+/* After a region was reserved: the pool's peak counts only what the
+ * runtime gave. */
+static void pool_note_peak(shim_arena *a)
+{
+    if (!a->pool)
+        return;
+    uint64_t now = atomic_load_explicit(&a->pool->reserved, memory_order_relaxed);
+    uint64_t peak = atomic_load_explicit(&a->pool->peak_reserved, memory_order_relaxed);
+    while (now > peak &&
+           !atomic_compare_exchange_weak_explicit(&a->pool->peak_reserved, &peak, now,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+static void pool_give(shim_arena *a, size_t n)
+{
+    if (a->pool)
+        atomic_fetch_sub_explicit(&a->pool->reserved, n, memory_order_relaxed);
+}
+
+/* The backend's reserve, within the pool's share: a share the pool cannot
+ * give is a refusal for lack of room, like the runtime's. */
+static int reserve_shared(shim_arena *a, size_t size, uintptr_t *addr)
+{
+    if (!pool_take(a, size))
+        return 1;
+    int rc = a->be.reserve(a->be.ctx, size, addr);
+    if (rc != 0)
+        pool_give(a, size);
+    else
+        pool_note_peak(a);
+    return rc;
+}
+
 /* ---- regions ------------------------------------------------------- */
 
 /* Position of the first region whose base is > addr. */
@@ -312,6 +363,7 @@ static void region_release(shim_arena *a, uint32_t r, uint32_t n)
     memmove(&a->sorted[pos], &a->sorted[pos + 1], (a->nsorted - pos - 1) * sizeof *a->sorted);
     a->nsorted--;
     a->be.release(a->be.ctx, g->base, g->size);
+    pool_give(a, g->size);
     a->c.reserved_bytes -= g->size;
     a->c.regions--;
     a->c.regions_released++;
@@ -376,8 +428,10 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     if (!regions_reserve(a) || !nodes_reserve(a, 2))
         return NIL;
     size_t room = SIZE_MAX;
+    uint64_t held = a->pool ? atomic_load_explicit(&a->pool->reserved, memory_order_relaxed)
+                            : a->c.reserved_bytes;
     if (a->limit)
-        room = a->limit > a->c.reserved_bytes ? align_down(a, a->limit - a->c.reserved_bytes) : 0;
+        room = a->limit > held ? align_down(a, a->limit - held) : 0;
     if (exact > room)
         return NIL;
     size_t rs = next_region_size(a);
@@ -403,7 +457,7 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     uintptr_t addr = 0;
     size_t min = dedicated ? exact : need;
     int rc;
-    while ((rc = a->be.reserve(a->be.ctx, rs, &addr)) != 0) {
+    while ((rc = reserve_shared(a, rs, &addr)) != 0) {
         if (rc < 0) {
             a->reserve_error = -rc; /* not a lack of room: smaller will not help */
             return NIL;
@@ -468,6 +522,11 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
     return a;
 }
 
+void shim_arena_set_pool(shim_arena *a, shim_arena_pool *pool)
+{
+    a->pool = pool;
+}
+
 void shim_arena_destroy(shim_arena *a)
 {
     if (!a)
@@ -475,6 +534,7 @@ void shim_arena_destroy(shim_arena *a)
     for (uint32_t k = 0; k < a->nsorted; k++) {
         region *g = &a->regions[a->sorted[k]];
         a->be.release(a->be.ctx, g->base, g->size);
+        pool_give(a, g->size);
     }
     free(a->sorted);
     free(a->regions);

@@ -5,6 +5,7 @@
 #ifndef SHIM_ARENA_H
 #define SHIM_ARENA_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -24,6 +25,14 @@ typedef struct shim_region_backend {
 
 typedef struct shim_arena shim_arena;
 
+/* Arenas that share one limit (the arenas of one device, one per group of
+ * threads): the bytes all of them hold reserved. Each arena takes its
+ * share before asking the backend for a region, so that together they
+ * never pass the limit. Zero-initialized. */
+typedef struct shim_arena_pool {
+    _Atomic uint64_t reserved, peak_reserved;
+} shim_arena_pool;
+
 typedef struct shim_arena_counters {
     uint64_t reserved_bytes, used_bytes;           /* used = sum of block sizes handed out */
     uint64_t peak_reserved_bytes, peak_used_bytes;
@@ -40,6 +49,9 @@ enum shim_block_kind {
 
 /* `limit` caps reserved bytes (0 = none); `region_size` 0 = adaptive. */
 shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_t region_size);
+/* Makes `a` count its regions in `pool` and check its limit against the
+ * pool's total; before its first allocation. */
+void shim_arena_set_pool(shim_arena *a, shim_arena_pool *pool);
 /* Releases every region to the backend. */
 void shim_arena_destroy(shim_arena *a);
 

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "arena.h"
 #include "device.h"
@@ -27,33 +28,66 @@ typedef struct pending_free {
     uint64_t ticket;          /* order of the free; a wait covers tickets before it */
 } pending_free;
 
+/* One arena of a device with its live table, its lock and its blocks
+ * waiting for the device. A device starts with one shard; a thread that
+ * finds its shard's lock held when it allocates moves to a shard of its own
+ * while the device has fewer than SPYRESHIM_ARENAS, so that threads
+ * allocating at the same time stop taking turns on one lock and one set of
+ * cache lines. A block belongs to the shard that served it until freed. */
+typedef struct shim_shard {
+    spyreshim_lock lock;
+    shim_arena *arena;
+    shim_table *table;
+    /* Guarded by lock. */
+    uint64_t allocs, frees;
+    uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
+    int64_t unpublished;      /* live bytes not yet in the device's live_total */
+    pending_free *pending;    /* FIFO by ticket */
+    size_t npending, pending_cap;
+    uint64_t pending_bytes, next_ticket;
+    /* Written under lock (one writer), read by pressure events without it. */
+    _Atomic uint64_t freed_bytes;
+} shim_shard;
+
+#define SHIM_MAX_SHARDS 8
+
 struct shim_device {
     const shim_runtime *rt;   /* the route that created it: its backend */
     int ordinal;
     char name[32];
+    /* The device lock: pressure events (callbacks get it), the slow path of
+     * an allocation no shard could serve, and every walk of the shards
+     * (reports, statistics, trim, fork). Taken before a shard's lock;
+     * never taken while holding one. */
     spyreshim_lock lock;
-    shim_arena *arena;
-    shim_table *table;
     shim_region_backend backend;
-    shim_pressure_state ps;
+    shim_arena_pool pool;     /* the limit, shared by the shards' arenas */
+    shim_pressure_state ps;   /* guarded by lock */
     unsigned index;               /* in devices[], for event hooks */
+    unsigned max_shards;
+    _Atomic unsigned nshards;     /* shards[0 .. nshards) are published */
+    shim_shard *shards[SHIM_MAX_SHARDS];
     _Atomic bool fork_registered; /* announced ready: its fork handlers are installed */
-    bool fork_locked;             /* its fork prepare handler holds `lock` */
-    /* Guarded by lock. */
-    uint64_t allocs, frees, failed, invalid_frees, foreign_frees;
-    uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
-    pending_free *pending;    /* FIFO by ticket */
-    size_t npending, pending_cap;
-    uint64_t pending_bytes, next_ticket;
-    uint64_t device_waits;    /* waits for the device before reusing blocks */
+    bool fork_locked;             /* its fork prepare handler holds every lock */
+    _Atomic uint64_t failed, invalid_frees, foreign_frees, device_waits;
+    /* Live bytes of all shards, each publishing its changes in steps of
+     * LIVE_STEP (an atomic per operation would move this line between the
+     * threads' cores on every allocation), and the highest total seen. */
+    _Atomic int64_t live_total;
+    _Atomic uint64_t peak_total;
 };
 
 /* Past these, a free waits for the device and recycles what is pending
  * instead of letting it pile up (the real free waits on every call). */
 #define PENDING_MAX_BLOCKS 4096
 #define PENDING_MAX_FRACTION 4   /* of the bytes reserved */
+/* With several shards, the device's peak of live bytes is exact to
+ * within this many bytes per shard. */
+#define LIVE_STEP ((int64_t)1 << 20)
 
-static __thread unsigned tls_in_backend;
+static __thread __attribute__((tls_model("initial-exec"))) unsigned tls_in_backend;
+/* The calling thread's shard of each device (an index; 0 until it moves). */
+static __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_shard[SHIM_MAX_DEVICES];
 
 /* Leak hunting's hooks, set once at init by the layer above (the allocator
  * knows nothing of stacks or reports); NULL while leak hunting is off. */
@@ -122,6 +156,39 @@ static uintptr_t node_addr(const void *ctx, uint32_t id)
     return shim_arena_block_addr(ctx, id);
 }
 
+static unsigned default_shards(void)
+{
+    unsigned n = shim_opts()->arenas;
+    if (n == 0) {
+        long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+        n = cpus > 0 ? (unsigned)cpus : 1;
+    }
+    return n > SHIM_MAX_SHARDS ? SHIM_MAX_SHARDS : n;
+}
+
+static shim_shard *shard_create(shim_device *d)
+{
+    shim_shard *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    shim_lock_init(&s->lock);
+    const shim_options *o = shim_opts();
+    s->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
+    s->table = s->arena ? shim_table_create(1024, node_addr, s->arena) : NULL;
+    if (!s->arena || !s->table) {
+        if (s->arena)
+            shim_arena_destroy(s->arena);
+        if (s->table)
+            shim_table_destroy(s->table);
+        free(s);
+        return NULL;
+    }
+    shim_arena_set_pool(s->arena, &d->pool);
+    return s;
+}
+
+static uint64_t freed_everywhere(void);
+
 static shim_device *device_create(const shim_runtime *rt, int ordinal)
 {
     shim_device *d = calloc(1, sizeof *d);
@@ -142,17 +209,14 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal)
         .mem_info = backend_mem_info,
         .alignment = rt->alignment,
     };
-    const shim_options *o = shim_opts();
-    d->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
-    d->table = d->arena ? shim_table_create(1024, node_addr, d->arena) : NULL;
-    if (!d->arena || !d->table) {
-        if (d->arena)
-            shim_arena_destroy(d->arena);
-        if (d->table)
-            shim_table_destroy(d->table);
+    d->max_shards = default_shards();
+    d->shards[0] = shard_create(d);
+    if (!d->shards[0]) {
         free(d);
         return NULL;
     }
+    atomic_store_explicit(&d->nshards, 1, memory_order_release);
+    shim_pressure_set_freed_source(freed_everywhere);
     return d;
 }
 
@@ -200,7 +264,8 @@ shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
             d->index = (unsigned)n;
             devices[n] = d;
             atomic_store_explicit(&ndevices, n + 1, memory_order_release);
-            shim_debug("%s: serving allocations (limit %zu bytes)", d->name, shim_opts()->limit);
+            shim_debug("%s: serving allocations (limit %zu bytes, up to %u arenas)", d->name,
+                       shim_opts()->limit, d->max_shards);
         }
     }
     shim_mutex_unlock(&devices_mu);
@@ -244,120 +309,237 @@ uint64_t shim_device_seq_now(void)
     return atomic_load_explicit(&seq_counter, memory_order_relaxed);
 }
 
-/* Takes the lock unless this thread holds it already: a pressure callback
+/* Takes a lock unless this thread holds it already: a pressure callback
  * that frees (or allocates) before releasing the lock must not deadlock on
  * itself. Returns whether it was taken here. */
-static bool lock_unless_mine(shim_device *d)
+static bool lock_unless_mine(spyreshim_lock *l)
 {
-    if (shim_lock_held_by_me(&d->lock))
+    if (shim_lock_held_by_me(l))
         return false;
-    shim_lock_acquire(&d->lock);
+    shim_lock_acquire(l);
     return true;
 }
 
-static bool has_empty_regions(const shim_device *d)
+static unsigned shard_count(const shim_device *d)
 {
-    shim_lock_assert_held(&d->lock);
+    return atomic_load_explicit(&d->nshards, memory_order_acquire);
+}
+
+/* The calling thread's shard of `d`. */
+static unsigned home_index(const shim_device *d)
+{
+    unsigned i = tls_shard[d->index];
+    return i < shard_count(d) ? i : 0;
+}
+
+/* The calling thread found its shard's lock held by another thread:
+ * gives it a shard of its own while the device has room for one (made
+ * here), else leaves it where it is. Returns the shard to lock. */
+static shim_shard *move_thread(shim_device *d, unsigned from)
+{
+    unsigned n = shard_count(d);
+    if (n >= d->max_shards)
+        return d->shards[from];
+    shim_mutex_lock(&devices_mu);
+    n = shard_count(d);
+    if (n < d->max_shards) {
+        shim_shard *s = shard_create(d);
+        if (s) {
+            d->shards[n] = s;
+            atomic_store_explicit(&d->nshards, n + 1, memory_order_release);
+            shim_debug("%s: arena %u for a thread that found arena %u busy", d->name, n, from);
+            from = n;
+        }
+    } else {
+        from = n - 1;   /* another thread made the last one meanwhile */
+    }
+    shim_mutex_unlock(&devices_mu);
+    tls_shard[d->index] = (unsigned char)from;
+    return d->shards[from];
+}
+
+/* Locks the calling thread's shard; *taken as lock_unless_mine. */
+static shim_shard *lock_home(shim_device *d, bool *taken)
+{
+    unsigned i = home_index(d);
+    shim_shard *s = d->shards[i];
+    if (shim_lock_held_by_me(&s->lock)) {
+        *taken = false;
+        return s;
+    }
+    *taken = true;
+    if (shim_lock_try(&s->lock))
+        return s;
+    s = move_thread(d, i);
+    shim_lock_acquire(&s->lock);
+    return s;
+}
+
+static bool has_empty_regions(const shim_shard *s)
+{
+    shim_lock_assert_held(&s->lock);
     shim_arena_counters c;
-    shim_arena_get_counters(d->arena, &c);
+    shim_arena_get_counters(s->arena, &c);
     return c.empty_regions > 0;
 }
 
 static void announce_ready(shim_device *d);
 
-/* Waits for the device, then gives back to the arena every block freed
- * before the wait began. Lock held on entry and exit, released while
- * waiting (the wait blocks). False when nothing was recycled. */
-static bool recycle_pending(shim_device *d)
+/* Lets the device catch up with every free made before the call. Called
+ * without any allocator lock held by this thread (the wait blocks). True
+ * when the device said so; on failure, warns once and returns false. */
+static bool wait_for_device(shim_device *d)
 {
-    shim_lock_assert_held(&d->lock);
-    uint64_t covered = d->next_ticket;
-    /* The wait blocks: never with the allocator lock (docs/locking.md). */
-    shim_lock_release(&d->lock);
     tls_in_backend++;
     int rc = d->rt->sync_device(d->ordinal);
     tls_in_backend--;
-    shim_lock_acquire(&d->lock);
-    d->device_waits++;
-    if (rc != 0) {
-        /* Holding them forever would leak the device's memory; a device
-         * that cannot be waited for has lost its queued work anyway. */
-        static _Atomic bool warned;
-        if (!atomic_exchange(&warned, true))
-            shim_warn("%s: waiting for the device failed (error %d); freed blocks are "
-                      "reused without the wait", d->name, rc);
-        covered = UINT64_MAX;
-    }
+    atomic_fetch_add_explicit(&d->device_waits, 1, memory_order_relaxed);
+    if (rc == 0)
+        return true;
+    /* Holding the blocks forever would leak the device's memory; a device
+     * that cannot be waited for has lost its queued work anyway. */
+    static _Atomic bool warned;
+    if (!atomic_exchange(&warned, true))
+        shim_warn("%s: waiting for the device failed (error %d); freed blocks are "
+                  "reused without the wait", d->name, rc);
+    return false;
+}
+
+/* Gives back to the arena the pending blocks of `s` freed before `covered`.
+ * Shard lock held. False when there were none. */
+static bool recycle_covered(shim_shard *s, uint64_t covered)
+{
+    shim_lock_assert_held(&s->lock);
     size_t k = 0;
-    while (k < d->npending && d->pending[k].ticket < covered) {
-        d->pending_bytes -= shim_arena_free_node(d->arena, d->pending[k].node);
+    while (k < s->npending && s->pending[k].ticket < covered) {
+        s->pending_bytes -= shim_arena_free_node(s->arena, s->pending[k].node);
         k++;
     }
-    memmove(d->pending, d->pending + k, (d->npending - k) * sizeof *d->pending);
-    d->npending -= k;
+    memmove(s->pending, s->pending + k, (s->npending - k) * sizeof *s->pending);
+    s->npending -= k;
     return k > 0;
 }
 
-/* Keeps a freed block aside until the device has run what was queued
- * before the free. Lock held. False when out of host memory for the list
- * (the caller then waits for the device right away). */
-static bool defer_free(shim_device *d, uint32_t node, size_t block)
+/* Waits for the device, then gives back to the arena every block of `s`
+ * freed before the wait began. Shard lock held on entry and exit (taken by
+ * the caller, and no other allocator lock), released while waiting. */
+static bool recycle_pending(shim_device *d, shim_shard *s)
 {
-    shim_lock_assert_held(&d->lock);
-    if (d->npending == d->pending_cap) {
-        size_t cap = d->pending_cap ? d->pending_cap * 2 : 64;
-        pending_free *p = realloc(d->pending, cap * sizeof *p);
+    shim_lock_assert_held(&s->lock);
+    uint64_t covered = s->next_ticket;
+    /* The wait blocks: never with an allocator lock (docs/locking.md). */
+    shim_lock_release(&s->lock);
+    if (!wait_for_device(d))
+        covered = UINT64_MAX;
+    shim_lock_acquire(&s->lock);
+    return recycle_covered(s, covered);
+}
+
+/* Keeps a freed block aside until the device has run what was queued
+ * before the free. Shard lock held. False when out of host memory for the
+ * list (the caller then waits for the device right away). */
+static bool defer_free(shim_shard *s, uint32_t node, size_t block)
+{
+    shim_lock_assert_held(&s->lock);
+    if (s->npending == s->pending_cap) {
+        size_t cap = s->pending_cap ? s->pending_cap * 2 : 64;
+        pending_free *p = realloc(s->pending, cap * sizeof *p);
         if (!p)
             return false;
-        d->pending = p;
-        d->pending_cap = cap;
+        s->pending = p;
+        s->pending_cap = cap;
     }
-    d->pending[d->npending++] = (pending_free){.node = node, .ticket = d->next_ticket++};
-    d->pending_bytes += block;
+    s->pending[s->npending++] = (pending_free){.node = node, .ticket = s->next_ticket++};
+    s->pending_bytes += block;
     return true;
 }
 
-static bool too_much_pending(const shim_device *d)
+static bool too_much_pending(const shim_shard *s)
 {
-    shim_lock_assert_held(&d->lock);
-    if (d->npending >= PENDING_MAX_BLOCKS)
+    shim_lock_assert_held(&s->lock);
+    if (s->npending >= PENDING_MAX_BLOCKS)
         return true;
     shim_arena_counters c;
-    shim_arena_get_counters(d->arena, &c);
-    return d->pending_bytes > c.reserved_bytes / PENDING_MAX_FRACTION;
+    shim_arena_get_counters(s->arena, &c);
+    return s->pending_bytes > c.reserved_bytes / PENDING_MAX_FRACTION;
 }
 
-/* Step: one try at serving the request from the arena, recording the
- * block. Lock held. False when no block fits (or the table could not grow:
- * out of host memory, reported as out-of-memory too); *rt_err is then the
- * runtime's own error when it refused a region for a reason other than
- * out-of-memory (0 otherwise). *seq is the allocation's sequence number. */
-static bool serve(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack, uintptr_t *out,
-                  uint64_t *seq, int *rt_err)
+/* Live bytes of `s` changed by `delta`: exact in the shard; the device's
+ * total and peak follow in steps while it has several shards. */
+static void note_live(shim_device *d, shim_shard *s, int64_t delta)
 {
-    shim_lock_assert_held(&d->lock);
+    if (delta > 0) {
+        s->live_bytes += (uint64_t)delta;
+        if (s->live_bytes > s->peak_live_bytes)
+            s->peak_live_bytes = s->live_bytes;
+    } else {
+        s->live_bytes -= (uint64_t)-delta;
+    }
+    s->unpublished += delta;
+    if (s->unpublished < LIVE_STEP && s->unpublished > -LIVE_STEP)
+        return;
+    int64_t now = atomic_fetch_add_explicit(&d->live_total, s->unpublished,
+                                            memory_order_relaxed) + s->unpublished;
+    s->unpublished = 0;
+    uint64_t peak = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
+    while (now > 0 && (uint64_t)now > peak &&
+           !atomic_compare_exchange_weak_explicit(&d->peak_total, &peak, (uint64_t)now,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+/* Step: one try at serving the request from shard `s`, recording the
+ * block. Shard lock held. False when no block fits (or the table could not
+ * grow: out of host memory, reported as out-of-memory too); *rt_err is
+ * then the runtime's own error when it refused a region for a reason other
+ * than out-of-memory (0 otherwise). *seq is the allocation's sequence
+ * number. */
+static bool serve(shim_device *d, shim_shard *s, size_t size, uint32_t nstack, uint32_t pystack,
+                  uintptr_t *out, uint64_t *seq, int *rt_err)
+{
+    shim_lock_assert_held(&s->lock);
     uintptr_t addr;
     uint32_t node;
     size_t block;
-    int rc = shim_arena_alloc(d->arena, size, &addr, &node, &block);
+    int rc = shim_arena_alloc(s->arena, size, &addr, &node, &block);
     *rt_err = rc > 0 ? rc : 0;
     if (rc != 0)
         return false;
     shim_live_fields f = {
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
     };
-    shim_arena_set_tags(d->arena, node, nstack, pystack);
-    if (shim_table_insert(d->table, addr, node, &f) != 0) {
-        shim_arena_free_node(d->arena, node);
+    shim_arena_set_tags(s->arena, node, nstack, pystack);
+    if (shim_table_insert(s->table, addr, node, &f) != 0) {
+        shim_arena_free_node(s->arena, node);
         return false;
     }
-    d->allocs++;
-    d->live_bytes += size;
-    if (d->live_bytes > d->peak_live_bytes)
-        d->peak_live_bytes = d->live_bytes;
+    s->allocs++;
+    note_live(d, s, (int64_t)size);
     *out = addr;
     *seq = f.seq;
     return true;
+}
+
+/* Step: serve from any shard, the caller's first, each under its own lock
+ * (the device lock may be held: it comes first in the order). */
+static bool serve_any(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack,
+                      uintptr_t *out, uint64_t *seq, int *rt_err)
+{
+    unsigned n = shard_count(d), home = home_index(d);
+    int first_err = 0;
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[(home + k) % n];
+        bool taken = lock_unless_mine(&s->lock);
+        bool ok = serve(d, s, size, nstack, pystack, out, seq, rt_err);
+        if (taken)
+            shim_lock_release(&s->lock);
+        if (ok)
+            return true;
+        if (!first_err)
+            first_err = *rt_err;
+    }
+    *rt_err = first_err;
+    return false;
 }
 
 /* What a request has spent on getting memory back. Rounds count the
@@ -369,23 +551,83 @@ struct relief_budget {
     bool trimmed;
 };
 
-/* Step: after a failed try, makes room if anything still can. Lock held
- * (a pressure event releases and re-acquires it). False when the request
- * must fail. */
+/* Waits for the device once and recycles every shard's pending blocks
+ * freed before the wait. Device lock held on entry and exit (released for
+ * the wait). False when nothing was pending. */
+static bool recycle_all(shim_device *d)
+{
+    shim_lock_assert_held(&d->lock);
+    unsigned n = shard_count(d);
+    uint64_t covered[SHIM_MAX_SHARDS];
+    bool any = false;
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[k];
+        shim_lock_acquire(&s->lock);
+        covered[k] = s->next_ticket;
+        any |= s->npending > 0;
+        shim_lock_release(&s->lock);
+    }
+    if (!any)
+        return false;
+    shim_lock_release(&d->lock);
+    bool ok = wait_for_device(d);
+    shim_lock_acquire(&d->lock);
+    bool recycled = false;
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[k];
+        shim_lock_acquire(&s->lock);
+        recycled |= recycle_covered(s, ok ? covered[k] : UINT64_MAX);
+        shim_lock_release(&s->lock);
+    }
+    return recycled;
+}
+
+static bool any_empty_regions(shim_device *d)
+{
+    unsigned n = shard_count(d);
+    bool any = false;
+    for (unsigned k = 0; k < n && !any; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_unless_mine(&s->lock);
+        any = has_empty_regions(s);
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    return any;
+}
+
+/* Gives every shard's empty regions back to the runtime; returns bytes. */
+static size_t trim_all(shim_device *d)
+{
+    unsigned n = shard_count(d);
+    size_t bytes = 0;
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_unless_mine(&s->lock);
+        bytes += shim_arena_trim(s->arena, 0);
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    return bytes;
+}
+
+/* Step: after a failed try on every shard, makes room if anything still
+ * can. Device lock held (a pressure event releases and re-acquires it).
+ * False when the request must fail. */
 static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
 {
     shim_lock_assert_held(&d->lock);
     /* Blocks freed while the device may still use them are the cheapest
      * memory there is: one wait for the device and they are free. */
-    if (d->npending > 0 && recycle_pending(d))
+    if (d->rt->sync_device && recycle_all(d))
         return true;
     if (shim_pressure_in_event())
         return false; /* an allocation made by pressure work itself */
     /* Cached empty regions are free memory the runtime cannot see: give
      * them back first, so a larger region can be reserved. */
-    if (!b->trimmed && has_empty_regions(d)) {
+    if (!b->trimmed && any_empty_regions(d)) {
         b->trimmed = true;
-        shim_arena_trim(d->arena, 0);
+        trim_all(d);
         return true;
     }
     if (b->rounds >= b->max_rounds || b->waits >= 4 * b->max_rounds)
@@ -401,11 +643,11 @@ static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
     return true;
 }
 
-/* Step: the request failed for good. Called with the lock held when
- * `taken`, returns without it. */
+/* Step: the request failed for good. Called with the device lock held
+ * when `taken`, returns without it. */
 static int fail(shim_device *d, size_t size, bool taken)
 {
-    d->failed++;
+    atomic_fetch_add_explicit(&d->failed, 1, memory_order_relaxed);
     shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     uint64_t seq = ev ? shim_device_seq_next() : 0;
     if (taken)
@@ -422,13 +664,41 @@ static int fail(shim_device *d, size_t size, bool taken)
 /* Step: the runtime refused a region with an error other than
  * out-of-memory (no driver, a stub library). Nothing the shim can do makes
  * room for that: its own error at once, no pressure event, no OOM report. */
-static int fail_other(shim_device *d, size_t size, bool taken, int rt_err)
+static int fail_other(shim_device *d, size_t size, int rt_err)
 {
-    d->failed++;
-    if (taken)
-        shim_lock_release(&d->lock);
+    atomic_fetch_add_explicit(&d->failed, 1, memory_order_relaxed);
     shim_debug("%s: the runtime refused %zu bytes with error %d", d->rt->name, size, rt_err);
     return rt_err;
+}
+
+/* The caller's shard could not serve the request: the other shards, then,
+ * under the device lock, everything that makes room. No shard lock is
+ * held on entry. Returns 0 with *addr and *seq, or the runtime's error. */
+static int malloc_slow(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack,
+                       uintptr_t *addr, uint64_t *seq)
+{
+    int rt_err;
+    if (serve_any(d, size, nstack, pystack, addr, seq, &rt_err))
+        return 0;
+    if (rt_err)
+        return fail_other(d, size, rt_err);
+    /* Already holding the device lock means a pressure callback allocates
+     * before releasing it: serve it if memory is there, never start
+     * pressure work. */
+    bool taken = lock_unless_mine(&d->lock);
+    struct relief_budget budget = {.max_rounds = shim_opts()->pressure_rounds};
+    for (;;) {
+        if (!taken || !make_room(d, size, &budget))
+            return fail(d, size, taken);
+        if (serve_any(d, size, nstack, pystack, addr, seq, &rt_err))
+            break;
+        if (rt_err) {
+            shim_lock_release(&d->lock);
+            return fail_other(d, size, rt_err);
+        }
+    }
+    shim_lock_release(&d->lock);
+    return 0;
 }
 
 int shim_device_malloc(shim_device *d, void **ptr, size_t size)
@@ -440,10 +710,7 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
         return rt->real_malloc(ptr, 0); /* whatever the runtime does */
     if (size > (SIZE_MAX >> 1)) {
         /* No device has that much; a failed request all the same. */
-        bool mine = lock_unless_mine(d);
-        d->failed++;
-        if (mine)
-            shim_lock_release(&d->lock);
+        atomic_fetch_add_explicit(&d->failed, 1, memory_order_relaxed);
         return rt->err_oom;
     }
 
@@ -452,25 +719,26 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     if (capture)
         capture(&nstack, &pystack);
 
-    /* Already holding the lock means a callback allocates before releasing
-     * it: serve it if memory is there, never start pressure work. */
-    bool taken = lock_unless_mine(d);
-    struct relief_budget budget = {.max_rounds = shim_opts()->pressure_rounds};
+    bool taken;
+    shim_shard *s = lock_home(d, &taken);
     uintptr_t addr;
     uint64_t seq;
     int rt_err;
-    while (!serve(d, size, nstack, pystack, &addr, &seq, &rt_err)) {
-        if (rt_err)
-            return fail_other(d, size, taken, rt_err);
-        if (!taken || !make_room(d, size, &budget))
-            return fail(d, size, taken);
-    }
+    bool ok = serve(d, s, size, nstack, pystack, &addr, &seq, &rt_err);
     if (taken)
-        shim_lock_release(&d->lock);
+        shim_lock_release(&s->lock);
+    if (!ok) {
+        if (rt_err)
+            return fail_other(d, size, rt_err);
+        int rc = malloc_slow(d, size, nstack, pystack, &addr, &seq);
+        if (rc != 0)
+            return rc;
+    }
     shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     if (ev)
         ev(SHIM_EVENT_ALLOC, d->index, seq, addr, size, nstack, pystack);
-    if (taken && !atomic_load_explicit(&d->fork_registered, memory_order_relaxed))
+    if (!atomic_load_explicit(&d->fork_registered, memory_order_relaxed) &&
+        !shim_lock_held_by_me(&d->lock))
         announce_ready(d);
     *ptr = (void *)addr;
     return 0;
@@ -486,29 +754,32 @@ static const char *kind_name(enum shim_block_kind k)
     }
 }
 
-/* The block `node` is no longer the program's. Lock held; `taken`: by
- * this call (so it may be dropped for a wait), not by a pressure callback
- * that frees while holding it. */
-static void release_block(shim_device *d, uint32_t node, size_t size, bool taken)
+/* The block `node` is no longer the program's. Shard lock held; `taken`:
+ * by this call (so it may be dropped for a wait), not by a pressure
+ * callback that frees while holding it. */
+static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t size, bool taken)
 {
-    shim_lock_assert_held(&d->lock);
-    d->frees++;
-    d->live_bytes -= size;
+    shim_lock_assert_held(&s->lock);
+    s->frees++;
+    note_live(d, s, -(int64_t)size);
+    atomic_store_explicit(&s->freed_bytes,
+                          atomic_load_explicit(&s->freed_bytes, memory_order_relaxed) + size,
+                          memory_order_relaxed);
     if (!d->rt->sync_device) {
-        shim_arena_free_node(d->arena, node);
+        shim_arena_free_node(s->arena, node);
         return;
     }
-    size_t block = shim_arena_block_size(d->arena, node);
-    if (!defer_free(d, node, block)) {
+    size_t block = shim_arena_block_size(s->arena, node);
+    if (!defer_free(s, node, block)) {
         /* No host memory to remember it: wait for the device now, as the
          * runtime's own free would. */
-        if (taken)
-            recycle_pending(d);
-        shim_arena_free_node(d->arena, node);
+        if (taken && !shim_lock_held_by_me(&d->lock))
+            recycle_pending(d, s);
+        shim_arena_free_node(s->arena, node);
         return;
     }
-    if (taken && too_much_pending(d))
-        recycle_pending(d);
+    if (taken && too_much_pending(s) && !shim_lock_held_by_me(&d->lock))
+        recycle_pending(d, s);
 }
 
 /* Invalid-free warnings: a program that frees garbage in a loop must not
@@ -529,68 +800,76 @@ static bool invalid_free_reportable(void)
 
 static bool owns(shim_device *d, uintptr_t addr);
 
+/* Frees `ptr` if one of d's shards served it: 0, or the runtime's
+ * invalid-value error for a pointer inside a region of d that is not a
+ * live block; -1 when no region of d holds it. The caller's shard first:
+ * a thread mostly frees what it allocated. */
+static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
+{
+    unsigned n = shard_count(d), home = home_index(d);
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[(home + k) % n];
+        /* The pointer's table line starts loading while the lock is taken
+         * (with another thread in, that is time the miss would not get). */
+        shim_table_prefetch(s->table, (uintptr_t)ptr);
+        bool taken = lock_unless_mine(&s->lock);
+        uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+        if (node != SHIM_TABLE_NONE) {
+            size_t size = shim_arena_block_requested(s->arena, node);
+            /* The sequence number first: release_block may drop the lock
+             * for a wait, and the free happened now. The stack ids too:
+             * the node may be reused once released. */
+            shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+            uint64_t seq = ev ? shim_device_seq_next() : 0;
+            uint32_t nstack = ev ? shim_arena_tag(s->arena, node, 0) : 0;
+            uint32_t pystack = ev ? shim_arena_tag(s->arena, node, 1) : 0;
+            release_block(d, s, node, size, taken);
+            if (taken)
+                shim_lock_release(&s->lock);
+            if (ev)
+                ev(SHIM_EVENT_FREE, d->index, seq, (uintptr_t)ptr, size, nstack, pystack);
+            return 0;
+        }
+        uintptr_t base = 0;
+        size_t rsize = 0;
+        enum shim_block_kind kind = shim_arena_classify(s->arena, (uintptr_t)ptr, &base, &rsize);
+        if (taken)
+            shim_lock_release(&s->lock);
+        if (kind != SHIM_ADDR_OUTSIDE) {
+            atomic_fetch_add_explicit(&d->invalid_frees, 1, memory_order_relaxed);
+            if (invalid_free_reportable())
+                shim_warn("%s: invalid free of %p: %s, in region %#lx + %zu; rejected", rt->name,
+                          ptr, kind_name(kind), (unsigned long)base, rsize);
+            return rt->err_invalid;
+        }
+    }
+    return -1;
+}
+
 /* Frees `ptr` on device `d`. A pointer outside d's regions is looked for on
  * the other devices of its runtime when `others`, and is otherwise passed
  * to the caller's route's real free. */
 static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool others)
 {
     const shim_runtime *rt = caller;
-    /* The pointer's table line starts loading while the lock is taken
-     * (with another thread in, that is time the miss would not get). */
-    shim_table_prefetch(d->table, (uintptr_t)ptr);
-    bool taken = lock_unless_mine(d);
-    shim_lock_assert_held(&d->lock);
-    uint32_t node = shim_table_remove(d->table, (uintptr_t)ptr, NULL);
-    if (node != SHIM_TABLE_NONE) {
-        size_t size = shim_arena_block_requested(d->arena, node);
-        /* The sequence number first: release_block may drop the lock for
-         * a wait, and the free happened now. The stack ids too: the node
-         * may be reused once released. */
-        shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
-        uint64_t seq = ev ? shim_device_seq_next() : 0;
-        uint32_t nstack = ev ? shim_arena_tag(d->arena, node, 0) : 0;
-        uint32_t pystack = ev ? shim_arena_tag(d->arena, node, 1) : 0;
-        release_block(d, node, size, taken);
-        if (taken)
-            shim_lock_release(&d->lock);
-        if (ev)
-            ev(SHIM_EVENT_FREE, d->index, seq, (uintptr_t)ptr, size, nstack, pystack);
-        shim_pressure_note_freed(size);
-        return 0;
-    }
-    uintptr_t base = 0;
-    size_t rsize = 0;
-    enum shim_block_kind k = shim_arena_classify(d->arena, (uintptr_t)ptr, &base, &rsize);
-    if (k == SHIM_ADDR_OUTSIDE) {
-        if (taken)
-            shim_lock_release(&d->lock);
-        size_t n = others ? shim_device_count() : 0;
-        for (size_t i = 0; i < n; i++)
-            if (devices[i] != d && same_runtime(devices[i], caller) &&
-                owns(devices[i], (uintptr_t)ptr))
-                return free_on(devices[i], caller, ptr, false);
-        /* Allocated before the shim took over, or by other means; unless
-         * the runtime rejects it too: then it is a wild pointer. */
-        int rc = rt->real_free(ptr);
-        bool relock = lock_unless_mine(d);
-        if (rc == rt->err_invalid)
-            d->invalid_frees++;
-        else
-            d->foreign_frees++;
-        if (relock)
-            shim_lock_release(&d->lock);
-        if (rc == rt->err_invalid && invalid_free_reportable())
-            shim_warn("%s: invalid free of %p: in no region of the shim, and the runtime "
-                      "rejected it too", rt->name, ptr);
+    int rc = free_in_device(d, rt, ptr);
+    if (rc >= 0)
         return rc;
-    }
-    d->invalid_frees++;
-    if (taken)
-        shim_lock_release(&d->lock);
-    if (invalid_free_reportable())
-        shim_warn("%s: invalid free of %p: %s, in region %#lx + %zu; rejected", rt->name, ptr,
-                  kind_name(k), (unsigned long)base, rsize);
-    return rt->err_invalid;
+    size_t n = others ? shim_device_count() : 0;
+    for (size_t i = 0; i < n; i++)
+        if (devices[i] != d && same_runtime(devices[i], caller) && owns(devices[i], (uintptr_t)ptr))
+            return free_on(devices[i], caller, ptr, false);
+    /* Allocated before the shim took over, or by other means; unless the
+     * runtime rejects it too: then it is a wild pointer. */
+    rc = rt->real_free(ptr);
+    if (rc == rt->err_invalid)
+        atomic_fetch_add_explicit(&d->invalid_frees, 1, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(&d->foreign_frees, 1, memory_order_relaxed);
+    if (rc == rt->err_invalid && invalid_free_reportable())
+        shim_warn("%s: invalid free of %p: in no region of the shim, and the runtime "
+                  "rejected it too", rt->name, ptr);
+    return rc;
 }
 
 int shim_device_free(shim_device *d, void *ptr)
@@ -628,29 +907,38 @@ int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *b
         shim_device *d = devices[i];
         if (!same_runtime(d, rt))
             continue;
-        bool taken = lock_unless_mine(d);
-        uintptr_t start;
-        uint32_t node = SHIM_TABLE_NONE;
-        if (shim_arena_live_block_at(d->arena, addr, &start))
-            node = shim_table_find(d->table, start);
-        if (node != SHIM_TABLE_NONE) {
-            *base = start;
-            *size = shim_arena_block_requested(d->arena, node);
+        unsigned ns = shard_count(d);
+        for (unsigned k = 0; k < ns; k++) {
+            shim_shard *s = d->shards[k];
+            bool taken = lock_unless_mine(&s->lock);
+            uintptr_t start;
+            uint32_t node = SHIM_TABLE_NONE;
+            if (shim_arena_live_block_at(s->arena, addr, &start))
+                node = shim_table_find(s->table, start);
+            if (node != SHIM_TABLE_NONE) {
+                *base = start;
+                *size = shim_arena_block_requested(s->arena, node);
+            }
+            if (taken)
+                shim_lock_release(&s->lock);
+            if (node != SHIM_TABLE_NONE)
+                return 0;
         }
-        if (taken)
-            shim_lock_release(&d->lock);
-        if (node != SHIM_TABLE_NONE)
-            return 0;
     }
     return -1;
 }
 
 static bool owns(shim_device *d, uintptr_t addr)
 {
-    bool taken = lock_unless_mine(d);
-    bool in = shim_arena_contains(d->arena, addr);
-    if (taken)
-        shim_lock_release(&d->lock);
+    unsigned n = shard_count(d);
+    bool in = false;
+    for (unsigned k = 0; k < n && !in; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_unless_mine(&s->lock);
+        in = shim_arena_contains(s->arena, addr);
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
     return in;
 }
 
@@ -663,26 +951,31 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
     int rc = backend_mem_info(d, &rfree, &rtotal);
     if (rc != 0)
         return rc;
-    bool taken = lock_unless_mine(d);
-    shim_arena_counters c;
-    shim_arena_get_counters(d->arena, &c);
-    /* Blocks waiting for the device are the program's to have again. */
-    if (c.used_bytes >= d->pending_bytes)
-        c.used_bytes -= d->pending_bytes;
-    if (taken)
-        shim_lock_release(&d->lock);
+    uint64_t reserved = 0, used = 0;
+    unsigned n = shard_count(d);
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_unless_mine(&s->lock);
+        shim_arena_counters c;
+        shim_arena_get_counters(s->arena, &c);
+        reserved += c.reserved_bytes;
+        /* Blocks waiting for the device are the program's to have again. */
+        used += c.used_bytes >= s->pending_bytes ? c.used_bytes - s->pending_bytes : 0;
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
 
     /* The shim's view: what the program could still get. The runtime's
      * free memory plus the unused part of the shim's regions, capped by
      * the limit; never more than total, never below zero. */
     size_t total = rtotal;
-    size_t limit = shim_arena_limit(d->arena);
+    size_t limit = shim_arena_limit(d->shards[0]->arena);
     if (limit && limit < total)
         total = limit;
-    uint64_t inside = c.reserved_bytes > c.used_bytes ? c.reserved_bytes - c.used_bytes : 0;
+    uint64_t inside = reserved > used ? reserved - used : 0;
     uint64_t avail = (uint64_t)rfree + inside;
     if (limit) {
-        uint64_t room = limit > c.used_bytes ? limit - c.used_bytes : 0;
+        uint64_t room = limit > used ? limit - used : 0;
         if (avail > room)
             avail = room;
     }
@@ -718,52 +1011,99 @@ static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, 
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
 {
     *n = 0;
-    bool taken = lock_unless_mine(d);
-    size_t count = shim_table_count(d->table);
-    struct live_ctx c = {.out = malloc((count ? count : 1) * sizeof(shim_record)),
-                         .cap = count, .since = since, .arena = d->arena};
-    if (c.out)
-        shim_table_foreach(d->table, collect_live, &c);
-    if (taken)
-        shim_lock_release(&d->lock);
+    struct live_ctx c = {.since = since};
+    unsigned ns = shard_count(d);
+    for (unsigned k = 0; k < ns; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_unless_mine(&s->lock);
+        size_t count = shim_table_count(s->table);
+        if (c.n + count > c.cap) {
+            size_t cap = c.n + count;
+            shim_record *o = realloc(c.out, (cap ? cap : 1) * sizeof *o);
+            if (!o) {
+                if (taken)
+                    shim_lock_release(&s->lock);
+                free(c.out);
+                return NULL;
+            }
+            c.out = o;
+            c.cap = cap;
+        }
+        c.arena = s->arena;
+        shim_table_foreach(s->table, collect_live, &c);
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    if (!c.out)
+        c.out = malloc(sizeof *c.out);
     *n = c.n;
     return c.out;
 }
 
-void shim_device_add_stats(shim_device *d, spyreshim_stats *s)
+void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
 {
-    bool taken = lock_unless_mine(d);
-    shim_arena_counters c;
-    shim_arena_get_counters(d->arena, &c);
-    s->reserved_bytes += c.reserved_bytes;
-    s->used_bytes += d->live_bytes;
-    s->peak_reserved_bytes += c.peak_reserved_bytes;
-    s->peak_used_bytes += d->peak_live_bytes;
-    s->regions += c.regions;
-    s->regions_reserved += c.regions_reserved;
-    s->regions_released += c.regions_released;
-    s->allocs += d->allocs;
-    s->frees += d->frees;
-    s->failed_allocs += d->failed;
-    s->invalid_frees += d->invalid_frees;
-    s->foreign_frees += d->foreign_frees;
-    s->pressure_events += d->ps.events;
-    s->pressure_waits += d->ps.waits;
-    s->callback_runs += d->ps.callback_runs;
-    s->callback_recovered_bytes += d->ps.recovered_bytes;
-    s->device_waits += d->device_waits;
-    s->pressure_wait_timeouts += d->ps.wait_timeouts;
+    unsigned ns = shard_count(d);
+    uint64_t live = 0, peak = 0;
+    for (unsigned k = 0; k < ns; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_unless_mine(&s->lock);
+        shim_arena_counters c;
+        shim_arena_get_counters(s->arena, &c);
+        st->reserved_bytes += c.reserved_bytes;
+        st->regions += c.regions;
+        st->regions_reserved += c.regions_reserved;
+        st->regions_released += c.regions_released;
+        st->allocs += s->allocs;
+        st->frees += s->frees;
+        live += s->live_bytes;
+        if (s->peak_live_bytes > peak)
+            peak = s->peak_live_bytes;
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    /* One shard keeps the exact peak; several publish theirs in steps. */
+    if (ns > 1) {
+        uint64_t p = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
+        if (p > peak)
+            peak = p;
+        if (live > peak)
+            peak = live;
+    }
+    st->arenas += ns;
+    st->used_bytes += live;
+    st->peak_used_bytes += peak;
+    st->peak_reserved_bytes += atomic_load_explicit(&d->pool.peak_reserved, memory_order_relaxed);
+    st->failed_allocs += atomic_load_explicit(&d->failed, memory_order_relaxed);
+    st->invalid_frees += atomic_load_explicit(&d->invalid_frees, memory_order_relaxed);
+    st->foreign_frees += atomic_load_explicit(&d->foreign_frees, memory_order_relaxed);
+    st->device_waits += atomic_load_explicit(&d->device_waits, memory_order_relaxed);
+    bool taken = lock_unless_mine(&d->lock);
+    st->pressure_events += d->ps.events;
+    st->pressure_waits += d->ps.waits;
+    st->callback_runs += d->ps.callback_runs;
+    st->callback_recovered_bytes += d->ps.recovered_bytes;
+    st->pressure_wait_timeouts += d->ps.wait_timeouts;
     if (taken)
         shim_lock_release(&d->lock);
 }
 
 size_t shim_device_trim(shim_device *d)
 {
-    bool taken = lock_unless_mine(d);
-    size_t n = shim_arena_trim(d->arena, 0);
-    if (taken)
-        shim_lock_release(&d->lock);
-    return n;
+    return trim_all(d);
+}
+
+/* Bytes freed through the shim on every device so far: what a pressure
+ * event measures its callbacks by. */
+static uint64_t freed_everywhere(void)
+{
+    uint64_t sum = 0;
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++) {
+        unsigned ns = shard_count(devices[i]);
+        for (unsigned k = 0; k < ns; k++)
+            sum += atomic_load_explicit(&devices[i]->shards[k]->freed_bytes, memory_order_relaxed);
+    }
+    return sum;
 }
 
 /* fork(): what a device does; when, and in which order with every other
@@ -776,13 +1116,26 @@ static shim_device *device_slot(size_t i)
 {
     return i < atomic_load_explicit(&ndevices, memory_order_acquire) ? devices[i] : NULL;
 }
+
+/* The device lock, then every shard's, in index order (docs/locking.md). */
 void shim_device_fork_prepare(size_t i)
 {
     shim_device *d = device_slot(i);
     if (!d)
         return;
     shim_lock_acquire(&d->lock);
+    unsigned n = shard_count(d);
+    for (unsigned k = 0; k < n; k++)
+        shim_lock_acquire(&d->shards[k]->lock);
     d->fork_locked = true;
+}
+
+static void fork_unlock(shim_device *d)
+{
+    d->fork_locked = false;
+    for (unsigned k = shard_count(d); k-- > 0;)
+        shim_lock_release(&d->shards[k]->lock);
+    shim_lock_release(&d->lock);
 }
 
 void shim_device_fork_parent(size_t i)
@@ -790,8 +1143,7 @@ void shim_device_fork_parent(size_t i)
     shim_device *d = device_slot(i);
     if (!d || !d->fork_locked)
         return;
-    d->fork_locked = false;
-    shim_lock_release(&d->lock);
+    fork_unlock(d);
 }
 
 static void reset_pressure(shim_device *d)
@@ -805,8 +1157,7 @@ void shim_device_fork_child(size_t i)
     if (!d || !d->fork_locked)
         return;
     reset_pressure(d);
-    d->fork_locked = false;
-    shim_lock_release(&d->lock);
+    fork_unlock(d);
 }
 
 static void announce_ready(shim_device *d)
@@ -836,6 +1187,8 @@ void shim_device_atfork_child_early(void)
         shim_device *d = devices[i];
         if (!d->fork_locked) {
             shim_lock_init(&d->lock);
+            for (unsigned k = 0; k < shard_count(d); k++)
+                shim_lock_init(&d->shards[k]->lock);
             reset_pressure(d);
         }
     }

@@ -23,6 +23,15 @@ void shim_lock_acquire(spyreshim_lock *l)
     shim_locks_note_acquired();
 }
 
+bool shim_lock_try(spyreshim_lock *l)
+{
+    if (pthread_mutex_trylock(&l->mu) != 0)
+        return false;
+    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+    shim_locks_note_acquired();
+    return true;
+}
+
 void shim_lock_release(spyreshim_lock *l)
 {
     shim_locks_note_released();

@@ -18,6 +18,8 @@ struct spyreshim_lock {
 
 void shim_lock_init(spyreshim_lock *l);
 void shim_lock_acquire(spyreshim_lock *l);
+/* Takes the lock only if no thread holds it: false when contended. */
+bool shim_lock_try(spyreshim_lock *l);
 void shim_lock_release(spyreshim_lock *l);
 bool shim_lock_held_by_me(const spyreshim_lock *l);
 /* Debug builds: aborts unless this thread holds `l`. Where the arena and

@@ -52,7 +52,9 @@ static struct run *running;
 /* Signalled (registry_mu) when a run ends: unregister waits on it. */
 static pthread_cond_t run_ended = PTHREAD_COND_INITIALIZER;
 
-static _Atomic uint64_t freed_total;
+/* Bytes freed so far, all devices (device.c's counters: a shared atomic
+ * added to on every free would be a contended line). */
+static _Atomic(shim_pressure_freed_fn) freed_source;
 
 /* Around a wait for another thread's event: set once by python_gc at init
  * (the allocator knows nothing of Python), read on every wait. */
@@ -192,14 +194,15 @@ void shim_pressure_give_up(void)
     tls_give_up = true;
 }
 
-uint64_t shim_pressure_freed_total(void)
+void shim_pressure_set_freed_source(shim_pressure_freed_fn fn)
 {
-    return atomic_load_explicit(&freed_total, memory_order_relaxed);
+    atomic_store_explicit(&freed_source, fn, memory_order_relaxed);
 }
 
-void shim_pressure_note_freed(uint64_t bytes)
+uint64_t shim_pressure_freed_total(void)
 {
-    atomic_fetch_add_explicit(&freed_total, bytes, memory_order_relaxed);
+    shim_pressure_freed_fn fn = atomic_load_explicit(&freed_source, memory_order_relaxed);
+    return fn ? fn() : 0;
 }
 
 static void check_contract(spyreshim_lock *lock, spyreshim_pressure_fn fn)

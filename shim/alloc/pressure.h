@@ -70,8 +70,10 @@ void shim_pressure_atfork_prepare(void);
 void shim_pressure_atfork_parent(void);
 void shim_pressure_atfork_child(void);
 
-/* Every byte freed through the shim, all devices, monotonically. */
+/* Every byte freed through the shim, all devices, monotonically: asked
+ * of the allocator (device.c registers its sum when it makes a device). */
+typedef uint64_t (*shim_pressure_freed_fn)(void);
+void shim_pressure_set_freed_source(shim_pressure_freed_fn fn);
 uint64_t shim_pressure_freed_total(void);
-void shim_pressure_note_freed(uint64_t bytes);
 
 #endif

@@ -42,6 +42,8 @@ static const struct row rows[] = {
      "write statistics as one JSON object to this path at exit (%p = pid); only processes that touched a runtime write it"},
     {"SPYRESHIM_REGION_SIZE", K_SIZE, OFF(region_size), "0", 1 << 20, 0,
      "size of the regions reserved from the runtime; 0 = adaptive"},
+    {"SPYRESHIM_ARENAS", K_UINT, OFF(arenas), "0", 0, 8,
+     "arenas per device: a thread that finds its arena busy with another allocating thread moves to one of its own, up to this many; 0 = one per CPU (at most 8), 1 = one arena for all threads"},
     {"SPYRESHIM_PRESSURE_ROUNDS", K_UINT, OFF(pressure_rounds), "3", 1, 16,
      "pressure events a request runs (callbacks, then retry) before out-of-memory; waits for other threads' events count apart, up to 4x this"},
     {"SPYRESHIM_GC", K_BOOL, OFF(gc), "1", 0, 0,

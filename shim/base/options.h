@@ -15,6 +15,7 @@ typedef struct shim_options {
     unsigned gc_timeout_ms;  /* SPYRESHIM_GC_TIMEOUT_MS */
     unsigned pressure_rounds;/* SPYRESHIM_PRESSURE_ROUNDS */
     size_t region_size;      /* SPYRESHIM_REGION_SIZE: 0 = adaptive */
+    unsigned arenas;         /* SPYRESHIM_ARENAS: arenas per device, 0 = one per CPU */
     bool leak_check;         /* SPYRESHIM_LEAK_CHECK */
     unsigned stack_depth;    /* SPYRESHIM_STACK_DEPTH */
     bool python_stacks;      /* SPYRESHIM_PYTHON_STACKS */
