@@ -102,7 +102,7 @@ static void *core_alloc(size_t size)
     void *p = NULL;
     if (shim_arena_alloc(core_arena, size, &addr, &node, &taken) == 0) {
         shim_live_fields f = { .seq = ++core_seq };
-        if (shim_table_insert(core_table, addr, node, &f) == 0)
+        if (shim_table_add(core_table, addr, node, &f) == 0)
             p = (void *)addr;
         else
             shim_arena_free_node(core_arena, node);

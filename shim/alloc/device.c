@@ -1,12 +1,17 @@
-/* One device of an intercepted runtime: its arena, its live table, its
- * allocator lock, its pressure state and its blocks freed but still in use
- * by the device. Every entry point of hooks/ lands here.
+/* One device of an intercepted runtime: its arenas (shards: an arena, its
+ * live table, its lock, its blocks freed but still in use by the device),
+ * its pressure state and its device lock. Every entry point of hooks/ lands
+ * here.
  *
- * Lock: `lock` guards the arena, the table, the pressure state, the pending
- * frees and the counters below. It is held across the runtime's own region
- * reserve and release (so a region cannot be handed out twice), never
- * across stack capture, logging of leak reports, a wait for the device, or
- * a foreign pointer's real free. The lock table is docs/locking.md.
+ * Locks: an arena's lock guards that shard; it is held across the
+ * runtime's own region reserve and release (so a region cannot be handed
+ * out twice). A request takes its thread's shard's lock and nothing else
+ * unless that shard cannot serve it; a free takes the lock of the shard
+ * that served the block. The device lock guards the pressure state and is
+ * taken for the slow path (no shard could serve a request) and for walks
+ * of every shard, always before a shard's lock. Neither is held across
+ * stack capture, logging of leak reports, a wait for the device, or a
+ * foreign pointer's real free. The lock table is docs/locking.md.
  * Never dereferences a device address. */
 #include <errno.h>
 #include <stdatomic.h>
@@ -509,7 +514,7 @@ static bool serve(shim_device *d, shim_shard *s, size_t size, uint32_t nstack, u
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
     };
     shim_arena_set_tags(s->arena, node, nstack, pystack);
-    if (shim_table_insert(s->table, addr, node, &f) != 0) {
+    if (shim_table_add(s->table, addr, node, &f) != 0) {
         shim_arena_free_node(s->arena, node);
         return false;
     }

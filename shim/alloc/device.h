@@ -1,6 +1,8 @@
 /* One device of an intercepted runtime (simdev, cuda:0, cuda:1, ...): its
- * arena, its live table, and the allocator lock that guards both. The hooks
- * in hooks/ call into here; nothing here knows a runtime by name.
+ * arenas (one, and one more for each thread that found the others busy, up
+ * to SPYRESHIM_ARENAS), each with its live table and lock, and the device
+ * lock of its pressure events. The hooks in hooks/ call into here; nothing
+ * here knows a runtime by name.
  *
  * A runtime may be reached by several routes (CUDA: the runtime library's
  * cudaMalloc and the driver's cuMemAlloc_v2, each a shim_runtime of its

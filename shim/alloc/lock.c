@@ -16,36 +16,6 @@ void shim_lock_init(spyreshim_lock *l)
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
 }
 
-void shim_lock_acquire(spyreshim_lock *l)
-{
-    pthread_mutex_lock(&l->mu);
-    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
-    shim_locks_note_acquired();
-}
-
-bool shim_lock_try(spyreshim_lock *l)
-{
-    if (pthread_mutex_trylock(&l->mu) != 0)
-        return false;
-    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
-    shim_locks_note_acquired();
-    return true;
-}
-
-void shim_lock_release(spyreshim_lock *l)
-{
-    shim_locks_note_released();
-    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
-    pthread_mutex_unlock(&l->mu);
-}
-
-bool shim_lock_held_by_me(const spyreshim_lock *l)
-{
-    /* Only the holder stores its own id, so a match cannot be stale. */
-    return atomic_load_explicit(&l->owner, memory_order_relaxed) ==
-           (unsigned long)pthread_self();
-}
-
 #ifndef NDEBUG
 void shim_lock_assert_held_fail(const char *file, int line)
 {
@@ -58,14 +28,14 @@ void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
 {
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     pthread_cond_wait(cv, &l->mu);
-    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+    atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
 }
 
 int shim_lock_timedwait(spyreshim_lock *l, pthread_cond_t *cv, const struct timespec *deadline)
 {
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     int rc = pthread_cond_timedwait(cv, &l->mu, deadline);
-    atomic_store_explicit(&l->owner, (unsigned long)pthread_self(), memory_order_relaxed);
+    atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
     return rc;
 }
 

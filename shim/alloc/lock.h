@@ -10,18 +10,58 @@
 #include <stdbool.h>
 #include <stdatomic.h>
 #include "spyreshim.h"
+#include "mutex.h"
 
 struct spyreshim_lock {
     pthread_mutex_t mu;
     _Atomic unsigned long owner; /* pthread_self() of the holder, 0 if free */
 };
 
+/* The calling thread, as `owner` records it: the thread pointer (one
+ * register read; glibc's pthread_self() returns the same value through a
+ * call). */
+static inline unsigned long shim_lock_self(void)
+{
+#if defined(__x86_64__) || defined(__aarch64__)
+    return (unsigned long)__builtin_thread_pointer();
+#else
+    return (unsigned long)pthread_self();
+#endif
+}
+
 void shim_lock_init(spyreshim_lock *l);
-void shim_lock_acquire(spyreshim_lock *l);
+
+/* Acquire, try, release and the ownership test run on every allocation and
+ * free: inline. */
+static inline void shim_lock_acquire(spyreshim_lock *l)
+{
+    pthread_mutex_lock(&l->mu);
+    atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
+    shim_locks_note_acquired();
+}
+
 /* Takes the lock only if no thread holds it: false when contended. */
-bool shim_lock_try(spyreshim_lock *l);
-void shim_lock_release(spyreshim_lock *l);
-bool shim_lock_held_by_me(const spyreshim_lock *l);
+static inline bool shim_lock_try(spyreshim_lock *l)
+{
+    if (pthread_mutex_trylock(&l->mu) != 0)
+        return false;
+    atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
+    shim_locks_note_acquired();
+    return true;
+}
+
+static inline void shim_lock_release(spyreshim_lock *l)
+{
+    shim_locks_note_released();
+    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static inline bool shim_lock_held_by_me(const spyreshim_lock *l)
+{
+    /* Only the holder stores its own id, so a match cannot be stale. */
+    return atomic_load_explicit(&l->owner, memory_order_relaxed) == shim_lock_self();
+}
 /* Debug builds: aborts unless this thread holds `l`. Where the arena and
  * the live table are touched (they have no lock of their own). */
 #ifdef NDEBUG

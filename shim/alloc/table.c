@@ -172,6 +172,22 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
     return 0;
 }
 
+int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+{
+    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
+        return -1;
+    if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
+        return -1;
+    uint32_t tag = tag_of(ptr);
+    size_t i = home_of(tag, t->bits);
+    while (t->slots[i].id != SHIM_TABLE_NONE)
+        i = (i + 1) & t->mask;
+    t->slots[i] = (slot){.tag = tag, .id = id};
+    t->count++;
+    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
+    return 0;
+}
+
 uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
 {
     size_t i = lookup(t, ptr);

@@ -44,6 +44,10 @@ void shim_table_destroy(shim_table *t);
 /* Inserts `ptr` (key(id) must be ptr; 0 is never stored) with its fields,
  * or overwrites it. Returns 0, or -1 if growing failed. */
 int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
+/* Inserts `ptr`, known not to be in the table (the arena just handed the
+ * block out): no search for an entry to overwrite. 0, or -1 if growing
+ * failed. */
+int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
 /* Removes `ptr`, returning its node id (and its fields in *out when not
  * NULL), or SHIM_TABLE_NONE when absent. */
 uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out);

@@ -12,20 +12,8 @@
 /* initial-exec: one %fs-relative access instead of a __tls_get_addr call
  * on every lock operation (the library is preloaded or linked, so its TLS
  * is static; a dlopen gets it from glibc's static TLS surplus). */
-static __thread unsigned held __attribute__((tls_model("initial-exec")));
-
-void shim_locks_note_acquired(void)
-{
-    held++;
-}
-
-void shim_locks_note_released(void)
-{
-    /* A lock released by a thread that did not count it (a fork child
-     * handler re-initializing, a misuse) must not wrap around. */
-    if (held)
-        held--;
-}
+__thread unsigned shim_tls_locks_held __attribute__((tls_model("initial-exec")));
+#define held shim_tls_locks_held
 
 unsigned shim_locks_held(void)
 {

@@ -11,9 +11,22 @@
 void shim_mutex_lock(pthread_mutex_t *mu);
 void shim_mutex_unlock(pthread_mutex_t *mu);
 
-/* For lock primitives that are not a plain pthread mutex taken here. */
-void shim_locks_note_acquired(void);
-void shim_locks_note_released(void);
+/* For lock primitives that are not a plain pthread mutex taken here:
+ * inline, as they run inside every allocation and free. */
+extern __thread unsigned shim_tls_locks_held __attribute__((tls_model("initial-exec")));
+
+static inline void shim_locks_note_acquired(void)
+{
+    shim_tls_locks_held++;
+}
+
+static inline void shim_locks_note_released(void)
+{
+    /* A lock released by a thread that did not count it (a fork child
+     * handler re-initializing, a misuse) must not wrap around. */
+    if (shim_tls_locks_held)
+        shim_tls_locks_held--;
+}
 
 /* How many shim locks the calling thread holds now. */
 unsigned shim_locks_held(void);
