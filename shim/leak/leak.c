@@ -7,7 +7,7 @@
  * before the allocator lock is taken and must stay cheap: a native unwind
  * and an interning lookup (stack.c), plus a Python frame walk when asked
  * (pystack). Reports run with no shim lock held; they copy the live records
- * (each device lock taken briefly by shim_device_live) and work on the copy.
+ * (each arena lock taken briefly by shim_device_live) and work on the copy.
  * Never touches a Python object: Python frames were resolved by the pystack
  * module while the interpreter was alive.
  */

@@ -2,7 +2,7 @@
  * allocations, and their text and JSON forms.
  *
  * Owns nothing shared. A snapshot copies the live records of every device
- * (shim_device_live takes and drops each device's allocator lock in turn);
+ * (shim_device_live takes and drops each arena's lock in turn);
  * everything after that works on the copy, with no shim lock held, so
  * printing and symbolizing never delay an allocation.
  */
