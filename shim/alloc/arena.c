@@ -283,11 +283,11 @@ static bool pool_take(shim_arena *a, size_t n)
 
 /* After a region was reserved: the pool's peak counts only what the
  * runtime gave. */
-static void pool_note_peak(shim_arena *a)
+static void pool_note_peak(shim_arena *a, size_t n)
 {
     if (!a->pool)
         return;
-    uint64_t now = atomic_load_explicit(&a->pool->reserved, memory_order_relaxed);
+    uint64_t now = atomic_fetch_add_explicit(&a->pool->held, n, memory_order_relaxed) + n;
     uint64_t peak = atomic_load_explicit(&a->pool->peak_reserved, memory_order_relaxed);
     while (now > peak &&
            !atomic_compare_exchange_weak_explicit(&a->pool->peak_reserved, &peak, now,
@@ -301,6 +301,15 @@ static void pool_give(shim_arena *a, size_t n)
         atomic_fetch_sub_explicit(&a->pool->reserved, n, memory_order_relaxed);
 }
 
+/* A region of the pool's went back to the runtime. */
+static void pool_release(shim_arena *a, size_t n)
+{
+    if (a->pool) {
+        atomic_fetch_sub_explicit(&a->pool->held, n, memory_order_relaxed);
+        pool_give(a, n);
+    }
+}
+
 /* The backend's reserve, within the pool's share: a share the pool cannot
  * give is a refusal for lack of room, like the runtime's. */
 static int reserve_shared(shim_arena *a, size_t size, uintptr_t *addr)
@@ -311,7 +320,7 @@ static int reserve_shared(shim_arena *a, size_t size, uintptr_t *addr)
     if (rc != 0)
         pool_give(a, size);
     else
-        pool_note_peak(a);
+        pool_note_peak(a, size);
     return rc;
 }
 
@@ -363,7 +372,7 @@ static void region_release(shim_arena *a, uint32_t r, uint32_t n)
     memmove(&a->sorted[pos], &a->sorted[pos + 1], (a->nsorted - pos - 1) * sizeof *a->sorted);
     a->nsorted--;
     a->be.release(a->be.ctx, g->base, g->size);
-    pool_give(a, g->size);
+    pool_release(a, g->size);
     a->c.reserved_bytes -= g->size;
     a->c.regions--;
     a->c.regions_released++;
@@ -534,7 +543,7 @@ void shim_arena_destroy(shim_arena *a)
     for (uint32_t k = 0; k < a->nsorted; k++) {
         region *g = &a->regions[a->sorted[k]];
         a->be.release(a->be.ctx, g->base, g->size);
-        pool_give(a, g->size);
+        pool_release(a, g->size);
     }
     free(a->sorted);
     free(a->regions);

@@ -30,7 +30,9 @@ typedef struct shim_arena shim_arena;
  * share before asking the backend for a region, so that together they
  * never pass the limit. Zero-initialized. */
 typedef struct shim_arena_pool {
-    _Atomic uint64_t reserved, peak_reserved;
+    _Atomic uint64_t reserved;       /* shares taken, requests in flight included */
+    _Atomic uint64_t held;           /* what the runtime gave and was not released */
+    _Atomic uint64_t peak_reserved;  /* the most `held` ever was */
 } shim_arena_pool;
 
 typedef struct shim_arena_counters {
