@@ -44,7 +44,14 @@ typedef struct shim_hook_slots {
 /* Device 0 behind `s`, resolving the real functions on first use; NULL
  * while the runtime cannot be found (the next call tries again). Non-NULL
  * means s->rt is complete. */
-shim_device *shim_hook_device(shim_hook_slots *s);
+shim_device *shim_hook_device_resolve(shim_hook_slots *s);
+/* Inline: every intercepted call starts here, and after the first one the
+ * device is published. */
+static inline shim_device *shim_hook_device(shim_hook_slots *s)
+{
+    shim_device *d = atomic_load_explicit(&s->device, memory_order_acquire);
+    return d ? d : shim_hook_device_resolve(s);
+}
 
 #define SHIM_HOOK_NAME_(role, sym) [SHIM_ROLE_##role] = #sym,
 

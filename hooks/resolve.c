@@ -104,7 +104,7 @@ void *shim_resolve_real(const char *name)
  * resolution lock held, so that a test can fork while a thread is there. */
 __attribute__((visibility("default"))) void (*_Atomic spyreshim_test_publishing)(void);
 
-shim_device *shim_hook_device(shim_hook_slots *s)
+shim_device *shim_hook_device_resolve(shim_hook_slots *s)
 {
     shim_device *d = atomic_load_explicit(&s->device, memory_order_acquire);
     if (d)
