@@ -371,8 +371,11 @@ static void region_release(shim_arena *a, uint32_t r, uint32_t n)
     uint32_t pos = sorted_upper(a, g->base) - 1;
     memmove(&a->sorted[pos], &a->sorted[pos + 1], (a->nsorted - pos - 1) * sizeof *a->sorted);
     a->nsorted--;
-    a->be.release(a->be.ctx, g->base, g->size);
+    /* Out of the pool first: once the runtime has the region back,
+     * another arena may get it, and the pool's peak must not count it
+     * twice. */
     pool_release(a, g->size);
+    a->be.release(a->be.ctx, g->base, g->size);
     a->c.reserved_bytes -= g->size;
     a->c.regions--;
     a->c.regions_released++;
@@ -542,8 +545,8 @@ void shim_arena_destroy(shim_arena *a)
         return;
     for (uint32_t k = 0; k < a->nsorted; k++) {
         region *g = &a->regions[a->sorted[k]];
-        a->be.release(a->be.ctx, g->base, g->size);
         pool_release(a, g->size);
+        a->be.release(a->be.ctx, g->base, g->size);
     }
     free(a->sorted);
     free(a->regions);

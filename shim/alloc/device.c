@@ -46,7 +46,6 @@ typedef struct shim_shard {
     /* Guarded by lock. */
     uint64_t allocs, frees;
     uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
-    int64_t unpublished;      /* live bytes not yet in the device's live_total */
     pending_free *pending;    /* FIFO by ticket */
     size_t npending, pending_cap;
     uint64_t pending_bytes, next_ticket;
@@ -75,9 +74,11 @@ struct shim_device {
     _Atomic bool fork_registered; /* announced ready: its fork handlers are installed */
     bool fork_locked;             /* its fork prepare handler holds every lock */
     _Atomic uint64_t failed, invalid_frees, foreign_frees, device_waits;
-    /* Live bytes of all shards, each publishing its changes in steps of
-     * LIVE_STEP (an atomic per operation would move this line between the
-     * threads' cores on every allocation), and the highest total seen. */
+    /* Once the device has several shards (`shared_live`, set with every
+     * shard locked): live bytes of all of them, added to by every
+     * allocation and free inside its shard's lock, and the most it ever
+     * was: the peak stays exact. With one shard its own counters are. */
+    bool shared_live;
     _Atomic int64_t live_total;
     _Atomic uint64_t peak_total;
 };
@@ -86,9 +87,6 @@ struct shim_device {
  * instead of letting it pile up (the real free waits on every call). */
 #define PENDING_MAX_BLOCKS 4096
 #define PENDING_MAX_FRACTION 4   /* of the bytes reserved */
-/* With several shards, the device's peak of live bytes is exact to
- * within this many bytes per shard. */
-#define LIVE_STEP ((int64_t)1 << 20)
 
 static __thread __attribute__((tls_model("initial-exec"))) unsigned tls_in_backend;
 /* The calling thread's shard of each device (an index; 0 until it moves). */
@@ -337,18 +335,37 @@ static unsigned home_index(const shim_device *d)
     return i < shard_count(d) ? i : 0;
 }
 
+/* The device gets its second shard: from now on every shard adds to the
+ * device's live total. Taken with the first shard locked (the only one;
+ * devices_mu comes first: nothing takes it while holding a shard lock), so
+ * that its counters and the total agree. */
+static void share_live(shim_device *d)
+{
+    shim_shard *s0 = d->shards[0];
+    shim_lock_acquire(&s0->lock);
+    atomic_store_explicit(&d->live_total, (int64_t)s0->live_bytes, memory_order_relaxed);
+    atomic_store_explicit(&d->peak_total, s0->peak_live_bytes, memory_order_relaxed);
+    d->shared_live = true;
+    shim_lock_release(&s0->lock);
+}
+
 /* The calling thread found its shard's lock held by another thread:
  * gives it a shard of its own while the device has room for one (made
  * here), else leaves it where it is. Returns the shard to lock. */
 static shim_shard *move_thread(shim_device *d, unsigned from)
 {
     unsigned n = shard_count(d);
-    if (n >= d->max_shards)
+    /* A trace orders events by sequence number, taken in the critical
+     * section: with one lock that is the order in which live bytes
+     * changed, and the trace's peak is the statistics' one. */
+    if (n >= d->max_shards || atomic_load_explicit(&event_hook, memory_order_relaxed))
         return d->shards[from];
     shim_mutex_lock(&devices_mu);
     n = shard_count(d);
     if (n < d->max_shards) {
         shim_shard *s = shard_create(d);
+        if (s && n == 1)
+            share_live(d);
         if (s) {
             d->shards[n] = s;
             atomic_store_explicit(&d->nshards, n + 1, memory_order_release);
@@ -469,8 +486,7 @@ static bool too_much_pending(const shim_shard *s)
     return s->pending_bytes > c.reserved_bytes / PENDING_MAX_FRACTION;
 }
 
-/* Live bytes of `s` changed by `delta`: exact in the shard; the device's
- * total and peak follow in steps while it has several shards. */
+/* Live bytes of `s` changed by `delta`. Shard lock held. */
 static void note_live(shim_device *d, shim_shard *s, int64_t delta)
 {
     if (delta > 0) {
@@ -480,14 +496,13 @@ static void note_live(shim_device *d, shim_shard *s, int64_t delta)
     } else {
         s->live_bytes -= (uint64_t)-delta;
     }
-    s->unpublished += delta;
-    if (s->unpublished < LIVE_STEP && s->unpublished > -LIVE_STEP)
+    if (!d->shared_live)
         return;
-    int64_t now = atomic_fetch_add_explicit(&d->live_total, s->unpublished,
-                                            memory_order_relaxed) + s->unpublished;
-    s->unpublished = 0;
+    int64_t now = atomic_fetch_add_explicit(&d->live_total, delta, memory_order_relaxed) + delta;
+    if (delta <= 0)
+        return;
     uint64_t peak = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
-    while (now > 0 && (uint64_t)now > peak &&
+    while ((uint64_t)now > peak &&
            !atomic_compare_exchange_weak_explicit(&d->peak_total, &peak, (uint64_t)now,
                                                   memory_order_relaxed, memory_order_relaxed))
         ;
@@ -1066,14 +1081,9 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
         if (taken)
             shim_lock_release(&s->lock);
     }
-    /* One shard keeps the exact peak; several publish theirs in steps. */
-    if (ns > 1) {
-        uint64_t p = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
-        if (p > peak)
-            peak = p;
-        if (live > peak)
-            peak = live;
-    }
+    /* One shard keeps the exact peak; several share the device's. */
+    if (ns > 1)
+        peak = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
     st->arenas += ns;
     st->used_bytes += live;
     st->peak_used_bytes += peak;

@@ -8,7 +8,9 @@
  * while an arena's lock is held, to reserve a region) can be made to wait
  * at a gate, so a second thread always finds that arena busy. */
 #include <criterion/criterion.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -72,25 +74,60 @@ static void *free_thread(void *arg)
     return NULL;
 }
 
+struct waiter {
+    struct req *r;
+    _Atomic pid_t tid;
+    _Atomic bool done;
+};
+
+static void *waiting_alloc_thread(void *arg)
+{
+    struct waiter *w = arg;
+    atomic_store(&w->tid, gettid());
+    alloc_thread(w->r);
+    atomic_store(&w->done, true);
+    return NULL;
+}
+
+/* Whether thread `tid` of this process sleeps (state S: a futex wait). */
+static bool sleeping(pid_t tid)
+{
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' && p[2] == 'S';
+}
+
 /* Thread A's allocation reserves a region and waits in the runtime with
- * its arena locked; the calling thread then allocates `b` and must not
- * wait for A. Returns after both are done. */
+ * its arena locked; thread B then allocates and finds that arena busy.
+ * The gate opens once B is done or asleep (on a lock: it has tried A's
+ * arena by then, whatever it does next). Returns after both are done. */
 static void contend(struct req *a, struct req *b)
 {
     gate_armed = true;
     gate_entered = gate_open = false;
-    pthread_t ta;
+    pthread_t ta, tb;
     cr_assert_eq(pthread_create(&ta, NULL, alloc_thread, a), 0);
     pthread_mutex_lock(&gate_mu);
     while (!gate_entered)
         pthread_cond_wait(&gate_cv, &gate_mu);
     pthread_mutex_unlock(&gate_mu);
-    alloc_thread(b);
+    struct waiter w = {.r = b};
+    cr_assert_eq(pthread_create(&tb, NULL, waiting_alloc_thread, &w), 0);
+    while (!atomic_load(&w.done) && !(atomic_load(&w.tid) && sleeping(atomic_load(&w.tid))))
+        sched_yield();
     pthread_mutex_lock(&gate_mu);
     gate_open = true;
     pthread_cond_broadcast(&gate_cv);
     pthread_mutex_unlock(&gate_mu);
     pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
 }
 
 static void setup(const char *arenas, const char *limit, size_t capacity)
@@ -120,13 +157,14 @@ Test(shards, busy_arena_sends_the_thread_to_one_of_its_own)
     cr_assert_eq(s.used_bytes, 2 * MB);
     cr_assert_eq(s.peak_used_bytes, 2 * MB);
 
-    /* Each block freed by the thread of the other arena. */
+    /* The second arena's block freed by this thread (its arena is the
+     * first), the first arena's by a new thread. */
+    cr_assert_eq(shim_device_free(dev, b.ptr), 0);
     struct req fa = {.ptr = a.ptr};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, free_thread, &fa), 0);
     pthread_join(t, NULL);
     cr_assert_eq(fa.rc, 0);
-    cr_assert_eq(shim_device_free(dev, b.ptr), 0);
     /* Freed once: a second free is a double free, whichever arena. */
     cr_assert_eq(shim_device_free(dev, a.ptr), 1);
     cr_assert_eq(shim_device_free(dev, b.ptr), 1);
@@ -135,28 +173,23 @@ Test(shards, busy_arena_sends_the_thread_to_one_of_its_own)
     cr_assert_eq(s.frees, 2);
     cr_assert_eq(s.used_bytes, 0);
     cr_assert_eq(s.invalid_frees, 2);
+    /* The peak is the device's, exact across arenas: 2 MiB, then 3. */
+    void *p, *q;
+    cr_assert_eq(shim_device_malloc(dev, &p, MB), 0);
+    cr_assert_eq(stats_of(dev).peak_used_bytes, 2 * MB);
+    cr_assert_eq(shim_device_malloc(dev, &q, 2 * MB), 0);
+    cr_assert_eq(stats_of(dev).peak_used_bytes, 3 * MB);
+    cr_assert_eq(shim_device_free(dev, p), 0);
+    cr_assert_eq(shim_device_free(dev, q), 0);
 }
 
 Test(shards, one_arena_when_told)
 {
     setup("1", NULL, 256 * MB);
-    /* With one arena the second thread waits for the first: the gate must
-     * be open before it can finish, so open it from a helper. */
-    struct req a = {.size = MB};
-    gate_armed = true;
-    gate_entered = gate_open = false;
-    pthread_t ta;
-    cr_assert_eq(pthread_create(&ta, NULL, alloc_thread, &a), 0);
-    pthread_mutex_lock(&gate_mu);
-    while (!gate_entered)
-        pthread_cond_wait(&gate_cv, &gate_mu);
-    gate_open = true;
-    pthread_cond_broadcast(&gate_cv);
-    pthread_mutex_unlock(&gate_mu);
-    void *p;
-    cr_assert_eq(shim_device_malloc(dev, &p, MB), 0);
-    pthread_join(ta, NULL);
+    struct req a = {.size = MB}, b = {.size = MB};
+    contend(&a, &b);
     cr_assert_eq(a.rc, 0);
+    cr_assert_eq(b.rc, 0);
     spyreshim_stats s = stats_of(dev);
     cr_assert_eq(s.arenas, 1);
     cr_assert_eq(s.regions, 1);
