@@ -515,7 +515,7 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
     if (!be || !be->reserve || !be->release || be->alignment == 0 ||
         (be->alignment & (be->alignment - 1)) != 0)
         return NULL;
-    shim_arena *a = calloc(1, sizeof *a);
+    shim_arena *a = shim_hostmem_lines(sizeof *a);
     if (!a)
         return NULL;
     a->be = *be;
@@ -577,7 +577,8 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
     n->state = NODE_LIVE;
 }
 
-int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
+static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
+                       uint32_t *node_out, size_t *taken)
 {
     uint64_t u = (size >> a->shift) + ((size & (((size_t)1 << a->shift) - 1)) != 0);
     if (u == 0)
@@ -599,6 +600,8 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
         node *n = &a->nodes[i];
         if (n->addr_prev == NIL && n->addr_next == NIL)
             set_empty(a, n->region, false);
+    } else if (!may_grow) {
+        return -1;
     } else {
         a->reserve_error = 0;
         i = grow(a, need << a->shift, u << a->shift);
@@ -621,6 +624,17 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
     *node_out = i;
     *taken = bytes;
     return 0;
+}
+
+int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
+{
+    return alloc_block(a, size, true, addr, node_out, taken);
+}
+
+int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out,
+                         size_t *taken)
+{
+    return alloc_block(a, size, false, addr, node_out, taken);
 }
 
 size_t shim_arena_free_node(shim_arena *a, uint32_t i)

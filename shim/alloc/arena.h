@@ -64,6 +64,10 @@ void shim_arena_destroy(shim_arena *a);
  * lack of room; a positive value, the runtime's own error, when the backend
  * failed for another reason (not out-of-memory: no relief can help). */
 int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node, size_t *taken);
+/* The same from the free blocks the arena has: -1, and no region
+ * reserved, when none fits. */
+int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out,
+                         size_t *taken);
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);
 /* A live block's address, or 0 when `node` is not a live block. */

@@ -7,6 +7,9 @@
  * caller writes). */
 #include "hostmem.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -50,4 +53,13 @@ void shim_hostmem_free(void *p, size_t bytes)
 {
     if (p)
         munmap(p, shim_hostmem_size(bytes));
+}
+
+void *shim_hostmem_lines(size_t bytes)
+{
+    size_t n = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, n);
+    if (p)
+        memset(p, 0, n);
+    return p;
 }

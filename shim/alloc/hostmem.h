@@ -20,4 +20,10 @@ void shim_hostmem_free(void *p, size_t bytes);
 /* The bytes a mapping of `bytes` really takes (whole pages). */
 size_t shim_hostmem_size(size_t bytes);
 
+/* A zeroed struct of its own cache lines (released with free()): the
+ * structures each arena writes on every operation (its lock, counters,
+ * table header) must not share a line with another arena's, or two
+ * threads on two arenas would still pass lines back and forth. */
+void *shim_hostmem_lines(size_t bytes);
+
 #endif

@@ -69,7 +69,7 @@ shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, co
 {
     if (!key)
         return NULL;
-    shim_table *t = calloc(1, sizeof *t);
+    shim_table *t = shim_hostmem_lines(sizeof *t);
     if (!t)
         return NULL;
     unsigned bits = 4;

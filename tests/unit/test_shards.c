@@ -146,7 +146,8 @@ static void setup(const char *arenas, const char *limit, size_t capacity)
 Test(shards, busy_arena_sends_the_thread_to_one_of_its_own)
 {
     setup("2", NULL, 256 * MB);
-    struct req a = {.size = MB}, b = {.size = MB};
+    /* A's block fills its region: B's arena has to reserve its own. */
+    struct req a = {.size = 4 * MB}, b = {.size = MB};
     contend(&a, &b);
     cr_assert_eq(a.rc, 0);
     cr_assert_eq(b.rc, 0);
@@ -154,8 +155,8 @@ Test(shards, busy_arena_sends_the_thread_to_one_of_its_own)
     spyreshim_stats s = stats_of(dev);
     cr_assert_eq(s.arenas, 2);
     cr_assert_eq(s.regions, 2, "each arena reserved its own region (%lu)", (unsigned long)s.regions);
-    cr_assert_eq(s.used_bytes, 2 * MB);
-    cr_assert_eq(s.peak_used_bytes, 2 * MB);
+    cr_assert_eq(s.used_bytes, 5 * MB);
+    cr_assert_eq(s.peak_used_bytes, 5 * MB);
 
     /* The second arena's block freed by this thread (its arena is the
      * first), the first arena's by a new thread. */
@@ -173,12 +174,12 @@ Test(shards, busy_arena_sends_the_thread_to_one_of_its_own)
     cr_assert_eq(s.frees, 2);
     cr_assert_eq(s.used_bytes, 0);
     cr_assert_eq(s.invalid_frees, 2);
-    /* The peak is the device's, exact across arenas: 2 MiB, then 3. */
+    /* The peak is the device's across arenas: 5 MiB, then 6. */
     void *p, *q;
     cr_assert_eq(shim_device_malloc(dev, &p, MB), 0);
-    cr_assert_eq(stats_of(dev).peak_used_bytes, 2 * MB);
-    cr_assert_eq(shim_device_malloc(dev, &q, 2 * MB), 0);
-    cr_assert_eq(stats_of(dev).peak_used_bytes, 3 * MB);
+    cr_assert_eq(stats_of(dev).peak_used_bytes, 5 * MB);
+    cr_assert_eq(shim_device_malloc(dev, &q, 5 * MB), 0);
+    cr_assert_eq(stats_of(dev).peak_used_bytes, 6 * MB);
     cr_assert_eq(shim_device_free(dev, p), 0);
     cr_assert_eq(shim_device_free(dev, q), 0);
 }
@@ -197,9 +198,8 @@ Test(shards, one_arena_when_told)
 
 Test(shards, the_limit_is_one_for_all_arenas_and_another_arena_serves)
 {
-    /* Limit 8 MiB, regions of 4 MiB: each arena reserves one and the
-     * limit is reached. The second thread's arena cannot grow, so its
-     * requests past its own region are served from the first's. */
+    /* Limit 8 MiB, regions of 4 MiB: however the two arenas share the
+     * blocks, together they reserve no more than the limit. */
     setup("2", "8M", 256 * MB);
     struct req a = {.size = MB}, b = {.size = MB};
     contend(&a, &b);
@@ -212,7 +212,6 @@ Test(shards, the_limit_is_one_for_all_arenas_and_another_arena_serves)
     cr_assert_eq(n, 6, "8 MiB limit, 2 MiB live: %d more 1 MiB blocks served, not 6", n);
     spyreshim_stats s = stats_of(dev);
     cr_assert_eq(s.arenas, 2);
-    cr_assert_eq(s.regions, 2);
     cr_assert_leq(s.peak_reserved_bytes, 8 * MB);
     cr_assert_eq(s.used_bytes, 8 * MB);
     cr_assert_eq(s.failed_allocs, 1);
@@ -232,7 +231,7 @@ Test(shards, empty_regions_of_another_arena_are_given_back_for_a_request)
      * either region) fits under the limit only once that region is
      * released. */
     setup("2", "8M", 256 * MB);
-    struct req a = {.size = MB}, b = {.size = MB};
+    struct req a = {.size = 4 * MB}, b = {.size = MB};
     contend(&a, &b);
     cr_assert_eq(a.rc, 0);
     cr_assert_eq(b.rc, 0);
@@ -250,10 +249,11 @@ Test(shards, empty_regions_of_another_arena_are_given_back_for_a_request)
 Test(shards, fork_takes_every_arena_and_the_child_frees_across_them)
 {
     setup("2", NULL, 256 * MB);
-    struct req a = {.size = MB}, b = {.size = MB};
+    struct req a = {.size = 4 * MB}, b = {.size = MB};
     contend(&a, &b);
     cr_assert_eq(a.rc, 0);
     cr_assert_eq(b.rc, 0);
+    cr_assert_eq(stats_of(dev).regions, 2);
     /* The library's own fork handlers (installed once the device served
      * its first request) take and release every lock. */
     pid_t pid = fork();
@@ -276,4 +276,25 @@ Test(shards, a_bad_value_falls_back_to_the_default)
     setenv("SPYRESHIM_ARENAS", "99", 1);
     shim_options_reload();
     cr_assert_eq(shim_opts()->arenas, 0, "bad value kept: %u", shim_opts()->arenas);
+}
+
+Test(shards, free_blocks_of_an_idle_arena_come_before_a_new_region)
+{
+    /* A's block fills arena 0's only region; B's arena reserves a region
+     * of its own for 1 MiB. Then a request of this thread (arena 0) is
+     * served from B's region, not from a new one. */
+    setup("2", NULL, 256 * MB);
+    struct req a = {.size = 4 * MB}, b = {.size = MB};
+    contend(&a, &b);
+    cr_assert_eq(a.rc, 0);
+    cr_assert_eq(b.rc, 0);
+    cr_assert_eq(stats_of(dev).regions, 2);
+    void *p;
+    cr_assert_eq(shim_device_malloc(dev, &p, 2 * MB), 0);
+    spyreshim_stats s = stats_of(dev);
+    cr_assert_eq(s.regions, 2, "a region reserved while another arena had room");
+    cr_assert_eq(s.used_bytes, 7 * MB);
+    cr_assert_eq(shim_device_free(dev, p), 0);
+    cr_assert_eq(shim_device_free(dev, a.ptr), 0);
+    cr_assert_eq(shim_device_free(dev, b.ptr), 0);
 }
