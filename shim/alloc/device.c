@@ -524,7 +524,8 @@ static bool serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uin
     shim_live_fields f = {
         .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
     };
-    shim_arena_set_tags(s->arena, node, nstack, pystack);
+    if (nstack | pystack) /* a new block's tags are 0 */
+        shim_arena_set_tags(s->arena, node, nstack, pystack);
     if (shim_table_add(s->table, addr, node, &f) != 0) {
         shim_arena_free_node(s->arena, node);
         return false;
