@@ -53,6 +53,8 @@ typedef struct shim_shard {
     uint64_t pending_bytes, next_ticket;
     /* Written under lock (one writer), read by pressure events without it. */
     _Atomic uint64_t freed_bytes;
+    /* Running threads that moved here (shard 0's own threads uncounted). */
+    _Atomic unsigned homed;
 } shim_shard;
 
 #define SHIM_MAX_SHARDS 8
@@ -72,6 +74,7 @@ struct shim_device {
     unsigned index;               /* in devices[], for event hooks */
     unsigned max_shards;
     _Atomic unsigned nshards;     /* shards[0 .. nshards) are published */
+    _Atomic unsigned next_move;   /* turns of threads moving once every shard is made */
     shim_shard *shards[SHIM_MAX_SHARDS];
     _Atomic bool fork_registered; /* announced ready: its fork handlers are installed */
     bool fork_locked;             /* its fork prepare handler holds every lock */
@@ -97,6 +100,8 @@ struct shim_device {
 static __thread __attribute__((tls_model("initial-exec"))) unsigned tls_in_backend;
 /* The calling thread's shard of each device (an index; 0 until it moves). */
 static __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_shard[SHIM_MAX_DEVICES];
+/* Whether the calling thread already moved away from a busy shard. */
+static __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_moved[SHIM_MAX_DEVICES];
 
 /* Leak hunting's hooks, set once at init by the layer above (the allocator
  * knows nothing of stacks or reports); NULL while leak hunting is off. */
@@ -344,17 +349,66 @@ static unsigned home_index(const shim_device *d)
     return i < shard_count(d) ? i : 0;
 }
 
+/* Threads that moved are counted on their shard while they run: the key's
+ * destructor uncounts them when they exit. */
+static pthread_key_t moved_key;
+static pthread_once_t moved_once = PTHREAD_ONCE_INIT;
+
+static void thread_gone(void *unused)
+{
+    (void)unused;
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        if (tls_moved[i]) {
+            tls_moved[i] = 0;
+            atomic_fetch_sub_explicit(&devices[i]->shards[tls_shard[i]]->homed, 1,
+                                      memory_order_relaxed);
+        }
+}
+
+static void make_moved_key(void)
+{
+    if (pthread_key_create(&moved_key, thread_gone) != 0)
+        moved_key = (pthread_key_t)-1;
+}
+
+/* Makes shard k (> 0) the calling thread's, for good. */
+static shim_shard *home_on(shim_device *d, unsigned k)
+{
+    pthread_once(&moved_once, make_moved_key);
+    if (moved_key != (pthread_key_t)-1)
+        pthread_setspecific(moved_key, (void *)1);
+    tls_moved[d->index] = 1;
+    tls_shard[d->index] = (unsigned char)k;
+    atomic_fetch_add_explicit(&d->shards[k]->homed, 1, memory_order_relaxed);
+    return d->shards[k];
+}
+
 /* The calling thread found its shard's lock held by another thread:
  * gives it a shard of its own while the device has room for one (made
- * here), else leaves it where it is. Returns the shard to lock. */
+ * here), else moves it to the next shard. Returns the shard to lock. */
 static shim_shard *move_thread(shim_device *d, unsigned from)
 {
     unsigned n = shard_count(d);
     /* A trace orders events by sequence number, taken in the critical
      * section: with one lock that is the order in which live bytes
      * changed, and the trace's peak is the statistics' one. */
-    if (n >= d->max_shards || atomic_load_explicit(&event_hook, memory_order_relaxed))
+    if (atomic_load_explicit(&event_hook, memory_order_relaxed))
         return d->shards[from];
+    /* A thread moves once: moving again at every contention makes two
+     * threads chase each other, their blocks spread over both shards and
+     * every free contends (measured: 2.5-3x one thread's time per pair). */
+    if (tls_moved[d->index])
+        return d->shards[from];
+    /* Every shard made: one that no running thread moved to, if any (new
+     * threads start on shard 0: two that meet there after the last shard
+     * was made would share it for good); else stay. */
+    if (n >= d->max_shards) {
+        for (unsigned k = 1; k < n; k++)
+            if (k != from && atomic_load_explicit(&d->shards[k]->homed, memory_order_relaxed) == 0)
+                return home_on(d, k);
+        return d->shards[from];
+    }
     shim_mutex_lock(&devices_mu);
     n = shard_count(d);
     if (n < d->max_shards) {
@@ -369,8 +423,7 @@ static shim_shard *move_thread(shim_device *d, unsigned from)
         from = n - 1;   /* another thread made the last one meanwhile */
     }
     shim_mutex_unlock(&devices_mu);
-    tls_shard[d->index] = (unsigned char)from;
-    return d->shards[from];
+    return from ? home_on(d, from) : d->shards[0];
 }
 
 /* Locks the calling thread's shard; *taken as lock_unless_mine. */

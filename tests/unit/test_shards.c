@@ -107,8 +107,9 @@ static bool sleeping(pid_t tid)
 /* Thread A's allocation reserves a region and waits in the runtime with
  * its arena locked; thread B then allocates and finds that arena busy.
  * The gate opens once B is done or asleep (on a lock: it has tried A's
- * arena by then, whatever it does next). Returns after both are done. */
-static void contend(struct req *a, struct req *b)
+ * arena by then, whatever it does next). Returns after both are done:
+ * whether B was done first (it did not wait for A). */
+static bool contend(struct req *a, struct req *b)
 {
     gate_armed = true;
     gate_entered = gate_open = false;
@@ -122,12 +123,14 @@ static void contend(struct req *a, struct req *b)
     cr_assert_eq(pthread_create(&tb, NULL, waiting_alloc_thread, &w), 0);
     while (!atomic_load(&w.done) && !(atomic_load(&w.tid) && sleeping(atomic_load(&w.tid))))
         sched_yield();
+    bool b_first = atomic_load(&w.done);
     pthread_mutex_lock(&gate_mu);
     gate_open = true;
     pthread_cond_broadcast(&gate_cv);
     pthread_mutex_unlock(&gate_mu);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
+    return b_first;
 }
 
 static void setup(const char *arenas, const char *limit, size_t capacity)
@@ -297,4 +300,21 @@ Test(shards, free_blocks_of_an_idle_arena_come_before_a_new_region)
     cr_assert_eq(shim_device_free(dev, p), 0);
     cr_assert_eq(shim_device_free(dev, a.ptr), 0);
     cr_assert_eq(shim_device_free(dev, b.ptr), 0);
+}
+
+Test(shards, a_thread_arriving_after_the_last_arena_was_made_takes_one_no_thread_uses)
+{
+    /* Round one makes arena 1 for B; B exits. Round two: two new threads
+     * meet on arena 0 (new threads start there); the one that finds it
+     * busy takes arena 1, which no running thread uses, instead of
+     * waiting on arena 0 for good. */
+    setup("2", NULL, 256 * MB);
+    struct req a = {.size = MB}, b = {.size = MB};
+    cr_assert(contend(&a, &b), "B waited for A with an arena to spare");
+    struct req c = {.size = 4 * MB}, e = {.size = MB}; /* c needs a region: the gate */
+    cr_assert(contend(&c, &e), "the second round's thread waited on the busy arena");
+    cr_assert_eq(stats_of(dev).arenas, 2);
+    void *ptrs[] = {a.ptr, b.ptr, c.ptr, e.ptr};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(shim_device_free(dev, ptrs[i]), 0);
 }
