@@ -78,6 +78,7 @@ struct shim_device {
     shim_shard *shards[SHIM_MAX_SHARDS];
     _Atomic bool fork_registered; /* announced ready: its fork handlers are installed */
     bool fork_locked;             /* its fork prepare handler holds every lock */
+    unsigned fork_nshards;        /* the shards it locked */
     _Atomic uint64_t failed, invalid_frees, foreign_frees, device_waits;
     /* Live bytes of all shards, each adding its changes in steps of
      * LIVE_STEP, and the highest such total: the device's peak once it has
@@ -409,7 +410,10 @@ static shim_shard *move_thread(shim_device *d, unsigned from)
                 return home_on(d, k);
         return d->shards[from];
     }
-    shim_mutex_lock(&devices_mu);
+    /* Made under the device lock: fork's prepare holds it from before it
+     * counts the shards it locks until they are released, so no shard
+     * appears (unlocked, perhaps in use) in that window. */
+    bool taken = lock_unless_mine(&d->lock);
     n = shard_count(d);
     if (n < d->max_shards) {
         shim_shard *s = shard_create(d);
@@ -422,7 +426,8 @@ static shim_shard *move_thread(shim_device *d, unsigned from)
     } else {
         from = n - 1;   /* another thread made the last one meanwhile */
     }
-    shim_mutex_unlock(&devices_mu);
+    if (taken)
+        shim_lock_release(&d->lock);
     return from ? home_on(d, from) : d->shards[0];
 }
 
@@ -1217,13 +1222,14 @@ void shim_device_fork_prepare(size_t i)
     unsigned n = shard_count(d);
     for (unsigned k = 0; k < n; k++)
         shim_lock_acquire(&d->shards[k]->lock);
+    d->fork_nshards = n;
     d->fork_locked = true;
 }
 
 static void fork_unlock(shim_device *d)
 {
     d->fork_locked = false;
-    for (unsigned k = shard_count(d); k-- > 0;)
+    for (unsigned k = d->fork_nshards; k-- > 0;)
         shim_lock_release(&d->shards[k]->lock);
     shim_lock_release(&d->lock);
 }

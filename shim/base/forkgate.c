@@ -27,7 +27,8 @@
 
 static _Atomic unsigned walkers;
 static _Atomic bool pending;
-static __thread unsigned depth;
+/* initial-exec: read on every unwind, and a __tls_get_addr call otherwise. */
+static __thread unsigned depth __attribute__((tls_model("initial-exec")));
 
 static uint64_t now_ms(void)
 {
