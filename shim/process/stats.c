@@ -50,10 +50,11 @@ static void write_json(FILE *f, const spyreshim_stats *s)
         fprintf(f, "%s\n    {\"name\": \"%s\", \"reserved_bytes\": %" PRIu64
                    ", \"used_bytes\": %" PRIu64 ", \"peak_reserved_bytes\": %" PRIu64
                    ", \"peak_used_bytes\": %" PRIu64 ", \"allocs\": %" PRIu64
-                   ", \"frees\": %" PRIu64 ", \"pressure_events\": %" PRIu64 "}",
+                   ", \"frees\": %" PRIu64 ", \"pressure_events\": %" PRIu64
+                   ", \"arenas\": %" PRIu64 "}",
                 i ? "," : "", shim_device_name(d), one.reserved_bytes, one.used_bytes,
                 one.peak_reserved_bytes, one.peak_used_bytes, one.allocs, one.frees,
-                one.pressure_events);
+                one.pressure_events, one.arenas);
     }
     fprintf(f, "%s]\n}\n", n ? "\n  " : "");
 }

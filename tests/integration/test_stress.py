@@ -28,4 +28,5 @@ def test_threads_with_a_cache_emptied_by_the_callback(shim_lib, tmp_path, arenas
     assert s["pressure_events"] > 0 and s["callback_runs"] > 0, s
     assert s["used_bytes"] == 0 and s["allocs"] == s["frees"], s
     assert 1 <= s["arenas"] <= int(arenas), s
+    assert [d["arenas"] for d in s["runtimes"]] == [s["arenas"]], s
     assert s["peak_reserved_bytes"] <= 48 << 20, s
