@@ -385,12 +385,23 @@ static shim_shard *home_on(shim_device *d, unsigned k)
     return d->shards[k];
 }
 
-/* The calling thread found its shard's lock held by another thread:
- * gives it a shard of its own while the device has room for one (made
- * here), else moves it to the next shard. Returns the shard to lock. */
-static shim_shard *move_thread(shim_device *d, unsigned from)
+/* A shard (not `from`) that no running thread moved to, made its home,
+ * or NULL. */
+static shim_shard *home_on_unused(shim_device *d, unsigned from)
 {
     unsigned n = shard_count(d);
+    for (unsigned k = 1; k < n; k++)
+        if (k != from && atomic_load_explicit(&d->shards[k]->homed, memory_order_relaxed) == 0)
+            return home_on(d, k);
+    return NULL;
+}
+
+/* The calling thread found its shard's lock held by another thread:
+ * gives it a shard of its own while the device has room for one (made
+ * here), else one that no running thread moved to, else leaves it where
+ * it is. Returns the shard to lock. */
+static shim_shard *move_thread(shim_device *d, unsigned from)
+{
     /* A trace orders events by sequence number, taken in the critical
      * section: with one lock that is the order in which live bytes
      * changed, and the trace's peak is the statistics' one. */
@@ -401,34 +412,33 @@ static shim_shard *move_thread(shim_device *d, unsigned from)
      * every free contends (measured: 2.5-3x one thread's time per pair). */
     if (tls_moved[d->index])
         return d->shards[from];
-    /* Every shard made: one that no running thread moved to, if any (new
-     * threads start on shard 0: two that meet there after the last shard
-     * was made would share it for good); else stay. */
-    if (n >= d->max_shards) {
-        for (unsigned k = 1; k < n; k++)
-            if (k != from && atomic_load_explicit(&d->shards[k]->homed, memory_order_relaxed) == 0)
-                return home_on(d, k);
-        return d->shards[from];
-    }
-    /* Made under the device lock: fork's prepare holds it from before it
-     * counts the shards it locks until they are released, so no shard
-     * appears (unlocked, perhaps in use) in that window. */
-    bool taken = lock_unless_mine(&d->lock);
-    n = shard_count(d);
-    if (n < d->max_shards) {
-        shim_shard *s = shard_create(d);
-        if (s) {
-            d->shards[n] = s;
-            atomic_store_explicit(&d->nshards, n + 1, memory_order_release);
-            shim_debug("%s: arena %u for a thread that found arena %u busy", d->name, n, from);
-            from = n;
+    unsigned made = 0;
+    if (shard_count(d) < d->max_shards) {
+        /* Made under the device lock: fork's prepare holds it from before
+         * it counts the shards it locks until they are released, so no
+         * shard appears (unlocked, perhaps in use) in that window. */
+        bool taken = lock_unless_mine(&d->lock);
+        unsigned n = shard_count(d);
+        if (n < d->max_shards) {
+            shim_shard *s = shard_create(d);
+            if (s) {
+                d->shards[n] = s;
+                atomic_store_explicit(&d->nshards, n + 1, memory_order_release);
+                shim_debug("%s: arena %u for a thread that found arena %u busy", d->name, n,
+                           from);
+                made = n;
+            }
         }
-    } else {
-        from = n - 1;   /* another thread made the last one meanwhile */
+        if (taken)
+            shim_lock_release(&d->lock);
     }
-    if (taken)
-        shim_lock_release(&d->lock);
-    return from ? home_on(d, from) : d->shards[0];
+    if (made)
+        return home_on(d, made);
+    /* Every shard made: new threads start on shard 0, and two that meet
+     * there after the last shard was made would otherwise share it for
+     * good. */
+    shim_shard *s = home_on_unused(d, from);
+    return s ? s : d->shards[from];
 }
 
 /* Locks the calling thread's shard; *taken as lock_unless_mine. */
