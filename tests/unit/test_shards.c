@@ -133,6 +133,15 @@ static bool contend(struct req *a, struct req *b)
     return b_first;
 }
 
+/* contend(), both requests served. */
+static bool contend_ok(struct req *a, struct req *b)
+{
+    bool b_first = contend(a, b);
+    cr_assert_eq(a->rc, 0);
+    cr_assert_eq(b->rc, 0);
+    return b_first;
+}
+
 static void setup(const char *arenas, const char *limit, size_t capacity)
 {
     setenv("SPYRESHIM_ARENAS", arenas, 1);
@@ -151,9 +160,7 @@ Test(shards, busy_arena_sends_the_thread_to_one_of_its_own)
     setup("2", NULL, 256 * MB);
     /* A's block fills its region: B's arena has to reserve its own. */
     struct req a = {.size = 4 * MB}, b = {.size = MB};
-    contend(&a, &b);
-    cr_assert_eq(a.rc, 0);
-    cr_assert_eq(b.rc, 0);
+    contend_ok(&a, &b);
     cr_assert_neq(a.ptr, b.ptr);
     spyreshim_stats s = stats_of(dev);
     cr_assert_eq(s.arenas, 2);
@@ -191,9 +198,7 @@ Test(shards, one_arena_when_told)
 {
     setup("1", NULL, 256 * MB);
     struct req a = {.size = MB}, b = {.size = MB};
-    contend(&a, &b);
-    cr_assert_eq(a.rc, 0);
-    cr_assert_eq(b.rc, 0);
+    contend_ok(&a, &b);
     spyreshim_stats s = stats_of(dev);
     cr_assert_eq(s.arenas, 1);
     cr_assert_eq(s.regions, 1);
@@ -205,9 +210,7 @@ Test(shards, the_limit_is_one_for_all_arenas_and_another_arena_serves)
      * blocks, together they reserve no more than the limit. */
     setup("2", "8M", 256 * MB);
     struct req a = {.size = MB}, b = {.size = MB};
-    contend(&a, &b);
-    cr_assert_eq(a.rc, 0);
-    cr_assert_eq(b.rc, 0);
+    contend_ok(&a, &b);
     void *p[16];
     int n = 0;
     while (n < 16 && shim_device_malloc(dev, &p[n], MB) == 0)
@@ -235,9 +238,7 @@ Test(shards, empty_regions_of_another_arena_are_given_back_for_a_request)
      * released. */
     setup("2", "8M", 256 * MB);
     struct req a = {.size = 4 * MB}, b = {.size = MB};
-    contend(&a, &b);
-    cr_assert_eq(a.rc, 0);
-    cr_assert_eq(b.rc, 0);
+    contend_ok(&a, &b);
     cr_assert_eq(stats_of(dev).regions, 2);
     cr_assert_eq(shim_device_free(dev, a.ptr), 0);
     cr_assert_eq(shim_device_free(dev, b.ptr), 0);
@@ -253,9 +254,7 @@ Test(shards, fork_takes_every_arena_and_the_child_frees_across_them)
 {
     setup("2", NULL, 256 * MB);
     struct req a = {.size = 4 * MB}, b = {.size = MB};
-    contend(&a, &b);
-    cr_assert_eq(a.rc, 0);
-    cr_assert_eq(b.rc, 0);
+    contend_ok(&a, &b);
     cr_assert_eq(stats_of(dev).regions, 2);
     /* The library's own fork handlers (installed once the device served
      * its first request) take and release every lock. */
@@ -288,9 +287,7 @@ Test(shards, free_blocks_of_an_idle_arena_come_before_a_new_region)
      * served from B's region, not from a new one. */
     setup("2", NULL, 256 * MB);
     struct req a = {.size = 4 * MB}, b = {.size = MB};
-    contend(&a, &b);
-    cr_assert_eq(a.rc, 0);
-    cr_assert_eq(b.rc, 0);
+    contend_ok(&a, &b);
     cr_assert_eq(stats_of(dev).regions, 2);
     void *p;
     cr_assert_eq(shim_device_malloc(dev, &p, 2 * MB), 0);
@@ -310,9 +307,9 @@ Test(shards, a_thread_arriving_after_the_last_arena_was_made_takes_one_no_thread
      * waiting on arena 0 for good. */
     setup("2", NULL, 256 * MB);
     struct req a = {.size = MB}, b = {.size = MB};
-    cr_assert(contend(&a, &b), "B waited for A with an arena to spare");
+    cr_assert(contend_ok(&a, &b), "B waited for A with an arena to spare");
     struct req c = {.size = 4 * MB}, e = {.size = MB}; /* c needs a region: the gate */
-    cr_assert(contend(&c, &e), "the second round's thread waited on the busy arena");
+    cr_assert(contend_ok(&c, &e), "the second round's thread waited on the busy arena");
     cr_assert_eq(stats_of(dev).arenas, 2);
     void *ptrs[] = {a.ptr, b.ptr, c.ptr, e.ptr};
     for (int i = 0; i < 4; i++)
