@@ -743,3 +743,150 @@ Test(arena, adaptive_regions_are_small_for_a_small_runtime_and_grow_with_use)
         shim_arena_free_node(s.a, b[i].node);
     unmake(s);
 }
+
+/* ---- quick lists --------------------------------------------------- */
+
+/* A block between two live ones, of a size a request is rounded to, is
+ * kept whole in its bin's quick list when freed; these tests see it only
+ * through what the arena answers. */
+
+Test(arena, a_freed_block_is_handed_out_again_first_most_recent_first)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk a = must_alloc(s.a, 64 * KIB);
+    blk x = must_alloc(s.a, 64 * KIB);
+    blk y = must_alloc(s.a, 64 * KIB);
+    blk z = must_alloc(s.a, 64 * KIB);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    /* Merged, x and y would be carved again from x's address. */
+    blk again_y = must_alloc(s.a, 64 * KIB);
+    blk again_x = must_alloc(s.a, 64 * KIB);
+    cr_assert_eq(again_y.addr, y.addr, "the block freed last comes back first");
+    cr_assert_eq(again_x.addr, x.addr);
+    cr_assert_eq(again_y.taken, y.taken);
+    cr_assert_eq(shim_arena_block_requested(s.a, again_y.node), 64 * KIB);
+    cr_assert_eq(shim_arena_tag(s.a, again_y.node, 0), 0, "tags start at 0 on reuse");
+    shim_arena_free_node(s.a, a.node);
+    shim_arena_free_node(s.a, again_x.node);
+    shim_arena_free_node(s.a, again_y.node);
+    shim_arena_free_node(s.a, z.node);
+    unmake(s);
+}
+
+Test(arena, a_cached_block_is_free_to_every_query_and_a_second_free_is_refused)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk a = must_alloc(s.a, 4096);
+    blk x = must_alloc(s.a, 4096);
+    blk z = must_alloc(s.a, 4096);
+    shim_arena_set_tags(s.a, x.node, 7, 8);
+    cr_assert_eq(shim_arena_free_node(s.a, x.node), x.taken);
+    cr_assert_eq(shim_arena_classify(s.a, x.addr, NULL, NULL), SHIM_ADDR_FREE_START,
+                 "freeing it again is a double free");
+    uintptr_t start = 0;
+    cr_assert(!shim_arena_live_block_at(s.a, x.addr + 256, &start));
+    cr_assert_eq(start, x.addr);
+    cr_assert_eq(shim_arena_block_addr(s.a, x.node), 0);
+    cr_assert_eq(shim_arena_block_requested(s.a, x.node), 0);
+    cr_assert_eq(shim_arena_tag(s.a, x.node, 0), 0);
+    shim_arena_set_tags(s.a, x.node, 1, 2);         /* ignored: not live */
+    cr_assert_eq(counters(s.a).used_bytes, a.taken + z.taken, "its bytes count as free");
+    shim_arena_counters before = counters(s.a);
+    cr_assert_eq(shim_arena_free_node(s.a, x.node), 0);
+    shim_arena_counters after = counters(s.a);
+    cr_assert_eq(memcmp(&before, &after, sizeof before), 0);
+    blk again = must_alloc(s.a, 4096);
+    cr_assert_eq(again.addr, x.addr, "it was cached, not merged away");
+    cr_assert_eq(shim_arena_tag(s.a, again.node, 0), 0);
+    shim_arena_free_node(s.a, a.node);
+    shim_arena_free_node(s.a, again.node);
+    shim_arena_free_node(s.a, z.node);
+    unmake(s);
+}
+
+Test(arena, freeing_every_block_of_a_region_empties_it_whatever_was_cached)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[16];
+    for (int i = 0; i < 16; i++)
+        b[i] = must_alloc(s.a, 64 * KIB);       /* fills the region */
+    blk other = must_alloc(s.a, 64 * KIB);      /* a second region */
+    cr_assert_eq(counters(s.a).regions, 2);
+    /* Every other block first (each between live ones: cached), then the
+     * rest, ending at the region's first block. */
+    for (int i = 1; i < 16; i += 2)
+        shim_arena_free_node(s.a, b[i].node);
+    for (int i = 14; i >= 0; i -= 2)
+        shim_arena_free_node(s.a, b[i].node);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.empty_regions, 1, "the region is detected empty");
+    cr_assert_eq(c.empty_bytes, 1 * MIB);
+    cr_assert_eq(c.used_bytes, other.taken);
+    cr_assert_eq(shim_arena_classify(s.a, b[5].addr, NULL, NULL), SHIM_ADDR_INTERIOR,
+                 "its blocks merged into one");
+    blk whole = must_alloc(s.a, 1 * MIB);
+    cr_assert_eq(whole.addr, b[0].addr, "the empty region serves a region-sized request");
+    cr_assert_eq(counters(s.a).regions_reserved, 2);
+    shim_arena_free_node(s.a, whole.node);
+    shim_arena_free_node(s.a, other.node);
+    c = counters(s.a);
+    cr_assert_eq(c.regions, 1, "the older empty region went back");
+    cr_assert_eq(c.regions_released, 1);
+    unmake(s);
+}
+
+Test(arena, a_request_that_fits_once_cached_blocks_merge_reserves_no_region)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[16];
+    for (int i = 0; i < 16; i++)
+        b[i] = must_alloc(s.a, 64 * KIB);       /* fills the region */
+    for (int i = 4; i < 8; i++)
+        shim_arena_free_node(s.a, b[i].node);   /* cached, none of them free */
+    blk big = must_alloc(s.a, 256 * KIB);
+    cr_assert_eq(big.addr, b[4].addr, "the four cached blocks were merged and reused");
+    cr_assert_eq(s.f->reserves, 1, "no region reserved while cached blocks could serve");
+    shim_arena_free_node(s.a, big.node);
+    for (int i = 0; i < 16; i++)
+        if (i < 4 || i >= 8)
+            shim_arena_free_node(s.a, b[i].node);
+    cr_assert_eq(counters(s.a).empty_regions, 1);
+    unmake(s);
+}
+
+Test(arena, a_cached_block_of_a_smaller_size_class_is_preferred_to_a_larger_free_block)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk a = must_alloc(s.a, 64 * KIB);
+    blk x = must_alloc(s.a, 128 * KIB);
+    blk z = must_alloc(s.a, 64 * KIB);          /* the region's tail stays free */
+    shim_arena_free_node(s.a, x.node);          /* cached */
+    /* Best fit, as if x had been freed for real: not the larger tail. */
+    blk y = must_alloc(s.a, 100 * KIB);
+    cr_assert_eq(y.addr, x.addr);
+    shim_arena_free_node(s.a, a.node);
+    shim_arena_free_node(s.a, y.node);
+    shim_arena_free_node(s.a, z.node);
+    cr_assert_eq(counters(s.a).empty_regions, 1);
+    unmake(s);
+}
+
+Test(arena, trim_releases_a_region_whose_blocks_were_cached_when_freed)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = must_alloc(s.a, 128 * KIB);      /* fills the region */
+    blk other = must_alloc(s.a, 4096);          /* a second region, kept */
+    for (int i = 1; i < 8; i++)
+        shim_arena_free_node(s.a, b[i].node);   /* cached while b[0] lives */
+    cr_assert_eq(shim_arena_trim(s.a, 0), 0, "the region is in use");
+    cr_assert_eq(s.f->held, 1 * MIB + 1 * MIB);
+    shim_arena_free_node(s.a, b[0].node);
+    cr_assert_eq(shim_arena_trim(s.a, 0), 1 * MIB);
+    cr_assert_eq(s.f->held, 1 * MIB, "only the region in use is held");
+    cr_assert_eq(shim_arena_classify(s.a, b[3].addr, NULL, NULL), SHIM_ADDR_OUTSIDE);
+    shim_arena_free_node(s.a, other.node);
+    unmake(s);
+}
