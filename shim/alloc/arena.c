@@ -163,7 +163,8 @@ struct shim_arena {
     uint32_t heads[BIN_COUNT];
 
     quick quick[BIN_COUNT];
-    uint64_t quick_map[FL_COUNT];  /* non-empty quick lists, by bin as sl_map */
+    uint64_t quick_fl_map;         /* non-empty quick lists, as fl_map */
+    uint64_t quick_map[FL_COUNT];  /* and as sl_map */
     uint64_t quick_bytes;          /* bytes of all NODE_CACHED blocks */
 
     node *nodes;
@@ -656,8 +657,10 @@ static inline bool quick_push(shim_arena *a, uint32_t i, size_t bytes)
     if (q->head != NIL)
         a->nodes[q->head].bin_prev = i; /* freed last in this bin: a likely hit */
     q->head = i;
-    if (q->count++ == 0)
+    if (q->count++ == 0) {
+        a->quick_fl_map |= 1ull << (b >> SL_BITS);
         a->quick_map[b >> SL_BITS] |= 1ull << (b & (SL_COUNT - 1));
+    }
     a->quick_bytes += bytes;
     return true;
 }
@@ -665,8 +668,12 @@ static inline bool quick_push(shim_arena *a, uint32_t i, size_t bytes)
 /* The accounting of cached block i leaving bin b's quick list. */
 static void quick_take(shim_arena *a, uint32_t b, uint32_t i)
 {
-    if (--a->quick[b].count == 0)
-        a->quick_map[b >> SL_BITS] &= ~(1ull << (b & (SL_COUNT - 1)));
+    if (--a->quick[b].count == 0) {
+        uint32_t fl = b >> SL_BITS;
+        a->quick_map[fl] &= ~(1ull << (b & (SL_COUNT - 1)));
+        if (a->quick_map[fl] == 0)
+            a->quick_fl_map &= ~(1ull << fl);
+    }
     a->quick_bytes -= (uint64_t)a->nodes[i].units << a->shift;
 }
 
@@ -702,9 +709,11 @@ static uint32_t quick_find(const shim_arena *a, uint32_t b)
 {
     uint32_t fl = b >> SL_BITS;
     uint64_t m = a->quick_map[fl] & (~0ull << (b & (SL_COUNT - 1)));
-    while (m == 0) {
-        if (++fl >= FL_COUNT)
+    if (m == 0) {
+        uint64_t f = fl + 1 < FL_COUNT ? a->quick_fl_map & (~0ull << (fl + 1)) : 0;
+        if (f == 0)
             return NIL;
+        fl = (uint32_t)__builtin_ctzll(f);
         m = a->quick_map[fl];
     }
     return (fl << SL_BITS) | (uint32_t)__builtin_ctzll(m);
