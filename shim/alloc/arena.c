@@ -587,7 +587,7 @@ static bool mergeable(shim_arena *a, uint32_t j)
 /* Gives block i (live or cached, its bytes already out of used_bytes) to
  * the bins, merged with its free and cached neighbours; a region left with
  * one free node spanning it is empty. */
-static void merge_free(shim_arena *a, uint32_t i)
+static inline __attribute__((always_inline)) void merge_free(shim_arena *a, uint32_t i)
 {
     node *n = &a->nodes[i];
     n->state = NODE_FREE;
@@ -812,7 +812,6 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
 /* A block for a request of `u` units rounded to bin b (`need` units)
  * from the bins, or else from a new region, carved: 0 and *out, or
  * shim_arena_alloc's failure value. */
-__attribute__((noinline))
 static int take_block(shim_arena *a, uint32_t b, uint64_t u, uint64_t need, uint32_t *out)
 {
     if (!nodes_reserve(a, 1))
