@@ -2,8 +2,7 @@
  * suballocated into blocks with O(1) two-level size-class bins.
  *
  * Owns: the node array (one node per block, free or live, addressed by a
- * uint32 index), the bins and quick lists, the regions and their
- * address-sorted index.
+ * uint32 index), the bins, the regions and their address-sorted index.
  * Guarded by: the owner's allocator lock (device.c); nothing here locks.
  * Never: dereferences a device address (all metadata is host memory), or
  * calls back into the shim (the backend is the only way out).
@@ -20,25 +19,6 @@
  *
  * Free merges both address neighbours when they are free; a node spanning
  * its whole region (no neighbours) means the region is empty, in O(1).
- *
- * Quick lists (like dlmalloc's fastbins, out of band). A freed block of
- * exactly its bin's lower bound (what a request rounded to that bin gets)
- * whose neighbours are not free is kept whole, NODE_CACHED, in its bin's
- * quick list; a request rounded to that bin takes the most recently
- * cached one back. With a million live blocks this saves a pair most of
- * its arena misses: the free reads no neighbour (two flags in the node say
- * whether they are free) and the allocation carves nothing. Placement
- * changes as little as possible, so that fragmentation stays where it
- * was (docs/allocator.md, "Quick lists", has the figures):
- * - a block next to a free one merges at once, as before;
- * - the free of a cached block's neighbour merges the cached block too;
- * - a request whose best free block is in a larger bin than a cached
- *   block gets the cached one (freed, then found): best fit, as before;
- * - when no free block fits, every quick list is flushed (its blocks freed
- *   and merged) before a region is reserved; shim_arena_trim flushes too;
- * - a region's last live block is never cached, and its free merges the
- *   region's cached blocks: empty regions are detected as before.
- * Caps: QUICK_PER_BIN blocks a bin, max(4 MiB, used bytes / 128) in all.
  *
  * Region-size policy (see docs/allocator.md, "Regions"):
  * - The capacity is the runtime's total (backend mem_info) capped by the
@@ -84,24 +64,8 @@
  * alignment), so that a node's size fits 32 bits and bin arithmetic never
  * overflows; no device has more memory than that. */
 #define MAX_UNITS ((uint64_t)1 << 31)
-#define MAX_REGIONS ((uint32_t)1 << 28) /* node.region's width */
 
-/* Quick lists (see the header comment): at most QUICK_PER_BIN blocks a
- * bin, and at most the larger of QUICK_MIN_BYTES and used bytes /
- * QUICK_BYTES_DIV in all, so that they never hold much memory back. */
-#ifndef QUICK_PER_BIN
-#define QUICK_PER_BIN 32
-#endif
-#ifndef QUICK_BYTES_DIV
-#define QUICK_BYTES_DIV 128
-#endif
-#define QUICK_MIN_BYTES (4 * MIB)
-
-/* NODE_CACHED: freed by the program and kept whole in a quick list. Not
- * live (not the program's, not in the live accounting) and not in a bin:
- * only a quick-list pop hands it out, and only the free of a neighbour or
- * a flush merges it. */
-enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE, NODE_CACHED };
+enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE };
 
 /* 32 bytes, so that two nodes share a cache line and none straddles two:
  * a free touches a node and its neighbours at random, and these misses are
@@ -116,13 +80,10 @@ typedef struct node {
     uint32_t off;                  /* start, in units from its region's base */
     uint32_t units;                /* size in alignment units */
     uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
-    uint32_t region : 28;
-    uint32_t prev_free : 1;        /* addr_prev (next_free: addr_next) is */
-    uint32_t next_free : 1;        /* NODE_FREE; a free reads these, not them */
+    uint32_t region : 30;
     uint32_t state : 2;
     union {
-        struct {                   /* NODE_FREE and NODE_CACHED: bin or quick
-                                    * list; bin_next chains NODE_UNUSED slots */
+        struct {                   /* NODE_FREE; bin_next chains NODE_UNUSED slots */
             uint32_t bin_prev, bin_next;
         };
         struct {                   /* NODE_LIVE */
@@ -138,17 +99,8 @@ typedef struct region {
     size_t size;
     uint32_t first;                /* node at base: merges keep the lower node */
     uint32_t empty_prev, empty_next; /* list of cached empty regions */
-    uint32_t live;                 /* NODE_LIVE blocks: the last one is never cached */
     bool dedicated, empty, in_use;
 } region;
-
-/* One bin's quick list: NODE_CACHED nodes of exactly the bin's size, most
- * recently freed first, linked both ways through bin_prev/bin_next (the
- * head's bin_prev is not kept) so that the free of a neighbour can take
- * one out in O(1). */
-typedef struct quick {
-    uint32_t head, count;
-} quick;
 
 struct shim_arena {
     shim_region_backend be;
@@ -161,11 +113,6 @@ struct shim_arena {
     uint64_t fl_map;
     uint64_t sl_map[FL_COUNT];
     uint32_t heads[BIN_COUNT];
-
-    quick quick[BIN_COUNT];
-    uint64_t quick_fl_map;         /* non-empty quick lists, as fl_map */
-    uint64_t quick_map[FL_COUNT];  /* and as sl_map */
-    uint64_t quick_bytes;          /* bytes of all NODE_CACHED blocks */
 
     node *nodes;
     uint32_t nodes_cap, nodes_used, free_slot;
@@ -398,8 +345,6 @@ static bool regions_reserve(shim_arena *a)
     if (a->free_region != NIL)
         return true;
     uint32_t cap = a->regions_cap ? a->regions_cap * 2 : 16;
-    if (cap > MAX_REGIONS)
-        return false;
     region *nr = realloc(a->regions, (size_t)cap * sizeof *nr);
     if (!nr)
         return false;
@@ -544,7 +489,7 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     a->free_region = g->empty_next;
     uint32_t i = node_take(a);
     *g = (region){ .base = addr, .size = rs, .first = i, .empty_prev = NIL, .empty_next = NIL,
-                   .live = 0, .dedicated = dedicated, .empty = false, .in_use = true };
+                   .dedicated = dedicated, .empty = false, .in_use = true };
     a->nodes[i] = (node){ .off = 0, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
                           .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL, .region = r,
                           .state = NODE_FREE };
@@ -558,176 +503,6 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     a->c.regions++;
     a->c.regions_reserved++;
     return i;
-}
-
-/* ---- frees and quick lists ---------------------------------------- */
-
-/* A free block never borders another free block (they merge) nor a cached
- * one (a block is cached only when neither neighbour is free, and the free
- * of a cached block's neighbour merges it). So a block being freed merges
- * every free or cached block up to the live ones on each side, and when it
- * is its region's last live block, that is the whole region. */
-
-static void quick_unlink(shim_arena *a, uint32_t i);
-
-/* Whether neighbour j merges into a block being freed; if so, takes it
- * out of its bin or quick list. */
-static bool mergeable(shim_arena *a, uint32_t j)
-{
-    unsigned st = a->nodes[j].state;
-    if (st == NODE_FREE)
-        bin_remove(a, j);
-    else if (st == NODE_CACHED)
-        quick_unlink(a, j);
-    else
-        return false;
-    return true;
-}
-
-/* Gives block i (live or cached, its bytes already out of used_bytes) to
- * the bins, merged with its free and cached neighbours; a region left with
- * one free node spanning it is empty. */
-static inline __attribute__((always_inline)) void merge_free(shim_arena *a, uint32_t i)
-{
-    node *n = &a->nodes[i];
-    n->state = NODE_FREE;
-
-    /* Both neighbours' lines at once: each is a likely miss, and the
-     * merge decisions below would otherwise wait for them one by one. */
-    uint32_t nx = n->addr_next;
-    if (n->addr_prev != NIL)
-        __builtin_prefetch(&a->nodes[n->addr_prev], 1);
-    if (nx != NIL)
-        __builtin_prefetch(&a->nodes[nx], 1);
-    for (; nx != NIL && mergeable(a, nx); nx = n->addr_next) {
-        node *m = &a->nodes[nx];
-        n->units += m->units;
-        n->addr_next = m->addr_next;
-        if (m->addr_next != NIL)
-            a->nodes[m->addr_next].addr_prev = i;
-        node_drop(a, nx);
-    }
-    for (uint32_t pv = n->addr_prev; pv != NIL && mergeable(a, pv); pv = n->addr_prev) {
-        node *p = &a->nodes[pv];
-        p->units += n->units;
-        p->addr_next = n->addr_next;
-        if (n->addr_next != NIL)
-            a->nodes[n->addr_next].addr_prev = pv;
-        node_drop(a, i);
-        i = pv;
-        n = p;
-    }
-    /* The loops stopped at live blocks, whose lines they have read: those
-     * now border a free block. */
-    n->prev_free = n->next_free = 0;
-    if (n->addr_prev != NIL)
-        a->nodes[n->addr_prev].next_free = 1;
-    if (n->addr_next != NIL)
-        a->nodes[n->addr_next].prev_free = 1;
-    if (n->addr_prev == NIL && n->addr_next == NIL) {
-        /* The region is empty: it stays cached, and older empty regions
-         * beyond the cache's size go back to the runtime. */
-        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
-            release_cached(a, a->empty_head);
-        set_empty(a, n->region, true);
-    }
-    bin_insert(a, i);
-}
-
-/* Keeps live block i, just freed (`bytes` already out of used_bytes),
- * whole in its bin's quick list when it has exactly the bin's size (a
- * request rounded to that bin fits it exactly), neither neighbour is free
- * (merging now is what keeps fragmentation where it was) and the caps
- * allow. Reads the node and the arena's own lines, no neighbour: the
- * node's flags say whether they are free. */
-static inline bool quick_push(shim_arena *a, uint32_t i, size_t bytes)
-{
-    node *n = &a->nodes[i];
-    if (n->prev_free || n->next_free)
-        return false;
-    uint32_t b = bin_floor(n->units);
-    quick *q = &a->quick[b];
-    uint64_t cap = a->c.used_bytes / QUICK_BYTES_DIV;
-    if (cap < QUICK_MIN_BYTES)
-        cap = QUICK_MIN_BYTES;
-    if (q->count >= QUICK_PER_BIN || bin_size(b) != n->units || a->quick_bytes + bytes > cap)
-        return false;
-    n->state = NODE_CACHED;
-    n->bin_next = q->head;
-    if (q->head != NIL)
-        a->nodes[q->head].bin_prev = i; /* freed last in this bin: a likely hit */
-    q->head = i;
-    if (q->count++ == 0) {
-        a->quick_fl_map |= 1ull << (b >> SL_BITS);
-        a->quick_map[b >> SL_BITS] |= 1ull << (b & (SL_COUNT - 1));
-    }
-    a->quick_bytes += bytes;
-    return true;
-}
-
-/* The accounting of cached block i leaving bin b's quick list. */
-static void quick_take(shim_arena *a, uint32_t b, uint32_t i)
-{
-    if (--a->quick[b].count == 0) {
-        uint32_t fl = b >> SL_BITS;
-        a->quick_map[fl] &= ~(1ull << (b & (SL_COUNT - 1)));
-        if (a->quick_map[fl] == 0)
-            a->quick_fl_map &= ~(1ull << fl);
-    }
-    a->quick_bytes -= (uint64_t)a->nodes[i].units << a->shift;
-}
-
-/* Takes the most recently cached block of bin b (its line is the likeliest
- * to be cached still), or NIL. The next node's bin_prev is left stale:
- * writing it would touch another line. */
-static inline uint32_t quick_pop(shim_arena *a, uint32_t b)
-{
-    uint32_t i = a->quick[b].head;
-    if (i != NIL) {
-        a->quick[b].head = a->nodes[i].bin_next;
-        quick_take(a, b, i);
-    }
-    return i;
-}
-
-/* Takes cached block i out of its quick list (a neighbour is merging it). */
-static void quick_unlink(shim_arena *a, uint32_t i)
-{
-    node *n = &a->nodes[i];
-    uint32_t b = bin_floor(n->units);
-    if (a->quick[b].head == i)
-        a->quick[b].head = n->bin_next;
-    else
-        a->nodes[n->bin_prev].bin_next = n->bin_next;
-    if (n->bin_next != NIL)
-        a->nodes[n->bin_next].bin_prev = n->bin_prev;
-    quick_take(a, b, i);
-}
-
-/* The smallest bin >= b with a non-empty quick list, or NIL. */
-static uint32_t quick_find(const shim_arena *a, uint32_t b)
-{
-    uint32_t fl = b >> SL_BITS;
-    uint64_t m = a->quick_map[fl] & (~0ull << (b & (SL_COUNT - 1)));
-    if (m == 0) {
-        uint64_t f = fl + 1 < FL_COUNT ? a->quick_fl_map & (~0ull << (fl + 1)) : 0;
-        if (f == 0)
-            return NIL;
-        fl = (uint32_t)__builtin_ctzll(f);
-        m = a->quick_map[fl];
-    }
-    return (fl << SL_BITS) | (uint32_t)__builtin_ctzll(m);
-}
-
-/* Frees every cached block for real (merging): before a region is
- * reserved and by trim. */
-static void quick_flush(shim_arena *a)
-{
-    for (uint32_t b = quick_find(a, 0); b != NIL; b = quick_find(a, b)) {
-        uint32_t i;
-        while ((i = quick_pop(a, b)) != NIL)
-            merge_free(a, i);
-    }
 }
 
 /* ---- public -------------------------------------------------------- */
@@ -748,10 +523,8 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
         if (a->fixed_region == 0)
             a->fixed_region = be->alignment;
     }
-    for (uint32_t b = 0; b < BIN_COUNT; b++) {
+    for (uint32_t b = 0; b < BIN_COUNT; b++)
         a->heads[b] = NIL;
-        a->quick[b].head = NIL;
-    }
     a->free_slot = NIL;
     a->free_region = NIL;
     a->empty_head = NIL;
@@ -778,16 +551,11 @@ void shim_arena_destroy(shim_arena *a)
     free(a);
 }
 
-/* Takes `take` units from the start of free node i (already out of its
- * bin); the caller makes it live. */
+/* Takes `take` units from the start of free node i (already out of its bin). */
 static void carve(shim_arena *a, uint32_t i, uint32_t take)
 {
     node *n = &a->nodes[i];
     uint32_t rest = n->units - take;
-    /* Free blocks never touch, so the neighbours are not free; the one
-     * before no longer borders a free block. */
-    if (n->addr_prev != NIL)
-        a->nodes[n->addr_prev].next_free = 0;
     if (rest > 0) {
         uint32_t j = node_take(a);
         n = &a->nodes[i];
@@ -797,42 +565,32 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
         m->addr_prev = i;
         m->addr_next = n->addr_next;
         m->region = n->region;
-        m->prev_free = m->next_free = 0;
         if (n->addr_next != NIL)
             a->nodes[n->addr_next].addr_prev = j;
         n->addr_next = j;
         n->units = take;
-        n->next_free = 1;
         bin_insert(a, j);
-    } else if (n->addr_next != NIL) {
-        a->nodes[n->addr_next].prev_free = 0;
     }
+    n->state = NODE_LIVE;
 }
 
-/* A block for a request of `u` units rounded to bin b (`need` units)
- * from the bins, or else from a new region, carved: 0 and *out, or
- * shim_arena_alloc's failure value. */
-static int take_block(shim_arena *a, uint32_t b, uint64_t u, uint64_t need, uint32_t *out)
+int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
 {
+    uint64_t u = (size >> a->shift) + ((size & (((size_t)1 << a->shift) - 1)) != 0);
+    if (u == 0)
+        u = 1;
+    if (u > MAX_UNITS)
+        return -1;
+    uint32_t b = bin_ceil(u);
+    uint64_t need = bin_size(b);
+    /* The requested size is kept as a 32-bit slack below the block's size
+     * (node.slack): blocks whose rounding alone would not fit it (above
+     * 256 GiB at 256-byte alignment) are not rounded. */
+    if (need > MAX_UNITS || ((need - u) << a->shift) + ((size_t)1 << a->shift) > UINT32_MAX)
+        need = u;
     if (!nodes_reserve(a, 1))
         return -1;
     uint32_t i = bin_find(a, b);
-    /* A cached block of a smaller bin than the best free block is the
-     * better fit, as it would be had it been freed: freed, and the search
-     * made again. */
-    while (a->quick_bytes) {
-        uint32_t c = quick_find(a, b);
-        if (c == NIL || (i != NIL && c >= bin_floor(a->nodes[i].units)))
-            break;
-        merge_free(a, quick_pop(a, c));
-        i = bin_find(a, b);
-    }
-    if (i == NIL && a->quick_bytes) {
-        /* Cached blocks of smaller bins, merged, may fit: reserving more
-         * while they are held back would raise the peak (fragmentation). */
-        quick_flush(a);
-        i = bin_find(a, b);
-    }
     if (i != NIL) {
         bin_remove(a, i);
         node *n = &a->nodes[i];
@@ -851,34 +609,7 @@ static int take_block(shim_arena *a, uint32_t b, uint64_t u, uint64_t need, uint
             need = a->nodes[i].units;
     }
     carve(a, i, (uint32_t)need);
-    *out = i;
-    return 0;
-}
-
-int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
-{
-    uint64_t u = (size >> a->shift) + ((size & (((size_t)1 << a->shift) - 1)) != 0);
-    if (u == 0)
-        u = 1;
-    if (u > MAX_UNITS)
-        return -1;
-    uint32_t b = bin_ceil(u);
-    uint64_t need = bin_size(b);
-    /* The requested size is kept as a 32-bit slack below the block's size
-     * (node.slack): blocks whose rounding alone would not fit it (above
-     * 256 GiB at 256-byte alignment) are not rounded. */
-    if (need > MAX_UNITS || ((need - u) << a->shift) + ((size_t)1 << a->shift) > UINT32_MAX)
-        need = u;
-    /* A cached block has exactly bin b's size: no search, no carve. */
-    uint32_t i = need == bin_size(b) ? quick_pop(a, b) : NIL;
-    if (i == NIL) {
-        int rc = take_block(a, b, u, need, &i);
-        if (rc != 0)
-            return rc;
-    }
     node *n = &a->nodes[i];
-    n->state = NODE_LIVE;
-    a->regions[n->region].live++;
     size_t bytes = (size_t)n->units << a->shift;
     n->slack = (uint32_t)(bytes - size);
     n->tag[0] = n->tag[1] = 0;
@@ -896,12 +627,44 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
     a->c.used_bytes -= bytes;
-    /* A region's last live block is never cached: its free merges the
-     * region's cached blocks with it (see merge_free), so that an empty
-     * region is detected, cached and released as without quick lists. */
-    if (--a->regions[n->region].live != 0 && quick_push(a, i, bytes))
-        return bytes;
-    merge_free(a, i);
+    n->state = NODE_FREE;
+
+    /* Both neighbours' lines at once: each is a likely miss, and the
+     * merge decisions below would otherwise wait for them one by one. */
+    uint32_t nx = n->addr_next;
+    if (n->addr_prev != NIL)
+        __builtin_prefetch(&a->nodes[n->addr_prev], 1);
+    if (nx != NIL)
+        __builtin_prefetch(&a->nodes[nx], 1);
+    if (nx != NIL && a->nodes[nx].state == NODE_FREE) {
+        bin_remove(a, nx);
+        node *m = &a->nodes[nx];
+        n->units += m->units;
+        n->addr_next = m->addr_next;
+        if (m->addr_next != NIL)
+            a->nodes[m->addr_next].addr_prev = i;
+        node_drop(a, nx);
+    }
+    uint32_t pv = n->addr_prev;
+    if (pv != NIL && a->nodes[pv].state == NODE_FREE) {
+        bin_remove(a, pv);
+        node *p = &a->nodes[pv];
+        p->units += n->units;
+        p->addr_next = n->addr_next;
+        if (n->addr_next != NIL)
+            a->nodes[n->addr_next].addr_prev = pv;
+        node_drop(a, i);
+        i = pv;
+        n = p;
+    }
+    if (n->addr_prev == NIL && n->addr_next == NIL) {
+        /* The region is empty: it stays cached, and older empty regions
+         * beyond the cache's size go back to the runtime. */
+        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
+            release_cached(a, a->empty_head);
+        set_empty(a, n->region, true);
+    }
+    bin_insert(a, i);
     return bytes;
 }
 
@@ -963,10 +726,6 @@ size_t shim_arena_block_size(const shim_arena *a, uint32_t i)
 size_t shim_arena_trim(shim_arena *a, size_t keep)
 {
     size_t released = 0;
-    /* Under pressure cached blocks are better merged: free space for
-     * requests of any size. (They never keep a region from being empty.) */
-    if (a->quick_bytes)
-        quick_flush(a);
     while (a->empty_head != NIL && a->c.empty_bytes > keep)
         released += release_cached(a, a->empty_head);
     return released;
