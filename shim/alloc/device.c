@@ -458,14 +458,6 @@ static shim_shard *lock_home(shim_device *d, bool *taken)
     return s;
 }
 
-static bool has_empty_regions(const shim_shard *s)
-{
-    shim_lock_assert_held(&s->lock);
-    shim_arena_counters c;
-    shim_arena_get_counters(s->arena, &c);
-    return c.empty_regions > 0;
-}
-
 static void announce_ready(shim_device *d);
 
 /* Lets the device catch up with every free made before the call. Called
@@ -605,30 +597,25 @@ static bool serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uin
     return true;
 }
 
-/* Step: serve from any shard, the caller's first, each under its own lock
- * (the device lock may be held: it comes first in the order). */
-static bool serve_any(shim_device *d, size_t size, bool may_grow, unsigned first, uint32_t nstack,
+/* Step: serve from the shards, the caller's first (unless `skip_home`),
+ * each under its own lock (the device lock may be held: it comes first in
+ * the order). `steal`: from the free blocks of shards not busy now, the
+ * caller's excepted, reserving nothing (room in a busy shard is not worth
+ * a wait: the caller moved away from it for that); otherwise growing. */
+static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, uint32_t nstack,
                       uint32_t pystack, uintptr_t *out, uint64_t *seq, int *rt_err)
 {
     unsigned n = shard_count(d), home = home_index(d);
     int first_err = 0;
     *rt_err = 0;
-    for (unsigned k = first; k < n; k++) {
+    for (unsigned k = steal || skip_home ? 1 : 0; k < n; k++) {
         shim_shard *s = d->shards[(home + k) % n];
-        bool taken;
-        if (!may_grow && first > 0) {
-            /* Room in a busy shard is not worth a wait: this thread moved
-             * away from it for that. */
-            if (shim_lock_held_by_me(&s->lock))
-                taken = false;
-            else if (shim_lock_try(&s->lock))
-                taken = true;
-            else
-                continue;
-        } else {
-            taken = lock_unless_mine(&s->lock);
-        }
-        bool ok = serve(d, s, size, may_grow, nstack, pystack, out, seq, rt_err);
+        bool taken = !shim_lock_held_by_me(&s->lock);
+        if (taken && steal && !shim_lock_try(&s->lock))
+            continue;
+        if (taken && !steal)
+            shim_lock_acquire(&s->lock);
+        bool ok = serve(d, s, size, !steal, nstack, pystack, out, seq, rt_err);
         if (taken)
             shim_lock_release(&s->lock);
         if (ok)
@@ -680,20 +667,6 @@ static bool recycle_all(shim_device *d)
     return recycled;
 }
 
-static bool any_empty_regions(shim_device *d)
-{
-    unsigned n = shard_count(d);
-    bool any = false;
-    for (unsigned k = 0; k < n && !any; k++) {
-        shim_shard *s = d->shards[k];
-        bool taken = lock_unless_mine(&s->lock);
-        any = has_empty_regions(s);
-        if (taken)
-            shim_lock_release(&s->lock);
-    }
-    return any;
-}
-
 /* Gives every shard's empty regions back to the runtime; returns bytes. */
 static size_t trim_all(shim_device *d)
 {
@@ -723,10 +696,10 @@ static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
         return false; /* an allocation made by pressure work itself */
     /* Cached empty regions are free memory the runtime cannot see: give
      * them back first, so a larger region can be reserved. */
-    if (!b->trimmed && any_empty_regions(d)) {
+    if (!b->trimmed) {
         b->trimmed = true;
-        trim_all(d);
-        return true;
+        if (trim_all(d) > 0)
+            return true;
     }
     if (b->rounds >= b->max_rounds || b->waits >= 4 * b->max_rounds)
         return false;
@@ -772,16 +745,17 @@ static int fail_other(shim_device *d, size_t size, int rt_err)
 /* The caller's shard could not serve the request: the other shards, then,
  * under the device lock, everything that makes room. No shard lock is
  * held on entry. Returns 0 with *addr and *seq, or the runtime's error. */
-static int malloc_slow(shim_device *d, size_t size, uint32_t nstack, uint32_t pystack,
-                       uintptr_t *addr, uint64_t *seq)
+static int malloc_slow(shim_device *d, size_t size, bool home_grew, uint32_t nstack,
+                       uint32_t pystack, uintptr_t *addr, uint64_t *seq)
 {
     int rt_err;
     /* Free blocks of the other shards not busy now before a new region
      * for this one: threads that moved leave space behind in the shard
-     * they left. */
-    if (serve_any(d, size, false, 1, nstack, pystack, addr, seq, &rt_err))
+     * they left. Then every shard, growing; the caller's only if its try
+     * did not (the runtime has just refused it). */
+    if (serve_any(d, size, true, true, nstack, pystack, addr, seq, &rt_err))
         return 0;
-    if (serve_any(d, size, true, 0, nstack, pystack, addr, seq, &rt_err))
+    if (serve_any(d, size, false, home_grew, nstack, pystack, addr, seq, &rt_err))
         return 0;
     if (rt_err)
         return fail_other(d, size, rt_err);
@@ -793,7 +767,7 @@ static int malloc_slow(shim_device *d, size_t size, uint32_t nstack, uint32_t py
     for (;;) {
         if (!taken || !make_room(d, size, &budget))
             return fail(d, size, taken);
-        if (serve_any(d, size, true, 0, nstack, pystack, addr, seq, &rt_err))
+        if (serve_any(d, size, false, false, nstack, pystack, addr, seq, &rt_err))
             break;
         if (rt_err) {
             shim_lock_release(&d->lock);
@@ -829,13 +803,14 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
     int rt_err;
     /* With one shard, as ever; with several, this shard's free blocks
      * first, then the others' (malloc_slow), then a new region. */
-    bool ok = serve(d, s, size, shard_count(d) == 1, nstack, pystack, &addr, &seq, &rt_err);
+    bool grow = shard_count(d) == 1;
+    bool ok = serve(d, s, size, grow, nstack, pystack, &addr, &seq, &rt_err);
     if (taken)
         shim_lock_release(&s->lock);
     if (!ok) {
         if (rt_err)
             return fail_other(d, size, rt_err);
-        int rc = malloc_slow(d, size, nstack, pystack, &addr, &seq);
+        int rc = malloc_slow(d, size, grow, nstack, pystack, &addr, &seq);
         if (rc != 0)
             return rc;
     }
