@@ -172,12 +172,9 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
     return 0;
 }
 
-int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+/* Stores a new entry; there is room (load and fields checked). */
+static inline void add_entry(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
 {
-    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
-        return -1;
-    if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
-        return -1;
     uint32_t tag = tag_of(ptr);
     size_t i = home_of(tag, t->bits);
     while (t->slots[i].id != SHIM_TABLE_NONE)
@@ -185,6 +182,27 @@ int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fi
     t->slots[i] = (slot){.tag = tag, .id = id};
     t->count++;
     t->fields[id] = f ? *f : (shim_live_fields){ 0 };
+}
+
+/* shim_table_add when the table must grow first (or the call is bad): out
+ * of line and reached by a tail call, so that the common call saves no
+ * registers for it. */
+__attribute__((noinline)) static int add_grow(shim_table *t, uintptr_t ptr, uint32_t id,
+                                              const shim_live_fields *f)
+{
+    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
+        return -1;
+    if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
+        return -1;
+    add_entry(t, ptr, id, f);
+    return 0;
+}
+
+int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+{
+    if (ptr == 0 || id >= t->fields_cap || (t->count + 1) * 4 > (t->mask + 1) * 3)
+        return add_grow(t, ptr, id, f);
+    add_entry(t, ptr, id, f);
     return 0;
 }
 
