@@ -169,11 +169,6 @@ static int backend_mem_info(void *ctx, size_t *free, size_t *total)
 
 
 /* The live table confirms a candidate by its arena node's address. */
-static uintptr_t node_addr(const void *ctx, uint32_t id)
-{
-    return shim_arena_block_addr(ctx, id);
-}
-
 static unsigned default_shards(void)
 {
     unsigned n = shim_opts()->arenas;
@@ -189,10 +184,10 @@ static shim_shard *shard_create(shim_device *d)
     shim_shard *s = shim_hostmem_lines(sizeof *s);
     if (!s)
         return NULL;
-    shim_lock_init(&s->lock);
+    shim_lock_init_fast(&s->lock);
     const shim_options *o = shim_opts();
     s->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
-    s->table = s->arena ? shim_table_create(1024, node_addr, s->arena) : NULL;
+    s->table = s->arena ? shim_table_create(1024, shim_arena_key, s->arena) : NULL;
     if (!s->arena || !s->table) {
         if (s->arena)
             shim_arena_destroy(s->arena);
@@ -251,6 +246,13 @@ void shim_device_set_event_hook(shim_event_fn fn)
 
 uint64_t shim_device_seq_next(void)
 {
+    /* One thread: no other can take a number between the load and the
+     * store, and a lock-prefixed add would be a full barrier per call. */
+    if (shim_single_threaded()) {
+        uint64_t v = atomic_load_explicit(&seq_counter, memory_order_relaxed) + 1;
+        atomic_store_explicit(&seq_counter, v, memory_order_relaxed);
+        return v;
+    }
     return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
 }
 
@@ -336,6 +338,14 @@ static bool lock_unless_mine(spyreshim_lock *l)
         return false;
     shim_lock_acquire(l);
     return true;
+}
+
+/* The k-th shard from `home` of n, wrapping around (k < n): no division
+ * on the free path. */
+static inline unsigned shard_after(unsigned home, unsigned k, unsigned n)
+{
+    unsigned i = home + k;
+    return i >= n ? i - n : i;
 }
 
 static unsigned shard_count(const shim_device *d)
@@ -541,7 +551,9 @@ static bool too_much_pending(const shim_shard *s)
 
 /* Live bytes of `s` changed by `delta`: exact in the shard; the device's
  * total and peak follow in steps. Shard lock held. */
-static void note_live(shim_device *d, shim_shard *s, int64_t delta)
+static void publish_live(shim_device *d, shim_shard *s);
+
+static inline void note_live(shim_device *d, shim_shard *s, int64_t delta)
 {
     if (delta > 0) {
         s->live_bytes += (uint64_t)delta;
@@ -553,6 +565,22 @@ static void note_live(shim_device *d, shim_shard *s, int64_t delta)
     s->unpublished += delta;
     if (s->unpublished < LIVE_STEP && s->unpublished > -LIVE_STEP)
         return;
+    publish_live(d, s);
+}
+
+/* Out of line (a step in a few calls): the shard's unpublished live bytes
+ * into the device's total and peak. With one thread no other can update
+ * them in between, and lock-prefixed operations would be full barriers. */
+__attribute__((noinline)) static void publish_live(shim_device *d, shim_shard *s)
+{
+    if (shim_single_threaded()) {
+        int64_t now = atomic_load_explicit(&d->live_total, memory_order_relaxed) + s->unpublished;
+        atomic_store_explicit(&d->live_total, now, memory_order_relaxed);
+        s->unpublished = 0;
+        if (now > 0 && (uint64_t)now > atomic_load_explicit(&d->peak_total, memory_order_relaxed))
+            atomic_store_explicit(&d->peak_total, (uint64_t)now, memory_order_relaxed);
+        return;
+    }
     int64_t now = atomic_fetch_add_explicit(&d->live_total, s->unpublished,
                                             memory_order_relaxed) + s->unpublished;
     s->unpublished = 0;
@@ -569,8 +597,9 @@ static void note_live(shim_device *d, shim_shard *s, int64_t delta)
  * then the runtime's own error when it refused a region for a reason other
  * than out-of-memory (0 otherwise). *seq is the allocation's sequence
  * number. */
-static bool serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack,
-                  uint32_t pystack, uintptr_t *out, uint64_t *seq, int *rt_err)
+static inline __attribute__((always_inline)) bool
+serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack,
+      uint32_t pystack, uintptr_t *out, uint64_t *seq, int *rt_err)
 {
     shim_lock_assert_held(&s->lock);
     uintptr_t addr;
@@ -582,7 +611,7 @@ static bool serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uin
     if (rc != 0)
         return false;
     shim_live_fields f = {
-        .seq = atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1,
+        .seq = shim_device_seq_next(),
     };
     if (nstack | pystack) /* a new block's tags are 0 */
         shim_arena_set_tags(s->arena, node, nstack, pystack);
@@ -609,7 +638,7 @@ static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, u
     int first_err = 0;
     *rt_err = 0;
     for (unsigned k = steal || skip_home ? 1 : 0; k < n; k++) {
-        shim_shard *s = d->shards[(home + k) % n];
+        shim_shard *s = d->shards[shard_after(home, k, n)];
         bool taken = !shim_lock_held_by_me(&s->lock);
         if (taken && steal && !shim_lock_try(&s->lock))
             continue;
@@ -888,7 +917,7 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
 {
     unsigned n = shard_count(d), home = home_index(d);
     for (unsigned k = 0; k < n; k++) {
-        shim_shard *s = d->shards[(home + k) % n];
+        shim_shard *s = d->shards[shard_after(home, k, n)];
         /* The pointer's table line starts loading while the lock is taken
          * (with another thread in, that is time the miss would not get). */
         shim_table_prefetch(s->table, (uintptr_t)ptr);
@@ -959,7 +988,19 @@ int shim_device_free(shim_device *d, void *ptr)
     return free_on(d, d->rt, ptr, false);
 }
 
+static int free_any_slow(const shim_runtime *rt, shim_device *hint, void *ptr);
+
 int shim_device_free_any(const shim_runtime *rt, shim_device *hint, void *ptr)
+{
+    /* A runtime with one device (no notion of a current one) frees there
+     * at once; apart, so that this path saves no registers it never uses. */
+    if (ptr && !rt->current_device && hint)
+        return free_on(hint, rt, ptr, true);
+    return free_any_slow(rt, hint, ptr);
+}
+
+__attribute__((noinline)) static int free_any_slow(const shim_runtime *rt, shim_device *hint,
+                                                   void *ptr)
 {
     if (!ptr)
         return rt->real_free(NULL); /* CUDA programs use cudaFree(0) to set up a context */
@@ -1269,7 +1310,7 @@ void shim_device_atfork_child_early(void)
         if (!d->fork_locked) {
             shim_lock_init(&d->lock);
             for (unsigned k = 0; k < shard_count(d); k++)
-                shim_lock_init(&d->shards[k]->lock);
+                shim_lock_init_fast(&d->shards[k]->lock);
             reset_pressure(d);
         }
     }

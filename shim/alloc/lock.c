@@ -8,12 +8,36 @@
 #include "log.h"
 
 #include <stdlib.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include "mutex.h"
 
 void shim_lock_init(spyreshim_lock *l)
 {
     pthread_mutex_init(&l->mu, NULL);
+    l->fast = false;
+    atomic_store_explicit(&l->word, 0, memory_order_relaxed);
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
+}
+
+void shim_lock_init_fast(spyreshim_lock *l)
+{
+    shim_lock_init(l);
+    l->fast = true;
+}
+
+/* Contended: mark the word "held, with waiters" and sleep until a release
+ * finds that mark (the classic three-state futex mutex). */
+void shim_lock_fast_wait(spyreshim_lock *l)
+{
+    while (atomic_exchange_explicit(&l->word, 2, memory_order_acquire) != 0)
+        syscall(SYS_futex, &l->word, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
+}
+
+void shim_lock_fast_wake(spyreshim_lock *l)
+{
+    syscall(SYS_futex, &l->word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 #ifndef NDEBUG
@@ -26,6 +50,8 @@ void shim_lock_assert_held_fail(const char *file, int line)
 
 void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
 {
+    if (l->fast)
+        abort(); /* a condition variable needs the mutex kind */
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     pthread_cond_wait(cv, &l->mu);
     atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
@@ -33,6 +59,8 @@ void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
 
 int shim_lock_timedwait(spyreshim_lock *l, pthread_cond_t *cv, const struct timespec *deadline)
 {
+    if (l->fast)
+        abort(); /* a condition variable needs the mutex kind */
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     int rc = pthread_cond_timedwait(cv, &l->mu, deadline);
     atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);

@@ -11,10 +11,22 @@
 #include <stdatomic.h>
 #include "spyreshim.h"
 #include "mutex.h"
+#if __has_include(<sys/single_threaded.h>)
+#include <sys/single_threaded.h>
+#define SHIM_HAVE_SINGLE_THREADED 1
+#endif
 
+/* Two kinds, one interface: a device's lock is a pthread mutex (pressure
+ * events wait on a condition variable with it); an arena's lock, taken
+ * twice a pair and never waited on, is a futex word (0 free, 1 held, 2
+ * held with waiters) whose operations are a few inline instructions where
+ * glibc's mutex takes about fifty, and none atomic while the process has
+ * one thread (shim_single_threaded). */
 struct spyreshim_lock {
-    pthread_mutex_t mu;
-    _Atomic unsigned long owner; /* pthread_self() of the holder, 0 if free */
+    pthread_mutex_t mu;          /* !fast */
+    _Atomic unsigned word;       /* fast */
+    bool fast;                   /* set at init, never changed */
+    _Atomic unsigned long owner; /* thread pointer of the holder, 0 if free */
 };
 
 /* The calling thread, as `owner` records it: the thread pointer (one
@@ -30,12 +42,51 @@ static inline unsigned long shim_lock_self(void)
 }
 
 void shim_lock_init(spyreshim_lock *l);
+/* The futex kind: never passed to shim_lock_wait. */
+void shim_lock_init_fast(spyreshim_lock *l);
+/* Out of line: the fast kind's contended paths. */
+void shim_lock_fast_wait(spyreshim_lock *l);
+void shim_lock_fast_wake(spyreshim_lock *l);
+
+/* True only while the process has one thread (glibc's own hint, which its
+ * mutexes use to skip their atomics; false is always safe). While it
+ * holds, nothing can contend for a lock or a counter: a trylock's
+ * lock-prefixed compare-and-swap, a full barrier on x86, only keeps the
+ * misses of one call from overlapping those of the next. */
+static inline bool shim_single_threaded(void)
+{
+#ifdef SHIM_HAVE_SINGLE_THREADED
+    return __libc_single_threaded != 0;
+#else
+    return false;
+#endif
+}
 
 /* Acquire, try, release and the ownership test run on every allocation and
  * free: inline. */
+/* The fast kind. One thread: the word is free (callers never take a lock
+ * they hold), and a relaxed store takes it. Threads appearing while it is
+ * held (a runtime's first call may start some) find it held and wait with
+ * 2; the release, no longer single-threaded, then wakes them. */
+static inline bool shim_lock_fast_try(spyreshim_lock *l)
+{
+    if (shim_single_threaded()) {
+        if (atomic_load_explicit(&l->word, memory_order_relaxed) != 0)
+            return false;
+        atomic_store_explicit(&l->word, 1, memory_order_relaxed);
+        return true;
+    }
+    unsigned z = 0;
+    return atomic_compare_exchange_strong_explicit(&l->word, &z, 1, memory_order_acquire,
+                                                   memory_order_relaxed);
+}
+
 static inline void shim_lock_acquire(spyreshim_lock *l)
 {
-    pthread_mutex_lock(&l->mu);
+    if (!l->fast)
+        pthread_mutex_lock(&l->mu);
+    else if (!shim_lock_fast_try(l))
+        shim_lock_fast_wait(l);
     atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
     shim_locks_note_acquired();
 }
@@ -43,7 +94,7 @@ static inline void shim_lock_acquire(spyreshim_lock *l)
 /* Takes the lock only if no thread holds it: false when contended. */
 static inline bool shim_lock_try(spyreshim_lock *l)
 {
-    if (pthread_mutex_trylock(&l->mu) != 0)
+    if (l->fast ? !shim_lock_fast_try(l) : pthread_mutex_trylock(&l->mu) != 0)
         return false;
     atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
     shim_locks_note_acquired();
@@ -54,7 +105,12 @@ static inline void shim_lock_release(spyreshim_lock *l)
 {
     shim_locks_note_released();
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
-    pthread_mutex_unlock(&l->mu);
+    if (!l->fast)
+        pthread_mutex_unlock(&l->mu);
+    else if (shim_single_threaded()) /* no other thread: none waits */
+        atomic_store_explicit(&l->word, 0, memory_order_release);
+    else if (atomic_exchange_explicit(&l->word, 0, memory_order_release) == 2)
+        shim_lock_fast_wake(l);
 }
 
 static inline bool shim_lock_held_by_me(const spyreshim_lock *l)
