@@ -11,10 +11,6 @@
 #include <stdatomic.h>
 #include "spyreshim.h"
 #include "mutex.h"
-#if __has_include(<sys/single_threaded.h>)
-#include <sys/single_threaded.h>
-#define SHIM_HAVE_SINGLE_THREADED 1
-#endif
 
 /* Two kinds, one interface: a device's lock is a pthread mutex (pressure
  * events wait on a condition variable with it); an arena's lock, taken
@@ -48,19 +44,6 @@ void shim_lock_init_fast(spyreshim_lock *l);
 void shim_lock_fast_wait(spyreshim_lock *l);
 void shim_lock_fast_wake(spyreshim_lock *l);
 
-/* True only while the process has one thread (glibc's own hint, which its
- * mutexes use to skip their atomics; false is always safe). While it
- * holds, nothing can contend for a lock or a counter: a trylock's
- * lock-prefixed compare-and-swap, a full barrier on x86, only keeps the
- * misses of one call from overlapping those of the next. */
-static inline bool shim_single_threaded(void)
-{
-#ifdef SHIM_HAVE_SINGLE_THREADED
-    return __libc_single_threaded != 0;
-#else
-    return false;
-#endif
-}
 
 /* Acquire, try, release and the ownership test run on every allocation and
  * free: inline. */

@@ -21,6 +21,7 @@
 
 #include "forkgate.h"
 #include "log.h"
+#include "mutex.h"
 
 #define GATE_WAIT_MS 1000
 #define POLL_NS 50000
@@ -29,6 +30,8 @@ static _Atomic unsigned walkers;
 static _Atomic bool pending;
 /* initial-exec: read on every unwind, and a __tls_get_addr call otherwise. */
 static __thread unsigned depth __attribute__((tls_model("initial-exec")));
+/* Whether this thread's outermost walk counts in `walkers`. */
+static __thread bool counted __attribute__((tls_model("initial-exec")));
 
 static uint64_t now_ms(void)
 {
@@ -46,6 +49,12 @@ static void pause_briefly(void)
 void shim_fork_gate_enter(void)
 {
     if (depth++)
+        return;
+    /* One thread: no other can fork during the walk (and none can start
+     * before it ends), so nothing needs counting; two lock-prefixed
+     * operations per allocation saved. */
+    counted = !shim_single_threaded();
+    if (!counted)
         return;
     uint64_t deadline = 0;
     for (;;) {
@@ -67,7 +76,7 @@ void shim_fork_gate_enter(void)
 
 void shim_fork_gate_leave(void)
 {
-    if (depth && --depth == 0)
+    if (depth && --depth == 0 && counted)
         atomic_fetch_sub(&walkers, 1);
 }
 
@@ -76,7 +85,7 @@ void shim_fork_gate_prepare(void)
     atomic_store(&pending, true);
     /* The forking thread may itself be inside a walk (a fork from a loader
      * callback): it does not wait for itself. */
-    unsigned mine = depth ? 1 : 0;
+    unsigned mine = depth && counted ? 1 : 0;
     uint64_t deadline = 0;
     while (atomic_load(&walkers) > mine) {
         uint64_t now = now_ms();
@@ -99,6 +108,6 @@ void shim_fork_gate_parent(void)
 void shim_fork_gate_child(void)
 {
     /* Only the forking thread exists here. */
-    atomic_store(&walkers, depth ? 1 : 0);
+    atomic_store(&walkers, depth && counted ? 1 : 0);
     atomic_store(&pending, false);
 }
