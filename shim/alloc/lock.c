@@ -43,7 +43,9 @@ void shim_lock_fast_wait(spyreshim_lock *l)
             atomic_compare_exchange_weak_explicit(&l->word, &z, 1, memory_order_acquire,
                                                   memory_order_relaxed))
             return;
+#if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
+#endif
     }
     while (atomic_exchange_explicit(&l->word, 2, memory_order_acquire) != 0)
         syscall(SYS_futex, &l->word, FUTEX_WAIT_PRIVATE, 2, NULL, NULL, 0);
