@@ -7,6 +7,10 @@
  * log-uniform ("sizes64", repeated tensor shapes). With T threads, each
  * replays a trace of its own with N/T live blocks and 1,000,000/T pairs,
  * against the same allocator; ns per pair is wall time over all pairs.
+ * FILL says who allocates the live blocks before the pairs: "own" (each
+ * thread its own: threads that allocate and free their own data) or
+ * "main" (the main thread all of them, and the threads then free blocks
+ * another thread allocated: a hand-off).
  *
  * Paths:
  *   core      shim_arena + shim_table exactly as device.c uses them (an
@@ -17,7 +21,7 @@
  *   jemalloc  malloc/free of Debian's libjemalloc.so.2 through dlopen;
  *   glibc     the C library's malloc/free, for information.
  *
- *   bench_alloc PATH TRACE [reps] [live] [max_kib] [threads]
+ *   bench_alloc PATH TRACE [reps] [live] [max_kib] [threads] [own|main]
  * Prints one line: path trace ns_per_pair peak_live peak_reserved frag
  * rss_per_live meta_per_live (reserved is known for core and for the
  * interposed path; 0 otherwise; frag for one thread only). rss_per_live is
@@ -30,6 +34,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -237,14 +242,20 @@ typedef struct worker {
     trace t;
     void **live;
     pthread_barrier_t *start;
+    bool fill;                  /* allocates its live blocks itself, before the start */
     int failed;
 } worker;
 
 static void *replay_pairs(void *arg)
 {
     worker *w = arg;
+    for (uint32_t i = 0; w->fill && i < w->t.live; i++)
+        if (!(w->live[i] = w->p->alloc(w->t.init[i])))
+            w->failed = 1;
     if (w->start)
         pthread_barrier_wait(w->start);
+    if (w->failed)
+        return NULL;
     for (uint32_t i = 0; i < w->t.pairs; i++) {
         uint32_t k = w->t.victim[i];
         w->p->free(w->live[k]);
@@ -261,12 +272,13 @@ static void *replay_pairs(void *arg)
  * *rss_delta: resident bytes gained from before the first allocation to
  * the end of the pairs (the blocks are never touched, so this is the
  * allocator's own host memory). */
-static double replay(worker *ws, int nthreads, size_t *rss_delta)
+static double replay(worker *ws, int nthreads, bool own_fill, size_t *rss_delta)
 {
     size_t rss0 = rss_bytes();
     uint64_t pairs = 0;
     for (int w = 0; w < nthreads; w++) {
-        for (uint32_t i = 0; i < ws[w].t.live; i++)
+        ws[w].fill = nthreads > 1 && own_fill; /* in its thread, before the clock starts */
+        for (uint32_t i = 0; !ws[w].fill && i < ws[w].t.live; i++)
             if (!(ws[w].live[i] = ws[w].p->alloc(ws[w].t.init[i])))
                 return -1;
         pairs += ws[w].t.pairs;
@@ -306,7 +318,7 @@ int main(int argc, char **argv)
 {
     if (argc < 3) {
         fprintf(stderr, "usage: %s core|simdev|jemalloc|glibc loguniform|sizes64 "
-                        "[reps] [live] [max_kib] [threads]\n", argv[0]);
+                        "[reps] [live] [max_kib] [threads] [own|main]\n", argv[0]);
         return 2;
     }
     const path *p = NULL;
@@ -325,8 +337,11 @@ int main(int argc, char **argv)
     uint32_t live = argc > 4 ? (uint32_t)strtoul(argv[4], NULL, 10) : LIVE;
     double max = argc > 5 ? atof(argv[5]) * 1024 : MAX_SIZE;
     int nthreads = argc > 6 ? atoi(argv[6]) : 1;
-    if (live < 16 || max < MIN_SIZE || nthreads < 1 || nthreads > 16) {
-        fprintf(stderr, "bench: bad live, max_kib or threads\n");
+    const char *fill = argc > 7 ? argv[7] : "own";
+    bool own_fill = strcmp(fill, "own") == 0;
+    if (live < 16 || max < MIN_SIZE || nthreads < 1 || nthreads > 16 ||
+        (!own_fill && strcmp(fill, "main") != 0)) {
+        fprintf(stderr, "bench: bad live, max_kib, threads or fill\n");
         return 2;
     }
     /* Several threads split the live set and the pairs; each replays a
@@ -352,7 +367,7 @@ int main(int argc, char **argv)
     size_t rss = 0;
     for (int r = 0; r < reps; r++) {
         size_t d = 0;
-        double ns = replay(ws, nthreads, &d);
+        double ns = replay(ws, nthreads, own_fill, &d);
         if (ns < 0) {
             fprintf(stderr, "bench: %s: allocation failed\n", p->name);
             return 1;

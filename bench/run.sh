@@ -21,10 +21,10 @@ ninja -C "$build" bench/bench_alloc libspyreshim.so >/dev/null
 bench=$build/bench/bench_alloc
 shim=$build/libspyreshim.so
 
-run() { # path trace reps live max_kib threads [env...]
+run() { # path trace reps live max_kib threads[ fill] [env...]
     local path=$1 trace=$2 n=$3 live=$4 max=$5 th=$6
     shift 6
-    env "$@" "$bench" "$path" "$trace" "$n" "$live" "$max" "$th" 2>/dev/null ||
+    env "$@" "$bench" "$path" "$trace" "$n" "$live" "$max" $th 2>/dev/null ||
         echo "$path $trace - - - - - -"
 }
 ratio() { # a b
@@ -94,14 +94,18 @@ fi
 
 # Two threads against the same device (each its own trace, half the live
 # set and half the pairs) vs one thread; ns per pair over wall time, so a
-# lower figure with 2 threads means more total throughput.
+# lower figure with 2 threads means more total throughput. "own": each
+# thread allocates its live blocks itself; "handoff": the main thread
+# allocates them all, and the threads free blocks it allocated.
 if [[ " $tables " == *" threads "* ]]; then
-printf '%-10s %9s %-10s %10s %10s %8s\n' trace live path 1thread 2threads 2/1
+printf '%-10s %9s %-10s %10s %10s %8s %10s %8s\n' trace live path 1thread 2own 2own/1 2handoff 2hand/1
 for live in 10000 100000; do
     for p in core interposed jemalloc; do
         read -r _ _ t1 _ <<<"$(onepath $p loguniform "$live" 64 1)"
-        read -r _ _ t2 _ <<<"$(onepath $p loguniform "$live" 64 2)"
-        printf '%-10s %9s %-10s %10s %10s %8s\n' loguniform "$live" "$p" "$t1" "$t2" "$(ratio "$t2" "$t1")"
+        read -r _ _ t2 _ <<<"$(onepath $p loguniform "$live" 64 "2 own")"
+        read -r _ _ th _ <<<"$(onepath $p loguniform "$live" 64 "2 main")"
+        printf '%-10s %9s %-10s %10s %10s %8s %10s %8s\n' loguniform "$live" "$p" "$t1" "$t2" \
+            "$(ratio "$t2" "$t1")" "$th" "$(ratio "$th" "$t1")"
     done
 done
 echo "(ns per pair over wall time, best of $reps; sizes 256 B .. 64 KiB; $(nproc) CPUs)"
