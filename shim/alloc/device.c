@@ -922,6 +922,14 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
          * (with another thread in, that is time the miss would not get). */
         shim_table_prefetch(s->table, (uintptr_t)ptr);
         bool taken = lock_unless_mine(&s->lock);
+        /* With several shards, a block of another one (freed by a thread
+         * other than the one that allocated it) costs this shard a look
+         * at its few regions, not a probe of its table (a likely miss). */
+        if (n > 1 && !shim_arena_contains(s->arena, (uintptr_t)ptr)) {
+            if (taken)
+                shim_lock_release(&s->lock);
+            continue;
+        }
         uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
         if (node != SHIM_TABLE_NONE) {
             size_t size = shim_arena_block_requested(s->arena, node);
