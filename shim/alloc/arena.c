@@ -656,12 +656,15 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, taken);
 }
 
-size_t shim_arena_free_node(shim_arena *a, uint32_t i)
+static inline size_t free_live(shim_arena *a, uint32_t i, size_t *requested)
 {
-    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE)
+    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE) {
+        *requested = 0;
         return 0;
+    }
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
+    *requested = bytes - n->slack;
     a->c.used_bytes -= bytes;
     set_state(n, NODE_FREE);
 
@@ -702,6 +705,17 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
     }
     bin_insert(a, i);
     return bytes;
+}
+
+size_t shim_arena_free_node(shim_arena *a, uint32_t i)
+{
+    size_t requested;
+    return free_live(a, i, &requested);
+}
+
+size_t shim_arena_free_live(shim_arena *a, uint32_t i, size_t *requested)
+{
+    return free_live(a, i, requested);
 }
 
 enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,

@@ -70,6 +70,9 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
                          size_t *taken);
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);
+/* The same, setting *requested to the size it was asked for (0 when
+ * `node` is not a live block): one call where a free needs both. */
+size_t shim_arena_free_live(shim_arena *a, uint32_t node, size_t *requested);
 /* A live block's address, or 0 when `node` is not a live block. */
 uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t node);
 /* The same as a live table's key function (table.h: shim_table_key_fn),

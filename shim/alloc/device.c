@@ -866,14 +866,19 @@ static const char *kind_name(enum shim_block_kind k)
 /* The block `node` is no longer the program's. Shard lock held; `taken`:
  * by this call (so it may be dropped for a wait), not by a pressure
  * callback that frees while holding it. */
-static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t size, bool taken)
+static inline void count_free(shim_device *d, shim_shard *s, size_t size)
 {
-    shim_lock_assert_held(&s->lock);
     s->frees++;
     note_live(d, s, -(int64_t)size);
     atomic_store_explicit(&s->freed_bytes,
                           atomic_load_explicit(&s->freed_bytes, memory_order_relaxed) + size,
                           memory_order_relaxed);
+}
+
+static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t size, bool taken)
+{
+    shim_lock_assert_held(&s->lock);
+    count_free(d, s, size);
     if (!d->rt->sync_device) {
         shim_arena_free_node(s->arena, node);
         return;
@@ -931,12 +936,21 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
             continue;
         }
         uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+        shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device) {
+            /* The common free: no trace to tell, no device to wait for. */
+            size_t size;
+            shim_arena_free_live(s->arena, node, &size);
+            count_free(d, s, size);
+            if (taken)
+                shim_lock_release(&s->lock);
+            return 0;
+        }
         if (node != SHIM_TABLE_NONE) {
             size_t size = shim_arena_block_requested(s->arena, node);
             /* The sequence number first: release_block may drop the lock
              * for a wait, and the free happened now. The stack ids too:
              * the node may be reused once released. */
-            shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
             uint64_t seq = ev ? shim_device_seq_next() : 0;
             uint32_t nstack = ev ? shim_arena_tag(s->arena, node, 0) : 0;
             uint32_t pystack = ev ? shim_arena_tag(s->arena, node, 1) : 0;

@@ -31,6 +31,7 @@ typedef struct slot {
 } slot;
 
 struct shim_table {
+    shim_table_hint hint;          /* first: read by the inline prefetch (table.h) */
     slot *slots;
     size_t mask;                   /* capacity - 1 */
     unsigned bits;                 /* log2(capacity), <= 32 */
@@ -39,22 +40,17 @@ struct shim_table {
     size_t fields_cap;
     shim_table_key_fn key;
     const void *ctx;
-    /* For shim_table_prefetch only, which runs without the lock. */
-    _Atomic(slot *) hint_slots;
-    _Atomic unsigned hint_bits;
 };
+_Static_assert(sizeof(slot) == 8, "shim_table_prefetch's slot size");
 
-/* Fibonacci hashing: multiply by 2^64/phi and keep the top bits. Device
- * pointers are aligned (256 bytes and more), so their low bits carry
- * nothing; the product's top bits depend on every bit above them. */
 static inline uint32_t tag_of(uintptr_t p)
 {
-    return (uint32_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 32);
+    return shim_table_tag(p);
 }
 
 static inline size_t home_of(uint32_t tag, unsigned bits)
 {
-    return (size_t)(tag >> (32 - bits));
+    return shim_table_home(tag, bits);
 }
 
 static slot *slots_new(size_t cap)
@@ -84,8 +80,8 @@ shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, co
     t->mask = ((size_t)1 << bits) - 1;
     t->key = key;
     t->ctx = ctx;
-    atomic_store_explicit(&t->hint_slots, t->slots, memory_order_relaxed);
-    atomic_store_explicit(&t->hint_bits, bits, memory_order_relaxed);
+    atomic_store_explicit(&t->hint.slots, (uintptr_t)t->slots, memory_order_relaxed);
+    atomic_store_explicit(&t->hint.bits, bits, memory_order_relaxed);
     return t;
 }
 
@@ -118,8 +114,8 @@ static int rehash(shim_table *t, unsigned bits)
     t->slots = ns;
     t->mask = mask;
     t->bits = bits;
-    atomic_store_explicit(&t->hint_slots, ns, memory_order_relaxed);
-    atomic_store_explicit(&t->hint_bits, bits, memory_order_relaxed);
+    atomic_store_explicit(&t->hint.slots, (uintptr_t)ns, memory_order_relaxed);
+    atomic_store_explicit(&t->hint.bits, bits, memory_order_relaxed);
     return 0;
 }
 
@@ -260,13 +256,4 @@ size_t shim_table_meta_bytes(const shim_table *t)
 {
     return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots) +
            shim_hostmem_size(t->fields_cap * sizeof *t->fields);
-}
-
-void shim_table_prefetch(const shim_table *t, uintptr_t ptr)
-{
-    uintptr_t s = (uintptr_t)atomic_load_explicit(&t->hint_slots, memory_order_relaxed);
-    unsigned bits = atomic_load_explicit(&t->hint_bits, memory_order_relaxed);
-    /* Integer arithmetic: with a stale pair the address may lie outside
-     * any array, which a prefetch tolerates and C pointers do not. */
-    __builtin_prefetch((const void *)(s + home_of(tag_of(ptr), bits) * sizeof(slot)));
 }

@@ -8,6 +8,7 @@
 #ifndef SHIM_TABLE_H
 #define SHIM_TABLE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,9 +63,39 @@ void shim_table_foreach(const shim_table *t,
                         void *user);
 /* Host bytes the table's arrays take (mapped, not all resident). */
 size_t shim_table_meta_bytes(const shim_table *t);
+/* The slot array and its size as shim_table_prefetch reads them, without
+ * the lock: the table's first member, so that the prefetch is inline. */
+typedef struct shim_table_hint {
+    _Atomic uintptr_t slots;
+    _Atomic unsigned bits;
+} shim_table_hint;
+
+/* The slot tag of a pointer (Fibonacci hashing: multiply by 2^64/phi and
+ * keep the top bits; device pointers are aligned, so their low bits carry
+ * nothing, and the product's top bits depend on every bit above them), and
+ * a tag's home slot in a table of 2^bits. */
+static inline uint32_t shim_table_tag(uintptr_t p)
+{
+    return (uint32_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 32);
+}
+
+static inline size_t shim_table_home(uint32_t tag, unsigned bits)
+{
+    return (size_t)(tag >> (32 - bits));
+}
+
 /* Without the lock: starts loading the line where `ptr` would be found, so
  * that the miss overlaps taking the lock. A hint only: it reads nothing it
  * acts on and may touch a stale array (a prefetch never faults). */
-void shim_table_prefetch(const shim_table *t, uintptr_t ptr);
+static inline void shim_table_prefetch(const shim_table *t, uintptr_t ptr)
+{
+    const shim_table_hint *h = (const shim_table_hint *)(const void *)t;
+    uintptr_t s = atomic_load_explicit(&h->slots, memory_order_relaxed);
+    unsigned bits = atomic_load_explicit(&h->bits, memory_order_relaxed);
+    /* Integer arithmetic: with a stale pair the address may lie outside
+     * any array, which a prefetch tolerates and C pointers do not. Each
+     * slot is 8 bytes. */
+    __builtin_prefetch((const void *)(s + shim_table_home(shim_table_tag(ptr), bits) * 8));
+}
 
 #endif
