@@ -807,7 +807,40 @@ static int malloc_slow(shim_device *d, size_t size, bool home_grew, uint32_t nst
     return 0;
 }
 
+static int malloc_general(shim_device *d, void **ptr, size_t size);
+
 int shim_device_malloc(shim_device *d, void **ptr, size_t size)
+{
+    /* The common request, apart so that it carries only what it uses: no
+     * stacks to capture, no trace, fork handlers in place, and the thread's
+     * arena free. Anything else, and a failed try, take the general path. */
+    if (ptr && size - 1 < (SIZE_MAX >> 1) &&
+        !atomic_load_explicit(&capture_hook, memory_order_relaxed) &&
+        !atomic_load_explicit(&event_hook, memory_order_relaxed) &&
+        atomic_load_explicit(&d->fork_registered, memory_order_relaxed)) {
+        shim_shard *s = d->shards[home_index(d)];
+        if (!shim_lock_held_by_me(&s->lock) && shim_lock_try(&s->lock)) {
+            uintptr_t addr;
+            uint64_t seq;
+            int rt_err;
+            bool grow = shard_count(d) == 1;
+            bool ok = serve(d, s, size, grow, 0, 0, &addr, &seq, &rt_err);
+            shim_lock_release(&s->lock);
+            if (!ok) {
+                if (rt_err)
+                    return fail_other(d, size, rt_err);
+                int rc = malloc_slow(d, size, grow, 0, 0, &addr, &seq);
+                if (rc != 0)
+                    return rc;
+            }
+            *ptr = (void *)addr;
+            return 0;
+        }
+    }
+    return malloc_general(d, ptr, size);
+}
+
+__attribute__((noinline)) static int malloc_general(shim_device *d, void **ptr, size_t size)
 {
     const shim_runtime *rt = d->rt;
     if (!ptr)
@@ -936,21 +969,12 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
             continue;
         }
         uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
-        shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
-        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device) {
-            /* The common free: no trace to tell, no device to wait for. */
-            size_t size;
-            shim_arena_free_live(s->arena, node, &size);
-            count_free(d, s, size);
-            if (taken)
-                shim_lock_release(&s->lock);
-            return 0;
-        }
         if (node != SHIM_TABLE_NONE) {
             size_t size = shim_arena_block_requested(s->arena, node);
             /* The sequence number first: release_block may drop the lock
              * for a wait, and the free happened now. The stack ids too:
              * the node may be reused once released. */
+            shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
             uint64_t seq = ev ? shim_device_seq_next() : 0;
             uint32_t nstack = ev ? shim_arena_tag(s->arena, node, 0) : 0;
             uint32_t pystack = ev ? shim_arena_tag(s->arena, node, 1) : 0;
@@ -980,7 +1004,36 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
 /* Frees `ptr` on device `d`. A pointer outside d's regions is looked for on
  * the other devices of its runtime when `others`, and is otherwise passed
  * to the caller's route's real free. */
+static int free_on_general(shim_device *d, const shim_runtime *caller, void *ptr, bool others);
+
 static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool others)
+{
+    /* The common free, apart so that it carries only what it uses: a block
+     * of the thread's own arena, free to lock, no trace to tell, no device
+     * to wait for. Anything else takes the general path. */
+    if (!atomic_load_explicit(&event_hook, memory_order_relaxed) && !d->rt->sync_device) {
+        unsigned n = shard_count(d);
+        shim_shard *s = d->shards[home_index(d)];
+        shim_table_prefetch(s->table, (uintptr_t)ptr);
+        if (!shim_lock_held_by_me(&s->lock) && shim_lock_try(&s->lock)) {
+            uint32_t node = n > 1 && !shim_arena_contains(s->arena, (uintptr_t)ptr)
+                                ? SHIM_TABLE_NONE
+                                : shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+            if (node != SHIM_TABLE_NONE) {
+                size_t size;
+                shim_arena_free_live(s->arena, node, &size);
+                count_free(d, s, size);
+                shim_lock_release(&s->lock);
+                return 0;
+            }
+            shim_lock_release(&s->lock);
+        }
+    }
+    return free_on_general(d, caller, ptr, others);
+}
+
+__attribute__((noinline)) static int free_on_general(shim_device *d, const shim_runtime *caller,
+                                                     void *ptr, bool others)
 {
     const shim_runtime *rt = caller;
     int rc = free_in_device(d, rt, ptr);
