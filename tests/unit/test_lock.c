@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sleeping.h"
 #include "lock.h"
 
 #define THREADS 4
@@ -93,21 +94,6 @@ static void *wait_for_it(void *arg)
     return NULL;
 }
 
-/* Whether thread `tid` of this process sleeps (state S: a futex wait). */
-static bool sleeping(pid_t tid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && p[2] == 'S';
-}
-
 /* The lock is taken first (with no atomics when this process has one
  * thread then); a thread started afterwards finds it held, spins, sleeps;
  * the release, made once the process has two threads, must wake it. */
@@ -121,7 +107,7 @@ Test(lock, a_waiter_that_came_after_the_lock_was_taken_is_woken)
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, wait_for_it, &w), 0);
     cr_assert(!shim_single_threaded(), "two threads now");
-    while (!atomic_load(&w.tid) || !sleeping(atomic_load(&w.tid))) {
+    while (!atomic_load(&w.tid) || !thread_sleeping(atomic_load(&w.tid))) {
         struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
     }

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sleeping.h"
 #include "lock.h"
 
 static spyreshim_lock lk;
@@ -27,21 +28,6 @@ static void *wait_for_it(void *arg)
     atomic_store(&waiter_got, true);
     shim_lock_release(&lk);
     return NULL;
-}
-
-/* Whether thread `tid` of this process sleeps (state S: a futex wait). */
-static bool sleeping(pid_t tid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && p[2] == 'S';
 }
 
 #define CHECK(c, what)                                      \
@@ -68,7 +54,7 @@ int main(void)
     pthread_t t;
     CHECK(pthread_create(&t, NULL, wait_for_it, NULL) == 0, "thread start");
     CHECK(!shim_single_threaded(), "two threads now");
-    while (!atomic_load(&waiter_tid) || !sleeping(atomic_load(&waiter_tid))) {
+    while (!atomic_load(&waiter_tid) || !thread_sleeping(atomic_load(&waiter_tid))) {
         struct timespec ts = { 0, 1000000 };
         nanosleep(&ts, NULL);
     }

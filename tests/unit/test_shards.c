@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sleeping.h"
 #include "fake_runtime.h"
 #include "options.h"
 
@@ -89,21 +90,6 @@ static void *waiting_alloc_thread(void *arg)
     return NULL;
 }
 
-/* Whether thread `tid` of this process sleeps (state S: a futex wait). */
-static bool sleeping(pid_t tid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    return p && p[1] == ' ' && p[2] == 'S';
-}
-
 /* Thread A's allocation reserves a region and waits in the runtime with
  * its arena locked; thread B then allocates and finds that arena busy.
  * The gate opens once B is done or asleep (on a lock: it has tried A's
@@ -121,7 +107,7 @@ static bool contend(struct req *a, struct req *b)
     pthread_mutex_unlock(&gate_mu);
     struct waiter w = {.r = b};
     cr_assert_eq(pthread_create(&tb, NULL, waiting_alloc_thread, &w), 0);
-    while (!atomic_load(&w.done) && !(atomic_load(&w.tid) && sleeping(atomic_load(&w.tid))))
+    while (!atomic_load(&w.done) && !(atomic_load(&w.tid) && thread_sleeping(atomic_load(&w.tid))))
         sched_yield();
     bool b_first = atomic_load(&w.done);
     pthread_mutex_lock(&gate_mu);
