@@ -66,8 +66,7 @@ static inline shim_device *shim_hook_device(shim_hook_slots *s)
             return slots.rt.real_malloc(ptr, size);                               \
         if (!slots.rt.current_device) /* one device: the one resolved */          \
             return shim_device_malloc(d, ptr, size);                              \
-        int rc = shim_device_for_caller(&slots.rt, &d);                           \
-        return rc ? rc : shim_device_malloc(d, ptr, size);                        \
+        return shim_device_malloc_current(&slots.rt, ptr, size);                  \
     }
 #define SHIM_HOOK_WRAP_FREE(sym)                                                  \
     __attribute__((visibility("default"))) int sym(void *ptr)                     \
@@ -89,8 +88,7 @@ static inline shim_device *shim_hook_device(shim_hook_slots *s)
             return slots.rt.real_mem_info(free, total);                           \
         if (!slots.rt.current_device)                                             \
             return shim_device_mem_info(d, free, total);                          \
-        int rc = shim_device_for_caller(&slots.rt, &d);                           \
-        return rc ? rc : shim_device_mem_info(d, free, total);                    \
+        return shim_device_mem_info_current(&slots.rt, free, total);              \
     }
 #define SHIM_HOOK_WRAP_(role, sym) SHIM_HOOK_WRAP_##role(sym)
 

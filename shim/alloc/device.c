@@ -309,6 +309,20 @@ int shim_device_for_caller(const shim_runtime *rt, shim_device **out)
     return *out ? 0 : rt->err_oom;
 }
 
+int shim_device_malloc_current(const shim_runtime *rt, void **ptr, size_t size)
+{
+    shim_device *d;
+    int rc = shim_device_for_caller(rt, &d);
+    return rc ? rc : shim_device_malloc(d, ptr, size);
+}
+
+int shim_device_mem_info_current(const shim_runtime *rt, size_t *free_out, size_t *total_out)
+{
+    shim_device *d;
+    int rc = shim_device_for_caller(rt, &d);
+    return rc ? rc : shim_device_mem_info(d, free_out, total_out);
+}
+
 const char *shim_device_name(const shim_device *d)
 {
     return d->name;

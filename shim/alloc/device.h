@@ -80,6 +80,12 @@ shim_device *shim_device_get(const shim_runtime *rt);
  * driver, a stub library), at once and without pressure events. */
 int shim_device_malloc(shim_device *d, void **ptr, size_t size);
 int shim_device_free(shim_device *d, void *ptr);
+/* The same on the device current on the calling thread
+ * (shim_device_for_caller's errors): the hooks of runtimes with a current
+ * device, which then keep no device of their own and end in a tail call
+ * (one frame less for every stack captured). */
+int shim_device_malloc_current(const shim_runtime *rt, void **ptr, size_t size);
+int shim_device_mem_info_current(const shim_runtime *rt, size_t *free_out, size_t *total_out);
 /* Frees `ptr` whichever device of `rt`'s runtime served it, whatever device
  * is current (looked at first; `hint` when the runtime has one device, or
  * NULL); a pointer no device knows goes to rt->real_free. */
