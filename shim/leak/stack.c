@@ -179,19 +179,32 @@ static uint32_t intern_locked(uint64_t hash, const uintptr_t *f, size_t n)
     return id;
 }
 
+/* The stack this thread interned last: a loop that allocates from one
+ * call site (most of them) is matched by one compare against that entry,
+ * without the hash and the index probe. Entries never change once
+ * published, so reading one needs no lock. */
+static __thread uint32_t tls_last_id __attribute__((tls_model("initial-exec")));
+
 uint32_t shim_stack_intern(const uintptr_t *frames, size_t n)
 {
     if (n == 0)
         return 0;
     if (n > SHIM_STACK_MAX_DEPTH)
         n = SHIM_STACK_MAX_DEPTH;
+    uint32_t last = tls_last_id;
+    if (last) {
+        const stack_entry *e = entry_of(last);
+        if (e->n == n && memcmp(e->frames, frames, n * sizeof *frames) == 0)
+            return last;
+    }
     uint64_t hash = hash_frames(frames, n);
     uint32_t id = index_find(hash, frames, n);
-    if (id)
-        return id;
-    shim_mutex_lock(&g_lock);
-    id = intern_locked(hash, frames, n);
-    shim_mutex_unlock(&g_lock);
+    if (!id) {
+        shim_mutex_lock(&g_lock);
+        id = intern_locked(hash, frames, n);
+        shim_mutex_unlock(&g_lock);
+    }
+    tls_last_id = id;
     return id;
 }
 
@@ -273,7 +286,7 @@ bool shim_stack_init(void)
 /* How many leading frames are the shim's own: learned from the captures
  * (the path through the hooks is fixed), so that the unwinder walks no
  * further than the frames that are kept. */
-static atomic_uint g_own = 4;
+static atomic_uint g_own = 3;
 
 static int count_own(void *const *buf, int n)
 {
