@@ -106,11 +106,12 @@ static void *core_alloc(size_t size)
     size_t taken;
     void *p = NULL;
     if (shim_arena_alloc(core_arena, size, &addr, &node, &taken) == 0) {
-        shim_live_fields f = { .seq = ++core_seq };
-        if (shim_table_add(core_table, addr, node, &f) == 0)
+        if (shim_table_add(core_table, addr, node) == 0) {
+            shim_arena_set_stamp(core_arena, node, ++core_seq);
             p = (void *)addr;
-        else
+        } else {
             shim_arena_free_node(core_arena, node);
+        }
     }
     pthread_mutex_unlock(&core_mu);
     return p;
@@ -120,7 +121,7 @@ static void core_free(void *p)
 {
     shim_table_prefetch(core_table, (uintptr_t)p);
     pthread_mutex_lock(&core_mu);
-    uint32_t node = shim_table_remove(core_table, (uintptr_t)p, NULL);
+    uint32_t node = shim_table_remove(core_table, (uintptr_t)p);
     if (node != SHIM_TABLE_NONE) {
         core_live_bytes -= shim_arena_block_requested(core_arena, node);
         shim_arena_free_node(core_arena, node);

@@ -71,28 +71,50 @@ enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE };
  * a free touches a node and its neighbours at random, and these misses are
  * most of its cost. A live block's node is also its hot record: the bin
  * links, which only a free block needs, hold the bytes the program asked
- * for (as the slack below the block's size) and the owner's two tags (the
- * stack ids), so a free reads what it must account from the line it has
- * to touch anyway, and the owner keeps 8 bytes a block apart, not 40. The
- * address is an offset in the region (regions are at most MAX_UNITS), so
- * that all of this fits. */
+ * for (as the slack below the block's size) and the owner's 64-bit stamp
+ * (device.c: the allocation's sequence number), so that an allocation
+ * writes, and a free reads, only the line it has to touch anyway, and the
+ * owner keeps nothing per block apart. The owner's two tags (the stack
+ * ids, set only while leak checking) live in an array of their own, made
+ * on first use. The address is an offset in the region (regions are at
+ * most MAX_UNITS), so that all of this fits. */
 typedef struct node {
     uint32_t off;                  /* start, in units from its region's base */
     uint32_t units;                /* size in alignment units */
     uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
-    uint32_t region : 30;
-    uint32_t state : 2;
+    /* Region (low 30 bits) and state (top 2), written whole: a bit-field
+     * store of the state is a byte store, and the word's next load then
+     * waits for it (a failed store forward, on the allocation's path). */
+    uint32_t rs;
     union {
         struct {                   /* NODE_FREE; bin_next chains NODE_UNUSED slots */
             uint32_t bin_prev, bin_next;
         };
         struct {                   /* NODE_LIVE */
             uint32_t slack;        /* block bytes - requested bytes */
-            uint32_t tag[2];       /* the owner's (shim_arena_set_tags) */
+            uint32_t stamp_lo, stamp_hi; /* the owner's (shim_arena_set_stamp);
+                                          * halves: a uint64_t here would pad the node */
         };
     };
 } node;
 _Static_assert(sizeof(node) == 32, "node layout");
+
+#define RS_REGION_MASK 0x3fffffffu
+
+static inline uint32_t node_region(const node *n)
+{
+    return n->rs & RS_REGION_MASK;
+}
+
+static inline unsigned node_state(const node *n)
+{
+    return n->rs >> 30;
+}
+
+static inline void set_state(node *n, unsigned state)
+{
+    n->rs = (n->rs & RS_REGION_MASK) | (uint32_t)state << 30;
+}
 
 typedef struct region {
     uintptr_t base;
@@ -125,11 +147,13 @@ struct shim_arena {
 
     shim_arena_counters c;
     int reserve_error;             /* set by grow: the backend's non-OOM error */
+    uint32_t (*tags)[2];           /* by node; NULL until a tag is set */
+    uint32_t tags_cap;
 };
 
 static inline uintptr_t node_addr(const shim_arena *a, const node *n)
 {
-    return a->regions[n->region].base + ((uintptr_t)n->off << a->shift);
+    return a->regions[node_region(n)].base + ((uintptr_t)n->off << a->shift);
 }
 
 /* ---- bins ---------------------------------------------------------- */
@@ -139,7 +163,7 @@ static void bin_insert(shim_arena *a, uint32_t i)
     node *n = &a->nodes[i];
     uint32_t b = bin_floor(n->units);
     uint32_t head = a->heads[b];
-    n->state = NODE_FREE;
+    set_state(n, NODE_FREE);
     n->bin_prev = NIL;
     n->bin_next = head;
     if (head != NIL)
@@ -225,7 +249,7 @@ static uint32_t node_take(shim_arena *a)
 
 static void node_drop(shim_arena *a, uint32_t i)
 {
-    a->nodes[i].state = NODE_UNUSED;
+    set_state(&a->nodes[i], NODE_UNUSED);
     a->nodes[i].bin_next = a->free_slot;
     a->free_slot = i;
 }
@@ -494,8 +518,7 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     *g = (region){ .base = addr, .size = rs, .first = i, .empty_prev = NIL, .empty_next = NIL,
                    .dedicated = dedicated, .empty = false, .in_use = true };
     a->nodes[i] = (node){ .off = 0, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
-                          .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL, .region = r,
-                          .state = NODE_FREE };
+                          .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL, .rs = r | (uint32_t)NODE_FREE << 30 };
     uint32_t pos = sorted_upper(a, addr);
     memmove(&a->sorted[pos + 1], &a->sorted[pos], (a->nsorted - pos) * sizeof *a->sorted);
     a->sorted[pos] = r;
@@ -551,6 +574,7 @@ void shim_arena_destroy(shim_arena *a)
     free(a->sorted);
     free(a->regions);
     shim_hostmem_free(a->nodes, (size_t)a->nodes_cap * sizeof *a->nodes);
+    shim_hostmem_free(a->tags, (size_t)a->tags_cap * sizeof *a->tags);
     free(a);
 }
 
@@ -567,14 +591,14 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
         m->units = rest;
         m->addr_prev = i;
         m->addr_next = n->addr_next;
-        m->region = n->region;
+        m->rs = node_region(n) | (uint32_t)NODE_FREE << 30;
         if (n->addr_next != NIL)
             a->nodes[n->addr_next].addr_prev = j;
         n->addr_next = j;
         n->units = take;
         bin_insert(a, j);
     }
-    n->state = NODE_LIVE;
+    set_state(n, NODE_LIVE);
 }
 
 static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
@@ -599,7 +623,7 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
         bin_remove(a, i);
         node *n = &a->nodes[i];
         if (n->addr_prev == NIL && n->addr_next == NIL)
-            set_empty(a, n->region, false);
+            set_empty(a, node_region(n), false);
     } else if (!may_grow) {
         return -1;
     } else {
@@ -611,14 +635,16 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
         }
         if (i == NIL)
             return a->reserve_error ? a->reserve_error : -1;
-        if (a->regions[a->nodes[i].region].dedicated)
+        if (a->regions[node_region(&a->nodes[i])].dedicated)
             need = a->nodes[i].units;
     }
     carve(a, i, (uint32_t)need);
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
     n->slack = (uint32_t)(bytes - size);
-    n->tag[0] = n->tag[1] = 0;
+    n->stamp_lo = n->stamp_hi = 0;
+    if (i < a->tags_cap) /* a node reused: its previous block's tags go */
+        a->tags[i][0] = a->tags[i][1] = 0;
     add_used(a, bytes);
     *addr = node_addr(a, n);
     *node_out = i;
@@ -639,12 +665,12 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
 
 size_t shim_arena_free_node(shim_arena *a, uint32_t i)
 {
-    if (i >= a->nodes_used || a->nodes[i].state != NODE_LIVE)
+    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE)
         return 0;
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
     a->c.used_bytes -= bytes;
-    n->state = NODE_FREE;
+    set_state(n, NODE_FREE);
 
     /* Both neighbours' lines at once: each is a likely miss, and the
      * merge decisions below would otherwise wait for them one by one. */
@@ -653,7 +679,7 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
         __builtin_prefetch(&a->nodes[n->addr_prev], 1);
     if (nx != NIL)
         __builtin_prefetch(&a->nodes[nx], 1);
-    if (nx != NIL && a->nodes[nx].state == NODE_FREE) {
+    if (nx != NIL && node_state(&a->nodes[nx]) == NODE_FREE) {
         bin_remove(a, nx);
         node *m = &a->nodes[nx];
         n->units += m->units;
@@ -663,7 +689,7 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
         node_drop(a, nx);
     }
     uint32_t pv = n->addr_prev;
-    if (pv != NIL && a->nodes[pv].state == NODE_FREE) {
+    if (pv != NIL && node_state(&a->nodes[pv]) == NODE_FREE) {
         bin_remove(a, pv);
         node *p = &a->nodes[pv];
         p->units += n->units;
@@ -679,7 +705,7 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t i)
          * beyond the cache's size go back to the runtime. */
         while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
             release_cached(a, a->empty_head);
-        set_empty(a, n->region, true);
+        set_empty(a, node_region(n), true);
     }
     bin_insert(a, i);
     return bytes;
@@ -704,7 +730,7 @@ enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
         if (addr - na < ((uintptr_t)n->units << a->shift)) {
             if (addr != na)
                 return SHIM_ADDR_INTERIOR;
-            return n->state == NODE_LIVE ? SHIM_ADDR_LIVE_START : SHIM_ADDR_FREE_START;
+            return node_state(n) == NODE_LIVE ? SHIM_ADDR_LIVE_START : SHIM_ADDR_FREE_START;
         }
     }
     return SHIM_ADDR_INTERIOR; /* unreachable: the nodes tile the region */
@@ -729,7 +755,7 @@ bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *st
         uintptr_t na = node_addr(a, n);
         if (addr - na < ((uintptr_t)n->units << a->shift)) {
             *start = na;
-            return n->state == NODE_LIVE;
+            return node_state(n) == NODE_LIVE;
         }
     }
     return false;
@@ -750,7 +776,7 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
 
 uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t i)
 {
-    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE ? node_addr(a, &a->nodes[i]) : 0;
+    return i < a->nodes_used && node_state(&a->nodes[i]) == NODE_LIVE ? node_addr(a, &a->nodes[i]) : 0;
 }
 
 uintptr_t shim_arena_key(const void *ctx, uint32_t i)
@@ -758,22 +784,49 @@ uintptr_t shim_arena_key(const void *ctx, uint32_t i)
     return shim_arena_block_addr(ctx, i);
 }
 
-void shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
+bool shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
 {
-    if (i < a->nodes_used && a->nodes[i].state == NODE_LIVE) {
-        a->nodes[i].tag[0] = t0;
-        a->nodes[i].tag[1] = t1;
+    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE)
+        return false;
+    if (i >= a->tags_cap) {
+        uint32_t cap = a->nodes_cap;
+        void *t = shim_hostmem_grow(a->tags, (size_t)a->tags_cap * sizeof *a->tags,
+                                    (size_t)cap * sizeof *a->tags);
+        if (!t)
+            return false;
+        a->tags = t; /* fresh pages read 0: no tags */
+        a->tags_cap = cap;
     }
+    a->tags[i][0] = t0;
+    a->tags[i][1] = t1;
+    return true;
+}
+
+void shim_arena_set_stamp(shim_arena *a, uint32_t i, uint64_t stamp)
+{
+    if (i < a->nodes_used && node_state(&a->nodes[i]) == NODE_LIVE) {
+        a->nodes[i].stamp_lo = (uint32_t)stamp;
+        a->nodes[i].stamp_hi = (uint32_t)(stamp >> 32);
+    }
+}
+
+uint64_t shim_arena_stamp(const shim_arena *a, uint32_t i)
+{
+    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE)
+        return 0;
+    return (uint64_t)a->nodes[i].stamp_hi << 32 | a->nodes[i].stamp_lo;
 }
 
 uint32_t shim_arena_tag(const shim_arena *a, uint32_t i, unsigned k)
 {
-    return i < a->nodes_used && a->nodes[i].state == NODE_LIVE && k < 2 ? a->nodes[i].tag[k] : 0;
+    return i < a->nodes_used && i < a->tags_cap && node_state(&a->nodes[i]) == NODE_LIVE && k < 2
+               ? a->tags[i][k]
+               : 0;
 }
 
 size_t shim_arena_block_requested(const shim_arena *a, uint32_t i)
 {
-    if (i >= a->nodes_used || a->nodes[i].state != NODE_LIVE)
+    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE)
         return 0;
     const node *n = &a->nodes[i];
     return ((size_t)n->units << a->shift) - n->slack;
@@ -782,6 +835,7 @@ size_t shim_arena_block_requested(const shim_arena *a, uint32_t i)
 size_t shim_arena_meta_bytes(const shim_arena *a)
 {
     return sizeof *a + shim_hostmem_size((size_t)a->nodes_cap * sizeof *a->nodes) +
+           shim_hostmem_size((size_t)a->tags_cap * sizeof *a->tags) +
            (size_t)a->regions_cap * (sizeof *a->regions + sizeof *a->sorted);
 }
 

@@ -78,9 +78,16 @@ uintptr_t shim_arena_key(const void *ctx, uint32_t node);
 /* The size a live block was asked for (the `size` given to alloc: the
  * node keeps it, so the owner need not), or 0 when not a live block. */
 size_t shim_arena_block_requested(const shim_arena *a, uint32_t node);
+/* A 64-bit stamp the owner keeps with a live block (device.c: its
+ * allocation sequence number), in the block's node: 0 until set, gone
+ * when the block is freed. */
+void shim_arena_set_stamp(shim_arena *a, uint32_t node, uint64_t stamp);
+uint64_t shim_arena_stamp(const shim_arena *a, uint32_t node);
 /* Two 32-bit words the owner keeps with a live block (device.c: its stack
- * ids), in the block's node; 0 until set, gone when the block is freed. */
-void shim_arena_set_tags(shim_arena *a, uint32_t node, uint32_t t0, uint32_t t1);
+ * ids), in an array apart made on first use (only leak checking sets
+ * them); 0 until set, gone when the block is freed. False when `node` is
+ * not a live block, or out of host memory for the array. */
+bool shim_arena_set_tags(shim_arena *a, uint32_t node, uint32_t t0, uint32_t t1);
 uint32_t shim_arena_tag(const shim_arena *a, uint32_t node, unsigned k);
 /* Host bytes the arena's own structures take (mapped, not all resident). */
 size_t shim_arena_meta_bytes(const shim_arena *a);

@@ -610,19 +610,18 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
     *rt_err = rc > 0 ? rc : 0;
     if (rc != 0)
         return false;
-    shim_live_fields f = {
-        .seq = shim_device_seq_next(),
-    };
-    if (nstack | pystack) /* a new block's tags are 0 */
-        shim_arena_set_tags(s->arena, node, nstack, pystack);
-    if (shim_table_add(s->table, addr, node, &f) != 0) {
+    if (shim_table_add(s->table, addr, node) != 0) {
         shim_arena_free_node(s->arena, node);
         return false;
     }
+    uint64_t sq = shim_device_seq_next();
+    shim_arena_set_stamp(s->arena, node, sq);
+    if (nstack | pystack) /* a new block's tags are 0 */
+        shim_arena_set_tags(s->arena, node, nstack, pystack);
     s->allocs++;
     note_live(d, s, (int64_t)size);
     *out = addr;
-    *seq = f.seq;
+    *seq = sq;
     return true;
 }
 
@@ -930,7 +929,7 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
                 shim_lock_release(&s->lock);
             continue;
         }
-        uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+        uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr);
         if (node != SHIM_TABLE_NONE) {
             size_t size = shim_arena_block_requested(s->arena, node);
             /* The sequence number first: release_block may drop the lock
@@ -1122,15 +1121,16 @@ struct live_ctx {
     const shim_arena *arena;
 };
 
-static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
+static void collect_live(uintptr_t ptr, uint32_t id, void *user)
 {
     struct live_ctx *c = user;
-    if (f->seq <= c->since || c->n == c->cap)
+    uint64_t seq = shim_arena_stamp(c->arena, id);
+    if (seq <= c->since || c->n == c->cap)
         return;
     c->out[c->n++] = (shim_record){
         .ptr = ptr,
         .size = shim_arena_block_requested(c->arena, id),
-        .seq = f->seq,
+        .seq = seq,
         .node = id,
         .native_stack = shim_arena_tag(c->arena, id, 0),
         .python_stack = shim_arena_tag(c->arena, id, 1),

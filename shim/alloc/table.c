@@ -1,9 +1,7 @@
-/* Live allocations: device pointer -> arena node id, plus each live
- * block's leak-hunting fields by node id.
+/* Live allocations: device pointer -> arena node id.
  *
  * Owns: a power-of-two array of 8-byte slots {tag, id}, open addressing
- * with linear probing (eight slots to a cache line), and an array of
- * fields (the sequence number) indexed by node id. The tag is the top 32 bits of the pointer's
+ * with linear probing (eight slots to a cache line). The tag is the top 32 bits of the pointer's
  * Fibonacci hash: the slot index is its top bits, so backward-shift
  * deletion finds each entry's home without looking at its key, and a
  * probe asks for a candidate's address (the owner's key function: the
@@ -35,8 +33,6 @@ struct shim_table {
     size_t mask;                   /* capacity - 1 */
     unsigned bits;                 /* log2(capacity), <= 32 */
     size_t count;
-    shim_live_fields *fields;      /* by node id */
-    size_t fields_cap;
     shim_table_key_fn key;
     const void *ctx;
     /* For shim_table_prefetch only, which runs without the lock. */
@@ -94,7 +90,6 @@ void shim_table_destroy(shim_table *t)
     if (!t)
         return;
     shim_hostmem_free(t->slots, (t->mask + 1) * sizeof *t->slots);
-    shim_hostmem_free(t->fields, t->fields_cap * sizeof *t->fields);
     free(t);
 }
 
@@ -123,21 +118,6 @@ static int rehash(shim_table *t, unsigned bits)
     return 0;
 }
 
-static int fields_reserve(shim_table *t, uint32_t id)
-{
-    if (id < t->fields_cap)
-        return 0;
-    size_t cap = t->fields_cap ? t->fields_cap : 1024;
-    while (cap <= id)
-        cap *= 2;
-    shim_live_fields *nf = shim_hostmem_grow(t->fields, t->fields_cap * sizeof *nf, cap * sizeof *nf);
-    if (!nf)
-        return -1;
-    t->fields = nf;
-    t->fields_cap = cap;
-    return 0;
-}
-
 /* The slot holding `ptr`, or SIZE_MAX. */
 static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
@@ -153,9 +133,9 @@ static size_t lookup(const shim_table *t, uintptr_t ptr)
     }
 }
 
-int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id)
 {
-    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
+    if (ptr == 0 || id == SHIM_TABLE_NONE)
         return -1;
     size_t i = lookup(t, ptr);
     if (i == SIZE_MAX) {
@@ -168,12 +148,11 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
         t->count++;
     }
     t->slots[i].id = id;
-    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
     return 0;
 }
 
-/* Stores a new entry; there is room (load and fields checked). */
-static inline void add_entry(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+/* Stores a new entry; there is room (the load was checked). */
+static inline void add_entry(shim_table *t, uintptr_t ptr, uint32_t id)
 {
     uint32_t tag = tag_of(ptr);
     size_t i = home_of(tag, t->bits);
@@ -181,39 +160,35 @@ static inline void add_entry(shim_table *t, uintptr_t ptr, uint32_t id, const sh
         i = (i + 1) & t->mask;
     t->slots[i] = (slot){.tag = tag, .id = id};
     t->count++;
-    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
 }
 
 /* shim_table_add when the table must grow first (or the call is bad): out
  * of line and reached by a tail call, so that the common call saves no
  * registers for it. */
-__attribute__((noinline)) static int add_grow(shim_table *t, uintptr_t ptr, uint32_t id,
-                                              const shim_live_fields *f)
+__attribute__((noinline)) static int add_grow(shim_table *t, uintptr_t ptr, uint32_t id)
 {
-    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
+    if (ptr == 0 || id == SHIM_TABLE_NONE)
         return -1;
     if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
         return -1;
-    add_entry(t, ptr, id, f);
+    add_entry(t, ptr, id);
     return 0;
 }
 
-int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
+int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id)
 {
-    if (ptr == 0 || id >= t->fields_cap || (t->count + 1) * 4 > (t->mask + 1) * 3)
-        return add_grow(t, ptr, id, f);
-    add_entry(t, ptr, id, f);
+    if (ptr == 0 || id == SHIM_TABLE_NONE || (t->count + 1) * 4 > (t->mask + 1) * 3)
+        return add_grow(t, ptr, id);
+    add_entry(t, ptr, id);
     return 0;
 }
 
-uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
+uint32_t shim_table_remove(shim_table *t, uintptr_t ptr)
 {
     size_t i = lookup(t, ptr);
     if (i == SIZE_MAX)
         return SHIM_TABLE_NONE;
     uint32_t id = t->slots[i].id;
-    if (out)
-        *out = t->fields[id];
     /* Backward shift: move each later entry of the run into the hole when
      * the hole lies on its probe path (between its home slot and it). */
     size_t hole = i;
@@ -235,31 +210,24 @@ uint32_t shim_table_find(const shim_table *t, uintptr_t ptr)
     return i == SIZE_MAX ? SHIM_TABLE_NONE : t->slots[i].id;
 }
 
-const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id)
-{
-    return id < t->fields_cap ? &t->fields[id] : NULL;
-}
-
 size_t shim_table_count(const shim_table *t)
 {
     return t->count;
 }
 
-void shim_table_foreach(const shim_table *t,
-                        void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user),
+void shim_table_foreach(const shim_table *t, void (*fn)(uintptr_t ptr, uint32_t id, void *user),
                         void *user)
 {
     for (size_t i = 0; i <= t->mask; i++) {
         uint32_t id = t->slots[i].id;
         if (id != SHIM_TABLE_NONE)
-            fn(t->key(t->ctx, id), id, &t->fields[id], user);
+            fn(t->key(t->ctx, id), id, user);
     }
 }
 
 size_t shim_table_meta_bytes(const shim_table *t)
 {
-    return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots) +
-           shim_hostmem_size(t->fields_cap * sizeof *t->fields);
+    return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots);
 }
 
 void shim_table_prefetch(const shim_table *t, uintptr_t ptr)

@@ -1,10 +1,10 @@
-/* Live allocations: device pointer -> the arena node of its block, and the
- * block's sequence number, kept apart from the node because only
- * allocation writes it and only reports read it (the stack ids fit in the
- * node: shim_arena_set_tags). Open addressing with linear probing and backward-shift deletion,
- * load factor kept under 3/4, so insert, find and remove are O(1). Host
- * memory only. Not thread-safe: the owner serializes calls with the
- * allocator lock (shim_table_prefetch excepted). */
+/* Live allocations: device pointer -> the arena node of its block (what
+ * else a live block carries, its sequence number and stack ids, the arena
+ * keeps by node: shim_arena_set_stamp, shim_arena_set_tags). Open
+ * addressing with linear probing and backward-shift deletion, load factor
+ * kept under 3/4, so insert, find and remove are O(1). Host memory only.
+ * Not thread-safe: the owner serializes calls with the allocator lock
+ * (shim_table_prefetch excepted). */
 #ifndef SHIM_TABLE_H
 #define SHIM_TABLE_H
 
@@ -26,12 +26,6 @@ typedef struct shim_record {
     uint32_t flags;
 } shim_record;
 
-/* What the table keeps of a live block besides its node: written once at
- * allocation, read by reports only (never on the free path). */
-typedef struct shim_live_fields {
-    uint64_t seq;
-} shim_live_fields;
-
 /* The address of live node `id`: the table stores node ids only and asks
  * the owner for a candidate's address to confirm a match (the node is the
  * line a free touches next anyway). */
@@ -41,24 +35,20 @@ typedef struct shim_table shim_table;
 
 shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, const void *ctx);
 void shim_table_destroy(shim_table *t);
-/* Inserts `ptr` (key(id) must be ptr; 0 is never stored) with its fields,
- * or overwrites it. Returns 0, or -1 if growing failed. */
-int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
+/* Inserts `ptr` (key(id) must be ptr; 0 is never stored), or overwrites
+ * its id. Returns 0, or -1 if growing failed. */
+int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id);
 /* Inserts `ptr`, known not to be in the table (the arena just handed the
  * block out): no search for an entry to overwrite. 0, or -1 if growing
  * failed. */
-int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
-/* Removes `ptr`, returning its node id (and its fields in *out when not
- * NULL), or SHIM_TABLE_NONE when absent. */
-uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out);
+int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id);
+/* Removes `ptr`, returning its node id, or SHIM_TABLE_NONE when absent. */
+uint32_t shim_table_remove(shim_table *t, uintptr_t ptr);
 /* The node id of `ptr`, or SHIM_TABLE_NONE. */
 uint32_t shim_table_find(const shim_table *t, uintptr_t ptr);
-/* The fields of a node id the table holds. */
-const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id);
 size_t shim_table_count(const shim_table *t);
 /* Visits every live entry; `fn` must not modify the table. */
-void shim_table_foreach(const shim_table *t,
-                        void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user),
+void shim_table_foreach(const shim_table *t, void (*fn)(uintptr_t ptr, uint32_t id, void *user),
                         void *user);
 /* Host bytes the table's arrays take (mapped, not all resident). */
 size_t shim_table_meta_bytes(const shim_table *t);

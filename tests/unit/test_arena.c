@@ -265,15 +265,24 @@ static void random_run(uint64_t seed, size_t alignment, size_t limit, size_t reg
             cr_assert_leq(b.addr + b.taken, r->base + r->size,
                           "seed=%" PRIu64 ": block crosses its region's end", seed);
             /* The node is the block's record: address, requested size and
-             * the owner's tags read back from it. */
-            shim_arena_set_tags(a, b.node, (uint32_t)size, (uint32_t)b.addr);
+             * the owner's stamp read back from it; the owner's tags too,
+             * set on odd sizes only, so that a node reused by a block
+             * without tags must not show its previous block's. */
+            shim_arena_set_stamp(a, b.node, ((uint64_t)size << 32) ^ b.addr);
+            if (size % 2)
+                cr_assert(shim_arena_set_tags(a, b.node, (uint32_t)size, (uint32_t)b.addr));
             model_add(&m, b);
         } else {
             blk b = model_take(&m, rng_next(&s) % m.n);
             cr_assert_eq(shim_arena_block_addr(a, b.node), b.addr, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_block_requested(a, b.node), b.size, "seed=%" PRIu64, seed);
-            cr_assert_eq(shim_arena_tag(a, b.node, 0), (uint32_t)b.size, "seed=%" PRIu64, seed);
-            cr_assert_eq(shim_arena_tag(a, b.node, 1), (uint32_t)b.addr, "seed=%" PRIu64, seed);
+            cr_assert_eq(shim_arena_stamp(a, b.node), ((uint64_t)b.size << 32) ^ b.addr,
+                         "seed=%" PRIu64, seed);
+            bool tagged = b.size % 2;
+            cr_assert_eq(shim_arena_tag(a, b.node, 0), tagged ? (uint32_t)b.size : 0,
+                         "seed=%" PRIu64, seed);
+            cr_assert_eq(shim_arena_tag(a, b.node, 1), tagged ? (uint32_t)b.addr : 0,
+                         "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_free_node(a, b.node), b.taken, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_block_addr(a, b.node), 0, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_block_requested(a, b.node), 0, "seed=%" PRIu64, seed);

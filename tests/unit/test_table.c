@@ -5,6 +5,7 @@
  * an array id -> pointer stands for the arena. SEED=n replays. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -27,11 +28,6 @@ static uintptr_t key(const void *ctx, uint32_t id)
     return id < IDS ? addr_of[id] : 0;
 }
 
-static shim_live_fields fields(uint64_t n)
-{
-    return (shim_live_fields){ .seq = n * 3 };
-}
-
 static shim_table *table(size_t cap)
 {
     shim_table *t = shim_table_create(cap, key, NULL);
@@ -43,18 +39,14 @@ Test(table, finds_what_was_inserted_and_forgets_what_was_removed)
 {
     shim_table *t = table(4);
     addr_of[7] = 0x7f0000001000;
-    shim_live_fields f = fields(77);
-    cr_assert_eq(shim_table_insert(t, addr_of[7], 7, &f), 0);
+    cr_assert_eq(shim_table_insert(t, addr_of[7], 7), 0);
     cr_assert_eq(shim_table_count(t), 1);
     cr_assert_eq(shim_table_find(t, 0x7f0000001000), 7);
-    cr_assert_eq(shim_table_fields(t, 7)->seq, 77 * 3);
     cr_assert_eq(shim_table_find(t, 0x7f0000001100), SHIM_TABLE_NONE);
-    shim_live_fields out = { 0 };
-    cr_assert_eq(shim_table_remove(t, 0x7f0000001000, &out), 7);
-    cr_assert_eq(out.seq, 77 * 3);
+    cr_assert_eq(shim_table_remove(t, 0x7f0000001000), 7);
     cr_assert_eq(shim_table_count(t), 0);
     cr_assert_eq(shim_table_find(t, 0x7f0000001000), SHIM_TABLE_NONE);
-    cr_assert_eq(shim_table_remove(t, 0x7f0000001000, &out), SHIM_TABLE_NONE,
+    cr_assert_eq(shim_table_remove(t, 0x7f0000001000), SHIM_TABLE_NONE,
                  "a second remove finds nothing");
     shim_table_destroy(t);
 }
@@ -63,12 +55,10 @@ Test(table, inserting_an_existing_pointer_overwrites_its_entry)
 {
     shim_table *t = table(0);
     addr_of[1] = addr_of[2] = 0x1000;
-    shim_live_fields a = fields(1), b = fields(2);
-    cr_assert_eq(shim_table_insert(t, 0x1000, 1, &a), 0);
-    cr_assert_eq(shim_table_insert(t, 0x1000, 2, &b), 0);
+    cr_assert_eq(shim_table_insert(t, 0x1000, 1), 0);
+    cr_assert_eq(shim_table_insert(t, 0x1000, 2), 0);
     cr_assert_eq(shim_table_count(t), 1);
     cr_assert_eq(shim_table_find(t, 0x1000), 2);
-    cr_assert_eq(shim_table_fields(t, 2)->seq, 6);
     shim_table_destroy(t);
 }
 
@@ -76,11 +66,13 @@ Test(table, the_null_pointer_and_the_none_id_are_never_stored)
 {
     shim_table *t = table(0);
     addr_of[3] = 0;
-    cr_assert_eq(shim_table_insert(t, 0, 3, NULL), -1);
-    cr_assert_eq(shim_table_insert(t, 0x1000, SHIM_TABLE_NONE, NULL), -1);
+    cr_assert_eq(shim_table_insert(t, 0, 3), -1);
+    cr_assert_eq(shim_table_insert(t, 0x1000, SHIM_TABLE_NONE), -1);
+    cr_assert_eq(shim_table_add(t, 0, 3), -1);
+    cr_assert_eq(shim_table_add(t, 0x1000, SHIM_TABLE_NONE), -1);
     cr_assert_eq(shim_table_count(t), 0);
     cr_assert_eq(shim_table_find(t, 0), SHIM_TABLE_NONE);
-    cr_assert_eq(shim_table_remove(t, 0, NULL), SHIM_TABLE_NONE);
+    cr_assert_eq(shim_table_remove(t, 0), SHIM_TABLE_NONE);
     shim_table_destroy(t);
 }
 
@@ -89,15 +81,13 @@ Test(table, grows_from_a_tiny_capacity_keeping_every_entry)
     shim_table *t = table(1);
     for (uint32_t i = 1; i <= 100000; i++) {
         addr_of[i] = (uintptr_t)i * 256;
-        shim_live_fields f = fields(i);
-        cr_assert_eq(shim_table_insert(t, addr_of[i], i, &f), 0);
+        cr_assert_eq(shim_table_insert(t, addr_of[i], i), 0);
     }
     cr_assert_eq(shim_table_count(t), 100000);
-    for (uint32_t i = 1; i <= 100000; i++) {
+    for (uint32_t i = 1; i <= 100000; i++)
         cr_assert_eq(shim_table_find(t, (uintptr_t)i * 256), i, "lost %u", i);
-        cr_assert_eq(shim_table_fields(t, i)->seq, (uint64_t)i * 3);
-    }
-    cr_assert_geq(shim_table_meta_bytes(t), 100000 * (8 + sizeof(shim_live_fields)));
+    /* 8 bytes a slot, at a load of at most 3/4. */
+    cr_assert_geq(shim_table_meta_bytes(t), 100000 * 8 * 4 / 3);
     shim_table_destroy(t);
 }
 
@@ -106,11 +96,10 @@ struct visit {
     uint64_t sum;
 };
 
-static void count_visit(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
+static void count_visit(uintptr_t ptr, uint32_t id, void *user)
 {
     struct visit *v = user;
     cr_assert_eq(ptr, addr_of[id]);
-    cr_assert_eq(f->seq, (uint64_t)id * 3);
     v->n++;
     v->sum += ptr;
 }
@@ -121,11 +110,10 @@ Test(table, foreach_visits_every_entry_once)
     uint64_t sum = 0;
     for (uint32_t i = 0; i < 5000; i++) {
         addr_of[i] = 0x7f0000000000 + (uintptr_t)i * 4096;
-        shim_live_fields f = fields(i);
-        shim_table_insert(t, addr_of[i], i, &f);
+        shim_table_insert(t, addr_of[i], i);
     }
     for (uint32_t i = 0; i < 5000; i += 3)
-        shim_table_remove(t, addr_of[i], NULL);
+        shim_table_remove(t, addr_of[i]);
     for (uint32_t i = 0; i < 5000; i++)
         if (i % 3)
             sum += addr_of[i];
@@ -155,11 +143,10 @@ Test(table, pointers_with_equal_tags_are_told_apart_by_their_keys)
     for (uint32_t i = 0; i < 8; i++) {
         addr_of[i] = (uintptr_t)((h + i) * inv);
         cr_assert_eq((addr_of[i] * phi) >> 32, h >> 32);
-        shim_live_fields f = fields(i);
-        cr_assert_eq(shim_table_insert(t, addr_of[i], i, &f), 0);
+        cr_assert_eq(shim_table_insert(t, addr_of[i], i), 0);
     }
     for (uint32_t i = 0; i < 8; i += 2)
-        cr_assert_eq(shim_table_remove(t, addr_of[i], NULL), i);
+        cr_assert_eq(shim_table_remove(t, addr_of[i]), i);
     for (uint32_t i = 0; i < 8; i++)
         cr_assert_eq(shim_table_find(t, addr_of[i]), i % 2 ? i : SHIM_TABLE_NONE, "%u", i);
     cr_assert_eq(shim_table_find(t, (uintptr_t)((h + 9) * inv)), SHIM_TABLE_NONE);
@@ -176,7 +163,7 @@ Test(table, random_operations_match_a_reference_model)
     fprintf(stderr, "table random: SEED=%" PRIu64 "\n", seed);
     uint64_t s = seed;
     enum { KEYS = 4096 };
-    static uint64_t present[KEYS]; /* 0 absent, else the seq stored */
+    static bool present[KEYS];
     size_t count = 0;
     shim_table *t = table(16);
     for (unsigned k = 0; k < KEYS; k++)
@@ -187,26 +174,22 @@ Test(table, random_operations_match_a_reference_model)
         unsigned k = (unsigned)(rng_next(&s) % KEYS);
         uintptr_t ptr = addr_of[k];
         if (rng_next(&s) % 2) {
-            uint64_t seq = (rng_next(&s) % 1000) + 1;
-            shim_live_fields f = { .seq = seq };
             /* An absent key goes in by either call: add is insert without
              * the search for an entry to overwrite. */
             if (!present[k] && rng_next(&s) % 2)
-                cr_assert_eq(shim_table_add(t, ptr, k, &f), 0);
+                cr_assert_eq(shim_table_add(t, ptr, k), 0);
             else
-                cr_assert_eq(shim_table_insert(t, ptr, k, &f), 0);
+                cr_assert_eq(shim_table_insert(t, ptr, k), 0);
             if (!present[k])
                 count++;
-            present[k] = seq;
+            present[k] = true;
         } else {
-            shim_live_fields out = { 0 };
-            uint32_t id = shim_table_remove(t, ptr, &out);
-            cr_assert_eq(id != SHIM_TABLE_NONE, present[k] != 0,
+            uint32_t id = shim_table_remove(t, ptr);
+            cr_assert_eq(id != SHIM_TABLE_NONE, present[k],
                          "seed=%" PRIu64 " op %u: remove of %#" PRIxPTR, seed, op, ptr);
             if (id != SHIM_TABLE_NONE) {
                 cr_assert_eq(id, k, "seed=%" PRIu64, seed);
-                cr_assert_eq(out.seq, present[k], "seed=%" PRIu64, seed);
-                present[k] = 0;
+                present[k] = false;
                 count--;
             }
         }
@@ -215,7 +198,7 @@ Test(table, random_operations_match_a_reference_model)
             for (unsigned j = 0; j < KEYS; j++) {
                 uint32_t id = shim_table_find(t, addr_of[j]);
                 if (present[j])
-                    cr_assert(id == j && shim_table_fields(t, j)->seq == present[j],
+                    cr_assert(id == j,
                               "seed=%" PRIu64 " op %u: %#" PRIxPTR " lost or wrong", seed, op,
                               addr_of[j]);
                 else
@@ -247,12 +230,12 @@ Test(table, stays_exact_at_loads_near_three_quarters)
     for (unsigned i = 0; i < LIVE; i++) {
         live[i] = i;
         in[i] = true;
-        cr_assert_eq(shim_table_insert(t, addr_of[i], i, NULL), 0);
+        cr_assert_eq(shim_table_insert(t, addr_of[i], i), 0);
     }
     for (unsigned op = 0; op < 200000; op++) {
         unsigned v = (unsigned)(rng_next(&s) % LIVE);
         unsigned k = live[v];
-        cr_assert_eq(shim_table_remove(t, addr_of[k], NULL), k, "seed=%" PRIu64 " op %u", seed, op);
+        cr_assert_eq(shim_table_remove(t, addr_of[k]), k, "seed=%" PRIu64 " op %u", seed, op);
         in[k] = false;
         unsigned n;
         do
@@ -260,7 +243,7 @@ Test(table, stays_exact_at_loads_near_three_quarters)
         while (in[n]);
         in[n] = true;
         live[v] = n;
-        cr_assert_eq(shim_table_insert(t, addr_of[n], n, NULL), 0);
+        cr_assert_eq(shim_table_insert(t, addr_of[n], n), 0);
         cr_assert_eq(shim_table_count(t), LIVE);
         if (op % 9973 == 0)
             for (unsigned j = 0; j < POOL; j++)
@@ -268,7 +251,7 @@ Test(table, stays_exact_at_loads_near_three_quarters)
                              "seed=%" PRIu64 " op %u key %u", seed, op, j);
     }
     /* 6100 live fit 8,192 slots (3/4 of it is 6,144): a load of 0.745,
-     * and the table never doubled (fields: 16,384 by node id). */
-    cr_assert_lt(shim_table_meta_bytes(t), (size_t)16384 * 8 + 16384 * sizeof(shim_live_fields));
+     * and the table never doubled. */
+    cr_assert_lt(shim_table_meta_bytes(t), (size_t)16384 * 8);
     shim_table_destroy(t);
 }
