@@ -136,6 +136,12 @@ struct shim_arena {
 
     node *nodes;
     uint32_t nodes_cap, nodes_used, free_slot;
+    /* A block freed by the last free whose merge with its neighbours waits
+     * for the arena's next call (NIL: none): the free only starts loading
+     * the neighbours' lines, which are there by then (arena_settle). Its
+     * node stays NODE_LIVE meanwhile, so no neighbour merges with it, and
+     * its bytes already count as freed. */
+    uint32_t unsettled;
 
     region *regions;
     uint32_t regions_cap, free_region;
@@ -146,6 +152,13 @@ struct shim_arena {
     shim_arena_counters c;
     int reserve_error;             /* set by grow: the backend's non-OOM error */
 };
+
+/* Node `i` is a live block: NODE_LIVE, and not the last free's block
+ * whose merge is still to come (arena_settle). */
+static inline bool is_live(const shim_arena *a, uint32_t i)
+{
+    return i < a->nodes_used && node_state(&a->nodes[i]) == NODE_LIVE && i != a->unsettled;
+}
 
 static inline uintptr_t node_addr(const shim_arena *a, const node *n)
 {
@@ -548,6 +561,7 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
     for (uint32_t b = 0; b < BIN_COUNT; b++)
         a->heads[b] = NIL;
     a->free_slot = NIL;
+    a->unsettled = NIL;
     a->free_region = NIL;
     a->empty_head = NIL;
     return a;
@@ -596,6 +610,8 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
     set_state(n, NODE_LIVE);
 }
 
+static inline void arena_settle(shim_arena *a);
+
 static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
                        uint32_t *node_out, size_t *taken)
 {
@@ -614,6 +630,11 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
     if (!nodes_reserve(a, 1))
         return -1;
     uint32_t i = bin_find(a, b);
+    if (i == NIL && a->unsettled != NIL) {
+        /* The last free's block, merged, may be what fits. */
+        arena_settle(a);
+        i = bin_find(a, b);
+    }
     if (i != NIL) {
         bin_remove(a, i);
         node *n = &a->nodes[i];
@@ -622,6 +643,8 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
     } else if (!may_grow) {
         return -1;
     } else {
+        /* Nothing unsettled here (settled above): growth and trimming see
+         * every free block and every empty region. */
         a->reserve_error = 0;
         i = grow(a, need << a->shift, u << a->shift);
         if (i == NIL && a->c.empty_bytes && !a->reserve_error) {
@@ -642,6 +665,9 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
     *addr = node_addr(a, n);
     *node_out = i;
     *taken = bytes;
+    /* After this allocation's own misses: the last free's merge, whose
+     * lines have been loading since. */
+    arena_settle(a);
     return 0;
 }
 
@@ -656,25 +682,12 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, taken);
 }
 
-static inline size_t free_live(shim_arena *a, uint32_t i, size_t *requested)
+/* The merge and filing of freed block `i` (its node still NODE_LIVE). */
+static void merge_freed(shim_arena *a, uint32_t i)
 {
-    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE) {
-        *requested = 0;
-        return 0;
-    }
     node *n = &a->nodes[i];
-    size_t bytes = (size_t)n->units << a->shift;
-    *requested = bytes - n->slack;
-    a->c.used_bytes -= bytes;
     set_state(n, NODE_FREE);
-
-    /* Both neighbours' lines at once: each is a likely miss, and the
-     * merge decisions below would otherwise wait for them one by one. */
     uint32_t nx = n->addr_next;
-    if (n->addr_prev != NIL)
-        __builtin_prefetch(&a->nodes[n->addr_prev], 1);
-    if (nx != NIL)
-        __builtin_prefetch(&a->nodes[nx], 1);
     if (nx != NIL && node_state(&a->nodes[nx]) == NODE_FREE) {
         bin_remove(a, nx);
         node *m = &a->nodes[nx];
@@ -704,6 +717,38 @@ static inline size_t free_live(shim_arena *a, uint32_t i, size_t *requested)
         set_empty(a, node_region(n), true);
     }
     bin_insert(a, i);
+}
+
+/* Finishes the last free (its merge), before anything that looks at free
+ * blocks, regions or node states. */
+static inline void arena_settle(shim_arena *a)
+{
+    uint32_t i = a->unsettled;
+    if (i != NIL) {
+        a->unsettled = NIL;
+        merge_freed(a, i);
+    }
+}
+
+static inline size_t free_live(shim_arena *a, uint32_t i, size_t *requested)
+{
+    if (!is_live(a, i)) {
+        *requested = 0;
+        return 0;
+    }
+    node *n = &a->nodes[i];
+    size_t bytes = (size_t)n->units << a->shift;
+    *requested = bytes - n->slack;
+    a->c.used_bytes -= bytes;
+    /* The neighbours' lines start loading now; the merge that reads them
+     * runs at the arena's next call (a likely miss each, at a million live
+     * blocks, that would otherwise stall this free). */
+    if (n->addr_prev != NIL)
+        __builtin_prefetch(&a->nodes[n->addr_prev], 1);
+    if (n->addr_next != NIL)
+        __builtin_prefetch(&a->nodes[n->addr_next], 1);
+    arena_settle(a);
+    a->unsettled = i;
     return bytes;
 }
 
@@ -718,9 +763,10 @@ size_t shim_arena_free_live(shim_arena *a, uint32_t i, size_t *requested)
     return free_live(a, i, requested);
 }
 
-enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
+enum shim_block_kind shim_arena_classify(shim_arena *a, uintptr_t addr,
                                          uintptr_t *region_base, size_t *region_size)
 {
+    arena_settle(a);
     uint32_t pos = sorted_upper(a, addr);
     if (pos == 0)
         return SHIM_ADDR_OUTSIDE;
@@ -749,8 +795,9 @@ bool shim_arena_contains(const shim_arena *a, uintptr_t addr)
     return pos > 0 && addr - a->regions[a->sorted[pos - 1]].base < a->regions[a->sorted[pos - 1]].size;
 }
 
-bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *start)
+bool shim_arena_live_block_at(shim_arena *a, uintptr_t addr, uintptr_t *start)
 {
+    arena_settle(a);
     uint32_t pos = sorted_upper(a, addr);
     if (pos == 0)
         return false;
@@ -775,6 +822,7 @@ size_t shim_arena_block_size(const shim_arena *a, uint32_t i)
 
 size_t shim_arena_trim(shim_arena *a, size_t keep)
 {
+    arena_settle(a);
     size_t released = 0;
     while (a->empty_head != NIL && a->c.empty_bytes > keep)
         released += release_cached(a, a->empty_head);
@@ -783,7 +831,7 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
 
 uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t i)
 {
-    return i < a->nodes_used && node_state(&a->nodes[i]) == NODE_LIVE ? node_addr(a, &a->nodes[i]) : 0;
+    return is_live(a, i) ? node_addr(a, &a->nodes[i]) : 0;
 }
 
 uintptr_t shim_arena_key(const void *ctx, uint32_t i)
@@ -793,7 +841,7 @@ uintptr_t shim_arena_key(const void *ctx, uint32_t i)
 
 void shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
 {
-    if (i < a->nodes_used && node_state(&a->nodes[i]) == NODE_LIVE) {
+    if (is_live(a, i)) {
         a->nodes[i].tag[0] = t0;
         a->nodes[i].tag[1] = t1;
     }
@@ -801,12 +849,12 @@ void shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
 
 uint32_t shim_arena_tag(const shim_arena *a, uint32_t i, unsigned k)
 {
-    return i < a->nodes_used && node_state(&a->nodes[i]) == NODE_LIVE && k < 2 ? a->nodes[i].tag[k] : 0;
+    return is_live(a, i) && k < 2 ? a->nodes[i].tag[k] : 0;
 }
 
 size_t shim_arena_block_requested(const shim_arena *a, uint32_t i)
 {
-    if (i >= a->nodes_used || node_state(&a->nodes[i]) != NODE_LIVE)
+    if (!is_live(a, i))
         return 0;
     const node *n = &a->nodes[i];
     return ((size_t)n->units << a->shift) - n->slack;
@@ -818,8 +866,9 @@ size_t shim_arena_meta_bytes(const shim_arena *a)
            (size_t)a->regions_cap * (sizeof *a->regions + sizeof *a->sorted);
 }
 
-void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c)
+void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c)
 {
+    arena_settle(a);
     *c = a->c;
 }
 

@@ -89,19 +89,19 @@ uint32_t shim_arena_tag(const shim_arena *a, uint32_t node, unsigned k);
 size_t shim_arena_meta_bytes(const shim_arena *a);
 /* What `addr` is, for diagnostics of a pointer that is not in the live
  * table; *region_base and *region_size describe the region when it is in one. */
-enum shim_block_kind shim_arena_classify(const shim_arena *a, uintptr_t addr,
+enum shim_block_kind shim_arena_classify(shim_arena *a, uintptr_t addr,
                                          uintptr_t *region_base, size_t *region_size);
 /* Whether `addr` lies in one of the arena's regions: O(log regions). */
 bool shim_arena_contains(const shim_arena *a, uintptr_t addr);
 /* Whether `addr` lies inside a live block, and that block's start. Walks
  * the region's blocks: for address queries, not for the hot path. */
-bool shim_arena_live_block_at(const shim_arena *a, uintptr_t addr, uintptr_t *start);
+bool shim_arena_live_block_at(shim_arena *a, uintptr_t addr, uintptr_t *start);
 /* Bytes the block `node` occupies (after rounding). */
 size_t shim_arena_block_size(const shim_arena *a, uint32_t node);
 /* Gives empty regions back to the runtime until at most `keep` bytes of
  * empty regions remain; returns the bytes released. */
 size_t shim_arena_trim(shim_arena *a, size_t keep);
-void shim_arena_get_counters(const shim_arena *a, shim_arena_counters *c);
+void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c);
 size_t shim_arena_limit(const shim_arena *a);
 
 #endif
