@@ -18,7 +18,9 @@
  * non-empty fitting bin with two count-trailing-zeros.
  *
  * Free merges both address neighbours when they are free; a node spanning
- * its whole region (no neighbours) means the region is empty, in O(1).
+ * its whole region (no neighbours) means the region is empty, in O(1). The
+ * merge of the last freed block waits for the arena's next call
+ * (arena_settle), the free only starting its neighbours' lines loading.
  *
  * Region-size policy (see docs/allocator.md, "Regions"):
  * - The capacity is the runtime's total (backend mem_info) capped by the
