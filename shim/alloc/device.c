@@ -168,7 +168,6 @@ static int backend_mem_info(void *ctx, size_t *free, size_t *total)
 }
 
 
-/* The live table confirms a candidate by its arena node's address. */
 static unsigned default_shards(void)
 {
     unsigned n = shim_opts()->arenas;
@@ -910,9 +909,8 @@ static const char *kind_name(enum shim_block_kind k)
     }
 }
 
-/* The block `node` is no longer the program's. Shard lock held; `taken`:
- * by this call (so it may be dropped for a wait), not by a pressure
- * callback that frees while holding it. */
+/* A free of `size` requested bytes, in the shard's counters. Shard lock
+ * held. */
 static inline void count_free(shim_device *d, shim_shard *s, size_t size)
 {
     s->frees++;
@@ -922,6 +920,9 @@ static inline void count_free(shim_device *d, shim_shard *s, size_t size)
                           memory_order_relaxed);
 }
 
+/* The block `node` is no longer the program's. Shard lock held; `taken`:
+ * by this call (so it may be dropped for a wait), not by a pressure
+ * callback that frees while holding it. */
 static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t size, bool taken)
 {
     shim_lock_assert_held(&s->lock);
