@@ -44,10 +44,10 @@ void shim_lock_init_fast(spyreshim_lock *l);
 void shim_lock_fast_wait(spyreshim_lock *l);
 void shim_lock_fast_wake(spyreshim_lock *l);
 
-
 /* Acquire, try, release and the ownership test run on every allocation and
- * free: inline. */
-/* The fast kind. One thread: the word is free (callers never take a lock
+ * free: inline.
+ *
+ * The fast kind. One thread: the word is free (callers never take a lock
  * they hold), and a relaxed store takes it. Threads appearing while it is
  * held (a runtime's first call may start some) find it held and wait with
  * 2; the release, no longer single-threaded, then wakes them. */
