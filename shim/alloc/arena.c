@@ -40,7 +40,8 @@
  *   request itself) are tried before giving up.
  * - The region that became empty last, shared or dedicated, stays cached
  *   for reuse (a loop that frees and reallocates a large tensor then costs
- *   no runtime call); an older empty region is released at that moment.
+ *   no runtime call); an older empty region is released at that moment
+ *   (when the free that emptied the newer one settles: arena_settle).
  *   shim_arena_trim releases cached ones (the owner calls it under
  *   pressure), and a request that cannot get a new region releases them and
  *   tries again before failing.
@@ -529,7 +530,8 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
     *g = (region){ .base = addr, .size = rs, .first = i, .empty_prev = NIL, .empty_next = NIL,
                    .dedicated = dedicated, .empty = false, .in_use = true };
     a->nodes[i] = (node){ .off = 0, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
-                          .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL, .rs = r | (uint32_t)NODE_FREE << 30 };
+                          .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL,
+                          .rs = r | (uint32_t)NODE_FREE << 30 };
     uint32_t pos = sorted_upper(a, addr);
     memmove(&a->sorted[pos + 1], &a->sorted[pos], (a->nsorted - pos) * sizeof *a->sorted);
     a->sorted[pos] = r;

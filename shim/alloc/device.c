@@ -243,7 +243,8 @@ void shim_device_set_event_hook(shim_event_fn fn)
     atomic_store(&event_hook, fn);
 }
 
-uint64_t shim_device_seq_next(void)
+/* Inline: every allocation takes one. */
+static inline uint64_t seq_take(void)
 {
     /* One thread: no other can take a number between the load and the
      * store, and a lock-prefixed add would be a full barrier per call. */
@@ -253,6 +254,11 @@ uint64_t shim_device_seq_next(void)
         return v;
     }
     return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
+}
+
+uint64_t shim_device_seq_next(void)
+{
+    return seq_take();
 }
 
 static bool same_runtime(const shim_device *d, const shim_runtime *rt)
@@ -624,7 +630,7 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
     if (rc != 0)
         return false;
     shim_live_fields f = {
-        .seq = shim_device_seq_next(),
+        .seq = seq_take(),
     };
     if (nstack | pystack) /* a new block's tags are 0 */
         shim_arena_set_tags(s->arena, node, nstack, pystack);

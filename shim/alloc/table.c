@@ -43,15 +43,6 @@ struct shim_table {
 };
 _Static_assert(sizeof(slot) == 8, "shim_table_prefetch's slot size");
 
-static inline uint32_t tag_of(uintptr_t p)
-{
-    return shim_table_tag(p);
-}
-
-static inline size_t home_of(uint32_t tag, unsigned bits)
-{
-    return shim_table_home(tag, bits);
-}
 
 static slot *slots_new(size_t cap)
 {
@@ -105,7 +96,7 @@ static int rehash(shim_table *t, unsigned bits)
     for (size_t i = 0; i <= t->mask; i++) {
         if (t->slots[i].id == SHIM_TABLE_NONE)
             continue;
-        size_t j = home_of(t->slots[i].tag, bits);
+        size_t j = shim_table_home(t->slots[i].tag, bits);
         while (ns[j].id != SHIM_TABLE_NONE)
             j = (j + 1) & mask;
         ns[j] = t->slots[i];
@@ -139,8 +130,8 @@ static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
     if (ptr == 0)
         return SIZE_MAX;
-    uint32_t tag = tag_of(ptr);
-    for (size_t i = home_of(tag, t->bits);; i = (i + 1) & t->mask) {
+    uint32_t tag = shim_table_tag(ptr);
+    for (size_t i = shim_table_home(tag, t->bits);; i = (i + 1) & t->mask) {
         const slot *s = &t->slots[i];
         if (s->id == SHIM_TABLE_NONE)
             return SIZE_MAX;
@@ -157,8 +148,8 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
     if (i == SIZE_MAX) {
         if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
             return -1;
-        uint32_t tag = tag_of(ptr);
-        for (i = home_of(tag, t->bits); t->slots[i].id != SHIM_TABLE_NONE; i = (i + 1) & t->mask)
+        uint32_t tag = shim_table_tag(ptr);
+        for (i = shim_table_home(tag, t->bits); t->slots[i].id != SHIM_TABLE_NONE; i = (i + 1) & t->mask)
             ;
         t->slots[i].tag = tag;
         t->count++;
@@ -171,8 +162,8 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
 /* Stores a new entry; there is room (load and fields checked). */
 static inline void add_entry(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
 {
-    uint32_t tag = tag_of(ptr);
-    size_t i = home_of(tag, t->bits);
+    uint32_t tag = shim_table_tag(ptr);
+    size_t i = shim_table_home(tag, t->bits);
     while (t->slots[i].id != SHIM_TABLE_NONE)
         i = (i + 1) & t->mask;
     t->slots[i] = (slot){.tag = tag, .id = id};
@@ -214,7 +205,7 @@ uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
      * the hole lies on its probe path (between its home slot and it). */
     size_t hole = i;
     for (size_t j = (i + 1) & t->mask; t->slots[j].id != SHIM_TABLE_NONE; j = (j + 1) & t->mask) {
-        size_t home = home_of(t->slots[j].tag, t->bits);
+        size_t home = shim_table_home(t->slots[j].tag, t->bits);
         if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
             t->slots[hole] = t->slots[j];
             hole = j;
