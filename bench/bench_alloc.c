@@ -86,16 +86,12 @@ static shim_table *core_table;
 static pthread_mutex_t core_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t core_seq;
 
-static uintptr_t core_key(const void *ctx, uint32_t id)
-{
-    return shim_arena_block_addr(ctx, id);
-}
 static int core_init(void)
 {
     static const shim_region_backend be = { .reserve = fake_reserve, .release = fake_release,
                                             .mem_info = fake_mem_info, .alignment = 256 };
     core_arena = shim_arena_create(&be, 0, 0);
-    core_table = core_arena ? shim_table_create(1024, core_key, core_arena) : NULL;
+    core_table = core_arena ? shim_table_create(1024, 8) : NULL;
     return core_arena && core_table ? 0 : -1;
 }
 static void *core_alloc(size_t size)

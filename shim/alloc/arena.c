@@ -838,11 +838,6 @@ uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t i)
     return is_live(a, i) ? node_addr(a, &a->nodes[i]) : 0;
 }
 
-uintptr_t shim_arena_key(const void *ctx, uint32_t i)
-{
-    return shim_arena_block_addr(ctx, i);
-}
-
 void shim_arena_set_tags(shim_arena *a, uint32_t i, uint32_t t0, uint32_t t1)
 {
     if (is_live(a, i)) {

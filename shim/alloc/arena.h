@@ -75,9 +75,6 @@ size_t shim_arena_free_node(shim_arena *a, uint32_t node);
 size_t shim_arena_free_live(shim_arena *a, uint32_t node, size_t *requested);
 /* A live block's address, or 0 when `node` is not a live block. */
 uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t node);
-/* The same as a live table's key function (table.h: shim_table_key_fn),
- * `ctx` the arena: the table calls it straight, with no shim between. */
-uintptr_t shim_arena_key(const void *ctx, uint32_t node);
 /* The size a live block was asked for (the `size` given to alloc: the
  * node keeps it, so the owner need not), or 0 when not a live block. */
 size_t shim_arena_block_requested(const shim_arena *a, uint32_t node);

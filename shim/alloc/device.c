@@ -186,7 +186,8 @@ static shim_shard *shard_create(shim_device *d)
     shim_lock_init_fast(&s->lock);
     const shim_options *o = shim_opts();
     s->arena = shim_arena_create(&d->backend, o->limit, o->region_size);
-    s->table = s->arena ? shim_table_create(1024, shim_arena_key, s->arena) : NULL;
+    s->table = s->arena ? shim_table_create(1024, (unsigned)__builtin_ctzll(d->backend.alignment))
+                        : NULL;
     if (!s->arena || !s->table) {
         if (s->arena)
             shim_arena_destroy(s->arena);

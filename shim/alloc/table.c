@@ -1,16 +1,23 @@
 /* Live allocations: device pointer -> arena node id, plus each live
  * block's leak-hunting fields by node id.
  *
- * Owns: a power-of-two array of 8-byte slots {tag, id}, open addressing
- * with linear probing (eight slots to a cache line), and an array of
- * fields (the sequence number) indexed by node id. The tag is the top 32 bits of the pointer's
- * Fibonacci hash: the slot index is its top bits, so backward-shift
- * deletion finds each entry's home without looking at its key, and a
- * probe asks for a candidate's address (the owner's key function: the
- * arena node, which a free touches next anyway) only when the tags agree.
- * This replaces the earlier 40-byte records keyed by the pointer itself:
- * a free touches one slot line and the node, not a record line, a node
- * line and a second probe line; and the table costs 8 bytes a slot.
+ * Owns: a power-of-two array of 8-byte slots, open addressing with linear
+ * probing (eight slots to a cache line); an array of fields (the sequence
+ * number) indexed by node id; and the few entries that do not fit a slot
+ * (the wide array).
+ *
+ * A slot is the pointer divided by the alignment in its top 39 bits and
+ * the node id in its low 25: a probe confirms a match from the slot alone,
+ * so a free touches the slot's line and not the node's (the node's work
+ * can then wait: device.c), and deletion finds each entry's home from the
+ * slot too. 39 bits cover every address below 2^47 at 256-byte alignment
+ * (the user half of x86-64 and of the devices' unified address space); 25
+ * bits, 32 million nodes. An entry beyond either, or a pointer that is not
+ * aligned, goes to the wide array, and its slot holds the reserved key
+ * WIDE and the entry's index there; a probe compares those by pointer.
+ * The empty slot is all ones: the key WIDE with an index the wide array
+ * never hands out.
+ *
  * Deletion shifts the following run back instead of leaving tombstones,
  * so probe lengths never degrade. The load factor stays at or under 3/4.
  * Guarded by: the owner's allocator lock; nothing here locks. The only
@@ -25,36 +32,67 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct slot {
-    uint32_t tag;
-    uint32_t id;                   /* SHIM_TABLE_NONE when empty */
-} slot;
+#define ID_BITS 25
+#define ID_MASK ((UINT64_C(1) << ID_BITS) - 1)
+#define KEY_WIDE ((UINT64_C(1) << (64 - ID_BITS)) - 1)
+#define EMPTY UINT64_MAX
+/* A key no slot has: what a pointer that cannot be compact looks for. */
+#define KEY_NOWHERE (KEY_WIDE + 1)
+
+typedef struct wide_entry {
+    uintptr_t ptr;
+    uint32_t id;
+    uint32_t next_free;        /* chains unused entries */
+} wide_entry;
 
 struct shim_table {
     shim_table_hint hint;          /* first: read by the inline prefetch (table.h) */
-    slot *slots;
+    uint64_t *slots;
     size_t mask;                   /* capacity - 1 */
     unsigned bits;                 /* log2(capacity), <= 32 */
+    unsigned shift;                /* log2 of the pointers' alignment */
     size_t count;
     shim_live_fields *fields;      /* by node id */
     size_t fields_cap;
-    shim_table_key_fn key;
-    const void *ctx;
+    wide_entry *wide;
+    uint32_t wide_cap, wide_used, wide_free;
 };
-_Static_assert(sizeof(slot) == 8, "shim_table_prefetch's slot size");
 
-
-static slot *slots_new(size_t cap)
+static inline uint64_t slot_key(uint64_t s)
 {
-    slot *s = shim_hostmem_grow(NULL, 0, cap * sizeof *s);
+    return s >> ID_BITS;
+}
+
+/* The key `ptr` has in a compact slot, or KEY_NOWHERE. */
+static inline uint64_t key_of(const shim_table *t, uintptr_t ptr)
+{
+    uint64_t k = (uint64_t)ptr >> t->shift;
+    bool aligned = (ptr & (((uintptr_t)1 << t->shift) - 1)) == 0;
+    return aligned && k < KEY_WIDE ? k : KEY_NOWHERE;
+}
+
+static inline uintptr_t slot_ptr(const shim_table *t, uint64_t s)
+{
+    uint64_t k = slot_key(s);
+    return k == KEY_WIDE ? t->wide[s & ID_MASK].ptr : (uintptr_t)(k << t->shift);
+}
+
+static inline uint32_t slot_id(const shim_table *t, uint64_t s)
+{
+    return slot_key(s) == KEY_WIDE ? t->wide[s & ID_MASK].id : (uint32_t)(s & ID_MASK);
+}
+
+static uint64_t *slots_new(size_t cap)
+{
+    uint64_t *s = shim_hostmem_grow(NULL, 0, cap * sizeof *s);
     if (s)
-        memset(s, 0xff, cap * sizeof *s); /* id = SHIM_TABLE_NONE */
+        memset(s, 0xff, cap * sizeof *s); /* EMPTY */
     return s;
 }
 
-shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, const void *ctx)
+shim_table *shim_table_create(size_t initial_capacity, unsigned align_shift)
 {
-    if (!key)
+    if (align_shift >= 32)
         return NULL;
     shim_table *t = shim_hostmem_lines(sizeof *t);
     if (!t)
@@ -69,8 +107,8 @@ shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, co
     }
     t->bits = bits;
     t->mask = ((size_t)1 << bits) - 1;
-    t->key = key;
-    t->ctx = ctx;
+    t->shift = align_shift;
+    t->wide_free = UINT32_MAX;
     atomic_store_explicit(&t->hint.slots, (uintptr_t)t->slots, memory_order_relaxed);
     atomic_store_explicit(&t->hint.bits, bits, memory_order_relaxed);
     return t;
@@ -82,6 +120,7 @@ void shim_table_destroy(shim_table *t)
         return;
     shim_hostmem_free(t->slots, (t->mask + 1) * sizeof *t->slots);
     shim_hostmem_free(t->fields, t->fields_cap * sizeof *t->fields);
+    shim_hostmem_free(t->wide, (size_t)t->wide_cap * sizeof *t->wide);
     free(t);
 }
 
@@ -90,14 +129,14 @@ static int rehash(shim_table *t, unsigned bits)
     if (bits > 32)
         return -1;
     size_t cap = (size_t)1 << bits, mask = cap - 1;
-    slot *ns = slots_new(cap);
+    uint64_t *ns = slots_new(cap);
     if (!ns)
         return -1;
     for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i].id == SHIM_TABLE_NONE)
+        if (t->slots[i] == EMPTY)
             continue;
-        size_t j = shim_table_home(t->slots[i].tag, bits);
-        while (ns[j].id != SHIM_TABLE_NONE)
+        size_t j = shim_table_home(slot_ptr(t, t->slots[i]), bits);
+        while (ns[j] != EMPTY)
             j = (j + 1) & mask;
         ns[j] = t->slots[i];
     }
@@ -125,19 +164,78 @@ static int fields_reserve(shim_table *t, uint32_t id)
     return 0;
 }
 
+/* A wide entry for (ptr, id): its slot, or EMPTY when out of memory. */
+static uint64_t wide_take(shim_table *t, uintptr_t ptr, uint32_t id)
+{
+    uint32_t w = t->wide_free;
+    if (w != UINT32_MAX) {
+        t->wide_free = t->wide[w].next_free;
+    } else {
+        if (t->wide_used == t->wide_cap) {
+            uint32_t cap = t->wide_cap ? t->wide_cap * 2 : 64;
+            if (cap > ID_MASK) /* the index ID_MASK would read as EMPTY */
+                cap = ID_MASK;
+            if (cap == t->wide_cap)
+                return EMPTY;
+            wide_entry *nw = shim_hostmem_grow(t->wide, (size_t)t->wide_cap * sizeof *nw,
+                                               (size_t)cap * sizeof *nw);
+            if (!nw)
+                return EMPTY;
+            t->wide = nw;
+            t->wide_cap = cap;
+        }
+        w = t->wide_used++;
+    }
+    t->wide[w] = (wide_entry){.ptr = ptr, .id = id};
+    return KEY_WIDE << ID_BITS | w;
+}
+
+static void wide_drop(shim_table *t, uint64_t s)
+{
+    uint32_t w = (uint32_t)(s & ID_MASK);
+    t->wide[w].next_free = t->wide_free;
+    t->wide_free = w;
+}
+
+/* The slot for (ptr, id): compact when it can be, else a wide entry
+ * (EMPTY when out of memory). */
+static uint64_t slot_for(shim_table *t, uintptr_t ptr, uint32_t id)
+{
+    uint64_t k = key_of(t, ptr);
+    if (k != KEY_NOWHERE && id <= ID_MASK)
+        return k << ID_BITS | id;
+    return wide_take(t, ptr, id);
+}
+
 /* The slot holding `ptr`, or SIZE_MAX. */
 static size_t lookup(const shim_table *t, uintptr_t ptr)
 {
     if (ptr == 0)
         return SIZE_MAX;
-    uint32_t tag = shim_table_tag(ptr);
-    for (size_t i = shim_table_home(tag, t->bits);; i = (i + 1) & t->mask) {
-        const slot *s = &t->slots[i];
-        if (s->id == SHIM_TABLE_NONE)
+    uint64_t k = key_of(t, ptr);
+    for (size_t i = shim_table_home(ptr, t->bits);; i = (i + 1) & t->mask) {
+        uint64_t s = t->slots[i];
+        if (s == EMPTY)
             return SIZE_MAX;
-        if (s->tag == tag && t->key(t->ctx, s->id) == ptr)
+        uint64_t sk = slot_key(s);
+        if (sk == k || (sk == KEY_WIDE && t->wide[s & ID_MASK].ptr == ptr))
             return i;
     }
+}
+
+/* Stores slot `s` for `ptr` (not in the table; there is room). */
+static inline void place(shim_table *t, uintptr_t ptr, uint64_t s)
+{
+    size_t i = shim_table_home(ptr, t->bits);
+    while (t->slots[i] != EMPTY)
+        i = (i + 1) & t->mask;
+    t->slots[i] = s;
+    t->count++;
+}
+
+static inline bool must_grow(const shim_table *t)
+{
+    return (t->count + 1) * 4 > (t->mask + 1) * 3;
 }
 
 int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
@@ -145,51 +243,53 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
     if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
         return -1;
     size_t i = lookup(t, ptr);
-    if (i == SIZE_MAX) {
-        if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
+    if (i != SIZE_MAX) {
+        uint64_t old = t->slots[i];
+        if (slot_key(old) == KEY_WIDE) {
+            t->wide[old & ID_MASK].id = id;
+        } else {
+            uint64_t s = slot_for(t, ptr, id); /* the same key: the same home */
+            if (s == EMPTY)
+                return -1;
+            t->slots[i] = s;
+        }
+    } else {
+        if (must_grow(t) && rehash(t, t->bits + 1) != 0)
             return -1;
-        uint32_t tag = shim_table_tag(ptr);
-        for (i = shim_table_home(tag, t->bits); t->slots[i].id != SHIM_TABLE_NONE; i = (i + 1) & t->mask)
-            ;
-        t->slots[i].tag = tag;
-        t->count++;
+        uint64_t s = slot_for(t, ptr, id);
+        if (s == EMPTY)
+            return -1;
+        place(t, ptr, s);
     }
-    t->slots[i].id = id;
     t->fields[id] = f ? *f : (shim_live_fields){ 0 };
     return 0;
 }
 
-/* Stores a new entry; there is room (load and fields checked). */
-static inline void add_entry(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
-{
-    uint32_t tag = shim_table_tag(ptr);
-    size_t i = shim_table_home(tag, t->bits);
-    while (t->slots[i].id != SHIM_TABLE_NONE)
-        i = (i + 1) & t->mask;
-    t->slots[i] = (slot){.tag = tag, .id = id};
-    t->count++;
-    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
-}
-
-/* shim_table_add when the table must grow first (or the call is bad): out
- * of line and reached by a tail call, so that the common call saves no
- * registers for it. */
-__attribute__((noinline)) static int add_grow(shim_table *t, uintptr_t ptr, uint32_t id,
+/* shim_table_add when the table must grow first, the entry is wide (or
+ * the call is bad): out of line and reached by a tail call, so that the
+ * common call saves no registers for it. */
+__attribute__((noinline)) static int add_slow(shim_table *t, uintptr_t ptr, uint32_t id,
                                               const shim_live_fields *f)
 {
     if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
         return -1;
-    if ((t->count + 1) * 4 > (t->mask + 1) * 3 && rehash(t, t->bits + 1) != 0)
+    if (must_grow(t) && rehash(t, t->bits + 1) != 0)
         return -1;
-    add_entry(t, ptr, id, f);
+    uint64_t s = slot_for(t, ptr, id);
+    if (s == EMPTY)
+        return -1;
+    place(t, ptr, s);
+    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
     return 0;
 }
 
 int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
 {
-    if (ptr == 0 || id >= t->fields_cap || (t->count + 1) * 4 > (t->mask + 1) * 3)
-        return add_grow(t, ptr, id, f);
-    add_entry(t, ptr, id, f);
+    uint64_t k = key_of(t, ptr);
+    if (ptr == 0 || k == KEY_NOWHERE || id > ID_MASK || id >= t->fields_cap || must_grow(t))
+        return add_slow(t, ptr, id, f);
+    place(t, ptr, k << ID_BITS | id);
+    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
     return 0;
 }
 
@@ -198,20 +298,23 @@ uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
     size_t i = lookup(t, ptr);
     if (i == SIZE_MAX)
         return SHIM_TABLE_NONE;
-    uint32_t id = t->slots[i].id;
+    uint64_t s = t->slots[i];
+    uint32_t id = slot_id(t, s);
+    if (slot_key(s) == KEY_WIDE)
+        wide_drop(t, s);
     if (out)
         *out = t->fields[id];
     /* Backward shift: move each later entry of the run into the hole when
      * the hole lies on its probe path (between its home slot and it). */
     size_t hole = i;
-    for (size_t j = (i + 1) & t->mask; t->slots[j].id != SHIM_TABLE_NONE; j = (j + 1) & t->mask) {
-        size_t home = shim_table_home(t->slots[j].tag, t->bits);
+    for (size_t j = (i + 1) & t->mask; t->slots[j] != EMPTY; j = (j + 1) & t->mask) {
+        size_t home = shim_table_home(slot_ptr(t, t->slots[j]), t->bits);
         if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
             t->slots[hole] = t->slots[j];
             hole = j;
         }
     }
-    t->slots[hole].id = SHIM_TABLE_NONE;
+    t->slots[hole] = EMPTY;
     t->count--;
     return id;
 }
@@ -219,7 +322,7 @@ uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
 uint32_t shim_table_find(const shim_table *t, uintptr_t ptr)
 {
     size_t i = lookup(t, ptr);
-    return i == SIZE_MAX ? SHIM_TABLE_NONE : t->slots[i].id;
+    return i == SIZE_MAX ? SHIM_TABLE_NONE : slot_id(t, t->slots[i]);
 }
 
 const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id)
@@ -237,14 +340,17 @@ void shim_table_foreach(const shim_table *t,
                         void *user)
 {
     for (size_t i = 0; i <= t->mask; i++) {
-        uint32_t id = t->slots[i].id;
-        if (id != SHIM_TABLE_NONE)
-            fn(t->key(t->ctx, id), id, &t->fields[id], user);
+        uint64_t s = t->slots[i];
+        if (s != EMPTY) {
+            uint32_t id = slot_id(t, s);
+            fn(slot_ptr(t, s), id, &t->fields[id], user);
+        }
     }
 }
 
 size_t shim_table_meta_bytes(const shim_table *t)
 {
     return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots) +
-           shim_hostmem_size(t->fields_cap * sizeof *t->fields);
+           shim_hostmem_size(t->fields_cap * sizeof *t->fields) +
+           shim_hostmem_size((size_t)t->wide_cap * sizeof *t->wide);
 }

@@ -1,10 +1,13 @@
 /* Live allocations: device pointer -> the arena node of its block, and the
  * block's sequence number, kept apart from the node because only
  * allocation writes it and only reports read it (the stack ids fit in the
- * node: shim_arena_set_tags). Open addressing with linear probing and backward-shift deletion,
- * load factor kept under 3/4, so insert, find and remove are O(1). Host
- * memory only. Not thread-safe: the owner serializes calls with the
- * allocator lock (shim_table_prefetch excepted). */
+ * node: shim_arena_set_tags). Open addressing with linear probing and
+ * backward-shift deletion, load factor kept under 3/4, so insert, find and
+ * remove are O(1). A slot holds the pointer itself (as a multiple of the
+ * alignment) and the node id, so that a free is confirmed and removed
+ * without reading the node. Host memory only. Not thread-safe: the owner
+ * serializes calls with the allocator lock (shim_table_prefetch
+ * excepted). */
 #ifndef SHIM_TABLE_H
 #define SHIM_TABLE_H
 
@@ -33,17 +36,16 @@ typedef struct shim_live_fields {
     uint64_t seq;
 } shim_live_fields;
 
-/* The address of live node `id`: the table stores node ids only and asks
- * the owner for a candidate's address to confirm a match (the node is the
- * line a free touches next anyway). */
-typedef uintptr_t (*shim_table_key_fn)(const void *ctx, uint32_t id);
-
 typedef struct shim_table shim_table;
 
-shim_table *shim_table_create(size_t initial_capacity, shim_table_key_fn key, const void *ctx);
+/* `align_shift`: log2 of the alignment the owner's pointers have (the
+ * arena's); any pointer can be stored, aligned ones below 2^(39 + shift)
+ * with node ids below 2^25 take the compact form. */
+shim_table *shim_table_create(size_t initial_capacity, unsigned align_shift);
 void shim_table_destroy(shim_table *t);
-/* Inserts `ptr` (key(id) must be ptr; 0 is never stored) with its fields,
- * or overwrites it. Returns 0, or -1 if growing failed. */
+/* Inserts `ptr` (0 is never stored) with its node id and fields, or
+ * overwrites its entry. Returns 0, or -1 if growing failed (an entry it
+ * overwrites is then left as it was). */
 int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
 /* Inserts `ptr`, known not to be in the table (the arena just handed the
  * block out): no search for an entry to overwrite. 0, or -1 if growing
@@ -70,18 +72,13 @@ typedef struct shim_table_hint {
     _Atomic unsigned bits;
 } shim_table_hint;
 
-/* The slot tag of a pointer (Fibonacci hashing: multiply by 2^64/phi and
- * keep the top bits; device pointers are aligned, so their low bits carry
- * nothing, and the product's top bits depend on every bit above them), and
- * a tag's home slot in a table of 2^bits. */
-static inline uint32_t shim_table_tag(uintptr_t p)
+/* The home slot of a pointer in a table of 2^bits (Fibonacci hashing:
+ * multiply by 2^64/phi and keep the top bits; device pointers are aligned,
+ * so their low bits carry nothing, and the product's top bits depend on
+ * every bit above them). */
+static inline size_t shim_table_home(uintptr_t p, unsigned bits)
 {
-    return (uint32_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> 32);
-}
-
-static inline size_t shim_table_home(uint32_t tag, unsigned bits)
-{
-    return (size_t)(tag >> (32 - bits));
+    return (size_t)(((uint64_t)p * 0x9e3779b97f4a7c15ull) >> (64 - bits));
 }
 
 /* Without the lock: starts loading the line where `ptr` would be found, so
@@ -95,7 +92,7 @@ static inline void shim_table_prefetch(const shim_table *t, uintptr_t ptr)
     /* Integer arithmetic: with a stale pair the address may lie outside
      * any array, which a prefetch tolerates and C pointers do not. Each
      * slot is 8 bytes. */
-    __builtin_prefetch((const void *)(s + shim_table_home(shim_table_tag(ptr), bits) * 8));
+    __builtin_prefetch((const void *)(s + shim_table_home(ptr, bits) * 8));
 }
 
 #endif

@@ -1,8 +1,9 @@
 /* The live-allocation table against a reference model (a plain array of
  * keys present). Keys look like device pointers: 256-aligned, often
- * consecutive, which is what a weak hash clusters on. The table stores
- * node ids and asks for a candidate's address through a key function: here
- * an array id -> pointer stands for the arena. SEED=n replays. */
+ * consecutive, which is what a weak hash clusters on; some are not
+ * aligned, lie above 2^47, or come with node ids of 2^25 and more, which
+ * the table keeps apart from its compact slots (its wide entries). An
+ * array id -> pointer stands for the arena. SEED=n replays. */
 #include <criterion/criterion.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,12 +22,6 @@ static uint64_t rng_next(uint64_t *s)
 enum { IDS = 200000 };
 static uintptr_t addr_of[IDS]; /* the "arena": node id -> address */
 
-static uintptr_t key(const void *ctx, uint32_t id)
-{
-    (void)ctx;
-    return id < IDS ? addr_of[id] : 0;
-}
-
 static shim_live_fields fields(uint64_t n)
 {
     return (shim_live_fields){ .seq = n * 3 };
@@ -34,7 +29,7 @@ static shim_live_fields fields(uint64_t n)
 
 static shim_table *table(size_t cap)
 {
-    shim_table *t = shim_table_create(cap, key, NULL);
+    shim_table *t = shim_table_create(cap, 8);
     cr_assert_not_null(t);
     return t;
 }
@@ -145,8 +140,9 @@ static uint64_t inverse(uint64_t x)
     return y;
 }
 
-/* Pointers whose hashes agree in their top 32 bits share a tag and a home
- * slot: only the key function tells them apart. */
+/* Pointers whose hashes agree in their top 32 bits share a home slot in
+ * any table of up to 2^32 slots (and are not aligned: wide entries, told
+ * apart by their pointers). */
 Test(table, pointers_with_equal_tags_are_told_apart_by_their_keys)
 {
     const uint64_t phi = 0x9e3779b97f4a7c15ull, inv = inverse(phi);
@@ -168,7 +164,9 @@ Test(table, pointers_with_equal_tags_are_told_apart_by_their_keys)
 
 /* Random inserts and removes over a small key space (so that runs form and
  * removals shift them), checked against a presence array after each step.
- * Key k is node id k. */
+ * Key k is node id k, or 2^25 + k (too large for a compact slot), chosen
+ * at each insertion: an overwrite may move an entry between the two
+ * forms. */
 Test(table, random_operations_match_a_reference_model)
 {
     const char *env = getenv("SEED");
@@ -176,35 +174,47 @@ Test(table, random_operations_match_a_reference_model)
     fprintf(stderr, "table random: SEED=%" PRIu64 "\n", seed);
     uint64_t s = seed;
     enum { KEYS = 4096 };
+    const uint32_t big = (uint32_t)1 << 25;
     static uint64_t present[KEYS]; /* 0 absent, else the seq stored */
+    static uint32_t id_now[KEYS];
     size_t count = 0;
     shim_table *t = table(16);
-    for (unsigned k = 0; k < KEYS; k++)
-        /* Mostly clustered keys, some spread over the address space. */
-        addr_of[k] = k < KEYS / 2 ? 0x7f0000000000 + (uintptr_t)k * 256
-                                  : ((uintptr_t)k << 32) | 0x200;
+    for (unsigned k = 0; k < KEYS; k++) {
+        /* Mostly clustered keys; some spread over the address space, some
+         * above 2^47, some not aligned. */
+        if (k < KEYS / 2)
+            addr_of[k] = 0x7f0000000000 + (uintptr_t)k * 256;
+        else if (k % 4 == 1)
+            addr_of[k] = ((uintptr_t)k << 40) | 0x100;
+        else if (k % 4 == 2)
+            addr_of[k] = ((uintptr_t)k << 32) | 0x208;
+        else
+            addr_of[k] = ((uintptr_t)k << 32) | 0x200;
+    }
     for (unsigned op = 0; op < 400000; op++) {
         unsigned k = (unsigned)(rng_next(&s) % KEYS);
         uintptr_t ptr = addr_of[k];
         if (rng_next(&s) % 2) {
             uint64_t seq = (rng_next(&s) % 1000) + 1;
             shim_live_fields f = { .seq = seq };
+            uint32_t id = rng_next(&s) % 8 == 0 ? big + k : k;
             /* An absent key goes in by either call: add is insert without
              * the search for an entry to overwrite. */
             if (!present[k] && rng_next(&s) % 2)
-                cr_assert_eq(shim_table_add(t, ptr, k, &f), 0);
+                cr_assert_eq(shim_table_add(t, ptr, id, &f), 0);
             else
-                cr_assert_eq(shim_table_insert(t, ptr, k, &f), 0);
+                cr_assert_eq(shim_table_insert(t, ptr, id, &f), 0);
             if (!present[k])
                 count++;
             present[k] = seq;
+            id_now[k] = id;
         } else {
             shim_live_fields out = { 0 };
             uint32_t id = shim_table_remove(t, ptr, &out);
             cr_assert_eq(id != SHIM_TABLE_NONE, present[k] != 0,
                          "seed=%" PRIu64 " op %u: remove of %#" PRIxPTR, seed, op, ptr);
             if (id != SHIM_TABLE_NONE) {
-                cr_assert_eq(id, k, "seed=%" PRIu64, seed);
+                cr_assert_eq(id, id_now[k], "seed=%" PRIu64, seed);
                 cr_assert_eq(out.seq, present[k], "seed=%" PRIu64, seed);
                 present[k] = 0;
                 count--;
@@ -212,18 +222,83 @@ Test(table, random_operations_match_a_reference_model)
         }
         cr_assert_eq(shim_table_count(t), count, "seed=%" PRIu64, seed);
         if (op % 4999 == 0) {
+            size_t seen = 0;
             for (unsigned j = 0; j < KEYS; j++) {
                 uint32_t id = shim_table_find(t, addr_of[j]);
-                if (present[j])
-                    cr_assert(id == j && shim_table_fields(t, j)->seq == present[j],
+                if (present[j]) {
+                    cr_assert(id == id_now[j] && shim_table_fields(t, id)->seq == present[j],
                               "seed=%" PRIu64 " op %u: %#" PRIxPTR " lost or wrong", seed, op,
                               addr_of[j]);
-                else
+                    seen++;
+                } else {
                     cr_assert_eq(id, SHIM_TABLE_NONE, "seed=%" PRIu64 " op %u: %#" PRIxPTR
                                  " resurrected", seed, op, addr_of[j]);
+                }
+                /* Neither one byte off a key nor a pointer equal to it
+                 * in the bits a compact slot keeps is ever found. */
+                cr_assert_eq(shim_table_find(t, addr_of[j] + 1), SHIM_TABLE_NONE);
+                cr_assert_eq(shim_table_find(t, addr_of[j] + ((uintptr_t)1 << 56)),
+                             SHIM_TABLE_NONE);
             }
+            cr_assert_eq(seen, count);
         }
     }
+    shim_table_destroy(t);
+}
+
+struct wide_visit {
+    uintptr_t ptr[4];
+    uint32_t id[4];
+    size_t n;
+};
+
+static void wide_visit_one(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
+{
+    (void)f;
+    struct wide_visit *v = user;
+    cr_assert_lt(v->n, 4);
+    v->ptr[v->n] = ptr;
+    v->id[v->n++] = id;
+}
+
+/* Entries that do not fit a compact slot (an address of 2^47 and above, a
+ * pointer off the alignment, a node id of 2^25 and above) live beside
+ * compact ones, are reported with their own pointers and ids, and leave
+ * no trace once removed. */
+Test(table, entries_beyond_a_compact_slot_are_kept_exactly)
+{
+    shim_table *t = table(4);
+    const uintptr_t p[4] = { 0x7f0000001000, (uintptr_t)1 << 47, 0x7f0000001010, 0x7f0000002000 };
+    const uint32_t id[4] = { 1, 2, 3, ((uint32_t)1 << 25) + 4 };
+    for (int i = 0; i < 4; i++) {
+        shim_live_fields f = fields(i + 1);
+        cr_assert_eq(shim_table_add(t, p[i], id[i], &f), 0);
+    }
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(shim_table_find(t, p[i]), id[i], "entry %d", i);
+        cr_assert_eq(shim_table_fields(t, id[i])->seq, (uint64_t)(i + 1) * 3);
+    }
+    struct wide_visit v = { 0 };
+    shim_table_foreach(t, wide_visit_one, &v);
+    cr_assert_eq(v.n, 4);
+    for (size_t k = 0; k < v.n; k++) {
+        int i = 0;
+        while (i < 4 && p[i] != v.ptr[k])
+            i++;
+        cr_assert_lt(i, 4, "foreach made up %#" PRIxPTR, v.ptr[k]);
+        cr_assert_eq(v.id[k], id[i]);
+    }
+    /* An overwrite moves a compact entry to a wide one and back. */
+    cr_assert_eq(shim_table_insert(t, p[0], ((uint32_t)1 << 25) + 9, NULL), 0);
+    cr_assert_eq(shim_table_find(t, p[0]), ((uint32_t)1 << 25) + 9);
+    cr_assert_eq(shim_table_insert(t, p[3], 5, NULL), 0);
+    cr_assert_eq(shim_table_find(t, p[3]), 5);
+    cr_assert_eq(shim_table_count(t), 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_neq(shim_table_remove(t, p[i], NULL), SHIM_TABLE_NONE, "entry %d", i);
+    cr_assert_eq(shim_table_count(t), 0);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(shim_table_find(t, p[i]), SHIM_TABLE_NONE, "entry %d", i);
     shim_table_destroy(t);
 }
 
@@ -240,8 +315,10 @@ Test(table, stays_exact_at_loads_near_three_quarters)
     static bool in[POOL];
     static unsigned live[LIVE];
     shim_table *t = table(16);
+    /* Spread below 2^47: every key takes a compact slot, and the size
+     * below measures the slot array alone. */
     for (unsigned k = 0; k < POOL; k++)
-        addr_of[k] = 0x7f0000000000 + (uintptr_t)(rng_next(&s) % (1u << 24)) * 256 * POOL + k * 256;
+        addr_of[k] = 0x100000000000 + (uintptr_t)(rng_next(&s) % (1u << 24)) * 256 * POOL + k * 256;
     for (unsigned k = 0; k < POOL; k++)
         in[k] = false;
     for (unsigned i = 0; i < LIVE; i++) {
