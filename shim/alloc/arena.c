@@ -98,7 +98,7 @@ typedef struct node {
         };
     };
 } node;
-_Static_assert(sizeof(node) == 32, "node layout");
+_Static_assert(sizeof(node) == SHIM_ARENA_NODE_BYTES, "node layout");
 
 #define RS_REGION_MASK 0x3fffffffu
 
@@ -126,6 +126,7 @@ typedef struct region {
 } region;
 
 struct shim_arena {
+    shim_arena_hint hint;          /* first: shim_arena_prefetch reads it (arena.h) */
     shim_region_backend be;
     unsigned shift;                /* log2(alignment) */
     size_t limit;
@@ -137,7 +138,7 @@ struct shim_arena {
     uint64_t sl_map[FL_COUNT];
     uint32_t heads[BIN_COUNT];
 
-    node *nodes;
+    node *nodes;                   /* hint.nodes too */
     uint32_t nodes_cap, nodes_used, free_slot;
     /* A block freed by the last free whose merge with its neighbours waits
      * for the arena's next call (NIL: none): the free only starts loading
@@ -245,6 +246,7 @@ static bool nodes_reserve(shim_arena *a, uint32_t k)
     if (!nn)
         return false;
     a->nodes = nn;
+    a->hint.nodes = nn;
     a->nodes_cap = cap;
     return true;
 }

@@ -51,8 +51,12 @@ typedef struct shim_shard {
     pending_free *pending;    /* FIFO by ticket */
     size_t npending, pending_cap;
     uint64_t pending_bytes, next_ticket;
-    /* Written under lock (one writer), read by pressure events without it. */
-    _Atomic uint64_t freed_bytes;
+    /* The block of the last free the fast path took (SHIM_TABLE_NONE:
+     * none): out of the table, its node's line loading, and its arena
+     * free and accounting left for the shard's next use (shard_settle),
+     * when the line is there. Guarded by lock. */
+    uint32_t deferred;
+    uint64_t freed_bytes;     /* requested bytes of every free; guarded by lock */
     /* Running threads that moved here (shard 0's own threads uncounted). */
     _Atomic unsigned homed;
 } shim_shard;
@@ -197,6 +201,7 @@ static shim_shard *shard_create(shim_device *d)
         return NULL;
     }
     shim_arena_set_pool(s->arena, &d->pool);
+    s->deferred = SHIM_TABLE_NONE;
     return s;
 }
 
@@ -611,6 +616,45 @@ __attribute__((noinline)) static void publish_live(shim_device *d, shim_shard *s
         ;
 }
 
+/* A free of `size` requested bytes, in the shard's counters. Shard lock
+ * held. */
+static inline void count_free(shim_device *d, shim_shard *s, size_t size)
+{
+    s->frees++;
+    note_live(d, s, -(int64_t)size);
+    s->freed_bytes += size;
+}
+
+/* The fast path's free of live block `node`, finished: the arena's free
+ * (which reads the node) and the accounting. Shard lock held. */
+static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
+{
+    size_t size;
+    shim_arena_free_live(s->arena, node, &size);
+    count_free(d, s, size);
+}
+
+/* Finishes the free the fast path left for later, if any: before anything
+ * that looks at the shard's counters or the arena's blocks. Shard lock
+ * held. */
+static inline void shard_settle(shim_device *d, shim_shard *s)
+{
+    uint32_t node = s->deferred;
+    if (node != SHIM_TABLE_NONE) {
+        s->deferred = SHIM_TABLE_NONE;
+        finish_free(d, s, node);
+    }
+}
+
+/* A shard's lock unless this thread holds it already (lock_unless_mine),
+ * with the shard settled. Returns whether it was taken here. */
+static bool lock_settled(shim_device *d, shim_shard *s)
+{
+    bool taken = lock_unless_mine(&s->lock);
+    shard_settle(d, s);
+    return taken;
+}
+
 /* Step: one try at serving the request from shard `s`, recording the
  * block. Shard lock held. False when no block fits (or the table could not
  * grow: out of host memory, reported as out-of-memory too); *rt_err is
@@ -625,8 +669,14 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
     uintptr_t addr;
     uint32_t node;
     size_t block;
-    int rc = may_grow ? shim_arena_alloc(s->arena, size, &addr, &node, &block)
+    int rc = shim_arena_alloc_fit(s->arena, size, &addr, &node, &block);
+    if (rc != 0) {
+        /* The block the last free left for later may be what fits, and
+         * must be, before a new region is reserved. */
+        shard_settle(d, s);
+        rc = may_grow ? shim_arena_alloc(s->arena, size, &addr, &node, &block)
                       : shim_arena_alloc_fit(s->arena, size, &addr, &node, &block);
+    }
     *rt_err = rc > 0 ? rc : 0;
     if (rc != 0)
         return false;
@@ -639,6 +689,14 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
         shim_arena_free_node(s->arena, node);
         return false;
     }
+    /* The last free's block still counts as live. Settling now would read
+     * its node, likely still on its way so soon after the free, so the
+     * next free does it; unless this allocation may set a new peak or
+     * publish the shard's live bytes, which must not count a block
+     * already freed. */
+    if (s->deferred != SHIM_TABLE_NONE &&
+        (s->live_bytes + size > s->peak_live_bytes || s->unpublished + (int64_t)size >= LIVE_STEP))
+        shard_settle(d, s);
     s->allocs++;
     note_live(d, s, (int64_t)size);
     *out = addr;
@@ -723,7 +781,7 @@ static size_t trim_all(shim_device *d)
     size_t bytes = 0;
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_unless_mine(&s->lock);
+        bool taken = lock_settled(d, s);
         bytes += shim_arena_trim(s->arena, 0);
         if (taken)
             shim_lock_release(&s->lock);
@@ -916,17 +974,6 @@ static const char *kind_name(enum shim_block_kind k)
     }
 }
 
-/* A free of `size` requested bytes, in the shard's counters. Shard lock
- * held. */
-static inline void count_free(shim_device *d, shim_shard *s, size_t size)
-{
-    s->frees++;
-    note_live(d, s, -(int64_t)size);
-    atomic_store_explicit(&s->freed_bytes,
-                          atomic_load_explicit(&s->freed_bytes, memory_order_relaxed) + size,
-                          memory_order_relaxed);
-}
-
 /* The block `node` is no longer the program's. Shard lock held; `taken`:
  * by this call (so it may be dropped for a wait), not by a pressure
  * callback that frees while holding it. */
@@ -981,7 +1028,7 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
         /* The pointer's table line starts loading while the lock is taken
          * (with another thread in, that is time the miss would not get). */
         shim_table_prefetch(s->table, (uintptr_t)ptr);
-        bool taken = lock_unless_mine(&s->lock);
+        bool taken = lock_settled(d, s);
         /* With several shards, a block of another one (freed by a thread
          * other than the one that allocated it) costs this shard a look
          * at its few regions, not a probe of its table (a likely miss). */
@@ -1042,9 +1089,15 @@ static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool o
                                 ? SHIM_TABLE_NONE
                                 : shim_table_remove(s->table, (uintptr_t)ptr, NULL);
             if (node != SHIM_TABLE_NONE) {
-                size_t size;
-                shim_arena_free_live(s->arena, node, &size);
-                count_free(d, s, size);
+                /* The table confirmed the block without its node: that
+                 * line starts loading now, and the free that reads it
+                 * waits for the shard's next use; this call finishes the
+                 * one before, whose line has had that long. */
+                uint32_t prev = s->deferred;
+                s->deferred = node;
+                shim_arena_prefetch(s->arena, node);
+                if (prev != SHIM_TABLE_NONE)
+                    finish_free(d, s, prev);
                 shim_lock_release(&s->lock);
                 return 0;
             }
@@ -1128,7 +1181,7 @@ int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *b
         unsigned ns = shard_count(d);
         for (unsigned k = 0; k < ns; k++) {
             shim_shard *s = d->shards[k];
-            bool taken = lock_unless_mine(&s->lock);
+            bool taken = lock_settled(d, s);
             uintptr_t start;
             uint32_t node = SHIM_TABLE_NONE;
             if (shim_arena_live_block_at(s->arena, addr, &start))
@@ -1173,7 +1226,7 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
     unsigned n = shard_count(d);
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_unless_mine(&s->lock);
+        bool taken = lock_settled(d, s);
         shim_arena_counters c;
         shim_arena_get_counters(s->arena, &c);
         reserved += c.reserved_bytes;
@@ -1233,7 +1286,7 @@ shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
     unsigned ns = shard_count(d);
     for (unsigned k = 0; k < ns; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_unless_mine(&s->lock);
+        bool taken = lock_settled(d, s);
         size_t count = shim_table_count(s->table);
         if (c.n + count > c.cap) {
             size_t cap = c.n + count;
@@ -1264,7 +1317,7 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
     uint64_t live = 0, peak = 0;
     for (unsigned k = 0; k < ns; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_unless_mine(&s->lock);
+        bool taken = lock_settled(d, s);
         shim_arena_counters c;
         shim_arena_get_counters(s->arena, &c);
         st->reserved_bytes += c.reserved_bytes;
@@ -1311,15 +1364,23 @@ size_t shim_device_trim(shim_device *d)
 }
 
 /* Bytes freed through the shim on every device so far: what a pressure
- * event measures its callbacks by. */
+ * event measures its callbacks by, and the collector its collections.
+ * Each shard settled first, under its lock: a single free a callback made
+ * may still be the one the fast path left for later. */
 static uint64_t freed_everywhere(void)
 {
     uint64_t sum = 0;
     size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++) {
-        unsigned ns = shard_count(devices[i]);
-        for (unsigned k = 0; k < ns; k++)
-            sum += atomic_load_explicit(&devices[i]->shards[k]->freed_bytes, memory_order_relaxed);
+        shim_device *d = devices[i];
+        unsigned ns = shard_count(d);
+        for (unsigned k = 0; k < ns; k++) {
+            shim_shard *s = d->shards[k];
+            bool taken = lock_settled(d, s);
+            sum += s->freed_bytes;
+            if (taken)
+                shim_lock_release(&s->lock);
+        }
     }
     return sum;
 }
