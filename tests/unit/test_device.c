@@ -7,6 +7,7 @@
 
 #include "fake_runtime.h"
 #include "options.h"
+#include "pressure.h"
 
 #define MB ((size_t)1 << 20)
 
@@ -130,4 +131,55 @@ Test(device, fork_child_can_allocate_and_free)
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     cr_assert_eq(shim_device_free(d, p), 0);
+}
+
+/* A free leaves its block's arena work for the shard's next use (the fast
+ * path's deferral): nothing a caller can see may tell. */
+Test(device, a_free_shows_at_once_in_statistics_memory_info_and_freed_bytes)
+{
+    shim_device *d = fake_device(256 * MB);
+    size_t f0, f1, t;
+    void *keep, *p;
+    cr_assert_eq(shim_device_malloc(d, &keep, MB), 0);
+    cr_assert_eq(shim_device_mem_info(d, &f0, &t), 0);
+    cr_assert_eq(shim_device_malloc(d, &p, 8 * MB), 0);
+    uint64_t freed = shim_pressure_freed_total();
+    cr_assert_eq(shim_device_free(d, p), 0);
+    cr_assert_eq(shim_pressure_freed_total() - freed, 8 * MB, "the free not counted yet");
+    cr_assert_eq(shim_device_mem_info(d, &f1, &t), 0);
+    cr_assert_eq(f1, f0, "memory info still counts the freed block");
+    spyreshim_stats s = stats_of(d);
+    cr_assert_eq(s.frees, 1);
+    cr_assert_eq(s.used_bytes, MB);
+    cr_assert_eq(shim_device_free(d, p), 1, "a second free of it accepted");
+}
+
+Test(device, the_peak_never_counts_a_block_already_freed)
+{
+    shim_device *d = fake_device(256 * MB);
+    void *p;
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(shim_device_malloc(d, &p, 8 * MB), 0);
+        cr_assert_eq(shim_device_free(d, p), 0);
+    }
+    cr_assert_eq(shim_device_malloc(d, &p, 8 * MB), 0);
+    spyreshim_stats s = stats_of(d);
+    cr_assert_eq(s.peak_used_bytes, 8 * MB);
+    cr_assert_eq(s.used_bytes, 8 * MB);
+}
+
+/* A block just freed is there for the next request: no region beyond the
+ * first one is reserved for a loop that frees and reallocates the same
+ * size, even when the runtime could give one. */
+Test(device, a_block_just_freed_is_reused_before_a_region_is_reserved)
+{
+    shim_device *d = fake_device(1024 * MB);
+    void *p;
+    cr_assert_eq(shim_device_malloc(d, &p, 40 * MB), 0);
+    uint64_t regions = stats_of(d).regions_reserved;
+    for (int i = 0; i < 8; i++) {
+        cr_assert_eq(shim_device_free(d, p), 0);
+        cr_assert_eq(shim_device_malloc(d, &p, 40 * MB), 0);
+    }
+    cr_assert_eq(stats_of(d).regions_reserved, regions);
 }
