@@ -51,7 +51,7 @@ typedef struct shim_shard {
     pending_free *pending;    /* FIFO by ticket */
     size_t npending, pending_cap;
     uint64_t pending_bytes, next_ticket;
-    /* The block of the last free the fast path took (SHIM_TABLE_NONE:
+    /* The block of the shard's last free (free_later; SHIM_TABLE_NONE:
      * none): out of the table, its node's line loading, and its arena
      * free and accounting left for the shard's next use (shard_settle),
      * when the line is there. Guarded by lock. */
@@ -625,7 +625,7 @@ static inline void count_free(shim_device *d, shim_shard *s, size_t size)
     s->freed_bytes += size;
 }
 
-/* The fast path's free of live block `node`, finished: the arena's free
+/* A deferred free of live block `node` (free_later), finished: the arena's free
  * (which reads the node) and the accounting. Shard lock held. */
 static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
 {
@@ -634,7 +634,22 @@ static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
     count_free(d, s, size);
 }
 
-/* Finishes the free the fast path left for later, if any: before anything
+/* Frees live block `node` (out of the table already) without reading its
+ * node: the table confirmed the block from its slot, so the node's line
+ * starts loading now, and the free that reads it waits for the shard's
+ * next use (usually the next free, which finishes this one: its line has
+ * had that long). No trace to tell (it would want the size now), no device
+ * to wait for. Shard lock held. */
+static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
+{
+    uint32_t prev = s->deferred;
+    s->deferred = node;
+    shim_arena_prefetch(s->arena, node);
+    if (prev != SHIM_TABLE_NONE)
+        finish_free(d, s, prev);
+}
+
+/* Finishes the free free_later left, if any: before anything
  * that looks at the shard's counters or the arena's blocks. Shard lock
  * held. */
 static inline void shard_settle(shim_device *d, shim_shard *s)
@@ -1028,7 +1043,7 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
         /* The pointer's table line starts loading while the lock is taken
          * (with another thread in, that is time the miss would not get). */
         shim_table_prefetch(s->table, (uintptr_t)ptr);
-        bool taken = lock_settled(d, s);
+        bool taken = lock_unless_mine(&s->lock);
         /* With several shards, a block of another one (freed by a thread
          * other than the one that allocated it) costs this shard a look
          * at its few regions, not a probe of its table (a likely miss). */
@@ -1038,12 +1053,20 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
             continue;
         }
         uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+        shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device) {
+            /* As on the fast path: a thread freeing blocks another
+             * allocated holds their shard's lock the shorter for it. */
+            free_later(d, s, node);
+            if (taken)
+                shim_lock_release(&s->lock);
+            return 0;
+        }
         if (node != SHIM_TABLE_NONE) {
             size_t size = shim_arena_block_requested(s->arena, node);
             /* The sequence number first: release_block may drop the lock
              * for a wait, and the free happened now. The stack ids too:
              * the node may be reused once released. */
-            shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
             uint64_t seq = ev ? shim_device_seq_next() : 0;
             uint32_t nstack = ev ? shim_arena_tag(s->arena, node, 0) : 0;
             uint32_t pystack = ev ? shim_arena_tag(s->arena, node, 1) : 0;
@@ -1054,6 +1077,9 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
                 ev(SHIM_EVENT_FREE, d->index, seq, (uintptr_t)ptr, size, nstack, pystack);
             return 0;
         }
+        /* Not a live block: what it is, with the last free's block told as
+         * freed (a second free of it is a double free). */
+        shard_settle(d, s);
         uintptr_t base = 0;
         size_t rsize = 0;
         enum shim_block_kind kind = shim_arena_classify(s->arena, (uintptr_t)ptr, &base, &rsize);
@@ -1089,15 +1115,7 @@ static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool o
                                 ? SHIM_TABLE_NONE
                                 : shim_table_remove(s->table, (uintptr_t)ptr, NULL);
             if (node != SHIM_TABLE_NONE) {
-                /* The table confirmed the block without its node: that
-                 * line starts loading now, and the free that reads it
-                 * waits for the shard's next use; this call finishes the
-                 * one before, whose line has had that long. */
-                uint32_t prev = s->deferred;
-                s->deferred = node;
-                shim_arena_prefetch(s->arena, node);
-                if (prev != SHIM_TABLE_NONE)
-                    finish_free(d, s, prev);
+                free_later(d, s, node);
                 shim_lock_release(&s->lock);
                 return 0;
             }
@@ -1366,7 +1384,7 @@ size_t shim_device_trim(shim_device *d)
 /* Bytes freed through the shim on every device so far: what a pressure
  * event measures its callbacks by, and the collector its collections.
  * Each shard settled first, under its lock: a single free a callback made
- * may still be the one the fast path left for later. */
+ * may still be the one free_later left. */
 static uint64_t freed_everywhere(void)
 {
     uint64_t sum = 0;
