@@ -121,10 +121,24 @@ static pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t publish_mu = PTHREAD_MUTEX_INITIALIZER;
 static shim_device *devices[SHIM_MAX_DEVICES];
 static _Atomic size_t ndevices;
-/* On a line of its own: every allocation adds to it, from every thread,
- * and the hooks read the words that would otherwise share its line. */
+/* Allocation sequence numbers. With one thread, every allocation adds one
+ * to the counter. With several, a thread takes SEQ_BATCH numbers at a
+ * time and hands them out itself: one shared counter added to by every
+ * allocation of two threads took half of an allocation's time (its line
+ * going from core to core). A mark (shim_device_seq_now) reads the counter
+ * and then advances the epoch, which ends every thread's batch: whatever a
+ * thread allocates after the mark (happens-after it) takes a new batch,
+ * above the mark. While a trace is taken, numbers come from the counter
+ * one by one: the trace orders events by them. Counter and epoch each on
+ * a line of its own (the epoch is read by every allocation and written by
+ * marks only). */
+#define SEQ_BATCH 64
 static _Alignas(64) _Atomic uint64_t seq_counter;
-static _Alignas(64) char seq_counter_end_[1] __attribute__((unused));
+static _Alignas(64) _Atomic uint64_t seq_epoch;
+static _Alignas(64) char seq_epoch_end_[1] __attribute__((unused));
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    uint64_t next, end, epoch;
+} tls_seq;
 
 bool shim_device_in_backend(void)
 {
@@ -249,6 +263,17 @@ void shim_device_set_event_hook(shim_event_fn fn)
     atomic_store(&event_hook, fn);
 }
 
+/* A new batch of sequence numbers for the calling thread; returns its
+ * first. */
+__attribute__((noinline)) static uint64_t seq_refill(uint64_t epoch)
+{
+    uint64_t base = atomic_fetch_add_explicit(&seq_counter, SEQ_BATCH, memory_order_relaxed);
+    tls_seq.epoch = epoch;
+    tls_seq.next = base + 2;
+    tls_seq.end = base + SEQ_BATCH + 1;
+    return base + 1;
+}
+
 /* Inline: every allocation takes one. */
 static inline uint64_t seq_take(void)
 {
@@ -259,7 +284,16 @@ static inline uint64_t seq_take(void)
         atomic_store_explicit(&seq_counter, v, memory_order_relaxed);
         return v;
     }
-    return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
+    if (atomic_load_explicit(&event_hook, memory_order_relaxed)) {
+        tls_seq.end = 0; /* a batch from before would go back in time */
+        return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
+    }
+    /* Acquire: a batch taken after a mark's epoch is taken after the
+     * mark's read of the counter, so its numbers are above the mark. */
+    uint64_t e = atomic_load_explicit(&seq_epoch, memory_order_acquire);
+    if (tls_seq.next < tls_seq.end && tls_seq.epoch == e)
+        return tls_seq.next++;
+    return seq_refill(e);
 }
 
 uint64_t shim_device_seq_next(void)
@@ -351,7 +385,12 @@ shim_device *shim_device_at(size_t i)
 
 uint64_t shim_device_seq_now(void)
 {
-    return atomic_load_explicit(&seq_counter, memory_order_relaxed);
+    /* The counter first, then the epoch: a batch taken before the read is
+     * at or below it, and no thread uses a batch from before the epoch
+     * advanced once the mark is taken (seq_take). */
+    uint64_t now = atomic_load_explicit(&seq_counter, memory_order_seq_cst);
+    atomic_fetch_add_explicit(&seq_epoch, 1, memory_order_seq_cst);
+    return now;
 }
 
 /* Takes a lock unless this thread holds it already: a pressure callback
@@ -1480,6 +1519,9 @@ void shim_device_atfork_child_early(void)
      * very first allocation) may have been locked by another thread: there
      * is nothing better to do than to start its lock afresh. */
     pthread_mutex_init(&devices_mu, NULL);
+    /* The forking thread's batch may hold numbers the child, one thread
+     * again, hands out from the counter. */
+    atomic_fetch_add_explicit(&seq_epoch, 1, memory_order_relaxed);
     size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++) {
         shim_device *d = devices[i];

@@ -119,7 +119,10 @@ size_t shim_device_trim(shim_device *d);
  * to the real function, so the shim never serves its own reservations. */
 bool shim_device_in_backend(void);
 
-/* Allocation sequence: every successful allocation takes the next number. */
+/* Allocation sequence: every successful allocation takes a number, and
+ * every allocation that happens after this call takes one above what it
+ * returns (a mark). Numbers grow along each thread; across threads they
+ * follow time only while a trace is taken. */
 uint64_t shim_device_seq_now(void);
 
 /* fork() (the policy is shim/process/fork.c's). A device is announced

@@ -1,6 +1,10 @@
 /* The public snapshot API (shim/snapshot.c) over the device layer, and the
  * leak hooks' capture: marks, live allocations since a mark, stacks. */
 #include <criterion/criterion.h>
+#include <errno.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +75,63 @@ Test(snapshot, lists_live_allocations_since_a_mark)
     spyreshim_snapshot_free(s);
     cr_assert_eq(shim_device_free(d, b), 0);
     cr_assert_eq(shim_device_free(d, before), 0);
+}
+
+/* Another thread allocates before a mark and after it, between them
+ * waiting for the main thread: what it allocates after the mark is in the
+ * mark's snapshot and what it allocated before is not (a thread hands out
+ * sequence numbers from a batch it took earlier: the mark must end it). */
+struct two_phase {
+    shim_device *d;
+    sem_t go, done;
+    void *before[3], *after;
+};
+
+static void wait_bounded(sem_t *s)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += 30;
+    int rc;
+    while ((rc = sem_timedwait(s, &t)) != 0 && errno == EINTR)
+        ;
+    cr_assert_eq(rc, 0, "the other thread did not answer");
+}
+
+static void *two_phase_thread(void *arg)
+{
+    struct two_phase *tp = arg;
+    for (int i = 0; i < 3; i++)
+        tp->before[i] = allocate_from_here(tp->d, KB);
+    sem_post(&tp->done);
+    wait_bounded(&tp->go);
+    tp->after = allocate_from_here(tp->d, 2 * KB);
+    sem_post(&tp->done);
+    return NULL;
+}
+
+Test(snapshot, a_mark_covers_what_other_threads_allocate_after_it)
+{
+    struct two_phase tp = {.d = fake_device(64 << 20)};
+    sem_init(&tp.go, 0, 0);
+    sem_init(&tp.done, 0, 0);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, two_phase_thread, &tp), 0);
+    wait_bounded(&tp.done);
+    spyreshim_mark m = spyreshim_mark_now();
+    sem_post(&tp.go);
+    wait_bounded(&tp.done);
+    pthread_join(t, NULL);
+
+    spyreshim_snapshot *s = spyreshim_snapshot_take(m);
+    cr_assert_eq(spyreshim_snapshot_count(s), 1, "%zu blocks since the mark",
+                 spyreshim_snapshot_count(s));
+    cr_assert_eq(spyreshim_snapshot_get(s, 0)->ptr, (uintptr_t)tp.after);
+    cr_assert_gt(spyreshim_snapshot_get(s, 0)->seq, m);
+    spyreshim_snapshot_free(s);
+    spyreshim_snapshot *all = spyreshim_snapshot_take(0);
+    cr_assert_eq(spyreshim_snapshot_count(all), 4);
+    spyreshim_snapshot_free(all);
 }
 
 Test(snapshot, print_and_json)
