@@ -1072,12 +1072,13 @@ static bool owns(shim_device *d, uintptr_t addr);
 
 /* Frees `ptr` if one of d's shards served it: 0, or the runtime's
  * invalid-value error for a pointer inside a region of d that is not a
- * live block; -1 when no region of d holds it. The caller's shard first:
- * a thread mostly frees what it allocated. */
-static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
+ * live block; -1 when no region of d holds it. The caller's shard first
+ * (a thread mostly frees what it allocated), unless `from` is 1: the
+ * caller ruled it out. */
+static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, unsigned from)
 {
     unsigned n = shard_count(d), home = home_index(d);
-    for (unsigned k = 0; k < n; k++) {
+    for (unsigned k = from; k < n; k++) {
         shim_shard *s = d->shards[shard_after(home, k, n)];
         /* The pointer's table line starts loading while the lock is taken
          * (with another thread in, that is time the miss would not get). */
@@ -1137,8 +1138,10 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr)
 
 /* Frees `ptr` on device `d`. A pointer outside d's regions is looked for on
  * the other devices of its runtime when `others`, and is otherwise passed
- * to the caller's route's real free. */
-static int free_on_general(shim_device *d, const shim_runtime *caller, void *ptr, bool others);
+ * to the caller's route's real free. `home_ruled_out`: the calling
+ * thread's shard does not hold it. */
+static int free_on_general(shim_device *d, const shim_runtime *caller, void *ptr, bool others,
+                           bool home_ruled_out);
 
 static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool others)
 {
@@ -1150,25 +1153,32 @@ static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool o
         shim_shard *s = d->shards[home_index(d)];
         shim_table_prefetch(s->table, (uintptr_t)ptr);
         if (!shim_lock_held_by_me(&s->lock) && shim_lock_try(&s->lock)) {
-            uint32_t node = n > 1 && !shim_arena_contains(s->arena, (uintptr_t)ptr)
-                                ? SHIM_TABLE_NONE
-                                : shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+            bool elsewhere = n > 1 && !shim_arena_contains(s->arena, (uintptr_t)ptr);
+            uint32_t node = elsewhere ? SHIM_TABLE_NONE
+                                      : shim_table_remove(s->table, (uintptr_t)ptr, NULL);
             if (node != SHIM_TABLE_NONE) {
                 free_later(d, s, node);
                 shim_lock_release(&s->lock);
                 return 0;
             }
             shim_lock_release(&s->lock);
+            /* A block of another shard (a thread freeing what another
+             * allocated): the general path need not lock this one again.
+             * None of its regions can have come to hold the block since:
+             * the block was allocated before this free, and a region
+             * holding a live block is never released. */
+            if (elsewhere)
+                return free_on_general(d, caller, ptr, others, true);
         }
     }
-    return free_on_general(d, caller, ptr, others);
+    return free_on_general(d, caller, ptr, others, false);
 }
 
 __attribute__((noinline)) static int free_on_general(shim_device *d, const shim_runtime *caller,
-                                                     void *ptr, bool others)
+                                                     void *ptr, bool others, bool home_ruled_out)
 {
     const shim_runtime *rt = caller;
-    int rc = free_in_device(d, rt, ptr);
+    int rc = free_in_device(d, rt, ptr, home_ruled_out ? 1 : 0);
     if (rc >= 0)
         return rc;
     size_t n = others ? shim_device_count() : 0;
