@@ -664,8 +664,9 @@ static inline void count_free(shim_device *d, shim_shard *s, size_t size)
     s->freed_bytes += size;
 }
 
-/* A deferred free of live block `node` (free_later), finished: the arena's free
- * (which reads the node) and the accounting. Shard lock held. */
+/* A deferred free of live block `node` (free_later), finished: the
+ * arena's free (which reads the node) and the accounting. Shard lock
+ * held. */
 static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
 {
     size_t size;
@@ -688,9 +689,8 @@ static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
         finish_free(d, s, prev);
 }
 
-/* Finishes the free free_later left, if any: before anything
- * that looks at the shard's counters or the arena's blocks. Shard lock
- * held. */
+/* Finishes the free free_later left, if any: before anything that looks
+ * at the shard's counters or the arena's blocks. Shard lock held. */
 static inline void shard_settle(shim_device *d, shim_shard *s)
 {
     uint32_t node = s->deferred;
