@@ -37,9 +37,9 @@
 #define ID_MASK ((UINT64_C(1) << ID_BITS) - 1)
 #define KEY_WIDE ((UINT64_C(1) << (64 - ID_BITS)) - 1)
 #define EMPTY UINT64_MAX
-/* Up to this many slots (8 MiB) the table grows at a load of 1/2, above
+/* Up to this many slots (512 KiB) the table grows at a load of 1/2, above
  * it at 3/4: see must_grow. */
-#define SMALL_SLOTS ((size_t)1 << 20)
+#define SMALL_SLOTS ((size_t)1 << 16)
 /* A key no slot has: what a pointer that cannot be compact looks for. */
 #define KEY_NOWHERE (KEY_WIDE + 1)
 
@@ -241,9 +241,10 @@ static inline void place(shim_table *t, uintptr_t ptr, uint64_t s)
  * load at or under 1/2: a removal's backward shift and an insertion's
  * probe then stop after a slot or two, where at 0.6 (10,000 live blocks
  * under a 3/4 rule) they took a fifth of a pair, most of it in
- * mispredicted loop exits; the most that costs is 8 MiB. A large table,
- * most of the metadata at a million live blocks, keeps 3/4 (8 bytes a slot,
- * at least 10.7 bytes a block). */
+ * mispredicted loop exits; that costs 256 KiB at most. A large table
+ * keeps 3/4, or just above a power of two of live blocks it would take 32
+ * bytes a block, and the node (32) and the sequence number (8) with it
+ * pass 64 (docs/allocator.md). */
 static inline bool must_grow(const shim_table *t)
 {
     size_t cap = t->mask + 1;
