@@ -91,7 +91,7 @@ static int core_init(void)
     static const shim_region_backend be = { .reserve = fake_reserve, .release = fake_release,
                                             .mem_info = fake_mem_info, .alignment = 256 };
     core_arena = shim_arena_create(&be, 0, 0);
-    core_table = core_arena ? shim_table_create(1024, 8) : NULL;
+    core_table = core_arena ? shim_table_create(1024, (unsigned)__builtin_ctzll(be.alignment)) : NULL;
     return core_arena && core_table ? 0 : -1;
 }
 static void *core_alloc(size_t size)

@@ -251,6 +251,8 @@ static inline bool must_grow(const shim_table *t)
     return cap <= SMALL_SLOTS ? (t->count + 1) * 2 > cap : (t->count + 1) * 4 > cap * 3;
 }
 
+static int add_slow(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
+
 int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
 {
     if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
@@ -266,21 +268,16 @@ int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live
                 return -1;
             t->slots[i] = s;
         }
-    } else {
-        if (must_grow(t) && rehash(t, t->bits + 1) != 0)
-            return -1;
-        uint64_t s = slot_for(t, ptr, id);
-        if (s == EMPTY)
-            return -1;
-        place(t, ptr, s);
+        t->fields[id] = f ? *f : (shim_live_fields){ 0 };
+        return 0;
     }
-    t->fields[id] = f ? *f : (shim_live_fields){ 0 };
-    return 0;
+    return add_slow(t, ptr, id, f);
 }
 
 /* shim_table_add when the table must grow first, the entry is wide (or
- * the call is bad): out of line and reached by a tail call, so that the
- * common call saves no registers for it. */
+ * the call is bad), and shim_table_insert of a new entry: out of line and
+ * reached by a tail call, so that the common call saves no registers for
+ * it. */
 __attribute__((noinline)) static int add_slow(shim_table *t, uintptr_t ptr, uint32_t id,
                                               const shim_live_fields *f)
 {
