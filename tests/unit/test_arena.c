@@ -372,6 +372,91 @@ Test(arena, freeing_a_block_between_two_free_blocks_merges_all_three)
     unmake(s);
 }
 
+/* Quick lists: a freed block of a size class's exact size waits, unmerged,
+ * for the next request of that class, the last freed first. */
+Test(arena, a_freed_block_of_a_common_size_comes_back_as_is_to_the_next_request_of_its_size)
+{
+    setup s = make(1 * GIB, 0, 64 * MIB);
+    blk b[1000];
+    for (int i = 0; i < 1000; i++)
+        b[i] = must_alloc(s.a, 4096);
+    cr_assert_eq(b[501].addr, b[500].addr + 4096, "neighbours in the region");
+    cr_assert_eq(shim_arena_free_node(s.a, b[500].node), 4096);
+    cr_assert_eq(shim_arena_free_node(s.a, b[501].node), 4096);
+    cr_assert_eq(shim_arena_classify(s.a, b[500].addr, NULL, NULL), SHIM_ADDR_FREE_START);
+    /* Merged, the two would be one block at b[500]: a block of their
+     * class comes from the lowest fitting bin, at its start. */
+    cr_assert_eq(shim_arena_classify(s.a, b[501].addr, NULL, NULL), SHIM_ADDR_FREE_START,
+                 "the later block was merged into the earlier one");
+    cr_assert_eq(shim_arena_free_node(s.a, b[501].node), 0, "a second free of it is refused");
+    cr_assert_eq(counters(s.a).used_bytes, 998 * 4096, "a cached block is not in use");
+    blk x = must_alloc(s.a, 4000);
+    cr_assert_eq(x.addr, b[501].addr, "the last block freed comes back first");
+    cr_assert_eq(x.taken, 4096);
+    blk y = must_alloc(s.a, 4096);
+    cr_assert_eq(y.addr, b[500].addr);
+    cr_assert_eq(shim_arena_classify(s.a, y.addr, NULL, NULL), SHIM_ADDR_LIVE_START);
+    cr_assert_eq(shim_arena_block_requested(s.a, x.node), 4000, "the new request's size");
+    cr_assert_eq(counters(s.a).used_bytes, 1000 * 4096);
+    cr_assert_eq(counters(s.a).regions_reserved, 1);
+    b[500] = y;
+    b[501] = x;
+    for (int i = 0; i < 1000; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.used_bytes, 0);
+    cr_assert_eq(c.empty_bytes, c.reserved_bytes, "nothing live: every region shows empty");
+    unmake(s);
+}
+
+Test(arena, blocks_waiting_on_quick_lists_merge_before_a_region_is_reserved)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[256];
+    for (int i = 0; i < 256; i++)
+        b[i] = must_alloc(s.a, 4096);                 /* the whole region */
+    cr_assert_eq(counters(s.a).regions_reserved, 1);
+    for (int i = 64; i < 96; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    blk big = must_alloc(s.a, 128 * KIB);
+    cr_assert_eq(counters(s.a).regions_reserved, 1, "the freed run was enough");
+    cr_assert_eq(big.addr, b[64].addr);
+    shim_arena_free_node(s.a, big.node);
+    for (int i = 0; i < 256; i++)
+        if (i < 64 || i >= 96)
+            shim_arena_free_node(s.a, b[i].node);
+    cr_assert_eq(counters(s.a).empty_bytes, 1 * MIB);
+    unmake(s);
+}
+
+Test(arena, trim_merges_what_waits_on_quick_lists_and_releases_the_regions_it_empties)
+{
+    setup s = make(1 * GIB, 0, 1 * MIB);
+    blk b[512];
+    for (int i = 0; i < 512; i++)
+        b[i] = must_alloc(s.a, 4096);                 /* two regions */
+    cr_assert_eq(counters(s.a).regions, 2);
+    for (int i = 256; i < 512; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.used_bytes, 1 * MIB);
+    cr_assert_lt(c.empty_bytes, 1 * MIB, "some of the second region waits on the lists");
+    /* At most 1/16 of the bytes in use (16 blocks) wait; the rest merged
+     * into runs between them, each run one free block. */
+    int starts = 0;
+    for (int i = 256; i < 512; i++)
+        starts += shim_arena_classify(s.a, b[i].addr, NULL, NULL) == SHIM_ADDR_FREE_START;
+    cr_assert_geq(starts, 2);
+    cr_assert_leq(starts, 2 * 16 + 1, "%d free blocks: the lists hold more than 1/16", starts);
+    cr_assert_eq(shim_arena_trim(s.a, 0), 1 * MIB);
+    c = counters(s.a);
+    cr_assert_eq(c.regions, 1);
+    cr_assert_eq(c.reserved_bytes, 1 * MIB);
+    for (int i = 0; i < 256; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    unmake(s);
+}
+
 Test(arena, a_fully_free_region_serves_a_region_sized_request)
 {
     setup s = make(1 * GIB, 0, 1 * MIB);
