@@ -34,6 +34,10 @@ typedef struct pending_free {
     uint64_t ticket;          /* order of the free; a wait covers tickets before it */
 } pending_free;
 
+/* Frees whose arena work waits (free_later): enough for a node's line to
+ * arrive from memory over the pairs in between. */
+#define DEFER_SLOTS 8
+
 /* One arena of a device with its live table, its lock and its blocks
  * waiting for the device. A device starts with one shard; a thread that
  * finds its shard's lock held when it allocates moves to a shard of its own
@@ -51,11 +55,13 @@ typedef struct shim_shard {
     pending_free *pending;    /* FIFO by ticket */
     size_t npending, pending_cap;
     uint64_t pending_bytes, next_ticket;
-    /* The block of the shard's last free (free_later; SHIM_TABLE_NONE:
-     * none): out of the table, its node's line loading, and its arena
-     * free and accounting left for the shard's next use (shard_settle),
-     * when the line is there. Guarded by lock. */
-    uint32_t deferred;
+    /* The blocks of the shard's last frees (free_later; SHIM_TABLE_NONE:
+     * none), oldest at defer_pos: out of the table, their nodes' lines
+     * loading, and their arena frees and accounting left for DEFER_SLOTS
+     * frees later (or shard_settle), when the lines are there. Guarded by
+     * lock. */
+    uint32_t deferred[DEFER_SLOTS];
+    unsigned defer_pos, ndeferred;
     uint64_t freed_bytes;     /* requested bytes of every free; guarded by lock */
     /* Running threads that moved here (shard 0's own threads uncounted). */
     _Atomic unsigned homed;
@@ -215,7 +221,8 @@ static shim_shard *shard_create(shim_device *d)
         return NULL;
     }
     shim_arena_set_pool(s->arena, &d->pool);
-    s->deferred = SHIM_TABLE_NONE;
+    for (unsigned k = 0; k < DEFER_SLOTS; k++)
+        s->deferred[k] = SHIM_TABLE_NONE;
     return s;
 }
 
@@ -682,22 +689,33 @@ static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
  * to wait for. Shard lock held. */
 static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
 {
-    uint32_t prev = s->deferred;
-    s->deferred = node;
+    unsigned k = s->defer_pos;
+    uint32_t prev = s->deferred[k];
+    s->deferred[k] = node;
+    s->defer_pos = (k + 1) % DEFER_SLOTS;
     shim_arena_prefetch(s->arena, node);
+    shim_table_prefetch_fields(s->table, node);
     if (prev != SHIM_TABLE_NONE)
         finish_free(d, s, prev);
+    else
+        s->ndeferred++;
 }
 
 /* Finishes the free free_later left, if any: before anything that looks
  * at the shard's counters or the arena's blocks. Shard lock held. */
 static inline void shard_settle(shim_device *d, shim_shard *s)
 {
-    uint32_t node = s->deferred;
-    if (node != SHIM_TABLE_NONE) {
-        s->deferred = SHIM_TABLE_NONE;
-        finish_free(d, s, node);
+    if (s->ndeferred == 0)
+        return;
+    for (unsigned k = 0; k < DEFER_SLOTS; k++) {
+        unsigned at = (s->defer_pos + k) % DEFER_SLOTS;
+        uint32_t node = s->deferred[at];
+        if (node != SHIM_TABLE_NONE) {
+            s->deferred[at] = SHIM_TABLE_NONE;
+            finish_free(d, s, node);
+        }
     }
+    s->ndeferred = 0;
 }
 
 /* A shard's lock unless this thread holds it already (lock_unless_mine),
@@ -748,7 +766,7 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
      * next free does it; unless this allocation may set a new peak or
      * publish the shard's live bytes, which must not count a block
      * already freed. */
-    if (s->deferred != SHIM_TABLE_NONE &&
+    if (s->ndeferred &&
         (s->live_bytes + size > s->peak_live_bytes || s->unpublished + (int64_t)size >= LIVE_STEP))
         shard_settle(d, s);
     s->allocs++;

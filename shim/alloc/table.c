@@ -165,6 +165,7 @@ static int fields_reserve(shim_table *t, uint32_t id)
         return -1;
     t->fields = nf;
     t->fields_cap = cap;
+    atomic_store_explicit(&t->hint.fields, (uintptr_t)nf, memory_order_relaxed);
     return 0;
 }
 

@@ -70,6 +70,7 @@ size_t shim_table_meta_bytes(const shim_table *t);
 typedef struct shim_table_hint {
     _Atomic uintptr_t slots;
     _Atomic unsigned bits;
+    _Atomic uintptr_t fields;      /* shim_table_prefetch_fields */
 } shim_table_hint;
 
 /* The home slot of a pointer in a table of 2^bits (Fibonacci hashing:
@@ -93,6 +94,17 @@ static inline void shim_table_prefetch(const shim_table *t, uintptr_t ptr)
      * any array, which a prefetch tolerates and C pointers do not. Each
      * slot is 8 bytes. */
     __builtin_prefetch((const void *)(s + shim_table_home(ptr, bits) * 8));
+}
+
+/* Starts loading, for writing, the line of node id `id`'s fields: a free
+ * calls it, so that the allocation that takes the block back soon does not
+ * wait for that line when it writes them. A hint: `id` need not be in the
+ * table. */
+static inline void shim_table_prefetch_fields(const shim_table *t, uint32_t id)
+{
+    const shim_table_hint *h = (const shim_table_hint *)(const void *)t;
+    uintptr_t f = atomic_load_explicit(&h->fields, memory_order_relaxed);
+    __builtin_prefetch((const void *)(f + (uintptr_t)id * sizeof(shim_live_fields)), 1);
 }
 
 #endif
