@@ -108,13 +108,16 @@ typedef struct node {
     uint32_t off;                  /* start, in units from its region's base */
     uint32_t units;                /* size in alignment units */
     uint32_t addr_prev, addr_next; /* neighbours in the region, NIL at its ends */
-    /* Region (low 30 bits) and state (top 2), written whole: a bit-field
-     * store of the state is a byte store, and a later load of the word
-     * then waits for it (a failed store forward, measured at 8% of an
-     * allocation when a code change let it reach the path). */
+    /* Region (low 28 bits), the neighbour bits (RS_PREV_FREE,
+     * RS_NEXT_FREE) and state (top 2), written whole: a bit-field store of
+     * the state is a byte store, and a later load of the word then waits
+     * for it (a failed store forward, measured at 8% of an allocation when
+     * a code change let it reach the path). */
     uint32_t rs;
     union {
-        struct {                   /* NODE_FREE; bin_next chains NODE_UNUSED slots */
+        /* NODE_FREE: its bin; NODE_QUICK: its quick list (bin_prev unused
+         * at the head); bin_next chains NODE_UNUSED slots. */
+        struct {
             uint32_t bin_prev, bin_next;
         };
         struct {                   /* NODE_LIVE */
@@ -125,7 +128,15 @@ typedef struct node {
 } node;
 _Static_assert(sizeof(node) == SHIM_ARENA_NODE_BYTES, "node layout");
 
-#define RS_REGION_MASK 0x3fffffffu
+#define RS_REGION_MASK 0x0fffffffu
+/* The block before (after) this one is free: set when it becomes free,
+ * cleared when it is carved (the allocation that ends its freedom), so a
+ * free decides whether its block may wait on a quick list without reading
+ * a neighbour. Kept for live blocks; a free block's carve rewrites its
+ * own. */
+#define RS_PREV_FREE (1u << 28)
+#define RS_NEXT_FREE (1u << 29)
+#define RS_STATE_SHIFT 30
 
 static inline uint32_t node_region(const node *n)
 {
@@ -134,12 +145,12 @@ static inline uint32_t node_region(const node *n)
 
 static inline unsigned node_state(const node *n)
 {
-    return n->rs >> 30;
+    return n->rs >> RS_STATE_SHIFT;
 }
 
 static inline void set_state(node *n, unsigned state)
 {
-    n->rs = (n->rs & RS_REGION_MASK) | (uint32_t)state << 30;
+    n->rs = (n->rs & ~(3u << RS_STATE_SHIFT)) | (uint32_t)state << RS_STATE_SHIFT;
 }
 
 typedef struct region {
@@ -413,6 +424,8 @@ static bool regions_reserve(shim_arena *a)
     if (a->free_region != NIL)
         return true;
     uint32_t cap = a->regions_cap ? a->regions_cap * 2 : 16;
+    if (cap > RS_REGION_MASK + 1u)
+        return false; /* a node keeps its region's id in 28 bits */
     region *nr = realloc(a->regions, (size_t)cap * sizeof *nr);
     if (!nr)
         return false;
@@ -563,7 +576,7 @@ static uint32_t grow(shim_arena *a, size_t need, size_t exact)
                    .dedicated = dedicated, .empty = false, .in_use = true };
     a->nodes[i] = (node){ .off = 0, .units = (uint32_t)(rs >> a->shift), .addr_prev = NIL,
                           .addr_next = NIL, .bin_prev = NIL, .bin_next = NIL,
-                          .rs = r | (uint32_t)NODE_FREE << 30 };
+                          .rs = r | (uint32_t)NODE_FREE << RS_STATE_SHIFT };
     uint32_t pos = sorted_upper(a, addr);
     memmove(&a->sorted[pos + 1], &a->sorted[pos], (a->nsorted - pos) * sizeof *a->sorted);
     a->sorted[pos] = r;
@@ -638,18 +651,27 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
         m->units = rest;
         m->addr_prev = i;
         m->addr_next = n->addr_next;
-        m->rs = node_region(n) | (uint32_t)NODE_FREE << 30;
-        if (n->addr_next != NIL)
+        m->rs = node_region(n) | (uint32_t)NODE_FREE << RS_STATE_SHIFT;
+        if (n->addr_next != NIL) {
             a->nodes[n->addr_next].addr_prev = j;
+            a->nodes[n->addr_next].rs |= RS_PREV_FREE;
+        }
         n->addr_next = j;
         n->units = take;
         bin_insert(a, j);
+    } else if (n->addr_next != NIL) {
+        a->nodes[n->addr_next].rs &= ~RS_PREV_FREE;
     }
-    set_state(n, NODE_LIVE);
+    /* A free block's neighbours are not free: the remainder is the only
+     * free one now, and the blocks around learn that this one is not. */
+    n->rs = node_region(n) | (rest > 0 ? RS_NEXT_FREE : 0) | (uint32_t)NODE_LIVE << RS_STATE_SHIFT;
+    if (n->addr_prev != NIL)
+        a->nodes[n->addr_prev].rs &= ~RS_NEXT_FREE;
 }
 
 static inline void arena_settle(shim_arena *a);
 static void quick_flush(shim_arena *a);
+static void merge_freed(shim_arena *a, uint32_t i);
 
 /* The last block freed to quick list `b`, or NIL. */
 static inline uint32_t quick_take(shim_arena *a, uint32_t b)
@@ -664,6 +686,39 @@ static inline uint32_t quick_take(shim_arena *a, uint32_t b)
     a->quick_depth[b]--;
     a->quick_bytes -= (uint64_t)n->units << a->shift;
     return i;
+}
+
+/* Takes cached block `i` off its quick list, wherever it is in it. */
+static void quick_unlink(shim_arena *a, uint32_t i)
+{
+    node *n = &a->nodes[i];
+    uint32_t b = bin_floor(n->units);
+    if (a->quick_head[b] == i) {
+        a->quick_head[b] = n->bin_next;
+        if (n->bin_next == NIL)
+            a->quick_map[b >> 6] &= ~(1ull << (b & 63));
+    } else {
+        a->nodes[n->bin_prev].bin_next = n->bin_next;
+    }
+    if (n->bin_next != NIL)
+        a->nodes[n->bin_next].bin_prev = n->bin_prev;
+    a->quick_depth[b]--;
+    a->quick_bytes -= (uint64_t)n->units << a->shift;
+}
+
+/* The lowest quick class in [lo, hi) with a block, or NIL. */
+static uint32_t quick_find(const shim_arena *a, uint32_t lo, uint32_t hi)
+{
+    if (hi > QUICK_BINS)
+        hi = QUICK_BINS;
+    for (uint32_t w = lo >> 6; lo < hi && w < QUICK_WORDS; w++, lo = w << 6) {
+        uint64_t m = a->quick_map[w] & (~0ull << (lo & 63));
+        if (m) {
+            uint32_t c = (w << 6) | (uint32_t)__builtin_ctzll(m);
+            return c < hi ? c : NIL;
+        }
+    }
+    return NIL;
 }
 
 static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
@@ -689,6 +744,27 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
     if (!nodes_reserve(a, 1))
         return -1;
     i = bin_find(a, b);
+    if (a->quick_bytes && b < QUICK_BINS) {
+        /* A cached block of a class below the free block found is what
+         * best fit would take, had it been merged: taken and carved as a
+         * free block would be. */
+        uint32_t c = quick_find(a, b + 1, i != NIL ? bin_floor(a->nodes[i].units) : BIN_COUNT);
+        if (c != NIL) {
+            i = quick_take(a, c);
+            set_state(&a->nodes[i], NODE_FREE);
+            carve(a, i, (uint32_t)need);
+            /* The rest (there is one: the class is larger) is free and may
+             * touch cached blocks after it, which a free block never does:
+             * they merge into it. */
+            uint32_t rest = a->nodes[i].addr_next;
+            uint32_t after = a->nodes[rest].addr_next;
+            if (after != NIL && node_state(&a->nodes[after]) == NODE_QUICK) {
+                bin_remove(a, rest);
+                merge_freed(a, rest);
+            }
+            goto taken;
+        }
+    }
     if (i == NIL && (a->unsettled != NIL || a->quick_bytes)) {
         /* The last free's block, merged, may be what fits; or blocks on
          * the quick lists, merged. */
@@ -744,25 +820,46 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, taken);
 }
 
-/* The merge and filing of freed block `i` (its node still NODE_LIVE). */
+/* The merge and filing of freed block `i` (NODE_LIVE, or NODE_QUICK off
+ * its list). A free block never touches another free block nor a cached
+ * one: a free neighbour (one at most each side) merges, and so does every
+ * cached block of a run next to it; the live blocks that end up next to
+ * it learn that it is free (RS_PREV_FREE, RS_NEXT_FREE). */
 static void merge_freed(shim_arena *a, uint32_t i)
 {
     node *n = &a->nodes[i];
     set_state(n, NODE_FREE);
-    uint32_t nx = n->addr_next;
-    if (nx != NIL && node_state(&a->nodes[nx]) == NODE_FREE) {
-        bin_remove(a, nx);
+    for (uint32_t nx = n->addr_next; nx != NIL; nx = n->addr_next) {
         node *m = &a->nodes[nx];
+        unsigned st = node_state(m);
+        if (st == NODE_FREE) {
+            bin_remove(a, nx);
+        } else if (st == NODE_QUICK) {
+            quick_unlink(a, nx);
+        } else {
+            m->rs |= RS_PREV_FREE;
+            break;
+        }
         n->units += m->units;
         n->addr_next = m->addr_next;
         if (m->addr_next != NIL)
             a->nodes[m->addr_next].addr_prev = i;
         node_drop(a, nx);
+        if (st == NODE_FREE)
+            break; /* what follows a free block is neither free nor cached */
     }
-    uint32_t pv = n->addr_prev;
-    if (pv != NIL && node_state(&a->nodes[pv]) == NODE_FREE) {
-        bin_remove(a, pv);
+    for (uint32_t pv = n->addr_prev; pv != NIL; pv = n->addr_prev) {
         node *p = &a->nodes[pv];
+        unsigned st = node_state(p);
+        if (st == NODE_FREE) {
+            bin_remove(a, pv);
+        } else if (st == NODE_QUICK) {
+            quick_unlink(a, pv);
+            set_state(p, NODE_FREE);
+        } else {
+            p->rs |= RS_NEXT_FREE;
+            break;
+        }
         p->units += n->units;
         p->addr_next = n->addr_next;
         if (n->addr_next != NIL)
@@ -770,6 +867,8 @@ static void merge_freed(shim_arena *a, uint32_t i)
         node_drop(a, i);
         i = pv;
         n = p;
+        if (st == NODE_FREE)
+            break;
     }
     if (n->addr_prev == NIL && n->addr_next == NIL) {
         /* The region is empty: it stays cached, and older empty regions
@@ -790,12 +889,16 @@ static inline bool quick_put(shim_arena *a, uint32_t i, node *n, size_t bytes)
     if (u > QUICK_MAX_UNITS)
         return false;
     uint32_t b = bin_floor(u);
-    if (bin_size(b) != u || a->quick_depth[b] >= QUICK_DEPTH ||
+    if (bin_size(b) != u || (n->rs & (RS_PREV_FREE | RS_NEXT_FREE)) ||
+        a->quick_depth[b] >= QUICK_DEPTH ||
         a->quick_bytes + bytes > a->c.used_bytes / QUICK_FRACTION ||
         a->regions[node_region(n)].dedicated)
         return false;
     set_state(n, NODE_QUICK);
-    n->bin_next = a->quick_head[b];
+    uint32_t head = a->quick_head[b];
+    n->bin_next = head;
+    if (head != NIL)
+        a->nodes[head].bin_prev = i;
     a->quick_head[b] = i;
     a->quick_map[b >> 6] |= 1ull << (b & 63);
     a->quick_depth[b]++;
@@ -979,6 +1082,38 @@ void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c)
 {
     arena_settle(a);
     *c = a->c;
+}
+
+const char *shim_arena_check(shim_arena *a)
+{
+    arena_settle(a);
+    uint64_t cached = 0;
+    for (uint32_t k = 0; k < a->nsorted; k++) {
+        const region *g = &a->regions[a->sorted[k]];
+        uint64_t off = 0;
+        uint32_t prev = NIL;
+        for (uint32_t i = g->first; i != NIL; prev = i, i = a->nodes[i].addr_next) {
+            const node *n = &a->nodes[i];
+            if (n->addr_prev != prev || n->off != off || node_region(n) != a->sorted[k])
+                return "a region's blocks do not chain";
+            off += n->units;
+            unsigned st = node_state(n);
+            bool pf = prev != NIL && node_state(&a->nodes[prev]) == NODE_FREE;
+            bool nf = n->addr_next != NIL && node_state(&a->nodes[n->addr_next]) == NODE_FREE;
+            if (st == NODE_FREE && n->addr_next != NIL &&
+                node_state(&a->nodes[n->addr_next]) != NODE_LIVE)
+                return "a free block touches a free or cached one";
+            if (st == NODE_QUICK && (pf || nf))
+                return "a cached block touches a free one";
+            if (st != NODE_FREE && (!!(n->rs & RS_PREV_FREE) != pf || !!(n->rs & RS_NEXT_FREE) != nf))
+                return "a block's neighbour bits are wrong";
+            if (st == NODE_QUICK)
+                cached += (uint64_t)n->units << a->shift;
+        }
+        if (off << a->shift != g->size)
+            return "a region's blocks do not cover it";
+    }
+    return cached == a->quick_bytes ? NULL : "the quick lists' bytes are wrong";
 }
 
 size_t shim_arena_limit(const shim_arena *a)

@@ -113,6 +113,11 @@ size_t shim_arena_block_size(const shim_arena *a, uint32_t node);
  * empty regions remain; returns the bytes released. */
 size_t shim_arena_trim(shim_arena *a, size_t keep);
 void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c);
+/* Walks every block and checks the arena's invariants (blocks tile their
+ * regions, no free block touches a free or cached one, the neighbour bits
+ * of live and cached blocks are exact): for tests. NULL when they hold,
+ * else what broke. O(blocks). */
+const char *shim_arena_check(shim_arena *a);
 size_t shim_arena_limit(const shim_arena *a);
 
 #endif

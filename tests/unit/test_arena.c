@@ -202,6 +202,8 @@ static blk model_take(model *m, size_t p)
 /* Everything the model can say about the arena's state. */
 static void model_check(const model *m, shim_arena *a, const fake *f, size_t limit)
 {
+    const char *broken = shim_arena_check(a);
+    cr_assert_null(broken, "seed=%" PRIu64 ": %s", m->seed, broken);
     shim_arena_counters c = counters(a);
     uint64_t used = 0;
     for (size_t i = 0; i < m->n; i++) {
@@ -429,30 +431,111 @@ Test(arena, blocks_waiting_on_quick_lists_merge_before_a_region_is_reserved)
     unmake(s);
 }
 
-Test(arena, trim_merges_what_waits_on_quick_lists_and_releases_the_regions_it_empties)
+/* Blocks above 1 MiB never wait on a quick list: freed, they are free. */
+Test(arena, a_block_freed_next_to_a_free_block_merges_with_it_at_once)
+{
+    setup s = make(1 * GIB, 0, 64 * MIB);
+    blk x = must_alloc(s.a, 4096);
+    blk big = must_alloc(s.a, 2 * MIB);
+    blk z = must_alloc(s.a, 4096);
+    blk w = must_alloc(s.a, 4096);
+    cr_assert_eq(z.addr, big.addr + big.taken);
+    shim_arena_free_node(s.a, big.node);
+    shim_arena_free_node(s.a, z.node);
+    cr_assert_eq(shim_arena_classify(s.a, z.addr, NULL, NULL), SHIM_ADDR_INTERIOR,
+                 "z waits on a list next to a free block instead of merging");
+    blk again = must_alloc(s.a, 2 * MIB);
+    cr_assert_eq(again.addr, big.addr, "the merged block is in the 2 MiB bin");
+    shim_arena_free_node(s.a, again.node);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, w.node);
+    unmake(s);
+}
+
+Test(arena, freeing_the_neighbour_of_a_waiting_block_merges_the_waiting_block_too)
+{
+    setup s = make(1 * GIB, 0, 64 * MIB);
+    blk x = must_alloc(s.a, 4096);
+    blk big = must_alloc(s.a, 2 * MIB);
+    blk c = must_alloc(s.a, 4096);
+    blk d = must_alloc(s.a, 4096);
+    blk w = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, c.node);
+    shim_arena_free_node(s.a, d.node);
+    cr_assert_eq(shim_arena_classify(s.a, d.addr, NULL, NULL), SHIM_ADDR_FREE_START,
+                 "d does not wait, whole, next to c");
+    shim_arena_free_node(s.a, big.node);
+    cr_assert_eq(shim_arena_classify(s.a, c.addr, NULL, NULL), SHIM_ADDR_INTERIOR,
+                 "c still waits next to a free block");
+    cr_assert_eq(shim_arena_classify(s.a, d.addr, NULL, NULL), SHIM_ADDR_INTERIOR,
+                 "the run of waiting blocks did not merge whole");
+    blk again = must_alloc(s.a, 2 * MIB);
+    cr_assert_eq(again.addr, big.addr, "the merged block is in the 2 MiB bin");
+    shim_arena_free_node(s.a, again.node);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, w.node);
+    unmake(s);
+}
+
+Test(arena, a_waiting_block_of_a_larger_class_is_taken_before_a_larger_free_block)
+{
+    setup s = make(1 * GIB, 0, 64 * MIB);
+    blk keep = must_alloc(s.a, 4 * MIB);     /* enough in use for the lists */
+    blk p = must_alloc(s.a, 8192);
+    blk q = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, p.node);        /* waits; the region's tail is free */
+    blk x = must_alloc(s.a, 4096);
+    cr_assert_eq(x.addr, p.addr, "best fit takes the 8 KiB block, not the region's tail");
+    blk y = must_alloc(s.a, 4096);
+    cr_assert_eq(y.addr, p.addr + 4096, "the rest of it is free and comes next");
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    shim_arena_free_node(s.a, q.node);
+    shim_arena_free_node(s.a, keep.node);
+    cr_assert_eq(counters(s.a).empty_bytes, 64 * MIB);
+    unmake(s);
+}
+
+/* Regions of 1 MiB holding four 256 KiB blocks each; frees the blocks
+ * of the last one, in an order where none is next to a free block. */
+static setup regions_of_four(blk *b, int regions)
 {
     setup s = make(1 * GIB, 0, 1 * MIB);
-    blk b[512];
-    for (int i = 0; i < 512; i++)
-        b[i] = must_alloc(s.a, 4096);                 /* two regions */
-    cr_assert_eq(counters(s.a).regions, 2);
-    for (int i = 256; i < 512; i++)
-        shim_arena_free_node(s.a, b[i].node);
+    for (int i = 0; i < 4 * regions; i++)
+        b[i] = must_alloc(s.a, 256 * KIB);
+    cr_assert_eq(counters(s.a).regions, (uint64_t)regions);
+    int order[4] = { 0, 2, 1, 3 };
+    for (int k = 0; k < 4; k++)
+        shim_arena_free_node(s.a, b[4 * (regions - 1) + order[k]].node);
+    return s;
+}
+
+Test(arena, trim_merges_what_waits_on_quick_lists_and_releases_the_regions_it_empties)
+{
+    blk b[80];
+    setup s = regions_of_four(b, 20);
     shim_arena_counters c = counters(s.a);
-    cr_assert_eq(c.used_bytes, 1 * MIB);
-    cr_assert_lt(c.empty_bytes, 1 * MIB, "some of the second region waits on the lists");
-    /* At most 1/16 of the bytes in use (16 blocks) wait; the rest merged
-     * into runs between them, each run one free block. */
-    int starts = 0;
-    for (int i = 256; i < 512; i++)
-        starts += shim_arena_classify(s.a, b[i].addr, NULL, NULL) == SHIM_ADDR_FREE_START;
-    cr_assert_geq(starts, 2);
-    cr_assert_leq(starts, 2 * 16 + 1, "%d free blocks: the lists hold more than 1/16", starts);
+    cr_assert_eq(c.used_bytes, 19 * MIB);
+    cr_assert_eq(c.empty_regions, 0, "the freed blocks wait, whole, on the lists");
     cr_assert_eq(shim_arena_trim(s.a, 0), 1 * MIB);
     c = counters(s.a);
-    cr_assert_eq(c.regions, 1);
-    cr_assert_eq(c.reserved_bytes, 1 * MIB);
-    for (int i = 0; i < 256; i++)
+    cr_assert_eq(c.regions, 19);
+    cr_assert_eq(c.reserved_bytes, 19 * MIB);
+    for (int i = 0; i < 76; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    cr_assert_eq(counters(s.a).empty_bytes, counters(s.a).reserved_bytes);
+    unmake(s);
+}
+
+Test(arena, quick_lists_hold_at_most_a_sixteenth_of_the_bytes_in_use)
+{
+    blk b[16];
+    setup s = regions_of_four(b, 4);
+    /* 3 MiB in use: 192 KiB may wait, less than a block. */
+    shim_arena_counters c = counters(s.a);
+    cr_assert_eq(c.used_bytes, 3 * MIB);
+    cr_assert_eq(c.empty_regions, 1, "the freed blocks merged: their region is empty");
+    for (int i = 0; i < 12; i++)
         shim_arena_free_node(s.a, b[i].node);
     unmake(s);
 }
