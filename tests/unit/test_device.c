@@ -168,14 +168,21 @@ Test(device, the_peak_never_counts_a_block_already_freed)
     cr_assert_eq(s.used_bytes, 8 * MB);
 }
 
-/* The shard keeps the arena work of its last few frees for later: after
- * any number of frees in a row, and allocations between them, the counters
- * are exact and the peak counts no block already freed. */
+/* The shard keeps the arena work of its last few frees for later (several
+ * once it holds more than 65,536 live blocks): after any number of frees
+ * in a row, and allocations between them, the counters are exact and the
+ * peak counts no block already freed. */
 Test(device, frees_in_a_row_show_at_once_and_the_peak_counts_none_of_them)
 {
-    /* Regions of 64 MiB: every allocation below fits in the first one's
-     * free room, so none has to settle the frees to find a block. */
+    /* Regions of 64 MiB: every allocation below fits in free room, so none
+     * has to settle the frees to find a block. */
     shim_device *d = fake_device(4096 * MB);
+    enum { MANY = 70000 };
+    void **many = malloc(MANY * sizeof *many);
+    cr_assert_not_null(many);
+    for (int i = 0; i < MANY; i++)
+        cr_assert_eq(shim_device_malloc(d, &many[i], 256), 0);
+    uint64_t base = MANY * 256;
     void *p[20];
     for (int i = 0; i < 20; i++)
         cr_assert_eq(shim_device_malloc(d, &p[i], MB), 0);
@@ -185,7 +192,7 @@ Test(device, frees_in_a_row_show_at_once_and_the_peak_counts_none_of_them)
         cr_assert_eq(shim_pressure_freed_total() - freed, (uint64_t)(i + 1) * MB);
         spyreshim_stats s = stats_of(d);
         cr_assert_eq(s.frees, (uint64_t)i + 1);
-        cr_assert_eq(s.used_bytes, (uint64_t)(19 - i) * MB);
+        cr_assert_eq(s.used_bytes, base + (uint64_t)(19 - i) * MB);
     }
     for (int i = 0; i < 12; i++)
         cr_assert_eq(shim_device_malloc(d, &p[i], MB), 0);
@@ -195,13 +202,17 @@ Test(device, frees_in_a_row_show_at_once_and_the_peak_counts_none_of_them)
     for (int i = 0; i < 12; i++)
         cr_assert_eq(shim_device_malloc(d, &p[i], MB), 0);
     spyreshim_stats s = stats_of(d);
-    cr_assert_eq(s.used_bytes, 20 * MB);
-    cr_assert_eq(s.peak_used_bytes, 20 * MB, "a freed block counted in the peak");
+    cr_assert_eq(s.used_bytes, base + 20 * MB);
+    cr_assert_eq(s.peak_used_bytes, base + 20 * MB, "a freed block counted in the peak");
     for (int i = 0; i < 20; i++)
         cr_assert_eq(shim_device_free(d, p[i]), 0);
     for (int i = 0; i < 20; i++)
         cr_assert_eq(shim_device_free(d, p[i]), 1, "a second free of it accepted");
+    cr_assert_eq(stats_of(d).used_bytes, base);
+    for (int i = 0; i < MANY; i++)
+        cr_assert_eq(shim_device_free(d, many[i]), 0);
     cr_assert_eq(stats_of(d).used_bytes, 0);
+    free(many);
 }
 
 /* A block just freed is there for the next request: no region beyond the
