@@ -22,6 +22,7 @@
  *   glibc     the C library's malloc/free, for information.
  *
  *   bench_alloc PATH TRACE [reps] [live] [max_kib] [threads] [own|main]
+ * BENCH_SEED=n in the environment replays another trace of the same shape.
  * Prints one line: path trace ns_per_pair peak_live peak_reserved frag
  * rss_per_live meta_per_live (reserved is known for core and for the
  * interposed path; 0 otherwise; frag for one thread only). rss_per_live is
@@ -344,6 +345,12 @@ int main(int argc, char **argv)
      * trace of its own (seed + thread), against the same allocator. */
     worker ws[16];
     uint64_t seed = sizes64 ? TRACE_SEED_SIZES64 : TRACE_SEED_LOGUNIFORM;
+    /* Another trace of the same shape: fragmentation is one draw of a
+     * quantity that moves by a region at a time, and a mean over several
+     * seeds says what a change does to it (bench/frag_seeds.sh). */
+    const char *seed_env = getenv("BENCH_SEED");
+    if (seed_env && *seed_env)
+        seed += strtoull(seed_env, NULL, 10) * 1000003u;
     for (int w = 0; w < nthreads; w++) {
         ws[w] = (worker){ .p = p };
         make_trace_n(&ws[w].t, sizes64, seed + (uint64_t)w, live / (uint32_t)nthreads,
