@@ -93,6 +93,12 @@ enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE, NODE_QUICK };
 #ifndef QUICK_FRACTION
 #define QUICK_FRACTION 16
 #endif
+/* Below this many live blocks the nodes stay in cache: the lists save no
+ * miss there, their branches go either way, and a block freed is where
+ * the next requests should look first (measured at 10,000 live blocks:
+ * from 5% slower to 5% faster by trace, and the classic 64-size trace's
+ * fragmentation 1.0490 -> 1.0655). */
+#define QUICK_FROM_LIVE 65536
 _Static_assert(QUICK_MAX_LOG >= SL_BITS, "quick classes are above the exact-size bins");
 
 /* 32 bytes, so that two nodes share a cache line and none straddles two:
@@ -129,11 +135,12 @@ typedef struct node {
 _Static_assert(sizeof(node) == SHIM_ARENA_NODE_BYTES, "node layout");
 
 #define RS_REGION_MASK 0x0fffffffu
-/* The block before (after) this one is free: set when it becomes free,
- * cleared when it is carved (the allocation that ends its freedom), so a
- * free decides whether its block may wait on a quick list without reading
- * a neighbour. Kept for live blocks; a free block's carve rewrites its
- * own. */
+/* The block before (after) this one may be free: set when it becomes
+ * free, cleared when it is carved (the allocation that ends its freedom)
+ * while the quick lists are in use, so a free decides whether its block
+ * may wait on a quick list without reading a neighbour: never clear where
+ * the neighbour is free, exact once the lists have been in use a while.
+ * Kept for live and cached blocks; a free block's carve rewrites its own. */
 #define RS_PREV_FREE (1u << 28)
 #define RS_NEXT_FREE (1u << 29)
 #define RS_STATE_SHIFT 30
@@ -178,6 +185,8 @@ struct shim_arena {
     uint16_t quick_depth[QUICK_BINS];
     uint64_t quick_map[QUICK_WORDS];   /* non-empty quick lists */
     uint64_t quick_bytes;
+    uint32_t live_blocks;
+    uint32_t quick_from;               /* QUICK_FROM_LIVE unless set */
 
     node *nodes;                   /* hint.nodes too */
     uint32_t nodes_cap, nodes_used, free_slot;
@@ -611,6 +620,7 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
         a->heads[b] = NIL;
     for (uint32_t b = 0; b < QUICK_BINS; b++)
         a->quick_head[b] = NIL;
+    a->quick_from = QUICK_FROM_LIVE;
     a->free_slot = NIL;
     a->unsettled = NIL;
     a->free_region = NIL;
@@ -621,6 +631,11 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
 void shim_arena_set_pool(shim_arena *a, shim_arena_pool *pool)
 {
     a->pool = pool;
+}
+
+void shim_arena_set_quick_from(shim_arena *a, uint32_t live_blocks)
+{
+    a->quick_from = live_blocks;
 }
 
 void shim_arena_destroy(shim_arena *a)
@@ -639,7 +654,7 @@ void shim_arena_destroy(shim_arena *a)
 }
 
 /* Takes `take` units from the start of free node i (already out of its bin). */
-static void carve(shim_arena *a, uint32_t i, uint32_t take)
+static inline __attribute__((always_inline)) void carve(shim_arena *a, uint32_t i, uint32_t take)
 {
     node *n = &a->nodes[i];
     uint32_t rest = n->units - take;
@@ -659,14 +674,20 @@ static void carve(shim_arena *a, uint32_t i, uint32_t take)
         n->addr_next = j;
         n->units = take;
         bin_insert(a, j);
-    } else if (n->addr_next != NIL) {
-        a->nodes[n->addr_next].rs &= ~RS_PREV_FREE;
     }
     /* A free block's neighbours are not free: the remainder is the only
-     * free one now, and the blocks around learn that this one is not. */
+     * free one now. */
     n->rs = node_region(n) | (rest > 0 ? RS_NEXT_FREE : 0) | (uint32_t)NODE_LIVE << RS_STATE_SHIFT;
-    if (n->addr_prev != NIL)
-        a->nodes[n->addr_prev].rs &= ~RS_NEXT_FREE;
+    /* The blocks around learn that this one is not free, while the quick
+     * lists are in use; below, their bits may say free where it is not
+     * (a block then merges where it could have waited), and the two lines
+     * are not touched: 4% of a pair at 10,000 live blocks. */
+    if (a->live_blocks >= a->quick_from) {
+        if (rest == 0 && n->addr_next != NIL)
+            a->nodes[n->addr_next].rs &= ~RS_PREV_FREE;
+        if (n->addr_prev != NIL)
+            a->nodes[n->addr_prev].rs &= ~RS_NEXT_FREE;
+    }
 }
 
 static inline void arena_settle(shim_arena *a);
@@ -736,7 +757,7 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
      * 256 GiB at 256-byte alignment) are not rounded. */
     if (need > MAX_UNITS || ((need - u) << a->shift) + ((size_t)1 << a->shift) > UINT32_MAX)
         need = u;
-    uint32_t i = b < QUICK_BINS ? quick_take(a, b) : NIL;
+    uint32_t i = a->quick_bytes && b < QUICK_BINS ? quick_take(a, b) : NIL;
     if (i != NIL) {
         set_state(&a->nodes[i], NODE_LIVE);
         goto taken;
@@ -800,6 +821,7 @@ taken:;
     n->slack = (uint32_t)(bytes - size);
     n->tag[0] = n->tag[1] = 0;
     add_used(a, bytes);
+    a->live_blocks++;
     *addr = node_addr(a, n);
     *node_out = i;
     *taken = bytes;
@@ -820,46 +842,34 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, taken);
 }
 
-/* The merge and filing of freed block `i` (NODE_LIVE, or NODE_QUICK off
- * its list). A free block never touches another free block nor a cached
- * one: a free neighbour (one at most each side) merges, and so does every
- * cached block of a run next to it; the live blocks that end up next to
- * it learn that it is free (RS_PREV_FREE, RS_NEXT_FREE). */
-static void merge_freed(shim_arena *a, uint32_t i)
+/* Merges into free block `i` (node `n`) the run of cached blocks after
+ * it, and files the block after the run as having a free neighbour. */
+static __attribute__((noinline)) void absorb_cached_after(shim_arena *a, uint32_t i, node *n)
 {
-    node *n = &a->nodes[i];
-    set_state(n, NODE_FREE);
-    for (uint32_t nx = n->addr_next; nx != NIL; nx = n->addr_next) {
+    uint32_t nx;
+    while ((nx = n->addr_next) != NIL && node_state(&a->nodes[nx]) == NODE_QUICK) {
         node *m = &a->nodes[nx];
-        unsigned st = node_state(m);
-        if (st == NODE_FREE) {
-            bin_remove(a, nx);
-        } else if (st == NODE_QUICK) {
-            quick_unlink(a, nx);
-        } else {
-            m->rs |= RS_PREV_FREE;
-            break;
-        }
+        quick_unlink(a, nx);
         n->units += m->units;
         n->addr_next = m->addr_next;
         if (m->addr_next != NIL)
             a->nodes[m->addr_next].addr_prev = i;
         node_drop(a, nx);
-        if (st == NODE_FREE)
-            break; /* what follows a free block is neither free nor cached */
     }
-    for (uint32_t pv = n->addr_prev; pv != NIL; pv = n->addr_prev) {
+    if (nx != NIL)
+        a->nodes[nx].rs |= RS_PREV_FREE;
+}
+
+/* The same before it: returns the block the run merged into (the lowest
+ * one: merges keep the lower node). */
+static __attribute__((noinline)) uint32_t absorb_cached_before(shim_arena *a, uint32_t i)
+{
+    node *n = &a->nodes[i];
+    uint32_t pv;
+    while ((pv = n->addr_prev) != NIL && node_state(&a->nodes[pv]) == NODE_QUICK) {
         node *p = &a->nodes[pv];
-        unsigned st = node_state(p);
-        if (st == NODE_FREE) {
-            bin_remove(a, pv);
-        } else if (st == NODE_QUICK) {
-            quick_unlink(a, pv);
-            set_state(p, NODE_FREE);
-        } else {
-            p->rs |= RS_NEXT_FREE;
-            break;
-        }
+        quick_unlink(a, pv);
+        set_state(p, NODE_FREE);
         p->units += n->units;
         p->addr_next = n->addr_next;
         if (n->addr_next != NIL)
@@ -867,8 +877,57 @@ static void merge_freed(shim_arena *a, uint32_t i)
         node_drop(a, i);
         i = pv;
         n = p;
-        if (st == NODE_FREE)
-            break;
+    }
+    if (pv != NIL)
+        a->nodes[pv].rs |= RS_NEXT_FREE;
+    return i;
+}
+
+/* The merge and filing of freed block `i` (NODE_LIVE, or NODE_QUICK off
+ * its list). A free block never touches another free block nor a cached
+ * one: a free neighbour (one at most each side, and nothing free or cached
+ * beyond it) merges, and so does every cached block of a run next to it;
+ * the live blocks that end up next to it learn that it is free. */
+static void merge_freed(shim_arena *a, uint32_t i)
+{
+    node *n = &a->nodes[i];
+    set_state(n, NODE_FREE);
+    uint32_t nx = n->addr_next;
+    if (nx != NIL) {
+        node *m = &a->nodes[nx];
+        unsigned st = node_state(m);
+        if (st == NODE_FREE) {
+            bin_remove(a, nx);
+            n->units += m->units;
+            n->addr_next = m->addr_next;
+            if (m->addr_next != NIL)
+                a->nodes[m->addr_next].addr_prev = i;
+            node_drop(a, nx);
+        } else if (st == NODE_QUICK) {
+            absorb_cached_after(a, i, n);
+        } else {
+            m->rs |= RS_PREV_FREE;
+        }
+    }
+    uint32_t pv = n->addr_prev;
+    if (pv != NIL) {
+        node *p = &a->nodes[pv];
+        unsigned st = node_state(p);
+        if (st == NODE_FREE) {
+            bin_remove(a, pv);
+            p->units += n->units;
+            p->addr_next = n->addr_next;
+            if (n->addr_next != NIL)
+                a->nodes[n->addr_next].addr_prev = pv;
+            node_drop(a, i);
+            i = pv;
+            n = p;
+        } else if (st == NODE_QUICK) {
+            i = absorb_cached_before(a, i);
+            n = &a->nodes[i];
+        } else {
+            p->rs |= RS_NEXT_FREE;
+        }
     }
     if (n->addr_prev == NIL && n->addr_next == NIL) {
         /* The region is empty: it stays cached, and older empty regions
@@ -886,7 +945,7 @@ static void merge_freed(shim_arena *a, uint32_t i)
 static inline bool quick_put(shim_arena *a, uint32_t i, node *n, size_t bytes)
 {
     uint32_t u = n->units;
-    if (u > QUICK_MAX_UNITS)
+    if (a->live_blocks < a->quick_from || u > QUICK_MAX_UNITS)
         return false;
     uint32_t b = bin_floor(u);
     if (bin_size(b) != u || (n->rs & (RS_PREV_FREE | RS_NEXT_FREE)) ||
@@ -948,14 +1007,17 @@ static inline size_t free_live(shim_arena *a, uint32_t i, size_t *requested)
     size_t bytes = (size_t)n->units << a->shift;
     *requested = bytes - n->slack;
     a->c.used_bytes -= bytes;
+    a->live_blocks--;
     if (quick_put(a, i, n, bytes))
         return bytes;
     /* The lists shrink with the bytes in use, a block for a block, and
      * are gone when nothing is, so that the regions show empty. */
-    if (a->c.used_bytes == 0)
-        quick_flush(a);
-    else if (a->quick_bytes > a->c.used_bytes / QUICK_FRACTION)
-        quick_merge_one(a);
+    if (a->quick_bytes && a->quick_bytes > a->c.used_bytes / QUICK_FRACTION) {
+        if (a->c.used_bytes == 0)
+            quick_flush(a);
+        else
+            quick_merge_one(a);
+    }
     /* The neighbours' lines start loading now; the merge that reads them
      * runs at the arena's next call (a likely miss each, at a million live
      * blocks, that would otherwise stall this free). */
@@ -1087,6 +1149,8 @@ void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c)
 const char *shim_arena_check(shim_arena *a)
 {
     arena_settle(a);
+    /* Exact only when every carve has kept them (the lists always on). */
+    bool exact = a->quick_from == 0;
     uint64_t cached = 0;
     for (uint32_t k = 0; k < a->nsorted; k++) {
         const region *g = &a->regions[a->sorted[k]];
@@ -1105,7 +1169,10 @@ const char *shim_arena_check(shim_arena *a)
                 return "a free block touches a free or cached one";
             if (st == NODE_QUICK && (pf || nf))
                 return "a cached block touches a free one";
-            if (st != NODE_FREE && (!!(n->rs & RS_PREV_FREE) != pf || !!(n->rs & RS_NEXT_FREE) != nf))
+            if (st != NODE_FREE && ((pf && !(n->rs & RS_PREV_FREE)) || (nf && !(n->rs & RS_NEXT_FREE))))
+                return "a block's neighbour bits miss a free neighbour";
+            if (st != NODE_FREE && exact &&
+                (!!(n->rs & RS_PREV_FREE) != pf || !!(n->rs & RS_NEXT_FREE) != nf))
                 return "a block's neighbour bits are wrong";
             if (st == NODE_QUICK)
                 cached += (uint64_t)n->units << a->shift;

@@ -54,6 +54,9 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
 /* Makes `a` count its regions in `pool` and check its limit against the
  * pool's total; before its first allocation. */
 void shim_arena_set_pool(shim_arena *a, shim_arena_pool *pool);
+/* Freed blocks wait on quick lists (arena.c) once the arena holds this
+ * many live blocks (65,536 unless set): for tests, 0. */
+void shim_arena_set_quick_from(shim_arena *a, uint32_t live_blocks);
 /* Releases every region to the backend. */
 void shim_arena_destroy(shim_arena *a);
 
@@ -115,8 +118,9 @@ size_t shim_arena_trim(shim_arena *a, size_t keep);
 void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c);
 /* Walks every block and checks the arena's invariants (blocks tile their
  * regions, no free block touches a free or cached one, the neighbour bits
- * of live and cached blocks are exact): for tests. NULL when they hold,
- * else what broke. O(blocks). */
+ * of live and cached blocks never miss a free neighbour, and are exact
+ * when quick lists are in use from 0 live blocks): for tests. NULL when
+ * they hold, else what broke. O(blocks). */
 const char *shim_arena_check(shim_arena *a);
 size_t shim_arena_limit(const shim_arena *a);
 

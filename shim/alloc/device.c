@@ -693,14 +693,25 @@ static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
 static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
 {
     unsigned k = s->defer_pos, n = s->ndeferred;
-    unsigned max = s->allocs - s->frees > DEFER_FROM_LIVE ? DEFER_SLOTS : 1;
     shim_arena_prefetch(s->arena, node);
-    shim_table_prefetch_fields(s->table, node);
-    for (; n >= max; n--) /* the oldest first */
-        finish_free(d, s, s->deferred[(k - n) & (DEFER_SLOTS - 1)]);
+    if (s->allocs - s->frees > DEFER_FROM_LIVE) {
+        shim_table_prefetch_fields(s->table, node);
+        if (n == DEFER_SLOTS)
+            finish_free(d, s, s->deferred[k]); /* the oldest */
+        else
+            n++;
+    } else if (n) {
+        /* One deep (after more, when the shard shrank): the oldest go. */
+        do
+            finish_free(d, s, s->deferred[(k - n) & (DEFER_SLOTS - 1)]);
+        while (--n);
+        n = 1;
+    } else {
+        n = 1;
+    }
+    s->ndeferred = n;
     s->deferred[k] = node;
     s->defer_pos = (k + 1) & (DEFER_SLOTS - 1);
-    s->ndeferred = n + 1;
 }
 
 /* Finishes the free free_later left, if any: before anything that looks

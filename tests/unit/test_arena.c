@@ -239,13 +239,14 @@ static void model_check(const model *m, shim_arena *a, const fake *f, size_t lim
  * against the model and the whole state now and then; at the end frees
  * everything and checks that every byte came back (only possible when
  * both neighbours merge and empty regions are detected). */
-static void random_run(uint64_t seed, size_t alignment, size_t limit, size_t region_size,
-                       size_t max_size, unsigned ops)
+static void random_run_from(uint64_t seed, size_t alignment, size_t limit, size_t region_size,
+                            size_t max_size, unsigned ops, uint32_t quick_from)
 {
     fake *f = fake_new(64 * GIB);
     shim_region_backend be = backend_of(f, alignment);
     shim_arena *a = shim_arena_create(&be, limit, region_size);
     cr_assert_not_null(a);
+    shim_arena_set_quick_from(a, quick_from);
     model m = { .seed = seed };
     uint64_t s = seed;
     for (unsigned op = 0; op < ops; op++) {
@@ -300,6 +301,13 @@ static void random_run(uint64_t seed, size_t alignment, size_t limit, size_t reg
     free(f);
 }
 
+/* Quick lists from the first block on. */
+static void random_run(uint64_t seed, size_t alignment, size_t limit, size_t region_size,
+                       size_t max_size, unsigned ops)
+{
+    random_run_from(seed, alignment, limit, region_size, max_size, ops, 0);
+}
+
 Test(arena, random_sequences_keep_blocks_disjoint_aligned_and_accounted)
 {
     uint64_t seed = seed_from_env(0x5eed);
@@ -322,6 +330,15 @@ Test(arena, random_sequences_under_a_limit_never_exceed_it)
     random_run(seed, 256, 96 * MIB, 0, 4 * MIB, 20000);
 }
 
+/* The live blocks go past 1,000 and back: carves before the lists come
+ * into use leave neighbour bits that say free where it is not. */
+Test(arena, random_sequences_across_the_quick_lists_threshold)
+{
+    uint64_t seed = seed_from_env(24701);
+    fprintf(stderr, "arena random quick threshold: SEED=%" PRIu64 "\n", seed);
+    random_run_from(seed, 256, 0, 0, 1 * MIB, 30000, 1000);
+}
+
 Test(arena, random_sequences_honour_a_larger_backend_alignment)
 {
     uint64_t seed = seed_from_env(0x5eed) + 300;
@@ -342,6 +359,7 @@ static setup make(size_t total, size_t limit, size_t region)
     shim_region_backend be = backend_of(s.f, 256);
     s.a = shim_arena_create(&be, limit, region);
     cr_assert_not_null(s.a);
+    shim_arena_set_quick_from(s.a, 0); /* quick lists at any size */
     return s;
 }
 
@@ -428,6 +446,40 @@ Test(arena, blocks_waiting_on_quick_lists_merge_before_a_region_is_reserved)
         if (i < 64 || i >= 96)
             shim_arena_free_node(s.a, b[i].node);
     cr_assert_eq(counters(s.a).empty_bytes, 1 * MIB);
+    unmake(s);
+}
+
+Test(arena, quick_lists_start_at_65536_live_blocks)
+{
+    setup s = make(1 * GIB, 0, 64 * MIB);
+    shim_arena_set_quick_from(s.a, 65536);
+    /* Few blocks, many bytes: the lists' byte bound would allow them. */
+    blk big = must_alloc(s.a, 32 * MIB);
+    blk x = must_alloc(s.a, 4096), y = must_alloc(s.a, 4096), g = must_alloc(s.a, 4096);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    cr_assert_eq(shim_arena_classify(s.a, y.addr, NULL, NULL), SHIM_ADDR_INTERIOR,
+                 "with 3 live blocks, x waited on a list instead of merging with y");
+    enum { N = 65536 + 4 };
+    blk *b = malloc(N * sizeof *b);
+    for (int i = 0; i < N; i++)
+        b[i] = must_alloc(s.a, 256);
+    /* Carved after the lists came into use, so their neighbour bits are
+     * exact (those carved before still say their next block is free). */
+    shim_arena_free_node(s.a, b[N - 3].node);
+    shim_arena_free_node(s.a, b[N - 2].node);
+    cr_assert_eq(shim_arena_classify(s.a, b[N - 2].addr, NULL, NULL), SHIM_ADDR_FREE_START,
+                 "with 65,540 live blocks, two blocks merged instead of waiting");
+    blk z = must_alloc(s.a, 256);
+    cr_assert_eq(z.addr, b[N - 2].addr, "the last block freed comes back first");
+    b[N - 2] = z;
+    for (int i = 0; i < N; i++)
+        if (i != N - 3)
+            shim_arena_free_node(s.a, b[i].node);
+    shim_arena_free_node(s.a, big.node);
+    shim_arena_free_node(s.a, g.node);
+    cr_assert_eq(counters(s.a).empty_bytes, counters(s.a).reserved_bytes);
+    free(b);
     unmake(s);
 }
 
