@@ -757,14 +757,10 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
      * 256 GiB at 256-byte alignment) are not rounded. */
     if (need > MAX_UNITS || ((need - u) << a->shift) + ((size_t)1 << a->shift) > UINT32_MAX)
         need = u;
-    uint32_t i = a->quick_bytes && b < QUICK_BINS ? quick_take(a, b) : NIL;
-    if (i != NIL) {
-        set_state(&a->nodes[i], NODE_LIVE);
-        goto taken;
-    }
+    /* (alloc_quick found the class's quick list empty.) */
     if (!nodes_reserve(a, 1))
         return -1;
-    i = bin_find(a, b);
+    uint32_t i = bin_find(a, b);
     if (a->quick_bytes && b < QUICK_BINS) {
         /* A cached block of a class below the free block found is what
          * best fit would take, had it been merged: taken and carved as a
@@ -831,14 +827,45 @@ taken:;
     return 0;
 }
 
+/* The request of a class whose quick list has a block: the common one
+ * once the lists are in use, apart from alloc_block so that it carries
+ * only what it uses (alloc_block's register saves alone were a fifth of
+ * it). False, touching nothing, otherwise. */
+static inline bool alloc_quick(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out,
+                               size_t *taken)
+{
+    if (!a->quick_bytes || size > ((size_t)QUICK_MAX_UNITS << a->shift))
+        return false;
+    uint32_t b = bin_ceil((size + ((size_t)1 << a->shift) - 1) >> a->shift);
+    uint32_t i = quick_take(a, b);
+    if (i == NIL)
+        return false;
+    node *n = &a->nodes[i];
+    set_state(n, NODE_LIVE);
+    size_t bytes = (size_t)n->units << a->shift;
+    n->slack = (uint32_t)(bytes - size);
+    n->tag[0] = n->tag[1] = 0;
+    add_used(a, bytes);
+    a->live_blocks++;
+    *addr = node_addr(a, n);
+    *node_out = i;
+    *taken = bytes;
+    arena_settle(a);
+    return true;
+}
+
 int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
 {
+    if (alloc_quick(a, size, addr, node_out, taken))
+        return 0;
     return alloc_block(a, size, true, addr, node_out, taken);
 }
 
 int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out,
                          size_t *taken)
 {
+    if (alloc_quick(a, size, addr, node_out, taken))
+        return 0;
     return alloc_block(a, size, false, addr, node_out, taken);
 }
 
