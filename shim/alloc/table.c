@@ -15,12 +15,20 @@
  * bits, 32 million nodes. An entry beyond either, or a pointer that is not
  * aligned, goes to the wide array, and its slot holds the reserved key
  * WIDE and the entry's index there; a probe compares those by pointer.
- * The empty slot is all ones: the key WIDE with an index the wide array
- * never hands out.
+ * The empty slot is all ones, the tombstone all ones less one: the key
+ * WIDE with indices the wide array never hands out.
  *
- * Deletion shifts the following run back instead of leaving tombstones,
- * so probe lengths never degrade. The load factor stays at or under 1/2
- * up to SMALL_SLOTS slots and at or under 3/4 above (must_grow).
+ * Deletion leaves a tombstone, which a probe passes over and an insertion
+ * takes. It used to shift the following run back: a loop whose exit
+ * depends on the line of the slot just found, which at a million live
+ * blocks is still on its way from memory, and mispredicted half the time;
+ * each misprediction threw away the work the processor had run ahead on
+ * (the next allocation, the program's next free), and tombstones made a
+ * pair at a million live blocks 25% faster. Live entries keep the load at
+ * or under 1/2 up to SMALL_SLOTS slots and at or under 3/4 above; with
+ * tombstones past that the array is rebuilt at its size once they are
+ * 1/16 of it (so at least that many frees pass between rebuilds), and
+ * until then may be fuller by that much (must_grow, add_slow).
  * Guarded by: the owner's allocator lock; nothing here locks. The only
  * reader without it is shim_table_prefetch, through two atomic hints.
  * Never: dereferences a key (keys are device addresses).
@@ -37,6 +45,7 @@
 #define ID_MASK ((UINT64_C(1) << ID_BITS) - 1)
 #define KEY_WIDE ((UINT64_C(1) << (64 - ID_BITS)) - 1)
 #define EMPTY UINT64_MAX
+#define TOMB (UINT64_MAX - 1)
 /* Up to this many slots (512 KiB) the table grows at a load of 1/2, above
  * it at 3/4: see must_grow. */
 #define SMALL_SLOTS ((size_t)1 << 16)
@@ -56,6 +65,7 @@ struct shim_table {
     unsigned bits;                 /* log2(capacity), <= 32 */
     unsigned shift;                /* log2 of the pointers' alignment */
     size_t count;
+    size_t tombs;                  /* TOMB slots */
     shim_live_fields *fields;      /* by node id */
     size_t fields_cap;
     wide_entry *wide;
@@ -137,7 +147,7 @@ static int rehash(shim_table *t, unsigned bits)
     if (!ns)
         return -1;
     for (size_t i = 0; i <= t->mask; i++) {
-        if (t->slots[i] == EMPTY)
+        if (t->slots[i] >= TOMB)
             continue;
         size_t j = shim_table_home(slot_ptr(t, t->slots[i]), bits);
         while (ns[j] != EMPTY)
@@ -148,6 +158,7 @@ static int rehash(shim_table *t, unsigned bits)
     t->slots = ns;
     t->mask = mask;
     t->bits = bits;
+    t->tombs = 0;
     atomic_store_explicit(&t->hint.slots, (uintptr_t)ns, memory_order_relaxed);
     atomic_store_explicit(&t->hint.bits, bits, memory_order_relaxed);
     return 0;
@@ -178,8 +189,8 @@ static uint64_t wide_take(shim_table *t, uintptr_t ptr, uint32_t id)
     } else {
         if (t->wide_used == t->wide_cap) {
             uint32_t cap = t->wide_cap ? t->wide_cap * 2 : 64;
-            if (cap > ID_MASK) /* the index ID_MASK would read as EMPTY */
-                cap = ID_MASK;
+            if (cap > ID_MASK - 1) /* indices ID_MASK - 1 and ID_MASK read as TOMB, EMPTY */
+                cap = ID_MASK - 1;
             if (cap == t->wide_cap)
                 return EMPTY;
             wide_entry *nw = shim_hostmem_grow(t->wide, (size_t)t->wide_cap * sizeof *nw,
@@ -222,6 +233,8 @@ static size_t lookup(const shim_table *t, uintptr_t ptr)
         uint64_t s = t->slots[i];
         if (s == EMPTY)
             return SIZE_MAX;
+        if (s == TOMB)
+            continue;
         uint64_t sk = slot_key(s);
         if (sk == k || (sk == KEY_WIDE && t->wide[s & ID_MASK].ptr == ptr))
             return i;
@@ -232,24 +245,30 @@ static size_t lookup(const shim_table *t, uintptr_t ptr)
 static inline void place(shim_table *t, uintptr_t ptr, uint64_t s)
 {
     size_t i = shim_table_home(ptr, t->bits);
-    while (t->slots[i] != EMPTY)
+    while (t->slots[i] < TOMB)
         i = (i + 1) & t->mask;
+    t->tombs -= t->slots[i] == TOMB;
     t->slots[i] = s;
     t->count++;
 }
 
-/* Whether one more entry needs a larger array. A small table keeps its
- * load at or under 1/2: a removal's backward shift and an insertion's
- * probe then stop after a slot or two, where at 0.6 (10,000 live blocks
- * under a 3/4 rule) they took a fifth of a pair, most of it in
- * mispredicted loop exits; that costs 256 KiB at most. A large table
- * keeps 3/4, or just above a power of two of live blocks it would take 32
- * bytes a block, and the node (32) and the sequence number (8) with it
- * pass 64 (docs/allocator.md). */
+/* The most live entries an array of `cap` slots holds. A small table
+ * keeps its load at or under 1/2: probes then stop after a slot or two,
+ * where at 0.6 (10,000 live blocks under a 3/4 rule) they took a fifth of
+ * a pair, most of it in mispredicted loop exits; that costs 256 KiB at
+ * most. A large table keeps 3/4, or just above a power of two of live
+ * blocks it would take 32 bytes a block, and the node (32) and the
+ * sequence number (8) with it pass 64 (docs/allocator.md). */
+static inline size_t load_limit(size_t cap)
+{
+    return cap <= SMALL_SLOTS ? cap / 2 : cap / 4 * 3;
+}
+
+/* Whether one more entry goes through add_slow: the live entries and the
+ * tombstones together at the limit. */
 static inline bool must_grow(const shim_table *t)
 {
-    size_t cap = t->mask + 1;
-    return cap <= SMALL_SLOTS ? (t->count + 1) * 2 > cap : (t->count + 1) * 4 > cap * 3;
+    return t->count + t->tombs + 1 > load_limit(t->mask + 1);
 }
 
 static int add_slow(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
@@ -284,8 +303,16 @@ __attribute__((noinline)) static int add_slow(shim_table *t, uintptr_t ptr, uint
 {
     if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
         return -1;
-    if (must_grow(t) && rehash(t, t->bits + 1) != 0)
-        return -1;
+    size_t cap = t->mask + 1;
+    if (t->count + 1 > load_limit(cap)) {
+        if (rehash(t, t->bits + 1) != 0)
+            return -1;
+    } else if (must_grow(t) && t->tombs >= cap / 16 && rehash(t, t->bits) != 0 &&
+               t->count + t->tombs + 2 >= cap) {
+        return -1; /* (a rebuild that failed, with no room left anyway) */
+    }
+    /* Otherwise over the limit by fewer than cap/16 tombstones: a slot
+     * stays empty (the limit is at most 3/4), so probes still end. */
     uint64_t s = slot_for(t, ptr, id);
     if (s == EMPTY)
         return -1;
@@ -315,17 +342,8 @@ uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out)
         wide_drop(t, s);
     if (out)
         *out = t->fields[id];
-    /* Backward shift: move each later entry of the run into the hole when
-     * the hole lies on its probe path (between its home slot and it). */
-    size_t hole = i;
-    for (size_t j = (i + 1) & t->mask; t->slots[j] != EMPTY; j = (j + 1) & t->mask) {
-        size_t home = shim_table_home(slot_ptr(t, t->slots[j]), t->bits);
-        if (((j - home) & t->mask) >= ((j - hole) & t->mask)) {
-            t->slots[hole] = t->slots[j];
-            hole = j;
-        }
-    }
-    t->slots[hole] = EMPTY;
+    t->slots[i] = TOMB;
+    t->tombs++;
     t->count--;
     return id;
 }
@@ -352,7 +370,7 @@ void shim_table_foreach(const shim_table *t,
 {
     for (size_t i = 0; i <= t->mask; i++) {
         uint64_t s = t->slots[i];
-        if (s != EMPTY) {
+        if (s < TOMB) {
             uint32_t id = slot_id(t, s);
             fn(slot_ptr(t, s), id, &t->fields[id], user);
         }

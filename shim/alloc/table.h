@@ -2,8 +2,9 @@
  * block's sequence number, kept apart from the node because only
  * allocation writes it and only reports read it (the stack ids fit in the
  * node: shim_arena_set_tags). Open addressing with linear probing and
- * backward-shift deletion, load factor kept under 1/2 (3/4 above 2^16
- * slots), so insert, find and remove are O(1). A slot holds the pointer
+ * tombstones, live entries' load kept under 1/2 (3/4 above 2^16 slots),
+ * the array rebuilt when tombstones pile up, so insert, find and remove
+ * are O(1) (amortized). A slot holds the pointer
  * itself (as a multiple of the alignment) and the node id, so that a free
  * is confirmed and removed without reading the node. Host memory only.
  * Not thread-safe: the owner serializes calls with the allocator lock

@@ -356,6 +356,29 @@ static void near_threshold(uint64_t seed, unsigned live_n, unsigned pool, size_t
     free(live);
 }
 
+/* Removals leave tombstones: a long churn of fresh keys at a steady count
+ * never grows the array (it is rebuilt in place when they pile up), and
+ * a key removed is not found past the tombstones of others. */
+Test(table, a_long_churn_at_a_steady_count_keeps_the_table_its_size)
+{
+    shim_table *t = table(16);
+    for (unsigned i = 0; i < 1000; i++)
+        cr_assert_eq(shim_table_insert(t, spread_key(i), i, NULL), 0);
+    size_t bytes = shim_table_meta_bytes(t);
+    for (unsigned k = 1000; k < 300000; k++) {
+        unsigned gone = k - 1000;
+        cr_assert_eq(shim_table_remove(t, spread_key(gone), NULL), gone % 1000, "key %u", gone);
+        cr_assert_eq(shim_table_find(t, spread_key(gone)), SHIM_TABLE_NONE, "key %u", gone);
+        cr_assert_eq(shim_table_add(t, spread_key(k), k % 1000, NULL), 0);
+    }
+    cr_assert_eq(shim_table_count(t), 1000);
+    for (unsigned k = 0; k < 300000; k++)
+        cr_assert_eq(shim_table_find(t, spread_key(k)), k >= 299000 ? k % 1000 : SHIM_TABLE_NONE,
+                     "key %u", k);
+    cr_assert_eq(shim_table_meta_bytes(t), bytes, "the slots grew under churn");
+    shim_table_destroy(t);
+}
+
 /* 4,090 live in 8,192 slots: a load of 0.499 (a small table grows past
  * 1/2). SEED=n replays. */
 Test(table, stays_exact_at_loads_near_one_half)
