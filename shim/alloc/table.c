@@ -26,9 +26,11 @@
  * (the next allocation, the program's next free), and tombstones made a
  * pair at a million live blocks 25% faster. Live entries keep the load at
  * or under 1/2 up to SMALL_SLOTS slots and at or under 3/4 above; with
- * tombstones past that the array is rebuilt at its size once they are
- * 1/16 of it (so at least that many frees pass between rebuilds), and
- * until then may be fuller by that much (must_grow, add_slow).
+ * tombstones past that the array is rebuilt once they are 1/8 of it
+ * (small) or 1/16 (large), and until then may be fuller by that much. The
+ * rebuild keeps the size when that leaves room for as many tombstones
+ * again, so that many frees pass between rebuilds; with the live entries
+ * that near the limit it doubles (must_grow, add_slow).
  * Guarded by: the owner's allocator lock; nothing here locks. The only
  * reader without it is shim_table_prefetch, through two atomic hints.
  * Never: dereferences a key (keys are device addresses).
@@ -264,6 +266,13 @@ static inline size_t load_limit(size_t cap)
     return cap <= SMALL_SLOTS ? cap / 2 : cap / 4 * 3;
 }
 
+/* The tombstones an array may hold past the load limit before a rebuild
+ * (5/8 of it used at most when small, 13/16 when large). */
+static inline size_t tomb_allowance(size_t cap)
+{
+    return cap <= SMALL_SLOTS ? cap / 8 : cap / 16;
+}
+
 /* Whether one more entry goes through add_slow: the live entries and the
  * tombstones together at the limit. */
 static inline bool must_grow(const shim_table *t)
@@ -303,16 +312,20 @@ __attribute__((noinline)) static int add_slow(shim_table *t, uintptr_t ptr, uint
 {
     if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
         return -1;
-    size_t cap = t->mask + 1;
-    if (t->count + 1 > load_limit(cap)) {
+    size_t cap = t->mask + 1, limit = load_limit(cap), allow = tomb_allowance(cap);
+    if (t->count + 1 > limit) {
         if (rehash(t, t->bits + 1) != 0)
             return -1;
-    } else if (must_grow(t) && t->tombs >= cap / 16 && rehash(t, t->bits) != 0 &&
-               t->count + t->tombs + 2 >= cap) {
-        return -1; /* (a rebuild that failed, with no room left anyway) */
+    } else if (must_grow(t) && t->tombs >= allow) {
+        /* Rebuilt at its size when that leaves room for `allow` more
+         * tombstones, so that at least that many frees pass before the
+         * next rebuild; else (the live entries near the limit) doubled. */
+        unsigned bits = limit - t->count >= allow ? t->bits : t->bits + 1;
+        if (rehash(t, bits) != 0 && t->count + t->tombs + 2 >= cap)
+            return -1; /* (a rebuild that failed, with no room left anyway) */
     }
-    /* Otherwise over the limit by fewer than cap/16 tombstones: a slot
-     * stays empty (the limit is at most 3/4), so probes still end. */
+    /* Otherwise over the limit by fewer than `allow` tombstones: a slot
+     * stays empty, so probes still end. */
     uint64_t s = slot_for(t, ptr, id);
     if (s == EMPTY)
         return -1;
