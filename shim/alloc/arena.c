@@ -876,19 +876,25 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, taken);
 }
 
+/* Block `hi` (out of its bin or list) joins block `lo` just before it. */
+static inline void join(shim_arena *a, uint32_t lo, uint32_t hi)
+{
+    node *l = &a->nodes[lo], *h = &a->nodes[hi];
+    l->units += h->units;
+    l->addr_next = h->addr_next;
+    if (h->addr_next != NIL)
+        a->nodes[h->addr_next].addr_prev = lo;
+    node_drop(a, hi);
+}
+
 /* Merges into free block `i` (node `n`) the run of cached blocks after
  * it, and files the block after the run as having a free neighbour. */
 static __attribute__((noinline)) void absorb_cached_after(shim_arena *a, uint32_t i, node *n)
 {
     uint32_t nx;
     while ((nx = n->addr_next) != NIL && node_state(&a->nodes[nx]) == NODE_QUICK) {
-        node *m = &a->nodes[nx];
         quick_unlink(a, nx);
-        n->units += m->units;
-        n->addr_next = m->addr_next;
-        if (m->addr_next != NIL)
-            a->nodes[m->addr_next].addr_prev = i;
-        node_drop(a, nx);
+        join(a, i, nx);
     }
     if (nx != NIL)
         a->nodes[nx].rs |= RS_PREV_FREE;
@@ -901,16 +907,11 @@ static __attribute__((noinline)) uint32_t absorb_cached_before(shim_arena *a, ui
     node *n = &a->nodes[i];
     uint32_t pv;
     while ((pv = n->addr_prev) != NIL && node_state(&a->nodes[pv]) == NODE_QUICK) {
-        node *p = &a->nodes[pv];
         quick_unlink(a, pv);
-        set_state(p, NODE_FREE);
-        p->units += n->units;
-        p->addr_next = n->addr_next;
-        if (n->addr_next != NIL)
-            a->nodes[n->addr_next].addr_prev = pv;
-        node_drop(a, i);
+        set_state(&a->nodes[pv], NODE_FREE);
+        join(a, pv, i);
         i = pv;
-        n = p;
+        n = &a->nodes[i];
     }
     if (pv != NIL)
         a->nodes[pv].rs |= RS_NEXT_FREE;
@@ -932,11 +933,7 @@ static void merge_freed(shim_arena *a, uint32_t i)
         unsigned st = node_state(m);
         if (st == NODE_FREE) {
             bin_remove(a, nx);
-            n->units += m->units;
-            n->addr_next = m->addr_next;
-            if (m->addr_next != NIL)
-                a->nodes[m->addr_next].addr_prev = i;
-            node_drop(a, nx);
+            join(a, i, nx);
         } else if (st == NODE_QUICK) {
             absorb_cached_after(a, i, n);
         } else {
@@ -949,11 +946,7 @@ static void merge_freed(shim_arena *a, uint32_t i)
         unsigned st = node_state(p);
         if (st == NODE_FREE) {
             bin_remove(a, pv);
-            p->units += n->units;
-            p->addr_next = n->addr_next;
-            if (n->addr_next != NIL)
-                a->nodes[n->addr_next].addr_prev = pv;
-            node_drop(a, i);
+            join(a, pv, i);
             i = pv;
             n = p;
         } else if (st == NODE_QUICK) {
