@@ -749,6 +749,25 @@ static uint32_t quick_find(const shim_arena *a, uint32_t lo, uint32_t hi)
     return NIL;
 }
 
+/* Live block `i` (NODE_LIVE), asked for as `size` bytes, goes to the
+ * caller. */
+static inline __attribute__((always_inline)) void
+hand_out(shim_arena *a, uint32_t i, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *taken)
+{
+    node *n = &a->nodes[i];
+    size_t bytes = (size_t)n->units << a->shift;
+    n->slack = (uint32_t)(bytes - size);
+    n->tag[0] = n->tag[1] = 0;
+    add_used(a, bytes);
+    a->live_blocks++;
+    *addr = node_addr(a, n);
+    *node_out = i;
+    *taken = bytes;
+    /* After this allocation's own misses: the last free's merge, whose
+     * lines have been loading since. */
+    arena_settle(a);
+}
+
 static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
                        uint32_t *node_out, size_t *taken)
 {
@@ -818,19 +837,8 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
             need = a->nodes[i].units;
     }
     carve(a, i, (uint32_t)need);
-taken:;
-    node *n = &a->nodes[i];
-    size_t bytes = (size_t)n->units << a->shift;
-    n->slack = (uint32_t)(bytes - size);
-    n->tag[0] = n->tag[1] = 0;
-    add_used(a, bytes);
-    a->live_blocks++;
-    *addr = node_addr(a, n);
-    *node_out = i;
-    *taken = bytes;
-    /* After this allocation's own misses: the last free's merge, whose
-     * lines have been loading since. */
-    arena_settle(a);
+taken:
+    hand_out(a, i, size, addr, node_out, taken);
     return 0;
 }
 
@@ -847,17 +855,8 @@ static inline bool alloc_quick(shim_arena *a, size_t size, uintptr_t *addr, uint
     uint32_t i = quick_take(a, b);
     if (i == NIL)
         return false;
-    node *n = &a->nodes[i];
-    set_state(n, NODE_LIVE);
-    size_t bytes = (size_t)n->units << a->shift;
-    n->slack = (uint32_t)(bytes - size);
-    n->tag[0] = n->tag[1] = 0;
-    add_used(a, bytes);
-    a->live_blocks++;
-    *addr = node_addr(a, n);
-    *node_out = i;
-    *taken = bytes;
-    arena_settle(a);
+    set_state(&a->nodes[i], NODE_LIVE);
+    hand_out(a, i, size, addr, node_out, taken);
     return true;
 }
 
