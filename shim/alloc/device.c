@@ -687,9 +687,10 @@ static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
 /* Frees live block `node` (out of the table already) without reading its
  * node: the table confirmed the block from its slot, so the node's line
  * starts loading now, and the free that reads it waits for the shard's
- * next use (usually the next free, which finishes this one: its line has
- * had that long). No trace to tell (it would want the size now), no device
- * to wait for. Shard lock held. */
+ * next use: usually the next free (DEFER_SLOTS frees later in a large
+ * shard), which finishes this one, its line having had that long. No
+ * trace to tell (it would want the size now), no device to wait for.
+ * Shard lock held. */
 static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
 {
     unsigned k = s->defer_pos, n = s->ndeferred;
@@ -714,8 +715,8 @@ static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
     s->defer_pos = (k + 1) & (DEFER_SLOTS - 1);
 }
 
-/* Finishes the free free_later left, if any: before anything that looks
- * at the shard's counters or the arena's blocks. Shard lock held. */
+/* Finishes the frees free_later left, oldest first: before anything that
+ * looks at the shard's counters or the arena's blocks. Shard lock held. */
 static inline void shard_settle(shim_device *d, shim_shard *s)
 {
     unsigned n = s->ndeferred;
