@@ -750,7 +750,7 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
     size_t block;
     int rc = shim_arena_alloc_fit(s->arena, size, &addr, &node, &block);
     if (rc != 0) {
-        /* The block the last free left for later may be what fits, and
+        /* A block the last frees left for later may be what fits, and
          * must be, before a new region is reserved. */
         shard_settle(d, s);
         rc = may_grow ? shim_arena_alloc(s->arena, size, &addr, &node, &block)
@@ -768,11 +768,11 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
         shim_arena_free_node(s->arena, node);
         return false;
     }
-    /* The last free's block still counts as live. Settling now would read
-     * its node, likely still on its way so soon after the free, so the
-     * next free does it; unless this allocation may set a new peak or
-     * publish the shard's live bytes, which must not count a block
-     * already freed. */
+    /* The blocks of the frees left for later still count as live.
+     * Settling now would read their nodes, likely still on their way so
+     * soon after the frees, so a later free does it; unless this
+     * allocation may set a new peak or publish the shard's live bytes,
+     * which must not count a block already freed. */
     if (s->ndeferred &&
         (s->live_bytes + size > s->peak_live_bytes || s->unpublished + (int64_t)size >= LIVE_STEP))
         shard_settle(d, s);
@@ -1142,8 +1142,8 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
                 ev(SHIM_EVENT_FREE, d->index, seq, (uintptr_t)ptr, size, nstack, pystack);
             return 0;
         }
-        /* Not a live block: what it is, with the last free's block told as
-         * freed (a second free of it is a double free). */
+        /* Not a live block: what it is, with the blocks of the frees left
+         * for later told as freed (a second free of one is a double free). */
         shard_settle(d, s);
         uintptr_t base = 0;
         size_t rsize = 0;
