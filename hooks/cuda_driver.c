@@ -33,6 +33,7 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef int CUdevice;
 typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
 typedef unsigned long long cuuint64_t;
 
 enum {
@@ -40,8 +41,21 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
+
+/* CUpointer_attribute: the ones the shim answers for a served block. */
+enum {
+    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+};
+/* cuGetProcAddress's flags: the per-thread default stream variant. */
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
 
 /* cuMemAllocPitch's pitch: the driver rounds the width up to its pitch
  * alignment, 512 bytes on every GPU since Fermi
@@ -63,11 +77,24 @@ enum {
     X(get_proc_address_v2, "cuGetProcAddress_v2", CUresult,                                   \
       (const char *, void **, int, cuuint64_t, int *))                                        \
     X(ctx_get_device, "cuCtxGetDevice", CUresult, (CUdevice *))                               \
+    X(ctx_get_current, "cuCtxGetCurrent", CUresult, (CUcontext *))                            \
     X(ctx_synchronize, "cuCtxSynchronize", CUresult, (void))                                  \
+    X(ctx_push, "cuCtxPushCurrent_v2", CUresult, (CUcontext))                                 \
+    X(ctx_pop, "cuCtxPopCurrent_v2", CUresult, (CUcontext *))                                 \
+    X(ctx_destroy, "cuCtxDestroy_v2", CUresult, (CUcontext))                                  \
+    X(ctx_destroy_v1, "cuCtxDestroy", CUresult, (CUcontext))                                  \
     X(primary_ctx_retain, "cuDevicePrimaryCtxRetain", CUresult, (CUcontext *, CUdevice))      \
     X(primary_ctx_release, "cuDevicePrimaryCtxRelease_v2", CUresult, (CUdevice))              \
-    X(ctx_push, "cuCtxPushCurrent_v2", CUresult, (CUcontext))                                 \
-    X(ctx_pop, "cuCtxPopCurrent_v2", CUresult, (CUcontext *))
+    X(primary_ctx_release_v1, "cuDevicePrimaryCtxRelease", CUresult, (CUdevice))             \
+    X(primary_ctx_reset, "cuDevicePrimaryCtxReset_v2", CUresult, (CUdevice))                  \
+    X(primary_ctx_reset_v1, "cuDevicePrimaryCtxReset", CUresult, (CUdevice))                 \
+    X(primary_ctx_get_state, "cuDevicePrimaryCtxGetState", CUresult,                          \
+      (CUdevice, unsigned *, int *))                                                          \
+    X(pointer_get_attribute, "cuPointerGetAttribute", CUresult, (void *, int, CUdeviceptr))   \
+    X(pointer_get_attributes, "cuPointerGetAttributes", CUresult,                             \
+      (unsigned, int *, void **, CUdeviceptr))                                                \
+    X(mem_free_async, "cuMemFreeAsync", CUresult, (CUdeviceptr, CUstream))                    \
+    X(mem_free_async_ptsz, "cuMemFreeAsync_ptsz", CUresult, (CUdeviceptr, CUstream))
 
 typedef struct driver {
 #define FIELD(f, sym, ret, params) ret(*f) params;
@@ -180,40 +207,83 @@ static int drv_mem_info(size_t *free, size_t *total)
     return d->mem_get_info(free, total);
 }
 
-static int drv_current_device(int *ordinal)
+/* Bumped at every teardown the shim sees: a context handle may be reused
+ * for another device afterwards, so each thread's cached pair is checked
+ * against it. */
+static _Atomic unsigned teardowns;
+static __thread __attribute__((tls_model("initial-exec"))) struct {
+    CUcontext ctx;
+    int ordinal;
+    unsigned gen;
+} tls_current;
+
+/* The context current on the calling thread (the key of its regions) and
+ * its device. One driver call on the hot path: the device of a context is
+ * remembered per thread. */
+static int drv_current_device(int *ordinal, uintptr_t *context)
 {
     driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    CUcontext c = NULL;
+    if (!d->ctx_get_current) {
+        /* A driver without contexts to tell (a minimal one): one key. */
+        CUdevice dev = 0;
+        CUresult rc = d->ctx_get_device ? d->ctx_get_device(&dev) : CUDA_SUCCESS;
+        *ordinal = dev;
+        *context = 1;
+        return rc;
+    }
+    CUresult rc = d->ctx_get_current(&c);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    if (!c)
+        return CUDA_ERROR_INVALID_CONTEXT; /* what cuMemAlloc answers then */
+    *context = (uintptr_t)c;
+    unsigned gen = atomic_load_explicit(&teardowns, memory_order_relaxed);
+    if (tls_current.ctx == c && tls_current.gen == gen) {
+        *ordinal = tls_current.ordinal;
+        return CUDA_SUCCESS;
+    }
     CUdevice dev = 0;
-    CUresult rc = d->ctx_get_device ? d->ctx_get_device(&dev) : CUDA_SUCCESS;
+    rc = d->ctx_get_device ? d->ctx_get_device(&dev) : CUDA_SUCCESS;
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    tls_current.ctx = c;
+    tls_current.ordinal = dev;
+    tls_current.gen = gen;
     *ordinal = dev;
-    return rc;
+    return CUDA_SUCCESS;
 }
 
-/* Waits for the work queued on device `ordinal`: the current context when
- * it is that device's (the usual case: blocks are freed where they were
- * used), else the device's primary context, made current for the wait. */
-static int drv_sync(int ordinal)
+static bool context_is_gone(CUresult rc)
 {
+    return rc == CUDA_ERROR_INVALID_CONTEXT || rc == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+           rc == CUDA_ERROR_DEINITIALIZED;
+}
+
+/* Waits for the work queued in `context`: cuCtxSynchronize when it is
+ * current, else with it pushed for the wait (pushing an existing context
+ * makes nothing; the shim never retains a primary context, which would
+ * create one). */
+static int drv_sync(int ordinal, uintptr_t context)
+{
+    (void)ordinal;
     driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
     if (!d->ctx_synchronize)
         return CUDA_SUCCESS;
-    int cur = -1;
-    if (drv_current_device(&cur) == CUDA_SUCCESS && cur == ordinal)
-        return d->ctx_synchronize();
-    if (!d->primary_ctx_retain || !d->primary_ctx_release || !d->ctx_push || !d->ctx_pop)
+    CUcontext want = (CUcontext)context, cur = NULL;
+    if (!d->ctx_get_current || (d->ctx_get_current(&cur) == CUDA_SUCCESS && cur == want)) {
+        CUresult rc = d->ctx_synchronize();
+        return context_is_gone(rc) ? SHIM_SYNC_GONE : rc;
+    }
+    if (!d->ctx_push || !d->ctx_pop)
         return CUDA_ERROR_NOT_SUPPORTED;
-    CUcontext ctx;
-    CUresult rc = d->primary_ctx_retain(&ctx, ordinal);
-    if (rc != CUDA_SUCCESS)
-        return rc;
-    rc = d->ctx_push(ctx);
+    CUresult rc = d->ctx_push(want);
     if (rc == CUDA_SUCCESS) {
         rc = d->ctx_synchronize();
         CUcontext popped;
         d->ctx_pop(&popped);
     }
-    d->primary_ctx_release(ordinal);
-    return rc;
+    return context_is_gone(rc) ? SHIM_SYNC_GONE : rc;
 }
 
 /* Devices are shared with the runtime route (hooks/cuda_runtime.c) by name. */
@@ -298,23 +368,251 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t widt
     return rc;
 }
 
+/* What the shim knows of `ptr` (nothing inside its own calls). */
+static enum shim_block_state block_info(CUdeviceptr ptr, shim_block_info *bi)
+{
+    if (shim_device_in_backend())
+        return SHIM_BLOCK_NONE;
+    return shim_device_block_info(&driver_rt, (uintptr_t)ptr, bi);
+}
+
+/* Pointer queries: a served block is the program's allocation, so the
+ * range and the buffer id describe it, not the region it was carved from
+ * (the context, device and memory type are the region's, which are the
+ * block's). An address in a region that is no live block (freed, waiting
+ * for the device, slack, or forgotten with its context) is answered as the
+ * driver answers an address it never allocated. */
 EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr ptr)
 {
     driver *drv = get_driver();
     if (!drv || !drv->mem_get_address_range)
         return CUDA_ERROR_NOT_INITIALIZED;
-    uintptr_t b;
-    size_t n;
-    /* A served block is the program's allocation: describe it, not the
-     * region it was carved from. */
-    if (!shim_device_in_backend() && shim_device_block_range(&driver_rt, (uintptr_t)ptr, &b, &n) == 0) {
+    shim_block_info bi;
+    switch (block_info(ptr, &bi)) {
+    case SHIM_BLOCK_LIVE:
         if (base)
-            *base = (CUdeviceptr)b;
+            *base = (CUdeviceptr)bi.base;
         if (size)
-            *size = n;
+            *size = bi.size;
+        return CUDA_SUCCESS;
+    case SHIM_BLOCK_DEAD:
+        return CUDA_ERROR_NOT_FOUND;
+    default:
+        return drv->mem_get_address_range(base, size, ptr);
+    }
+}
+
+/* One attribute of a live block the shim answers itself: true when it did. */
+static bool block_attribute(const shim_block_info *bi, int attribute, void *data)
+{
+    switch (attribute) {
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *(CUdeviceptr *)data = (CUdeviceptr)bi->base;
+        return true;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *(size_t *)data = bi->size;
+        return true;
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:
+        *(unsigned long long *)data = bi->id;
+        return true;
+    default:
+        return false;
+    }
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->pointer_get_attribute)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    shim_block_info bi;
+    switch (block_info(ptr, &bi)) {
+    case SHIM_BLOCK_LIVE:
+        if (!data)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (block_attribute(&bi, attribute, data))
+            return CUDA_SUCCESS;
+        return drv->pointer_get_attribute(data, attribute, ptr);
+    case SHIM_BLOCK_DEAD:
+        return CUDA_ERROR_INVALID_VALUE; /* the driver's answer for an unknown address */
+    default:
+        return drv->pointer_get_attribute(data, attribute, ptr);
+    }
+}
+
+EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attributes, void **data, CUdeviceptr ptr)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->pointer_get_attributes)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    shim_block_info bi;
+    switch (block_info(ptr, &bi)) {
+    case SHIM_BLOCK_LIVE: {
+        CUresult rc = drv->pointer_get_attributes(n, attributes, data, ptr);
+        if (rc != CUDA_SUCCESS || !attributes || !data)
+            return rc;
+        for (unsigned i = 0; i < n; i++)
+            if (data[i])
+                block_attribute(&bi, attributes[i], data[i]);
         return CUDA_SUCCESS;
     }
-    return drv->mem_get_address_range(base, size, ptr);
+    case SHIM_BLOCK_DEAD:
+        /* The driver fills in its defaults for an address it does not
+         * know: ask it about one it cannot know. */
+        return drv->pointer_get_attributes(n, attributes, data, 0);
+    default:
+        return drv->pointer_get_attributes(n, attributes, data, ptr);
+    }
+}
+
+/* Stream-ordered free of a served block: the shim's own free. Work queued
+ * on `stream` before it is covered like any other: the block waits for a
+ * wait on every live context of its device before it is handed out again. */
+static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream), CUdeviceptr ptr,
+                           CUstream stream)
+{
+    shim_block_info bi;
+    if (ptr && block_info(ptr, &bi) != SHIM_BLOCK_NONE)
+        return shim_device_free_any(&driver_rt, NULL, (void *)(uintptr_t)ptr);
+    return real ? real(ptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return free_async(drv->mem_free_async, ptr, stream);
+}
+
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return free_async(drv->mem_free_async_ptsz, ptr, stream);
+}
+
+/* ---- context teardown ----------------------------------------------- */
+
+/* The primary context of each device as retained through the shim, and
+ * how many retains the program holds: the release that drops the count
+ * to zero destroys it. Only counts: the handle is the driver's. */
+#define MAX_ORDINALS 64
+static _Atomic(CUcontext) primary[MAX_ORDINALS];
+static _Atomic int primary_refs[MAX_ORDINALS];
+
+/* The driver is about to free every allocation of `ctx`. */
+static void context_gone(CUcontext ctx)
+{
+    if (!ctx || shim_device_in_backend())
+        return;
+    atomic_fetch_add_explicit(&teardowns, 1, memory_order_relaxed);
+    shim_device_context_gone(&driver_rt, (uintptr_t)ctx);
+}
+
+static CUcontext primary_of(CUdevice dev)
+{
+    return dev >= 0 && dev < MAX_ORDINALS ? atomic_load(&primary[dev]) : NULL;
+}
+
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_destroy)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    context_gone(ctx);
+    return drv->ctx_destroy(ctx);
+}
+
+EXPORT CUresult cuCtxDestroy(CUcontext ctx)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->ctx_destroy_v1 && !drv->ctx_destroy))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    context_gone(ctx);
+    return drv->ctx_destroy_v1 ? drv->ctx_destroy_v1(ctx) : drv->ctx_destroy(ctx);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->primary_ctx_retain)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->primary_ctx_retain(pctx, dev);
+    if (rc == CUDA_SUCCESS && pctx && dev >= 0 && dev < MAX_ORDINALS) {
+        atomic_store(&primary[dev], *pctx);
+        atomic_fetch_add(&primary_refs[dev], 1);
+    }
+    return rc;
+}
+
+static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
+{
+    bool known = dev >= 0 && dev < MAX_ORDINALS;
+    int refs = known ? atomic_load(&primary_refs[dev]) : 0;
+    if (refs == 1)
+        context_gone(primary_of(dev)); /* the last release: before the driver frees */
+    CUresult rc = real(dev);
+    if (rc != CUDA_SUCCESS || !known)
+        return rc;
+    if (refs > 0) {
+        atomic_fetch_sub(&primary_refs[dev], 1);
+        return rc;
+    }
+    /* Retained where the shim did not see it: ask whether that was the
+     * last release (late, but before the shim serves from it again). */
+    driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
+    unsigned flags;
+    int active = 1;
+    if (drv->primary_ctx_get_state && drv->primary_ctx_get_state(dev, &flags, &active) ==
+                                          CUDA_SUCCESS && !active)
+        context_gone(primary_of(dev));
+    return rc;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->primary_ctx_release)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return primary_release(drv->primary_ctx_release, dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->primary_ctx_release_v1 && !drv->primary_ctx_release))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return primary_release(drv->primary_ctx_release_v1 ? drv->primary_ctx_release_v1
+                                                       : drv->primary_ctx_release, dev);
+}
+
+static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
+{
+    context_gone(primary_of(dev));
+    CUresult rc = real(dev);
+    if (rc == CUDA_SUCCESS && dev >= 0 && dev < MAX_ORDINALS)
+        atomic_store(&primary_refs[dev], 0);
+    return rc;
+}
+
+/* cudaDeviceReset reaches this. */
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->primary_ctx_reset)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return primary_reset(drv->primary_ctx_reset, dev);
+}
+
+EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->primary_ctx_reset_v1 && !drv->primary_ctx_reset))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return primary_reset(drv->primary_ctx_reset_v1 ? drv->primary_ctx_reset_v1
+                                                   : drv->primary_ctx_reset, dev);
 }
 
 EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr ptr)
@@ -322,9 +620,11 @@ EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr ptr)
     driver *drv = get_driver();
     if (!drv || !drv->ipc_get_mem_handle)
         return CUDA_ERROR_NOT_INITIALIZED;
-    uintptr_t b;
-    size_t n;
-    if (shim_device_block_range(&driver_rt, (uintptr_t)ptr, &b, &n) == 0) {
+    shim_block_info bi;
+    enum shim_block_state st = block_info(ptr, &bi);
+    if (st == SHIM_BLOCK_DEAD)
+        return CUDA_ERROR_INVALID_VALUE; /* not an allocation: nothing to export */
+    if (st == SHIM_BLOCK_LIVE) {
         /* A handle describes a whole driver allocation: the importing
          * process would map the region's base, not this block. */
         static _Atomic unsigned warned;
@@ -355,11 +655,30 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
     X("cuMemAllocPitch", 3020, 0, "cuMemAllocPitch_v2", cuMemAllocPitch_v2)           \
     X("cuMemGetAddressRange", 3020, 0, "cuMemGetAddressRange_v2", cuMemGetAddressRange_v2) \
     X("cuIpcGetMemHandle", 4010, 0, "cuIpcGetMemHandle", cuIpcGetMemHandle)           \
+    X("cuPointerGetAttribute", 4000, 0, "cuPointerGetAttribute", cuPointerGetAttribute) \
+    X("cuPointerGetAttributes", 7000, 0, "cuPointerGetAttributes", cuPointerGetAttributes) \
+    X("cuMemFreeAsync", 11020, 0, "cuMemFreeAsync", cuMemFreeAsync)                  \
+    X("cuMemFreeAsync", 11020, 0, "cuMemFreeAsync_ptsz", cuMemFreeAsync_ptsz)        \
+    X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
+    X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
+    X("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \
+    X("cuDevicePrimaryCtxRelease", 7000, 11000, "cuDevicePrimaryCtxRelease",           \
+      cuDevicePrimaryCtxRelease)                                                      \
+    X("cuDevicePrimaryCtxRelease", 11000, 0, "cuDevicePrimaryCtxRelease_v2",          \
+      cuDevicePrimaryCtxRelease_v2)                                                   \
+    X("cuDevicePrimaryCtxReset", 7000, 11000, "cuDevicePrimaryCtxReset",               \
+      cuDevicePrimaryCtxReset)                                                        \
+    X("cuDevicePrimaryCtxReset", 11000, 0, "cuDevicePrimaryCtxReset_v2",              \
+      cuDevicePrimaryCtxReset_v2)                                                     \
     X("cuGetProcAddress", 11030, 12000, "cuGetProcAddress", cuGetProcAddress)         \
     X("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2", cuGetProcAddress_v2)
 
-static void *served_by_version(const char *symbol, int version)
+static void *served_by_version(const char *symbol, int version, cuuint64_t flags)
 {
+    /* The one served function that takes a stream: the per-thread default
+     * stream variant for that flag. */
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM && strcmp(symbol, "cuMemFreeAsync") == 0)
+        return version >= 11020 ? (void *)cuMemFreeAsync_ptsz : NULL;
 #define MATCH(base, from, until, exported, fn)                                          \
     if (strcmp(symbol, base) == 0 && version >= from && (until == 0 || version < until)) \
         return (void *)fn;
@@ -369,11 +688,11 @@ static void *served_by_version(const char *symbol, int version)
 }
 
 /* A successful lookup of the real cuGetProcAddress: swap in our wrapper. */
-static void replace(const char *symbol, void **pfn, int version)
+static void replace(const char *symbol, void **pfn, int version, cuuint64_t flags)
 {
     if (!symbol || !pfn || !*pfn)
         return;
-    void *ours = served_by_version(symbol, version);
+    void *ours = served_by_version(symbol, version, flags);
     if (!ours)
         return;
     if ((void *)ours == (void *)cuMemAlloc_v2 && !atomic_load(&routed)) {
@@ -390,7 +709,7 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cu
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = drv->get_proc_address(symbol, pfn, version, flags);
     if (rc == CUDA_SUCCESS)
-        replace(symbol, pfn, version);
+        replace(symbol, pfn, version, flags);
     return rc;
 }
 
@@ -402,7 +721,7 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = drv->get_proc_address_v2(symbol, pfn, version, flags, status);
     if (rc == CUDA_SUCCESS)
-        replace(symbol, pfn, version);
+        replace(symbol, pfn, version, flags);
     return rc;
 }
 
@@ -424,7 +743,10 @@ void *shim_cuda_driver_lookup(void *handle, const char *name)
     void *real = shim_real_dlsym(handle, name);
     if (!real || is_ours(real))
         return NULL;
-    if (!learn_from_handle(handle))
-        return NULL;
-    return ours;
+    driver *drv = learn_from_handle(handle);
+    /* Learning probes names the driver may lack, each leaving an error for
+     * dlerror(); a successful lookup clears it, as the caller's own lookup
+     * of this name would have. */
+    shim_real_dlsym(handle, name);
+    return drv ? ours : NULL;
 }

@@ -10,6 +10,7 @@
  * cudaErrorMemoryAllocation = 2. cudaMalloc guarantees 256-byte alignment,
  * so the shim's blocks keep it. */
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "cuda.h"
@@ -50,20 +51,25 @@ static const optional *resolve_optional(void)
     return expected;
 }
 
-static int current_device(int *ordinal)
+/* The runtime's devices know no contexts (context 0): a runtime that
+ * reaches the driver through cuGetProcAddress is served there, by context. */
+static int current_device(int *ordinal, uintptr_t *context)
 {
     const optional *o = resolve_optional();
     *ordinal = 0;
+    *context = 0;
     return o->get_device ? o->get_device(ordinal) : 0;
 }
 
-static int sync_device(int ordinal)
+static int sync_device(int ordinal, uintptr_t context)
 {
+    (void)context;
     const optional *o = resolve_optional();
     if (!o->device_synchronize)
         return 0; /* a runtime without asynchronous work */
     int cur = 0;
-    if (current_device(&cur) == 0 && cur == ordinal)
+    uintptr_t none;
+    if (current_device(&cur, &none) == 0 && cur == ordinal)
         return o->device_synchronize();
     if (!o->set_device)
         return 0;

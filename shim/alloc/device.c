@@ -14,6 +14,7 @@
  * foreign pointer's real free. The lock table is docs/locking.md.
  * Never dereferences a device address. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,10 @@ typedef struct shim_shard {
     uint64_t freed_bytes;     /* requested bytes of every free; guarded by lock */
     /* Running threads that moved here (shard 0's own threads uncounted). */
     _Atomic unsigned homed;
+    /* Advanced when the shard's context was torn down (its arena is a new
+     * one): a node taken before a wait that dropped the lock is then
+     * stale. Guarded by lock. */
+    unsigned generation;
 } shim_shard;
 
 #define SHIM_MAX_SHARDS 8
@@ -77,6 +82,10 @@ typedef struct shim_shard {
 struct shim_device {
     const shim_runtime *rt;   /* the route that created it: its backend */
     int ordinal;
+    /* The context whose regions these are (0: a route without contexts).
+     * Written under devices_mu; SHIM_CONTEXT_VACANT after its teardown,
+     * until the next context of the ordinal takes the device. */
+    _Atomic uintptr_t context;
     char name[32];
     /* The device lock: pressure events (callbacks get it), the slow path of
      * an allocation no shard could serve, and every walk of the shards
@@ -95,6 +104,14 @@ struct shim_device {
     bool fork_locked;             /* its fork prepare handler holds every lock */
     unsigned fork_nshards;        /* the shards it locked */
     _Atomic uint64_t failed, invalid_frees, foreign_frees, device_waits;
+    /* Live blocks (and their bytes) forgotten at their context's teardown;
+     * blocks leave the shards' allocs when they are, so that a shard's
+     * allocs - frees stays its live count. */
+    _Atomic uint64_t teardown_blocks, teardown_bytes;
+    /* True while the teardown destroys the context's arenas: their regions
+     * are the runtime's to free, never released (backend_release). Guarded
+     * by the device lock. */
+    bool forgetting;
     /* Live bytes of all shards, each adding its changes in steps of
      * LIVE_STEP, and the highest such total: the device's peak once it has
      * several shards (one keeps its own, exact). Exact counts would need
@@ -112,6 +129,28 @@ struct shim_device {
 /* With several shards, the device's peak of live bytes is exact to
  * within this many bytes per shard. */
 #define LIVE_STEP ((int64_t)1 << 20)
+
+/* A device whose context is gone, free for the next one of its ordinal. */
+#define SHIM_CONTEXT_VACANT UINTPTR_MAX
+
+/* Live bytes of every device, in the same steps as each device's own
+ * total, and the highest such sum: the process's peak is the peak of the
+ * sum, not the sum of the devices' peaks. */
+static _Atomic int64_t live_all;
+static _Atomic uint64_t peak_all;
+
+/* Regions forgotten at their context's teardown (the runtime freed them):
+ * a later free of an address inside one is answered as the runtime
+ * answers a dead pointer, never passed to it as if live (it may have given
+ * the address to someone else). The last FORGOTTEN_MAX, dropped when the
+ * shim reserves a region over one. Guarded by forgotten_mu, a leaf. */
+#define FORGOTTEN_MAX 256
+static pthread_mutex_t forgotten_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uintptr_t start, end;
+} forgotten[FORGOTTEN_MAX];
+static size_t forgotten_next;
+static _Atomic bool any_forgotten;
 
 static __thread __attribute__((tls_model("initial-exec"))) unsigned tls_in_backend;
 /* The calling thread's shard of each device (an index; 0 until it moves). */
@@ -171,12 +210,49 @@ static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
         return -rc; /* another failure (no driver, a stub library): final */
     *addr = (uintptr_t)p;
     shim_debug("%s: reserved region %p + %zu", d->name, p, size);
+    if (atomic_load_explicit(&any_forgotten, memory_order_relaxed)) {
+        /* The runtime gave a forgotten address back out: it is live again. */
+        shim_mutex_lock(&forgotten_mu);
+        for (size_t i = 0; i < FORGOTTEN_MAX; i++)
+            if (forgotten[i].start < *addr + size && *addr < forgotten[i].end)
+                forgotten[i].start = forgotten[i].end = 0;
+        shim_mutex_unlock(&forgotten_mu);
+    }
     return 0;
+}
+
+static void forget_region(uintptr_t addr, size_t size)
+{
+    shim_mutex_lock(&forgotten_mu);
+    forgotten[forgotten_next].start = addr;
+    forgotten[forgotten_next].end = addr + size;
+    forgotten_next = (forgotten_next + 1) % FORGOTTEN_MAX;
+    atomic_store_explicit(&any_forgotten, true, memory_order_relaxed);
+    shim_mutex_unlock(&forgotten_mu);
+}
+
+static bool in_forgotten_region(uintptr_t addr)
+{
+    if (!atomic_load_explicit(&any_forgotten, memory_order_relaxed))
+        return false;
+    bool in = false;
+    shim_mutex_lock(&forgotten_mu);
+    for (size_t i = 0; i < FORGOTTEN_MAX && !in; i++)
+        in = addr >= forgotten[i].start && addr < forgotten[i].end;
+    shim_mutex_unlock(&forgotten_mu);
+    return in;
 }
 
 static void backend_release(void *ctx, uintptr_t addr, size_t size)
 {
     shim_device *d = ctx;
+    if (d->forgetting) {
+        /* Its context's teardown: the runtime frees the region itself. */
+        forget_region(addr, size);
+        shim_debug("%s: forgot region %#lx + %zu (its context is torn down)", d->name,
+                   (unsigned long)addr, size);
+        return;
+    }
     tls_in_backend++;
     int rc = d->rt->real_free((void *)addr);
     tls_in_backend--;
@@ -231,14 +307,22 @@ static shim_shard *shard_create(shim_device *d)
 
 static uint64_t freed_everywhere(void);
 
-static shim_device *device_create(const shim_runtime *rt, int ordinal)
+static bool same_runtime(const shim_device *d, const shim_runtime *rt);
+
+/* `others`: devices of the same runtime and ordinal made before (other
+ * contexts of that device live at the same time): "cuda:0.1", ... */
+static shim_device *device_create(const shim_runtime *rt, int ordinal, uintptr_t context,
+                                  unsigned others)
 {
     shim_device *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
     d->rt = rt;
     d->ordinal = ordinal;
-    if (rt->current_device)
+    atomic_init(&d->context, context);
+    if (rt->current_device && others)
+        snprintf(d->name, sizeof d->name, "%s:%d.%u", rt->name, ordinal, others);
+    else if (rt->current_device)
         snprintf(d->name, sizeof d->name, "%s:%d", rt->name, ordinal);
     else
         snprintf(d->name, sizeof d->name, "%s", rt->name);
@@ -316,25 +400,43 @@ static bool same_runtime(const shim_device *d, const shim_runtime *rt)
     return d->rt == rt || strcmp(d->rt->name, rt->name) == 0;
 }
 
-static shim_device *find_device(const shim_runtime *rt, int ordinal)
+static shim_device *find_device(const shim_runtime *rt, int ordinal, uintptr_t context)
 {
     size_t n = atomic_load_explicit(&ndevices, memory_order_acquire);
     for (size_t i = 0; i < n; i++)
-        if (devices[i]->ordinal == ordinal && same_runtime(devices[i], rt))
+        if (atomic_load_explicit(&devices[i]->context, memory_order_relaxed) == context &&
+            devices[i]->ordinal == ordinal && same_runtime(devices[i], rt))
             return devices[i];
     return NULL;
 }
 
 shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
 {
-    shim_device *d = find_device(rt, ordinal);
+    return shim_device_get_context(rt, ordinal, 0);
+}
+
+shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintptr_t context)
+{
+    shim_device *d = find_device(rt, ordinal, context);
     if (d)
         return d;
     shim_mutex_lock(&devices_mu);
-    d = find_device(rt, ordinal);
+    d = find_device(rt, ordinal, context);
+    /* A device whose context was torn down serves the next context of its
+     * ordinal: the same name in statistics and reports, and the number of
+     * devices stays bounded however many contexts come and go. */
+    if (!d && context)
+        d = find_device(rt, ordinal, SHIM_CONTEXT_VACANT);
+    if (d && atomic_load_explicit(&d->context, memory_order_relaxed) == SHIM_CONTEXT_VACANT) {
+        atomic_store_explicit(&d->context, context, memory_order_release);
+        shim_debug("%s: serving a new context", d->name);
+    }
     size_t n = atomic_load_explicit(&ndevices, memory_order_relaxed);
     if (!d && n < SHIM_MAX_DEVICES) {
-        d = device_create(rt, ordinal);
+        unsigned others = 0;
+        for (size_t i = 0; i < n; i++)
+            others += devices[i]->ordinal == ordinal && same_runtime(devices[i], rt);
+        d = device_create(rt, ordinal, context, others);
         if (d) {
             d->index = (unsigned)n;
             devices[n] = d;
@@ -355,12 +457,13 @@ shim_device *shim_device_get(const shim_runtime *rt)
 int shim_device_for_caller(const shim_runtime *rt, shim_device **out)
 {
     int ordinal = 0;
+    uintptr_t context = 0;
     if (rt->current_device) {
-        int rc = rt->current_device(&ordinal);
+        int rc = rt->current_device(&ordinal, &context);
         if (rc != 0)
             return rc;
     }
-    *out = shim_device_get_ordinal(rt, ordinal);
+    *out = shim_device_get_context(rt, ordinal, context);
     return *out ? 0 : rt->err_oom;
 }
 
@@ -544,24 +647,53 @@ static shim_shard *lock_home(shim_device *d, bool *taken)
 
 static void announce_ready(shim_device *d);
 
-/* Lets the device catch up with every free made before the call. Called
- * without any allocator lock held by this thread (the wait blocks). True
- * when the device said so; on failure, warns once and returns false. */
+static void forget_context(shim_device *d);
+
+/* Lets the device catch up with every free made before the call: a block
+ * of one context may be used by work queued in any context of its device,
+ * so every live context of d's device that the shim knows (it served it)
+ * is waited for; none is made for the wait. A context found gone is torn
+ * down (its blocks, d's own among them when it is d's, are forgotten).
+ * Called without any allocator lock held by this thread (the wait blocks).
+ * True when every wait succeeded; on another failure warns once and
+ * returns false: the blocks stay pending (the device may still write
+ * them). */
 static bool wait_for_device(shim_device *d)
 {
-    tls_in_backend++;
-    int rc = d->rt->sync_device(d->ordinal);
-    tls_in_backend--;
+    shim_device *ctxs[SHIM_MAX_DEVICES];
+    size_t m = 0, n = shim_device_count();
+    uintptr_t mine = atomic_load_explicit(&d->context, memory_order_acquire);
+    for (size_t i = 0; i < n; i++) {
+        shim_device *e = devices[i];
+        uintptr_t c = atomic_load_explicit(&e->context, memory_order_acquire);
+        if (e == d || (mine && c && c != SHIM_CONTEXT_VACANT && e->ordinal == d->ordinal &&
+                       same_runtime(e, d->rt)))
+            ctxs[m++] = e;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < m; i++) {
+        uintptr_t c = atomic_load_explicit(&ctxs[i]->context, memory_order_acquire);
+        if (c == SHIM_CONTEXT_VACANT)
+            continue;
+        tls_in_backend++;
+        int rc = ctxs[i]->rt->sync_device(ctxs[i]->ordinal, c);
+        tls_in_backend--;
+        if (rc == SHIM_SYNC_GONE) {
+            /* Torn down by a route the shim does not see: the runtime
+             * freed its memory, the wait has nothing left to cover. */
+            forget_context(ctxs[i]);
+            continue;
+        }
+        if (rc != 0) {
+            ok = false;
+            static _Atomic bool warned;
+            if (!atomic_exchange(&warned, true))
+                shim_warn("%s: waiting for the device failed (error %d); the blocks freed "
+                          "since the last wait stay unused", ctxs[i]->name, rc);
+        }
+    }
     atomic_fetch_add_explicit(&d->device_waits, 1, memory_order_relaxed);
-    if (rc == 0)
-        return true;
-    /* Holding the blocks forever would leak the device's memory; a device
-     * that cannot be waited for has lost its queued work anyway. */
-    static _Atomic bool warned;
-    if (!atomic_exchange(&warned, true))
-        shim_warn("%s: waiting for the device failed (error %d); freed blocks are "
-                  "reused without the wait", d->name, rc);
-    return false;
+    return ok;
 }
 
 /* Gives back to the arena the pending blocks of `s` freed before `covered`.
@@ -588,10 +720,19 @@ static bool recycle_pending(shim_device *d, shim_shard *s)
     uint64_t covered = s->next_ticket;
     /* The wait blocks: never with an allocator lock (docs/locking.md). */
     shim_lock_release(&s->lock);
-    if (!wait_for_device(d))
-        covered = UINT64_MAX;
+    bool ok = wait_for_device(d);
     shim_lock_acquire(&s->lock);
-    return recycle_covered(s, covered);
+    return ok && recycle_covered(s, covered);
+}
+
+/* Waits for the device with the shard's lock dropped. Shard lock held on
+ * entry and exit. */
+static bool wait_and_relock(shim_device *d, shim_shard *s)
+{
+    shim_lock_release(&s->lock);
+    bool ok = wait_for_device(d);
+    shim_lock_acquire(&s->lock);
+    return ok;
 }
 
 /* Keeps a freed block aside until the device has run what was queued
@@ -645,24 +786,36 @@ static inline void note_live(shim_device *d, shim_shard *s, int64_t delta)
 /* Out of line (a step in a few calls): the shard's unpublished live bytes
  * into the device's total and peak. With one thread no other can update
  * them in between, and lock-prefixed operations would be full barriers. */
-__attribute__((noinline)) static void publish_live(shim_device *d, shim_shard *s)
+static void add_and_raise(_Atomic int64_t *total, _Atomic uint64_t *peak, int64_t delta)
 {
     if (shim_single_threaded()) {
-        int64_t now = atomic_load_explicit(&d->live_total, memory_order_relaxed) + s->unpublished;
-        atomic_store_explicit(&d->live_total, now, memory_order_relaxed);
-        s->unpublished = 0;
-        if (now > 0 && (uint64_t)now > atomic_load_explicit(&d->peak_total, memory_order_relaxed))
-            atomic_store_explicit(&d->peak_total, (uint64_t)now, memory_order_relaxed);
+        int64_t now = atomic_load_explicit(total, memory_order_relaxed) + delta;
+        atomic_store_explicit(total, now, memory_order_relaxed);
+        if (now > 0 && (uint64_t)now > atomic_load_explicit(peak, memory_order_relaxed))
+            atomic_store_explicit(peak, (uint64_t)now, memory_order_relaxed);
         return;
     }
-    int64_t now = atomic_fetch_add_explicit(&d->live_total, s->unpublished,
-                                            memory_order_relaxed) + s->unpublished;
-    s->unpublished = 0;
-    uint64_t peak = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
-    while (now > 0 && (uint64_t)now > peak &&
-           !atomic_compare_exchange_weak_explicit(&d->peak_total, &peak, (uint64_t)now,
-                                                  memory_order_relaxed, memory_order_relaxed))
+    int64_t now = atomic_fetch_add_explicit(total, delta, memory_order_relaxed) + delta;
+    uint64_t p = atomic_load_explicit(peak, memory_order_relaxed);
+    while (now > 0 && (uint64_t)now > p &&
+           !atomic_compare_exchange_weak_explicit(peak, &p, (uint64_t)now, memory_order_relaxed,
+                                                  memory_order_relaxed))
         ;
+}
+
+/* The device's total and the process's (every device), each with its
+ * peak. */
+__attribute__((noinline)) static void publish_live(shim_device *d, shim_shard *s)
+{
+    int64_t delta = s->unpublished;
+    s->unpublished = 0;
+    add_and_raise(&d->live_total, &d->peak_total, delta);
+    add_and_raise(&live_all, &peak_all, delta);
+}
+
+uint64_t shim_device_peak_all(void)
+{
+    return atomic_load_explicit(&peak_all, memory_order_relaxed);
 }
 
 /* A free of `size` requested bytes, in the shard's counters. Shard lock
@@ -732,6 +885,135 @@ static bool lock_settled(shim_device *d, shim_shard *s)
     bool taken = lock_unless_mine(&s->lock);
     shard_settle(d, s);
     return taken;
+}
+
+/* ---- context teardown ------------------------------------------------ */
+
+struct forgotten_blocks {
+    shim_record *v;           /* for the trace; NULL when not told */
+    size_t n, cap;
+    uint64_t count;
+    const shim_arena *arena;
+    uintptr_t *keys;          /* to empty the table */
+    size_t nkeys;
+};
+
+static void note_forgotten(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
+{
+    struct forgotten_blocks *fb = user;
+    fb->count++;
+    fb->keys[fb->nkeys++] = ptr;
+    if (fb->v && fb->n < fb->cap)
+        fb->v[fb->n++] = (shim_record){
+            .ptr = ptr,
+            .size = shim_arena_block_requested(fb->arena, id),
+            .seq = f->seq,
+            .native_stack = shim_arena_tag(fb->arena, id, 0),
+            .python_stack = shim_arena_tag(fb->arena, id, 1),
+        };
+}
+
+/* Forgets shard `s` (its context is gone): blocks, pending list, regions.
+ * Device lock and shard lock held. */
+static void forget_shard(shim_device *d, shim_shard *s, struct forgotten_blocks *fb)
+{
+    const shim_options *o = shim_opts();
+    shard_settle(d, s);
+    shim_arena *fresh = shim_arena_create(&d->backend, o->limit, o->region_size);
+    size_t count = shim_table_count(s->table);
+    uintptr_t *keys = count ? malloc(count * sizeof *keys) : NULL;
+    if (!fresh || (count && !keys)) {
+        /* Out of host memory: the regions stay, and are never handed out
+         * again only if the runtime's reserve refuses them; say so. */
+        shim_warn("%s: out of host memory while forgetting a torn-down context", d->name);
+        if (fresh)
+            shim_arena_destroy(fresh);
+        free(keys);
+        return;
+    }
+    fb->arena = s->arena;
+    fb->keys = keys;
+    fb->nkeys = 0;
+    uint64_t before = fb->count;
+    shim_table_foreach(s->table, note_forgotten, fb);
+    for (size_t i = 0; i < fb->nkeys; i++)
+        shim_table_remove(s->table, keys[i], NULL);
+    free(keys);
+    uint64_t blocks = fb->count - before;
+    uint64_t bytes = s->live_bytes;
+    atomic_fetch_add_explicit(&d->teardown_blocks, blocks, memory_order_relaxed);
+    atomic_fetch_add_explicit(&d->teardown_bytes, bytes, memory_order_relaxed);
+    s->allocs -= blocks;
+    if (bytes)
+        note_live(d, s, -(int64_t)bytes);
+    if (s->unpublished)
+        publish_live(d, s);
+    s->npending = 0;
+    s->pending_bytes = 0;
+    d->forgetting = true;
+    shim_arena_destroy(s->arena);
+    d->forgetting = false;
+    s->arena = fresh;
+    shim_arena_set_pool(fresh, &d->pool);
+    s->generation++;
+}
+
+/* Device d's context is gone: forget everything it holds, release
+ * nothing, wait for nothing; the device is then free for the next context
+ * of its ordinal. Takes the device lock and every shard's (never held by
+ * the caller, but a pressure callback's own are skipped). */
+static void forget_context(shim_device *d)
+{
+    uintptr_t c = atomic_load_explicit(&d->context, memory_order_acquire);
+    if (c == SHIM_CONTEXT_VACANT || c == 0)
+        return;
+    shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    struct forgotten_blocks fb = {0};
+    bool dtaken = lock_unless_mine(&d->lock);
+    unsigned n = shard_count(d);
+    bool taken[SHIM_MAX_SHARDS];
+    size_t live = 0;
+    for (unsigned k = 0; k < n; k++) {
+        taken[k] = lock_unless_mine(&d->shards[k]->lock);
+        live += shim_table_count(d->shards[k]->table) + d->shards[k]->ndeferred;
+    }
+    if (ev && live) {
+        fb.v = malloc(live * sizeof *fb.v);
+        fb.cap = fb.v ? live : 0;
+    }
+    for (unsigned k = 0; k < n; k++)
+        forget_shard(d, d->shards[k], &fb);
+    /* Vacant only now: a request of the new context must not find the old
+     * regions. */
+    shim_mutex_lock(&devices_mu);
+    atomic_store_explicit(&d->context, SHIM_CONTEXT_VACANT, memory_order_release);
+    shim_mutex_unlock(&devices_mu);
+    for (unsigned k = n; k-- > 0;)
+        if (taken[k])
+            shim_lock_release(&d->shards[k]->lock);
+    if (dtaken)
+        shim_lock_release(&d->lock);
+    if (fb.count)
+        shim_debug("%s: context torn down: %" PRIu64 " live blocks freed with it", d->name,
+                   fb.count);
+    /* The trace: each block freed now, by the teardown. */
+    for (size_t i = 0; i < fb.n; i++)
+        ev(SHIM_EVENT_FREE, d->index, shim_device_seq_next(), fb.v[i].ptr, fb.v[i].size,
+           fb.v[i].native_stack, fb.v[i].python_stack);
+    free(fb.v);
+}
+
+void shim_device_context_gone(const shim_runtime *rt, uintptr_t context)
+{
+    if (!context || context == SHIM_CONTEXT_VACANT)
+        return;
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++) {
+        shim_device *d = devices[i];
+        if (same_runtime(d, rt) &&
+            atomic_load_explicit(&d->context, memory_order_acquire) == context)
+            forget_context(d);
+    }
 }
 
 /* Step: one try at serving the request from shard `s`, recording the
@@ -843,11 +1125,13 @@ static bool recycle_all(shim_device *d)
     shim_lock_release(&d->lock);
     bool ok = wait_for_device(d);
     shim_lock_acquire(&d->lock);
+    if (!ok)
+        return false; /* still pending: the request goes on without them */
     bool recycled = false;
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
         shim_lock_acquire(&s->lock);
-        recycled |= recycle_covered(s, ok ? covered[k] : UINT64_MAX);
+        recycled |= recycle_covered(s, covered[k]);
         shim_lock_release(&s->lock);
     }
     return recycled;
@@ -1067,10 +1351,12 @@ static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t s
     size_t block = shim_arena_block_size(s->arena, node);
     if (!defer_free(s, node, block)) {
         /* No host memory to remember it: wait for the device now, as the
-         * runtime's own free would. */
-        if (taken && !shim_lock_held_by_me(&d->lock))
-            recycle_pending(d, s);
-        shim_arena_free_node(s->arena, node);
+         * runtime's own free would. Without that wait (it failed, or
+         * cannot be had here) the block stays out of use. */
+        unsigned gen = s->generation;
+        if (taken && !shim_lock_held_by_me(&d->lock) && wait_and_relock(d, s) &&
+            s->generation == gen)
+            shim_arena_free_node(s->arena, node);
         return;
     }
     if (taken && too_much_pending(s) && !shim_lock_held_by_me(&d->lock))
@@ -1210,6 +1496,15 @@ __attribute__((noinline)) static int free_on_general(shim_device *d, const shim_
     for (size_t i = 0; i < n; i++)
         if (devices[i] != d && same_runtime(devices[i], caller) && owns(devices[i], (uintptr_t)ptr))
             return free_on(devices[i], caller, ptr, false);
+    if (in_forgotten_region((uintptr_t)ptr)) {
+        /* A block of a context torn down since: the runtime freed it, and
+         * may have given the address to another owner since. */
+        atomic_fetch_add_explicit(&d->invalid_frees, 1, memory_order_relaxed);
+        if (invalid_free_reportable())
+            shim_warn("%s: invalid free of %p: its context was torn down, which freed it; "
+                      "rejected", rt->name, ptr);
+        return rt->err_invalid;
+    }
     /* Allocated before the shim took over, or by other means; unless the
      * runtime rejects it too: then it is a wild pointer. */
     rc = rt->real_free(ptr);
@@ -1249,9 +1544,10 @@ __attribute__((noinline)) static int free_any_slow(const shim_runtime *rt, shim_
     /* The caller's device first: almost every free comes from there, and a
      * hit costs one lock and one table lookup. */
     int ordinal = 0;
+    uintptr_t context = 0;
     shim_device *cur = rt->current_device ? NULL : hint;
-    if (!cur && (!rt->current_device || rt->current_device(&ordinal) == 0))
-        cur = find_device(rt, ordinal);
+    if (!cur && (!rt->current_device || rt->current_device(&ordinal, &context) == 0))
+        cur = find_device(rt, ordinal, context);
     if (!cur) {
         size_t n = shim_device_count();
         for (size_t i = 0; i < n && !cur; i++)
@@ -1263,7 +1559,8 @@ __attribute__((noinline)) static int free_any_slow(const shim_runtime *rt, shim_
     return free_on(cur, rt, ptr, true);
 }
 
-int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base, size_t *size)
+enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t addr,
+                                             shim_block_info *info)
 {
     size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++) {
@@ -1274,21 +1571,45 @@ int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *b
         for (unsigned k = 0; k < ns; k++) {
             shim_shard *s = d->shards[k];
             bool taken = lock_settled(d, s);
-            uintptr_t start;
-            uint32_t node = SHIM_TABLE_NONE;
-            if (shim_arena_live_block_at(s->arena, addr, &start))
-                node = shim_table_find(s->table, start);
-            if (node != SHIM_TABLE_NONE) {
-                *base = start;
-                *size = shim_arena_block_requested(s->arena, node);
+            enum shim_block_state st = SHIM_BLOCK_NONE;
+            if (shim_arena_contains(s->arena, addr)) {
+                /* Freed, waiting for the device, or slack: not the
+                 * program's, whatever the region around it is. */
+                st = SHIM_BLOCK_DEAD;
+                uintptr_t start;
+                uint32_t node = SHIM_TABLE_NONE;
+                if (shim_arena_live_block_at(s->arena, addr, &start))
+                    node = shim_table_find(s->table, start);
+                size_t size = node != SHIM_TABLE_NONE ? shim_arena_block_requested(s->arena, node)
+                                                      : 0;
+                if (node != SHIM_TABLE_NONE && addr - start < size) {
+                    st = SHIM_BLOCK_LIVE;
+                    info->base = start;
+                    info->size = size;
+                    /* Apart from the driver's own buffer ids (small
+                     * counters): the top bit set. */
+                    info->id = shim_table_fields(s->table, node)->seq | (UINT64_C(1) << 63);
+                    info->context = atomic_load_explicit(&d->context, memory_order_relaxed);
+                    info->ordinal = d->ordinal;
+                }
             }
             if (taken)
                 shim_lock_release(&s->lock);
-            if (node != SHIM_TABLE_NONE)
-                return 0;
+            if (st != SHIM_BLOCK_NONE)
+                return st;
         }
     }
-    return -1;
+    return in_forgotten_region(addr) ? SHIM_BLOCK_DEAD : SHIM_BLOCK_NONE;
+}
+
+int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base, size_t *size)
+{
+    shim_block_info info;
+    if (shim_device_block_info(rt, addr, &info) != SHIM_BLOCK_LIVE)
+        return -1;
+    *base = info.base;
+    *size = info.size;
+    return 0;
 }
 
 static bool owns(shim_device *d, uintptr_t addr)
@@ -1315,12 +1636,15 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
     if (rc != 0)
         return rc;
     uint64_t reserved = 0, used = 0;
+    size_t limit = 0;
     unsigned n = shard_count(d);
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
         bool taken = lock_settled(d, s);
         shim_arena_counters c;
         shim_arena_get_counters(s->arena, &c);
+        if (k == 0)
+            limit = shim_arena_limit(s->arena); /* the arena may change at a teardown */
         reserved += c.reserved_bytes;
         /* Blocks waiting for the device are the program's to have again. */
         used += c.used_bytes >= s->pending_bytes ? c.used_bytes - s->pending_bytes : 0;
@@ -1332,7 +1656,6 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
      * free memory plus the unused part of the shim's regions, capped by
      * the limit; never more than total, never below zero. */
     size_t total = rtotal;
-    size_t limit = shim_arena_limit(d->shards[0]->arena);
     if (limit && limit < total)
         total = limit;
     uint64_t inside = reserved > used ? reserved - used : 0;
@@ -1440,6 +1763,10 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
     st->invalid_frees += atomic_load_explicit(&d->invalid_frees, memory_order_relaxed);
     st->foreign_frees += atomic_load_explicit(&d->foreign_frees, memory_order_relaxed);
     st->device_waits += atomic_load_explicit(&d->device_waits, memory_order_relaxed);
+    uint64_t torn = atomic_load_explicit(&d->teardown_blocks, memory_order_relaxed);
+    st->allocs += torn; /* left the shards' counts when forgotten */
+    st->context_teardown_blocks += torn;
+    st->context_teardown_bytes += atomic_load_explicit(&d->teardown_bytes, memory_order_relaxed);
     bool taken = lock_unless_mine(&d->lock);
     st->pressure_events += d->ps.events;
     st->pressure_waits += d->ps.waits;

@@ -28,16 +28,25 @@ typedef struct shim_runtime {
     int (*real_malloc)(void **ptr, size_t size);
     int (*real_free)(void *ptr);
     int (*real_mem_info)(size_t *free, size_t *total);
-    /* Optional: the ordinal of the device current on the calling thread
-     * (0, or the runtime's error, e.g. no context). NULL: one device, 0. */
-    int (*current_device)(int *ordinal);
-    /* Optional: waits until the work queued on device `ordinal` before the
-     * call has run. Given, a freed block is kept aside until such a wait
-     * has covered it (the runtime's free waits for the device; the shim's
-     * must not hand the block out again before then). NULL: the runtime
-     * runs nothing asynchronously, frees take effect at once. */
-    int (*sync_device)(int ordinal);
+    /* Optional: the device current on the calling thread: its ordinal and
+     * the context it is current in (an opaque nonzero key; 0 for a route
+     * that knows no contexts). Returns 0, or the runtime's error (no
+     * context). NULL: one device, 0, no context. Regions reserved in a
+     * context belong to it: the driver frees them when it goes. */
+    int (*current_device)(int *ordinal, uintptr_t *context);
+    /* Optional: waits until the work queued in `context` (0: on device
+     * `ordinal`) before the call has run, without making any context that
+     * does not exist. Returns 0, SHIM_SYNC_GONE when the context no longer
+     * exists, or the runtime's error. Given, a freed block is kept aside
+     * until such a wait on every live context of its device has covered it
+     * (the runtime's free waits for the device; the shim's must not hand
+     * the block out again before then). NULL: the runtime runs nothing
+     * asynchronously, frees take effect at once. */
+    int (*sync_device)(int ordinal, uintptr_t context);
 } shim_runtime;
+
+/* sync_device: the context is gone (destroyed, reset): its memory with it. */
+#define SHIM_SYNC_GONE (-1)
 
 typedef struct shim_device shim_device;
 
@@ -69,6 +78,18 @@ uint64_t shim_device_seq_next(void);
  * outlive the process (a static in the hook file). NULL when out of host
  * memory or past SHIM_MAX_DEVICES devices. */
 shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal);
+/* The same for the regions of `context` (0: none) on device `ordinal`: one
+ * shim_device per live context. A device whose context was torn down is
+ * taken again by the next context of its ordinal (same name). */
+shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintptr_t context);
+/* The runtime is about to free every allocation of `context` (the context
+ * is destroyed or reset): the shim forgets that context's regions and
+ * blocks, live, waiting for the device or free, without releasing any
+ * (the runtime frees them), and waits for nothing. Counted in
+ * context_teardown_blocks/_bytes; each live block is told to the trace as
+ * freed. A later free of one of its addresses is answered as the runtime
+ * answers a dead pointer. No allocator lock may be held by the caller. */
+void shim_device_context_gone(const shim_runtime *rt, uintptr_t context);
 /* The device current on the calling thread (rt->current_device). Returns
  * 0, the runtime's error when it has no current device, or err_oom when no
  * device can be created. */
@@ -90,6 +111,21 @@ int shim_device_mem_info_current(const shim_runtime *rt, size_t *free_out, size_
  * is current (looked at first; `hint` when the runtime has one device, or
  * NULL); a pointer no device knows goes to rt->real_free. */
 int shim_device_free_any(const shim_runtime *rt, shim_device *hint, void *ptr);
+/* What the shim knows of an address of `rt`'s runtime. */
+typedef struct shim_block_info {
+    uintptr_t base;       /* the live block: its start */
+    size_t size;          /*   the size the program asked for */
+    uint64_t id;          /*   unique per block, never reused (its sequence number) */
+    uintptr_t context;    /*   the context it was served in */
+    int ordinal;          /*   its device */
+} shim_block_info;
+/* SHIM_BLOCK_LIVE: `addr` lies in a live block (*info filled);
+ * SHIM_BLOCK_DEAD: in a region of the shim but in no live block (freed,
+ * waiting for the device, slack), or in a region forgotten at its
+ * context's teardown; SHIM_BLOCK_NONE: not the shim's. */
+enum shim_block_state { SHIM_BLOCK_NONE = 0, SHIM_BLOCK_LIVE = 1, SHIM_BLOCK_DEAD = 2 };
+enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t addr,
+                                             shim_block_info *info);
 /* The live block of `rt`'s runtime that contains `addr`: 0 with its start
  * and the size the program asked for, or -1 when no device served it. */
 int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base,
@@ -106,8 +142,13 @@ shim_device *shim_device_at(size_t i);
 /* Copies the records of live allocations with seq > since, under the lock.
  * Returns a malloc'ed array (caller frees) and its length in *n. */
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n);
-/* Adds this device's counters to *s. */
+/* Adds this device's counters to *s. Its peak_used_bytes is the device's
+ * own peak: the process's is shim_device_peak_all's, not their sum. */
 void shim_device_add_stats(shim_device *d, spyreshim_stats *s);
+/* The peak of the live bytes of every device together, to within the
+ * step each arena publishes in (1 MiB); never below one device's peak
+ * or the bytes live now (the caller takes the largest). */
+uint64_t shim_device_peak_all(void);
 /* Gives every empty region back to the runtime; returns bytes. */
 size_t shim_device_trim(shim_device *d);
 

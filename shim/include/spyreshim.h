@@ -82,7 +82,9 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(gc_backoff_skips, "pressure events skipped by the back-off")                 \
     X(device_waits, "waits for a device before reusing blocks freed while in use") \
     X(pressure_wait_timeouts, "requests that stopped waiting for another thread's pressure event") \
-    X(arenas, "arenas serving allocations now, all devices (SPYRESHIM_ARENAS)")
+    X(arenas, "arenas serving allocations now, all devices (SPYRESHIM_ARENAS)")     \
+    X(context_teardown_blocks, "live blocks freed by their context's teardown")     \
+    X(context_teardown_bytes, "bytes of those blocks")
 
 typedef struct spyreshim_stats {
     size_t size;

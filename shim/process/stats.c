@@ -22,8 +22,17 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
     spyreshim_stats s;
     memset(&s, 0, sizeof s);
     size_t n = shim_device_count();
-    for (size_t i = 0; i < n; i++)
+    uint64_t peak = shim_device_peak_all();
+    for (size_t i = 0; i < n; i++) {
+        /* The peak of the sum: no lower than any one device's peak or than
+         * what is live now, never the sum of the devices' peaks. */
+        uint64_t before = s.peak_used_bytes;
         shim_device_add_stats(shim_device_at(i), &s);
+        if (s.peak_used_bytes - before > peak)
+            peak = s.peak_used_bytes - before;
+        s.peak_used_bytes = before;
+    }
+    s.peak_used_bytes = peak > s.used_bytes ? peak : s.used_bytes;
     shim_pygc_add_stats(&s);
     size_t len = out->size < sizeof s ? out->size : sizeof s;
     s.size = len;

@@ -12,6 +12,9 @@
  *                            device; the last repeats)
  *   CUDASTANDIN_OP_DELAY_US  sleep before each queued operation runs
  *                            (default 0), to make asynchrony observable
+ *   CUDA_VISIBLE_DEVICES     as the real driver: the listed devices of the
+ *                            above, renumbered from 0, up to the first
+ *                            entry that is not one (empty: no device)
  *
  * Device memory is an address range the host cannot touch (a load or store
  * through a device pointer faults); only the memset/memcpy functions move
@@ -35,6 +38,7 @@ typedef unsigned long long cuuint64_t;
 typedef struct cd_ctx *CUcontext;
 typedef struct cd_stream *CUstream;
 typedef struct cd_event *CUevent;
+typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 typedef int CUdriverProcAddressQueryResult;
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct { char reserved[64]; } CUipcMemHandle;
@@ -70,9 +74,16 @@ enum { CU_GET_PROC_ADDRESS_DEFAULT = 0, CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
 enum { CU_GET_PROC_ADDRESS_SUCCESS = 0, CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
        CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2 };
 enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
-       CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+       CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3, CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+       CU_POINTER_ATTRIBUTE_BUFFER_ID = 7, CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12 };
-enum { CU_MEMORYTYPE_DEVICE = 2 };
+enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
+enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+enum { CU_MEMHOSTALLOC_PORTABLE = 1, CU_MEMHOSTALLOC_DEVICEMAP = 2,
+       CU_MEMHOSTALLOC_WRITECOMBINED = 4 };
+enum { CU_MEMHOSTREGISTER_PORTABLE = 1, CU_MEMHOSTREGISTER_DEVICEMAP = 2,
+       CU_MEMHOSTREGISTER_IOMEMORY = 4, CU_MEMHOSTREGISTER_READ_ONLY = 8 };
 enum {
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
     CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
@@ -203,7 +214,24 @@ enum {
                                     unsigned int ByteCount, CUstream hStream)) \
     X(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr dstDevice, CUdeviceptr srcDevice, \
                                        size_t ByteCount, CUstream hStream)) \
-    X(CUresult, cuModuleGetLoadingMode, (int *mode))
+    X(CUresult, cuModuleGetLoadingMode, (int *mode)) \
+    X(CUresult, cuPointerGetAttributes, (unsigned int numAttributes, int *attributes, \
+                                         void **data, CUdeviceptr ptr)) \
+    X(CUresult, cuMemFreeAsync, (CUdeviceptr dptr, CUstream hStream)) \
+    X(CUresult, cuMemAllocHost, (void **pp, unsigned int bytesize)) \
+    X(CUresult, cuMemAllocHost_v2, (void **pp, size_t bytesize)) \
+    X(CUresult, cuMemHostAlloc, (void **pp, size_t bytesize, unsigned int Flags)) \
+    X(CUresult, cuMemFreeHost, (void *p)) \
+    X(CUresult, cuMemHostRegister, (void *p, size_t bytesize, unsigned int Flags)) \
+    X(CUresult, cuMemHostRegister_v2, (void *p, size_t bytesize, unsigned int Flags)) \
+    X(CUresult, cuMemHostUnregister, (void *p)) \
+    X(CUresult, cuMemHostGetDevicePointer, (CUdeviceptr_v1 *pdptr, void *p, unsigned int Flags)) \
+    X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr *pdptr, void *p, unsigned int Flags)) \
+    X(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
+    X(CUresult, cuStreamAddCallback, (CUstream hStream, CUstreamCallback callback, \
+                                      void *userData, unsigned int flags)) \
+    X(CUresult, cuProfilerStart, (void)) \
+    X(CUresult, cuProfilerStop, (void))
 
 #define CUDADRV_DECLARE(ret, name, params) CUAPI ret name params;
 CUDADRV_FUNCTIONS(CUDADRV_DECLARE)

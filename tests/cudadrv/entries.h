@@ -96,4 +96,19 @@
     X(cuMemcpyDtoHAsync, 3020, cuMemcpyDtoHAsync_v2) \
     X(cuMemcpyDtoDAsync, 3000, cuMemcpyDtoDAsync) \
     X(cuMemcpyDtoDAsync, 3020, cuMemcpyDtoDAsync_v2) \
-    X(cuModuleGetLoadingMode, 11070, cuModuleGetLoadingMode)
+    X(cuModuleGetLoadingMode, 11070, cuModuleGetLoadingMode) \
+    X(cuPointerGetAttributes, 7000, cuPointerGetAttributes) \
+    X(cuMemFreeAsync, 11020, cuMemFreeAsync) \
+    X(cuMemAllocHost, 2000, cuMemAllocHost) \
+    X(cuMemAllocHost, 3020, cuMemAllocHost_v2) \
+    X(cuMemHostAlloc, 2020, cuMemHostAlloc) \
+    X(cuMemFreeHost, 2000, cuMemFreeHost) \
+    X(cuMemHostRegister, 4000, cuMemHostRegister) \
+    X(cuMemHostRegister, 6050, cuMemHostRegister_v2) \
+    X(cuMemHostUnregister, 4000, cuMemHostUnregister) \
+    X(cuMemHostGetDevicePointer, 2020, cuMemHostGetDevicePointer) \
+    X(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2) \
+    X(cuMemAllocManaged, 6000, cuMemAllocManaged) \
+    X(cuStreamAddCallback, 5000, cuStreamAddCallback) \
+    X(cuProfilerStart, 4000, cuProfilerStart) \
+    X(cuProfilerStop, 4000, cuProfilerStop)

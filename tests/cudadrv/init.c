@@ -16,7 +16,8 @@ static atomic_int state;   /* 0: not yet, 1: ready, -1: failed */
 static void init_once(void)
 {
     cd_options_read(&cd_opts);
-    atomic_store(&state, cd_memory_init() ? 1 : -1);
+    /* No visible device (CUDA_VISIBLE_DEVICES): cuInit reports none. */
+    atomic_store(&state, cd_opts.devices > 0 && cd_memory_init() ? 1 : -1);
 }
 
 CUresult cd_ready(void)

@@ -35,6 +35,7 @@ struct cd_block {
     size_t size;       /* as requested */
     CUcontext ctx;
     char *rw;          /* host view of `base` (read-write, only for copies) */
+    unsigned long long id; /* buffer id: unique, never reused */
 };
 bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out);
 /* [p, p+len) touches some device's address range (allocated or not). */
@@ -45,6 +46,22 @@ CUresult cd_memory_free(CUdeviceptr ptr);
 void cd_memory_free_context(CUcontext ctx);
 void cd_memory_info(CUdevice dev, size_t *free_bytes, size_t *total);
 size_t cd_memory_capacity(CUdevice dev);
+
+/* Frees the block starting at ptr now, without waiting (a stream-ordered
+ * free, run by the stream's worker once the stream got there). */
+CUresult cd_memory_free_now(CUdeviceptr ptr);
+
+/* ---- host.c: pinned, registered and managed host memory ----------------- */
+enum cd_host_kind { CD_HOST_PINNED, CD_HOST_REGISTERED, CD_HOST_MANAGED };
+struct cd_host {
+    char *base;
+    size_t size;
+    enum cd_host_kind kind;
+    CUcontext ctx;
+};
+bool cd_host_find(const void *p, struct cd_host *out);
+/* cuMemFree of managed memory: true when ptr was one. */
+bool cd_host_free_managed(CUdeviceptr ptr);
 
 /* ---- context.c: contexts and the per-thread stack ----------------------- */
 /* The current context if it is alive, else NULL. */

@@ -30,7 +30,11 @@ struct block {
     size_t size;       /* rounded to ALIGN */
     size_t asked;
     CUcontext ctx;
+    unsigned long long id;
 };
+
+/* Buffer ids: one counter for every device, never reused. */
+static unsigned long long next_id;
 
 static struct heap {
     pthread_mutex_t lock;
@@ -113,6 +117,7 @@ bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out)
             out->base = (uintptr_t)h->base + b->off;
             out->size = b->asked;
             out->ctx = b->ctx;
+            out->id = b->id;
             out->rw = h->rw + off;
             ok = true;
         }
@@ -151,7 +156,8 @@ CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out)
     if (i > h->n)
         goto out;
     memmove(&h->blocks[i + 1], &h->blocks[i], (h->n - i) * sizeof *h->blocks);
-    h->blocks[i] = (struct block){ .off = at, .size = need, .asked = size, .ctx = ctx };
+    h->blocks[i] = (struct block){ .off = at, .size = need, .asked = size, .ctx = ctx,
+                                   .id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED) };
     h->n++;
     h->used += need;
     *out = (uintptr_t)h->base + at;
@@ -202,6 +208,22 @@ CUresult cd_memory_free(CUdeviceptr ptr)
         remove_block(h, (size_t)i);
     pthread_mutex_unlock(&h->lock);
     /* Another thread freed it meanwhile: a double free, as the driver sees it. */
+    return live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cd_memory_free_now(CUdeviceptr ptr)
+{
+    int d = device_of(ptr);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct heap *h = &heaps[d];
+    size_t off = ptr - (uintptr_t)h->base;
+    pthread_mutex_lock(&h->lock);
+    ptrdiff_t i = find_le(h, off);
+    bool live = i >= 0 && h->blocks[i].off == off;
+    if (live)
+        remove_block(h, (size_t)i);
+    pthread_mutex_unlock(&h->lock);
     return live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
@@ -257,15 +279,34 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return cd_memory_alloc(ctx, bytesize, dptr);
 }
 
-/* Any device's block may be freed from any context, as with unified
- * addressing; only a block's start is accepted. */
+/* Any device's block may be freed from any context, and with no context
+ * current at all, as with unified addressing (numba pops every context at
+ * cuda.close() and then flushes its pending frees); only a block's start
+ * is accepted. Managed memory is freed here too. */
 CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    CD_REQUIRE_INIT();
+    if (cd_host_free_managed(dptr))
+        return CUDA_SUCCESS;
+    return cd_memory_free(dptr);
+}
+
+static void free_when_reached(void *arg)
+{
+    cd_memory_free_now((CUdeviceptr)(uintptr_t)arg);
+}
+
+/* Stream-ordered: the block is freed when the stream gets there. */
+CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
     CUcontext ctx;
     CUresult rc = cd_context_require(&ctx);
     if (rc)
         return rc;
-    return cd_memory_free(dptr);
+    struct cd_block b;
+    if (!cd_memory_find(dptr, 1, &b) || b.base != dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cd_stream_enqueue(hStream, free_when_reached, (void *)(uintptr_t)dptr, NULL, NULL);
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)

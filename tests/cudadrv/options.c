@@ -92,6 +92,34 @@ static const struct {
     { "CUDASTANDIN_OP_DELAY_US", "0", parse_delay },
 };
 
+/* CUDA_VISIBLE_DEVICES: the listed ordinals, in that order, up to the
+ * first entry that is not a device (what the driver does). */
+static void apply_visible(struct cd_options *o)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (!v)
+        return;
+    size_t memory[CD_MAX_DEVICES];
+    bool used[CD_MAX_DEVICES] = {false};
+    int n = 0;
+    const char *p = v;
+    while (*p && n < CD_MAX_DEVICES) {
+        char *end;
+        long d = strtol(p, &end, 10);
+        if (end == p || d < 0 || d >= o->devices || used[d])
+            break;
+        used[d] = true;
+        memory[n++] = o->memory[d];
+        p = end;
+        if (*p != ',')
+            break;
+        p++;
+    }
+    for (int i = 0; i < n; i++)
+        o->memory[i] = memory[i];
+    o->devices = n;
+}
+
 void cd_options_read(struct cd_options *o)
 {
     o->devices = DEFAULT_DEVICES;
@@ -104,4 +132,5 @@ void cd_options_read(struct cd_options *o)
             fprintf(stderr, "cudastandin: %s='%s' is not valid; using the default %s\n",
                     table[i].name, v, table[i].fallback);
     }
+    apply_visible(o);
 }

@@ -370,17 +370,17 @@ CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int 
 }
 
 /* Returns once the stream's work has run: the real one returns at once and
- * releases the stream later, which no caller can tell apart. */
+ * releases the stream later, which no caller can tell apart. A stream is
+ * its own handle: no context need be current (numba destroys its streams
+ * after popping every context). */
 CUresult cuStreamDestroy_v2(CUstream hStream)
 {
-    CUcontext ctx;
-    CUresult rc = cd_context_require(&ctx);
-    if (rc)
-        return rc;
+    CD_REQUIRE_INIT();
     if (is_default_handle(hStream))
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&sched);
-    struct cd_stream *s = resolve(hStream, ctx, &rc);
+    struct cd_stream *s = resolve(hStream, NULL, &rc);
     if (s)
         s->dead = true;
     pthread_mutex_unlock(&sched);
@@ -398,6 +398,39 @@ CUresult cuStreamDestroy(CUstream hStream)
 static void noop(void *arg)
 {
     (void)arg;
+}
+
+struct callback {
+    CUstreamCallback fn;
+    CUstream stream;
+    void *user;
+};
+
+static void run_callback(void *arg)
+{
+    struct callback *c = arg;
+    c->fn(c->stream, CUDA_SUCCESS, c->user);
+    free(c);
+}
+
+/* The callback runs on the stream's worker once the work before it ran. */
+CUresult cuStreamAddCallback(CUstream hStream, CUstreamCallback callback, void *userData,
+                             unsigned int flags)
+{
+    CUcontext ctx;
+    CUresult rc = cd_context_require(&ctx);
+    if (rc)
+        return rc;
+    if (!callback || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct callback *c = malloc(sizeof *c);
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *c = (struct callback){ callback, hStream, userData };
+    rc = cd_stream_enqueue(hStream, run_callback, c, NULL, NULL);
+    if (rc)
+        free(c);
+    return rc;
 }
 
 CUresult cuStreamSynchronize(CUstream hStream)

@@ -90,6 +90,77 @@ def test_a_freed_block_is_not_reused_before_the_work_queued_on_it(shim_lib, tmp_
     assert s["device_waits"] >= 1, s
 
 
+def run_check(check, tmp_path, **env):
+    r = run([built_tests() / "cuda_checks", check], shim_env(tmp_path, **env))
+    assert r.returncode == 0 and f"{check} ok" in r.stdout, r.stdout + r.stderr
+    return r, stats(tmp_path)
+
+
+def test_primary_context_reset_forgets_its_blocks(shim_lib, tmp_path):
+    """cuDevicePrimaryCtxReset frees the context's memory in the driver:
+    afterwards every block is live driver memory and keeps its bytes (the
+    shim no longer serves from the regions the driver took back), and the
+    block live at the reset is counted as freed by the teardown."""
+    r, s = run_check("reset", tmp_path)
+    assert s["context_teardown_blocks"] == 1, s
+    assert s["context_teardown_bytes"] == 1 << 20, s
+    assert s["allocs"] == s["frees"] + s["context_teardown_blocks"], s
+    assert s["used_bytes"] == 0, s
+
+
+def test_created_context_destroyed(shim_lib, tmp_path):
+    r, s = run_check("destroy", tmp_path)
+    assert s["context_teardown_blocks"] == 2, s
+    assert s["context_teardown_bytes"] == (1 << 20) + (1 << 18), s
+    assert s["allocs"] == s["frees"] + 2, s
+
+
+def test_a_block_of_a_destroyed_context_stays_dead(shim_lib, tmp_path):
+    """The stale pointer is rejected with the driver's 'invalid value' even
+    though its address lies in a region the driver handed out again, and
+    a trim after a failed large request leaves the new blocks alive."""
+    r, s = run_check("stale", tmp_path)
+    assert s["invalid_frees"] == 1, s
+    assert s["context_teardown_blocks"] == 2, s
+
+
+def test_the_wait_covers_every_context_of_the_device(shim_lib, tmp_path):
+    """A block freed from the primary context while a created context's
+    stream still writes it: reused in either context only after that work
+    ran (the new owner's bytes survive)."""
+    r, s = run_check("cross", tmp_path, SPYRESHIM_LIMIT="1M", CUDASTANDIN_OP_DELAY_US=20000)
+    assert s["device_waits"] >= 2, s
+
+
+def test_pointer_queries_describe_the_block(shim_lib, tmp_path):
+    """cuPointerGetAttribute(s) and cuMemGetAddressRange agree on the block;
+    buffer ids are unique and never reused; a freed block is not found and
+    cannot be exported through IPC."""
+    run_check("attrs", tmp_path)
+
+
+def test_mem_free_async_of_a_served_block_is_served(shim_lib, tmp_path):
+    r, s = run_check("freeasync", tmp_path)
+    assert s["allocs"] == 1 and s["frees"] == 1 and s["invalid_frees"] == 1, s
+
+
+def test_peak_used_is_the_peak_of_the_sum_over_devices(shim_lib, tmp_path):
+    r, s = run_check("peak", tmp_path)
+    assert s["peak_used_bytes"] == 1 << 20, s
+    names = {d["name"]: d for d in s["runtimes"]}
+    assert names["cuda:0"]["peak_used_bytes"] == 1 << 20, names
+    assert names["cuda:1"]["peak_used_bytes"] == 1 << 20, names
+
+
+def test_dlsym_on_a_driver_leaves_dlerror_clean(shim_lib):
+    """The POSIX idiom on a driver that exports only the three memory
+    functions: the shim's probes of the names it lacks leave no error."""
+    mini = built_tests() / "libminidriver.so"
+    r = run([built_tests() / "dlsym_checks", "", mini], shim_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.split() == ["idiom", "libspyreshim.so", "none"], r.stdout
+
+
 def test_dlsym_next_of_an_object_preloaded_before_the_shim(shim_lib):
     probe = built_tests() / "librtldprobe.so"
     env = shim_env(LD_PRELOAD=f"{probe}:{shim_lib}")

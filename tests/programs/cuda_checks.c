@@ -13,7 +13,22 @@
  *   range     cuMemGetAddressRange of an interior pointer of a served block
  *             describes the block, not the region it was carved from
  *   ipc       cuIpcGetMemHandle of a served block is refused
- *   pitch     cuMemAllocPitch rounds to 512 and checks the element size */
+ *   pitch     cuMemAllocPitch rounds to 512 and checks the element size
+ *   reset     after cuDevicePrimaryCtxReset (the driver freed the context's
+ *             memory), new blocks are live driver memory and keep their bytes
+ *   destroy   the same after cuCtxDestroy of a created context
+ *   stale     a block of a destroyed context, freed after the driver gave
+ *             its address out again, is rejected; a failed large request
+ *             (which trims cached regions) leaves the new blocks alive
+ *   cross     a block freed from one context while another context's
+ *             stream still writes it is not handed out before that work
+ *             ran, in either context (run with SPYRESHIM_LIMIT=1M and
+ *             CUDASTANDIN_OP_DELAY_US)
+ *   attrs     pointer attributes and cuMemGetAddressRange agree on the
+ *             block; a freed block is not found and cannot be exported
+ *   freeasync cuMemFreeAsync of a served block is the shim's free
+ *   peak      1 MiB on device 0, freed, then 1 MiB on device 1 (the test
+ *             reads peak_used_bytes from the statistics) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,6 +180,243 @@ static void check_pitch(void)
     printf("pitch ok\n");
 }
 
+/* Allocates n blocks of `size`, writes a distinct pattern into each, reads
+ * every one back, frees them: the blocks are live driver memory that no
+ * one else writes. Returns a description of the first failure or NULL. */
+static const char *blocks_keep_their_bytes(int n, size_t size)
+{
+    static char why[160];
+    CUdeviceptr p[8];
+    unsigned char *buf = malloc(size), *back = malloc(size);
+    if (!buf || !back || n > 8)
+        return "host memory";
+    const char *bad = NULL;
+    int made = 0;
+    for (; made < n && !bad; made++) {
+        CUresult rc = cuMemAlloc_v2(&p[made], size);
+        if (rc != CUDA_SUCCESS) {
+            snprintf(why, sizeof why, "alloc %d: error %d", made, rc);
+            bad = why;
+            break;
+        }
+        memset(buf, 0x30 + made, size);
+        rc = cuMemcpyHtoD_v2(p[made], buf, size);
+        if (rc != CUDA_SUCCESS) {
+            snprintf(why, sizeof why, "block %#llx is not live driver memory (copy: %d)", p[made],
+                     rc);
+            bad = why;
+        }
+    }
+    for (int i = 0; i < made && !bad; i++) {
+        memset(buf, 0x30 + i, size);
+        if (cuMemcpyDtoH_v2(back, p[i], size) != CUDA_SUCCESS || memcmp(back, buf, size) != 0) {
+            snprintf(why, sizeof why, "block %d (%#llx) lost its bytes", i, p[i]);
+            bad = why;
+        }
+    }
+    for (int i = 0; i < made; i++)
+        cuMemFree_v2(p[i]);
+    free(buf);
+    free(back);
+    return bad;
+}
+
+static void check_reset(void)
+{
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    CUdeviceptr a;
+    unsigned char buf[4096];
+    memset(buf, 0x5a, sizeof buf);
+    CHECK(cuMemAlloc_v2(&a, 1 << 20) == CUDA_SUCCESS && cuMemcpyHtoD_v2(a, buf, sizeof buf) == 0,
+          "alloc and write before the reset");
+    CHECK(cuDevicePrimaryCtxReset_v2(0) == CUDA_SUCCESS, "reset");
+    CHECK(cuDevicePrimaryCtxRetain(&ctx[0], 0) == CUDA_SUCCESS, "retain after the reset");
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context after the reset");
+    const char *bad = blocks_keep_their_bytes(4, 1 << 20);
+    CHECK(!bad, "after the reset: %s", bad);
+    printf("reset ok\n");
+}
+
+static void check_destroy(void)
+{
+    CUcontext c;
+    CHECK(cuCtxCreate_v2(&c, 0, 0) == CUDA_SUCCESS, "create a context");
+    CUdeviceptr a, b;
+    CHECK(cuMemAlloc_v2(&a, 1 << 20) == CUDA_SUCCESS && cuMemAlloc_v2(&b, 1 << 18) == CUDA_SUCCESS,
+          "alloc in the created context");
+    CHECK(cuCtxDestroy_v2(c) == CUDA_SUCCESS, "destroy");
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set the primary context");
+    /* Small enough for what the destroyed context's regions had left. */
+    const char *bad = blocks_keep_their_bytes(4, 1 << 17);
+    CHECK(!bad, "after the destroy: %s", bad);
+    printf("destroy ok\n");
+}
+
+static void check_stale(void)
+{
+    CUcontext c;
+    CHECK(cuCtxCreate_v2(&c, 0, 0) == CUDA_SUCCESS, "create a context");
+    CUdeviceptr x0, x;
+    CHECK(cuMemAlloc_v2(&x0, 1 << 18) == CUDA_SUCCESS && cuMemAlloc_v2(&x, 1 << 18) == CUDA_SUCCESS,
+          "alloc in the created context");
+    CHECK(cuCtxDestroy_v2(c) == CUDA_SUCCESS, "destroy");
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set the primary context");
+    /* The driver hands the destroyed context's addresses out again. */
+    enum { N = 4, SIZE = 1 << 20 };
+    CUdeviceptr y[N];
+    unsigned char buf[SIZE], back[SIZE];
+    for (int i = 0; i < N; i++) {
+        CHECK(cuMemAlloc_v2(&y[i], SIZE) == CUDA_SUCCESS, "alloc y%d", i);
+        memset(buf, 0x40 + i, SIZE);
+        CHECK(cuMemcpyHtoD_v2(y[i], buf, SIZE) == CUDA_SUCCESS, "y%d (%#llx) is not live", i, y[i]);
+    }
+    /* The stale pointer: dead, whoever holds its address now. */
+    CUresult rc = cuMemFree_v2(x);
+    CHECK(rc == CUDA_ERROR_INVALID_VALUE, "free of a block of a destroyed context: %d", rc);
+    /* A request no region can serve: cached regions are given back first. */
+    CUdeviceptr huge;
+    rc = cuMemAlloc_v2(&huge, (size_t)60 << 20);
+    if (rc == CUDA_SUCCESS)
+        cuMemFree_v2(huge);
+    for (int i = 0; i < N; i++) {
+        memset(buf, 0x40 + i, SIZE);
+        CHECK(cuMemcpyDtoH_v2(back, y[i], SIZE) == CUDA_SUCCESS && memcmp(back, buf, SIZE) == 0,
+              "y%d (%#llx) lost its bytes or its memory", i, y[i]);
+        CHECK(cuMemFree_v2(y[i]) == CUDA_SUCCESS, "free y%d", i);
+    }
+    printf("stale ok\n");
+}
+
+/* `owner` allocates the whole 1 MiB its limit allows; `writer`'s stream
+ * queues memsets of 0x11 on it; the block is freed from the primary
+ * context; then `reuser` asks for 1 MiB, which only that block can serve,
+ * and writes 0x22 at once on its legacy stream (which does not wait for a
+ * non-blocking stream). */
+static const char *cross_round(CUcontext owner, CUcontext writer, CUcontext reuser)
+{
+    enum { SIZE = 1 << 20, QUEUED = 4 };
+    static char why[160];
+    static unsigned char pattern[SIZE], back[SIZE];
+    CUstream s;
+    CUdeviceptr x, y;
+    if (cuCtxSetCurrent(owner) || cuMemAlloc_v2(&x, SIZE))
+        return "alloc x";
+    if (cuCtxSetCurrent(writer) || cuStreamCreate(&s, CU_STREAM_NON_BLOCKING))
+        return "stream";
+    for (int k = 0; k < QUEUED; k++)
+        if (cuMemsetD8Async(x, 0x11, SIZE, s))
+            return "memset";
+    if (cuCtxSetCurrent(ctx[0]) || cuMemFree_v2(x))
+        return "free x from the primary context";
+    if (cuCtxSetCurrent(reuser) || cuMemAlloc_v2(&y, SIZE))
+        return "alloc y";
+    memset(pattern, 0x22, SIZE);
+    if (cuMemcpyHtoD_v2(y, pattern, SIZE))
+        return "copy into y";
+    cuCtxSetCurrent(writer);
+    cuStreamSynchronize(s);
+    cuStreamDestroy_v2(s);
+    cuCtxSetCurrent(reuser);
+    if (cuMemcpyDtoH_v2(back, y, SIZE))
+        return "copy back";
+    if (memcmp(back, pattern, SIZE) != 0) {
+        snprintf(why, sizeof why, "y (%#llx, x was %#llx) holds %#x: the other context's queued "
+                 "work wrote it after its reuse", y, x, back[0]);
+        return why;
+    }
+    cuMemFree_v2(y);
+    return NULL;
+}
+
+static void check_cross(void)
+{
+    CUcontext c;
+    CHECK(cuCtxCreate_v2(&c, 0, 0) == CUDA_SUCCESS, "create a context");
+    const struct { CUcontext owner, writer, reuser; const char *what; } rounds[] = {
+        {c, c, ctx[0], "block of the created context, reused in the primary one"},
+        {c, c, c, "block of the created context, reused there"},
+        {ctx[0], c, ctx[0], "block of the primary context written by the created one"},
+    };
+    for (size_t i = 0; i < sizeof rounds / sizeof rounds[0]; i++) {
+        const char *bad = cross_round(rounds[i].owner, rounds[i].writer, rounds[i].reuser);
+        CHECK(!bad, "%s: %s", rounds[i].what, bad);
+    }
+    cuCtxDestroy_v2(c);
+    printf("cross ok\n");
+}
+
+static void check_attrs(void)
+{
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    CUdeviceptr a, b;
+    CHECK(cuMemAlloc_v2(&a, 3000) == CUDA_SUCCESS && cuMemAlloc_v2(&b, 5000) == CUDA_SUCCESS,
+          "alloc");
+    CUdeviceptr start = 0, base = 0;
+    size_t size = 0, rsize = 0;
+    unsigned long long id_a = 0, id_b = 0;
+    CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, b + 10) == 0 &&
+          cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, b + 10) == 0,
+          "range attributes");
+    CHECK(cuMemGetAddressRange_v2(&base, &rsize, b + 10) == CUDA_SUCCESS, "address range");
+    CHECK(start == b && size == 5000 && base == start && rsize == size,
+          "attributes say %#llx + %zu, address range %#llx + %zu, block %#llx + 5000", start,
+          size, base, rsize, b);
+    CHECK(cuPointerGetAttribute(&id_a, CU_POINTER_ATTRIBUTE_BUFFER_ID, a) == 0 &&
+          cuPointerGetAttribute(&id_b, CU_POINTER_ATTRIBUTE_BUFFER_ID, b) == 0 && id_a != id_b,
+          "buffer ids %llu and %llu", id_a, id_b);
+    int attrs[] = {CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                   CU_POINTER_ATTRIBUTE_BUFFER_ID, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                   CU_POINTER_ATTRIBUTE_CONTEXT};
+    CUdeviceptr s2 = 0;
+    size_t z2 = 0;
+    unsigned long long id2 = 0;
+    int ord = -1;
+    CUcontext owner = NULL;
+    void *data[] = {&s2, &z2, &id2, &ord, &owner};
+    CHECK(cuPointerGetAttributes(5, attrs, data, b + 10) == CUDA_SUCCESS, "attributes");
+    CHECK(s2 == b && z2 == 5000 && id2 == id_b && ord == 0 && owner == ctx[0],
+          "cuPointerGetAttributes: %#llx + %zu id %llu device %d context %p", s2, z2, id2, ord,
+          (void *)owner);
+    CHECK(cuMemFree_v2(b) == CUDA_SUCCESS, "free b");
+    CUresult rc = cuMemGetAddressRange_v2(&base, &rsize, b);
+    CHECK(rc == CUDA_ERROR_NOT_FOUND, "address range of a freed block: %d", rc);
+    rc = cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, b);
+    CHECK(rc == CUDA_ERROR_INVALID_VALUE, "range start of a freed block: %d", rc);
+    CUipcMemHandle h;
+    rc = cuIpcGetMemHandle(&h, b);
+    CHECK(rc != CUDA_SUCCESS && rc != CUDA_ERROR_NOT_SUPPORTED,
+          "cuIpcGetMemHandle of a freed block: %d (the region would be exported)", rc);
+    CUdeviceptr b2;
+    CHECK(cuMemAlloc_v2(&b2, 5000) == CUDA_SUCCESS, "alloc again");
+    unsigned long long id_b2 = 0;
+    CHECK(cuPointerGetAttribute(&id_b2, CU_POINTER_ATTRIBUTE_BUFFER_ID, b2) == 0 &&
+          id_b2 != id_b && id_b2 != id_a, "buffer id %llu reused (%llu, %llu)", id_b2, id_a, id_b);
+    cuMemFree_v2(a);
+    cuMemFree_v2(b2);
+    printf("attrs ok\n");
+}
+
+static void check_freeasync(void)
+{
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    CUdeviceptr a;
+    CHECK(cuMemAlloc_v2(&a, 4096) == CUDA_SUCCESS, "alloc");
+    CHECK(cuMemFreeAsync(a, NULL) == CUDA_SUCCESS, "cuMemFreeAsync of a served block");
+    CUresult rc = cuMemFree_v2(a);
+    CHECK(rc == CUDA_ERROR_INVALID_VALUE, "second free after cuMemFreeAsync: %d", rc);
+    printf("freeasync ok\n");
+}
+
+static void check_peak(void)
+{
+    CUdeviceptr a;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS && cuMemAlloc_v2(&a, 1 << 20) == CUDA_SUCCESS &&
+          cuMemFree_v2(a) == CUDA_SUCCESS, "1 MiB on device 0");
+    CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuMemAlloc_v2(&a, 1 << 20) == CUDA_SUCCESS &&
+          cuMemFree_v2(a) == CUDA_SUCCESS, "1 MiB on device 1");
+    printf("peak ok\n");
+}
+
 int main(int argc, char **argv)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -178,7 +430,9 @@ int main(int argc, char **argv)
         }
     static const struct { const char *name; void (*fn)(void); } checks[] = {
         {"devices", check_devices}, {"streams", check_streams}, {"range", check_range},
-        {"ipc", check_ipc}, {"pitch", check_pitch},
+        {"ipc", check_ipc}, {"pitch", check_pitch}, {"reset", check_reset},
+        {"destroy", check_destroy}, {"stale", check_stale}, {"cross", check_cross},
+        {"attrs", check_attrs}, {"freeasync", check_freeasync}, {"peak", check_peak},
     };
     for (int i = 1; i < argc; i++) {
         size_t k = 0;

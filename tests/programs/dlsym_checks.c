@@ -7,7 +7,10 @@
  *   missing <0|1>        dlsym(RTLD_NEXT) of a missing name is NULL and
  *                        dlerror() names it
  *   driver:<name> <object>  dlsym on a dlopen()ed driver handle, as numba
- *                        does (argv[1] is the driver's path) */
+ *                        does (argv[1] is the driver's path)
+ *   idiom <object> <error>  the POSIX idiom on the driver argv[2] (a minimal
+ *                        one): dlerror(); dlsym(h, "cuMemAlloc_v2");
+ *                        dlerror(), which must say nothing ("none") */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -39,7 +42,18 @@ int main(int argc, char **argv)
         const char *err = dlerror();
         printf("missing %d\n", none == NULL && err && strstr(err, "spyreshim_no_such_symbol"));
     }
-    if (argc > 1) {
+    if (argc > 2) {
+        void *h = dlopen(argv[2], RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            printf("dlopen-failed %s\n", dlerror());
+            return 1;
+        }
+        dlerror();
+        void *p = dlsym(h, "cuMemAlloc_v2");
+        const char *err = dlerror();
+        printf("idiom %s %s\n", object_of(p), err ? err : "none");
+    }
+    if (argc > 1 && argv[1][0]) {
         void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
         if (!h) {
             printf("dlopen-failed %s\n", dlerror());

@@ -49,7 +49,7 @@ _STATS_FIELDS = [
     "pressure_waits", "callback_runs", "callback_recovered_bytes",
     "gc_collections", "gc_time_ns", "gc_recovered_bytes", "gc_timeouts",
     "gc_skipped", "gc_backoff_skips", "device_waits", "pressure_wait_timeouts",
-    "arenas",
+    "arenas", "context_teardown_blocks", "context_teardown_bytes",
 ]
 
 
