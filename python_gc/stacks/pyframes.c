@@ -122,6 +122,10 @@ static bool pipe_ready(void)
     return true;
 }
 
+void shim_pyframes_atfork_prepare(void) { shim_mutex_lock(&pipe_lock); }
+void shim_pyframes_atfork_parent(void) { shim_mutex_unlock(&pipe_lock); }
+void shim_pyframes_atfork_child(void) { shim_mutex_unlock(&pipe_lock); }
+
 bool shim_pyframes_pipe_read(void *dst, uintptr_t addr, size_t n)
 {
     shim_mutex_lock(&pipe_lock);

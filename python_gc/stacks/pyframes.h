@@ -105,5 +105,11 @@ uintptr_t shim_pyframes_file_obj(const shim_pylayout *L, uintptr_t code);
  * first use and survives its descriptors being closed (and the numbers
  * reused) under it. Exposed for tests. */
 bool shim_pyframes_pipe_read(void *dst, uintptr_t addr, size_t n);
+/* fork(): the pipe lock is taken in prepare (after the pystack interning
+ * lock: it is a leaf) and released in parent and child; its holder holds it
+ * for one non-blocking write and read. The child makes a pipe of its own. */
+void shim_pyframes_atfork_prepare(void);
+void shim_pyframes_atfork_parent(void);
+void shim_pyframes_atfork_child(void);
 
 #endif

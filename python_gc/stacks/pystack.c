@@ -130,9 +130,24 @@ static inline bool raw_equal(const shim_pyrawframe *a, const shim_pyrawframe *b)
            a->name_hash == b->name_hash && a->file == b->file && a->firstlineno == b->firstlineno;
 }
 
-void shim_pystack_atfork_prepare(void) { shim_mutex_lock(&stack_lock); }
-void shim_pystack_atfork_parent(void) { shim_mutex_unlock(&stack_lock); }
-void shim_pystack_atfork_child(void) { shim_mutex_unlock(&stack_lock); }
+/* The interning lock, then the pipe lock of checked reads (a leaf). */
+void shim_pystack_atfork_prepare(void)
+{
+    shim_mutex_lock(&stack_lock);
+    shim_pyframes_atfork_prepare();
+}
+
+void shim_pystack_atfork_parent(void)
+{
+    shim_pyframes_atfork_parent();
+    shim_mutex_unlock(&stack_lock);
+}
+
+void shim_pystack_atfork_child(void)
+{
+    shim_pyframes_atfork_child();
+    shim_mutex_unlock(&stack_lock);
+}
 
 static void on_finalize(void);
 

@@ -5,7 +5,8 @@
  * Two kinds of locks:
  * - Locks that protect state a child must find consistent (each device's
  *   allocator lock, the hook resolution lock, the callback registry, the
- *   native and Python stack interning locks) are taken by the forking
+ *   native and Python stack interning locks, the pipe lock of checked reads)
+ *   are taken by the forking
  *   thread in prepare and released in both processes, so the child inherits
  *   them unlocked with nothing half-updated. Every lock of ours that another
  *   thread may hold at fork() is in one of the two kinds: one left out is

@@ -548,3 +548,70 @@ Test(pyframes_pipe, opens_on_first_use_and_never_writes_into_a_reused_number)
     close(f1);
     close(f2);
 }
+
+/* ---- fork while another thread holds the pipe lock ------------------- */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+/* This binary's write(): the pipe read's write holds the pipe lock; when
+ * asked, it stays inside until a fork has begun (a prepare handler says
+ * so), so that the fork happens while another thread holds the lock. */
+static _Atomic int hold_next_write, inside_write, fork_begun;
+
+ssize_t write(int fd, const void *buf, size_t n)
+{
+    if (atomic_load(&hold_next_write) && atomic_exchange(&hold_next_write, 0)) {
+        atomic_store(&inside_write, 1);
+        for (int i = 0; i < 100000 && !atomic_load(&fork_begun); i++)
+            usleep(100);
+    }
+    return syscall(SYS_write, fd, buf, n);
+}
+
+static void note_fork_begun(void)
+{
+    atomic_store(&fork_begun, 1);
+}
+
+static void *read_through_the_pipe(void *unused)
+{
+    (void)unused;
+    static const char src[16] = "fork-pipe-lock!";
+    char got[16];
+    return (void *)(uintptr_t)shim_pyframes_pipe_read(got, (uintptr_t)src, 16);
+}
+
+Test(pyframes_pipe, a_fork_while_another_thread_holds_the_pipe_lock)
+{
+    /* The fork policy's handlers for this room (shim/process/fork.c), then
+     * ours, whose prepare runs first (glibc runs them in reverse). */
+    pthread_atfork(shim_pystack_atfork_prepare, shim_pystack_atfork_parent,
+                   shim_pystack_atfork_child);
+    pthread_atfork(note_fork_begun, NULL, NULL);
+    atomic_store(&hold_next_write, 1);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, read_through_the_pipe, NULL), 0);
+    while (!atomic_load(&inside_write))
+        usleep(100);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* One thread here: an inherited held lock would hang this read. */
+        alarm(20);
+        static const char src[16] = "the child reads";
+        char got[16];
+        _exit(shim_pyframes_pipe_read(got, (uintptr_t)src, 16) && memcmp(got, src, 16) == 0
+                  ? 0 : 1);
+    }
+    cr_assert_gt(pid, 0);
+    int status;
+    cr_assert_eq(waitpid(pid, &status, 0), pid);
+    void *ok;
+    pthread_join(t, &ok);
+    cr_assert(ok, "the other thread's read failed");
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "the child could not read through its pipe (status %#x: it hung on the pipe "
+              "lock inherited held)", status);
+}
