@@ -229,6 +229,29 @@ CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
     return cuCtxCreate_v2(pctx, flags, dev);
 }
 
+/* CUDA 13's form: execution-affinity and CIG parameters are for devices
+ * the stand-in does not model; without them it is cuCtxCreate_v2. */
+CUresult cuCtxCreate_v4(CUcontext *pctx, void *ctxCreateParams, unsigned int flags, CUdevice dev)
+{
+    if (ctxCreateParams)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+/* One priority level: the stand-in's streams all run alike. */
+CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)
+{
+    CUcontext c;
+    CUresult rc = cd_context_require(&c);
+    if (rc)
+        return rc;
+    if (leastPriority)
+        *leastPriority = 0;
+    if (greatestPriority)
+        *greatestPriority = 0;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     CD_REQUIRE_INIT();

@@ -54,10 +54,17 @@ static void run(void *arg)
     free(w);
 }
 
-/* The read-write view of [p, p+len) on the current context's device. */
+/* The read-write view of [p, p+len) on the current context's device, or
+ * of host memory the device may address (pinned, registered, managed:
+ * with unified addressing its device address is its host address). */
 static CUresult device_range(CUcontext ctx, CUdeviceptr p, size_t len, char **rw)
 {
     struct cd_block b;
+    struct cd_host h;
+    if (cd_host_find((void *)(uintptr_t)p, &h) && len <= (size_t)(h.base + h.size - (char *)p)) {
+        *rw = (char *)(uintptr_t)p;
+        return CUDA_SUCCESS;
+    }
     if (!cd_memory_find(p, len, &b) || b.dev != cd_context_device(ctx))
         return CUDA_ERROR_INVALID_VALUE;
     *rw = b.rw;

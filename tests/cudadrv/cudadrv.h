@@ -230,6 +230,9 @@ enum {
     X(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
     X(CUresult, cuStreamAddCallback, (CUstream hStream, CUstreamCallback callback, \
                                       void *userData, unsigned int flags)) \
+    X(CUresult, cuCtxCreate_v4, (CUcontext *pctx, void *ctxCreateParams, unsigned int flags, \
+                                 CUdevice dev)) \
+    X(CUresult, cuCtxGetStreamPriorityRange, (int *leastPriority, int *greatestPriority)) \
     X(CUresult, cuProfilerStart, (void)) \
     X(CUresult, cuProfilerStop, (void))
 

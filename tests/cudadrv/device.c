@@ -76,6 +76,7 @@ static int attribute(int attrib, CUdevice dev)
     case 14: return 512;                      /* TEXTURE_ALIGNMENT */
     case 15: return 1;                        /* GPU_OVERLAP */
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: return 132;
+    case 19: return 1;                        /* CAN_MAP_HOST_MEMORY */
     case 20: return 0;                        /* COMPUTE_MODE: default */
     case 31: return 1;                        /* CONCURRENT_KERNELS */
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: return 0x10 + dev;

@@ -34,6 +34,8 @@
     X(cuCtxCreate, 2000, cuCtxCreate) \
     X(cuCtxCreate, 3020, cuCtxCreate_v2) \
     X(cuCtxCreate, 11040, NULL) \
+    X(cuCtxCreate, 12050, cuCtxCreate_v4) \
+    X(cuCtxGetStreamPriorityRange, 5050, cuCtxGetStreamPriorityRange) \
     X(cuCtxDestroy, 2000, cuCtxDestroy) \
     X(cuCtxDestroy, 4000, cuCtxDestroy_v2) \
     X(cuCtxPushCurrent, 2000, cuCtxPushCurrent) \

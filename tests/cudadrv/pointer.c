@@ -14,6 +14,15 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr 
     if (!cd_context_current())
         return CUDA_ERROR_INVALID_CONTEXT;
     struct cd_block b;
+    struct cd_host h;
+    /* Host memory the device may address is an allocation too. */
+    if (!cd_memory_find(dptr, 1, &b) && cd_host_find((void *)(uintptr_t)dptr, &h)) {
+        if (pbase)
+            *pbase = (uintptr_t)h.base;
+        if (psize)
+            *psize = h.size;
+        return CUDA_SUCCESS;
+    }
     /* The driver answers NOT_FOUND for an address it never allocated. */
     if (!cd_memory_find(dptr, 1, &b))
         return CUDA_ERROR_NOT_FOUND;

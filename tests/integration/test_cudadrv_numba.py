@@ -107,3 +107,71 @@ def test_cycles_without_gc_end_in_numbas_out_of_memory(driver):
     # filled up, it did not fail early.
     assert out["iterations"] * out["array_bytes"] >= 60 << 20
     assert out["iterations"] < 1000
+
+
+# ---- numba's own driver tests, without and with the shim -----------------
+
+DATA = HERE / "data"
+SUITE = HERE / "numba_cudadrv_suite.py"
+REPO = HERE.parent.parent
+
+
+def expected_failures(name):
+    """The written-down list: test id -> why it fails on the stand-in."""
+    out = {}
+    for line in (DATA / name).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            tid, why = line.split(None, 1)
+            out[tid] = why
+    return out
+
+
+def run_suite(python, driver, preload):
+    env = numba_env(driver)
+    if preload:
+        env["LD_PRELOAD"] = str(pythons.shim_lib())
+    r = pythons.run([python, SUITE], env=env, timeout=900)
+    r.check()
+    return last_json(r)
+
+
+def check_suite(python, driver, listing):
+    expected = expected_failures(listing)
+    plain = run_suite(python, driver, preload=False)
+    shim = run_suite(python, driver, preload=True)
+    # The stand-in keeps up: only the written-down tests fail without the shim.
+    unexpected = {t: plain["why"][t] for t in plain["failed"] if t not in expected}
+    assert not unexpected, f"fail on the stand-in without the shim: {unexpected}"
+    assert len(plain["passed"]) >= 100, plain  # the suite ran at all
+    # No test is worse under the shim.
+    lost = {t: shim["why"].get(t, "not run") for t in plain["passed"]
+            if t not in shim["passed"]}
+    assert not lost, f"pass without the shim, not with it: {lost}"
+    print(f"{listing}: {len(plain['passed'])} passed without the shim, "
+          f"{len(shim['passed'])} with it; {len(plain['failed'])} expected failures, "
+          f"{len(plain['skipped'])} skipped")
+
+
+def test_numbas_own_driver_tests_pass_under_the_shim(driver, shim_lib):
+    """Debian's numba: numba.cuda.tests.cudadrv on the stand-in. Context
+    resets (cuda.close() between tests) and pointer queries are where the
+    shim used to differ from the driver."""
+    check_suite(PYTHON, driver, "numba_cudadrv_expected_failures.txt")
+
+
+@pytest.fixture(scope="module")
+def numba_cuda_python():
+    """numba-cuda from PyPI in the project's own virtual environment
+    (scripts/numba_cuda_venv.sh, under the cache folder)."""
+    r = subprocess.run([str(REPO / "scripts" / "numba_cuda_venv.sh")], capture_output=True,
+                       text=True, timeout=900)
+    if r.returncode != 0:
+        reason = f"numba-cuda could not be installed from PyPI: {r.stderr.strip()[-300:]}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return r.stdout.strip().splitlines()[-1]
+
+
+def test_numba_cudas_own_driver_tests_pass_under_the_shim(driver, shim_lib, numba_cuda_python):
+    check_suite(numba_cuda_python, driver, "numba_cuda_cudadrv_expected_failures.txt")
