@@ -1,10 +1,101 @@
-/* What the two CUDA routes (cuda_runtime.c, cuda_driver.c) and the dlsym
- * interposition (dlsym.c) tell each other. */
+/* The CUDA driver API as the shim declares it (no toolkit header is needed
+ * to build), and what the two CUDA routes (cuda_runtime.c, cuda_driver.c)
+ * and the dlsym interposition (dlsym.c) tell each other.
+ *
+ * Every type, constant, struct size and prototype the shim relies on is
+ * listed here once, as data: tests/programs/cuda_header_check.c includes
+ * the toolkit's cuda.h, defines SHIM_CUDA_CHECK and compiles this file
+ * against it (tests/integration/test_cuda_toolkit.py), so a number or a
+ * parameter that differs from the real driver's fails the test command. */
 #ifndef SHIM_HOOKS_CUDA_H
 #define SHIM_HOOKS_CUDA_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
+/* Error numbers, attribute numbers and flags: X(name, value). */
+#define SHIM_CUDA_CONSTANTS(X)                              \
+    X(CUDA_SUCCESS, 0)                                      \
+    X(CUDA_ERROR_INVALID_VALUE, 1)                          \
+    X(CUDA_ERROR_OUT_OF_MEMORY, 2)                          \
+    X(CUDA_ERROR_NOT_INITIALIZED, 3)                        \
+    X(CUDA_ERROR_DEINITIALIZED, 4)                          \
+    X(CUDA_ERROR_INVALID_CONTEXT, 201)                      \
+    X(CUDA_ERROR_NOT_FOUND, 500)                            \
+    X(CUDA_ERROR_CONTEXT_IS_DESTROYED, 709)                 \
+    X(CUDA_ERROR_NOT_SUPPORTED, 801)                        \
+    X(CU_POINTER_ATTRIBUTE_CONTEXT, 1)                      \
+    X(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 2)                  \
+    X(CU_POINTER_ATTRIBUTE_BUFFER_ID, 7)                    \
+    X(CU_POINTER_ATTRIBUTE_IS_MANAGED, 8)                   \
+    X(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 9)               \
+    X(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, 11)            \
+    X(CU_POINTER_ATTRIBUTE_RANGE_SIZE, 12)                  \
+    X(CU_GET_PROC_ADDRESS_DEFAULT, 0)                       \
+    X(CU_GET_PROC_ADDRESS_LEGACY_STREAM, 1)                 \
+    X(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, 2)     \
+    X(CU_IPC_HANDLE_SIZE, 64)
+
+/* Sizes of the types the shim passes by value or through pointers. */
+#define SHIM_CUDA_SIZES(X) X(CUipcMemHandle, 64) X(CUdeviceptr, 8) X(CUresult, 4) X(CUdevice, 4)
+
+/* cuda.h's scalar and handle types: X(name, the type it is). Its enums
+ * have no negative values, so GCC gives them unsigned int. */
+#define SHIM_CUDA_TYPES(X)                                 \
+    X(CUresult, unsigned)                                  \
+    X(CUpointer_attribute, unsigned)                       \
+    X(CUdriverProcAddressQueryResult, unsigned)            \
+    X(CUdevice, int)                                       \
+    X(CUdeviceptr, unsigned long long)                     \
+    X(cuuint64_t, uint64_t)                                \
+    X(CUcontext, struct CUctx_st *)                        \
+    X(CUstream, struct CUstream_st *)
+
+#ifndef SHIM_CUDA_CHECK
+#define SHIM_CUDA_TYPEDEF_(name, type) typedef type name;
+SHIM_CUDA_TYPES(SHIM_CUDA_TYPEDEF_)
+#undef SHIM_CUDA_TYPEDEF_
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+#define SHIM_CUDA_ENUM_(name, value) name = value,
+enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
+#undef SHIM_CUDA_ENUM_
+#endif
+
+/* The driver functions the shim uses: X(field, symbol, defined, return,
+ * parameters). Each is resolved at run time (the real one); `defined` 1:
+ * the shim also defines and exports it (hooks/cuda_driver.c: served, or
+ * watched for context teardown), with the driver's own prototype. */
+#define SHIM_CUDA_DRIVER(X) \
+    X(mem_alloc, cuMemAlloc_v2, 1, CUresult, (CUdeviceptr *, size_t)) \
+    X(mem_free, cuMemFree_v2, 1, CUresult, (CUdeviceptr)) \
+    X(mem_get_info, cuMemGetInfo_v2, 1, CUresult, (size_t *, size_t *)) \
+    X(mem_alloc_pitch, cuMemAllocPitch_v2, 1, CUresult, (CUdeviceptr *, size_t *, size_t, size_t, unsigned)) \
+    X(mem_get_address_range, cuMemGetAddressRange_v2, 1, CUresult, (CUdeviceptr *, size_t *, CUdeviceptr)) \
+    X(ipc_get_mem_handle, cuIpcGetMemHandle, 1, CUresult, (CUipcMemHandle *, CUdeviceptr)) \
+    X(get_proc_address, cuGetProcAddress, 1, CUresult, (const char *, void **, int, cuuint64_t)) \
+    X(get_proc_address_v2, cuGetProcAddress_v2, 1, CUresult, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *)) \
+    X(ctx_get_device, cuCtxGetDevice, 0, CUresult, (CUdevice *)) \
+    X(ctx_get_current, cuCtxGetCurrent, 0, CUresult, (CUcontext *)) \
+    X(ctx_synchronize, cuCtxSynchronize, 0, CUresult, (void)) \
+    X(ctx_push, cuCtxPushCurrent_v2, 0, CUresult, (CUcontext)) \
+    X(ctx_pop, cuCtxPopCurrent_v2, 0, CUresult, (CUcontext *)) \
+    X(ctx_destroy, cuCtxDestroy_v2, 1, CUresult, (CUcontext)) \
+    X(ctx_destroy_v1, cuCtxDestroy, 1, CUresult, (CUcontext)) \
+    X(primary_ctx_retain, cuDevicePrimaryCtxRetain, 1, CUresult, (CUcontext *, CUdevice)) \
+    X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, 1, CUresult, (CUdevice)) \
+    X(primary_ctx_release_v1, cuDevicePrimaryCtxRelease, 1, CUresult, (CUdevice)) \
+    X(primary_ctx_reset, cuDevicePrimaryCtxReset_v2, 1, CUresult, (CUdevice)) \
+    X(primary_ctx_reset_v1, cuDevicePrimaryCtxReset, 1, CUresult, (CUdevice)) \
+    X(primary_ctx_get_state, cuDevicePrimaryCtxGetState, 0, CUresult, (CUdevice, unsigned *, int *)) \
+    X(pointer_get_attribute, cuPointerGetAttribute, 1, CUresult, (void *, CUpointer_attribute, CUdeviceptr)) \
+    X(pointer_get_attributes, cuPointerGetAttributes, 1, CUresult, (unsigned, CUpointer_attribute *, void **, CUdeviceptr)) \
+    X(mem_free_async, cuMemFreeAsync, 1, CUresult, (CUdeviceptr, CUstream)) \
+    X(mem_free_async_ptsz, cuMemFreeAsync_ptsz, 1, CUresult, (CUdeviceptr, CUstream))
+
+#ifndef SHIM_CUDA_CHECK
 /* The CUDA runtime got the shim's cuMemAlloc_v2 through cuGetProcAddress:
  * its cudaMalloc reaches the driver route, where it is served, so the
  * runtime route passes its calls straight through. */
@@ -14,5 +105,6 @@ bool shim_cuda_driver_routed(void);
  * point the shim serves and `handle`'s object really defines it (a CUDA
  * driver); NULL for everything else. No lock held; calls the loader. */
 void *shim_cuda_driver_lookup(void *handle, const char *name);
+#endif
 
 #endif

@@ -29,76 +29,27 @@
 #include "loader.h"
 #include "log.h"
 
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
-typedef int CUdevice;
-typedef struct CUctx_st *CUcontext;
-typedef struct CUstream_st *CUstream;
-typedef unsigned long long cuuint64_t;
-
-enum {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_DEINITIALIZED = 4,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
-};
-
-/* CUpointer_attribute: the ones the shim answers for a served block. */
-enum {
-    CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
-    CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
-    CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
-};
-/* cuGetProcAddress's flags: the per-thread default stream variant. */
-#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 2
-
 /* cuMemAllocPitch's pitch: the driver rounds the width up to its pitch
  * alignment, 512 bytes on every GPU since Fermi
  * (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 32, the larger of the
  * two is what cudaMallocPitch returns). */
 #define PITCH_ALIGN ((size_t)512)
 
-/* The real functions the shim calls: X(field, symbol, return, parameters). */
-#define DRIVER_REAL(X)                                                                        \
-    X(mem_alloc, "cuMemAlloc_v2", CUresult, (CUdeviceptr *, size_t))                          \
-    X(mem_free, "cuMemFree_v2", CUresult, (CUdeviceptr))                                      \
-    X(mem_get_info, "cuMemGetInfo_v2", CUresult, (size_t *, size_t *))                        \
-    X(mem_alloc_pitch, "cuMemAllocPitch_v2", CUresult,                                        \
-      (CUdeviceptr *, size_t *, size_t, size_t, unsigned))                                    \
-    X(mem_get_address_range, "cuMemGetAddressRange_v2", CUresult,                             \
-      (CUdeviceptr *, size_t *, CUdeviceptr))                                                 \
-    X(ipc_get_mem_handle, "cuIpcGetMemHandle", CUresult, (void *, CUdeviceptr))               \
-    X(get_proc_address, "cuGetProcAddress", CUresult, (const char *, void **, int, cuuint64_t)) \
-    X(get_proc_address_v2, "cuGetProcAddress_v2", CUresult,                                   \
-      (const char *, void **, int, cuuint64_t, int *))                                        \
-    X(ctx_get_device, "cuCtxGetDevice", CUresult, (CUdevice *))                               \
-    X(ctx_get_current, "cuCtxGetCurrent", CUresult, (CUcontext *))                            \
-    X(ctx_synchronize, "cuCtxSynchronize", CUresult, (void))                                  \
-    X(ctx_push, "cuCtxPushCurrent_v2", CUresult, (CUcontext))                                 \
-    X(ctx_pop, "cuCtxPopCurrent_v2", CUresult, (CUcontext *))                                 \
-    X(ctx_destroy, "cuCtxDestroy_v2", CUresult, (CUcontext))                                  \
-    X(ctx_destroy_v1, "cuCtxDestroy", CUresult, (CUcontext))                                  \
-    X(primary_ctx_retain, "cuDevicePrimaryCtxRetain", CUresult, (CUcontext *, CUdevice))      \
-    X(primary_ctx_release, "cuDevicePrimaryCtxRelease_v2", CUresult, (CUdevice))              \
-    X(primary_ctx_release_v1, "cuDevicePrimaryCtxRelease", CUresult, (CUdevice))             \
-    X(primary_ctx_reset, "cuDevicePrimaryCtxReset_v2", CUresult, (CUdevice))                  \
-    X(primary_ctx_reset_v1, "cuDevicePrimaryCtxReset", CUresult, (CUdevice))                 \
-    X(primary_ctx_get_state, "cuDevicePrimaryCtxGetState", CUresult,                          \
-      (CUdevice, unsigned *, int *))                                                          \
-    X(pointer_get_attribute, "cuPointerGetAttribute", CUresult, (void *, int, CUdeviceptr))   \
-    X(pointer_get_attributes, "cuPointerGetAttributes", CUresult,                             \
-      (unsigned, int *, void **, CUdeviceptr))                                                \
-    X(mem_free_async, "cuMemFreeAsync", CUresult, (CUdeviceptr, CUstream))                    \
-    X(mem_free_async_ptsz, "cuMemFreeAsync_ptsz", CUresult, (CUdeviceptr, CUstream))
+#define EXPORT __attribute__((visibility("default")))
+
+/* The shim's own definitions, declared with the driver's prototypes
+ * (hooks/cuda.h, checked against the toolkit's cuda.h). */
+#define DECLARE_1(sym, ret, params) EXPORT ret sym params;
+#define DECLARE_0(sym, ret, params)
+#define DECLARE(f, sym, defined, ret, params) DECLARE_##defined(sym, ret, params)
+SHIM_CUDA_DRIVER(DECLARE)
+#undef DECLARE
+#undef DECLARE_0
+#undef DECLARE_1
 
 typedef struct driver {
-#define FIELD(f, sym, ret, params) ret(*f) params;
-    DRIVER_REAL(FIELD)
+#define FIELD(f, sym, defined, ret, params) ret(*f) params;
+    SHIM_CUDA_DRIVER(FIELD)
 #undef FIELD
 } driver;
 
@@ -141,12 +92,12 @@ static driver *learn_from_handle(void *handle)
     driver *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
-#define LOOKUP(f, sym, ret, params)                          \
+#define LOOKUP(f, sym, defined, ret, params)                 \
     {                                                        \
-        void *p = shim_real_dlsym(handle, sym);              \
+        void *p = shim_real_dlsym(handle, #sym);             \
         *(void **)&d->f = is_ours(p) ? NULL : p;             \
     }
-    DRIVER_REAL(LOOKUP)
+    SHIM_CUDA_DRIVER(LOOKUP)
 #undef LOOKUP
     if (!d->mem_alloc || !d->mem_free || !d->mem_get_info) {
         free(d);
@@ -166,8 +117,8 @@ static driver *get_driver(void)
     driver *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
-#define RESOLVE(f, sym, ret, params) *(void **)&d->f = shim_resolve_real(sym);
-    DRIVER_REAL(RESOLVE)
+#define RESOLVE(f, sym, defined, ret, params) *(void **)&d->f = shim_resolve_real(#sym);
+    SHIM_CUDA_DRIVER(RESOLVE)
 #undef RESOLVE
     if (!d->mem_alloc || !d->mem_free || !d->mem_get_info) {
         free(d);
@@ -273,7 +224,7 @@ static int drv_sync(int ordinal, uintptr_t context)
     CUcontext want = (CUcontext)context, cur = NULL;
     if (!d->ctx_get_current || (d->ctx_get_current(&cur) == CUDA_SUCCESS && cur == want)) {
         CUresult rc = d->ctx_synchronize();
-        return context_is_gone(rc) ? SHIM_SYNC_GONE : rc;
+        return context_is_gone(rc) ? SHIM_SYNC_GONE : (int)rc;
     }
     if (!d->ctx_push || !d->ctx_pop)
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -283,7 +234,7 @@ static int drv_sync(int ordinal, uintptr_t context)
         CUcontext popped;
         d->ctx_pop(&popped);
     }
-    return context_is_gone(rc) ? SHIM_SYNC_GONE : rc;
+    return context_is_gone(rc) ? SHIM_SYNC_GONE : (int)rc;
 }
 
 /* Devices are shared with the runtime route (hooks/cuda_runtime.c) by name. */
@@ -300,8 +251,6 @@ static const shim_runtime driver_rt = {
 };
 
 /* ---- served entry points --------------------------------------------- */
-
-#define EXPORT __attribute__((visibility("default")))
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
 {
@@ -403,7 +352,7 @@ EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdevic
 }
 
 /* One attribute of a live block the shim answers itself: true when it did. */
-static bool block_attribute(const shim_block_info *bi, int attribute, void *data)
+static bool block_attribute(const shim_block_info *bi, CUpointer_attribute attribute, void *data)
 {
     switch (attribute) {
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
@@ -420,7 +369,7 @@ static bool block_attribute(const shim_block_info *bi, int attribute, void *data
     }
 }
 
-EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr)
+EXPORT CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
     driver *drv = get_driver();
     if (!drv || !drv->pointer_get_attribute)
@@ -440,7 +389,8 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr
     }
 }
 
-EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attributes, void **data, CUdeviceptr ptr)
+EXPORT CUresult cuPointerGetAttributes(unsigned n, CUpointer_attribute *attributes, void **data,
+                                       CUdeviceptr ptr)
 {
     driver *drv = get_driver();
     if (!drv || !drv->pointer_get_attributes)
@@ -615,7 +565,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
                                                    : drv->primary_ctx_reset, dev);
 }
 
-EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr ptr)
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
 {
     driver *drv = get_driver();
     if (!drv || !drv->ipc_get_mem_handle)
@@ -639,9 +589,6 @@ EXPORT CUresult cuIpcGetMemHandle(void *handle, CUdeviceptr ptr)
 
 /* ---- cuGetProcAddress ------------------------------------------------- */
 
-EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags);
-EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
-                                    cuuint64_t flags, int *status);
 
 /* What the shim serves, by the name cuGetProcAddress is asked for and the
  * per-symbol ABI version from which that name means the function below
@@ -714,7 +661,7 @@ EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cu
 }
 
 EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
-                                    cuuint64_t flags, int *status)
+                                    cuuint64_t flags, CUdriverProcAddressQueryResult *status)
 {
     driver *drv = get_driver();
     if (!drv || !drv->get_proc_address_v2)
