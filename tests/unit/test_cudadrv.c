@@ -329,7 +329,10 @@ Test(cudadrv, get_proc_address_answers_by_version_and_flags)
     cr_assert_eq(cuGetProcAddress_v2("cuMemAlloc_v2", &fn, 13000, 0, &st), CUDA_ERROR_NOT_FOUND);
     /* An ABI version newer than the one implemented is refused, not
      * answered with an older signature. */
-    cr_assert_eq(cuGetProcAddress_v2("cuCtxCreate", &fn, 12050, 0, &st), CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(cuGetProcAddress_v2("cuCtxCreate", &fn, 11040, 0, &st), CUDA_ERROR_NOT_FOUND);
+    cr_assert_eq(cuGetProcAddress_v2("cuCtxCreate", &fn, 12000, 0, &st), CUDA_ERROR_NOT_FOUND);
+    OK(cuGetProcAddress_v2("cuCtxCreate", &fn, 12050, 0, &st));
+    cr_assert_eq(fn, (void *)cuCtxCreate_v4);
 }
 
 Test(cudadrv, error_names_and_strings)
@@ -361,4 +364,72 @@ Test(cudadrv, host_access_to_device_memory_faults)
     cr_assert_eq(waitpid(pid, &status, 0), pid);
     cr_assert(WIFSIGNALED(status), "the child exited with status %d", WEXITSTATUS(status));
     cr_assert_eq(WTERMSIG(status), SIGSEGV);
+}
+
+/* ---- what numba needs of the driver ---------------------------------- */
+
+Test(cudadrv, visible_devices_renumber_and_stop_at_the_first_that_is_not_one)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "1,7,0", 1);
+    OK(cuInit(0));
+    int n;
+    OK(cuDeviceGetCount(&n));
+    cr_assert_eq(n, 1, "device 7 does not exist: the list stops there");
+    primary(0);
+    size_t free_b, total;
+    OK(cuMemGetInfo_v2(&free_b, &total));
+    cr_assert_eq(total, 32u << 20, "ordinal 0 is the second device (32M)");
+}
+
+Test(cudadrv, no_visible_device_is_no_device)
+{
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    cr_assert_eq(cuInit(0), CUDA_ERROR_NO_DEVICE);
+}
+
+static void note_callback(CUstream s, CUresult status, void *user)
+{
+    (void)s;
+    *(int *)user = status == CUDA_SUCCESS ? 1 : 2;
+}
+
+Test(cudadrv, frees_with_no_context_host_memory_callbacks_and_the_profiler)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 4096));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    int called = 0;
+    OK(cuStreamAddCallback(s, note_callback, &called, 0));
+    OK(cuStreamSynchronize(s));
+    cr_assert_eq(called, 1);
+    /* Pinned host memory: the host writes it, the device copies from it. */
+    void *h;
+    OK(cuMemHostAlloc(&h, 4096, CU_MEMHOSTALLOC_DEVICEMAP));
+    memset(h, 0x7e, 4096);
+    OK(cuMemcpyHtoD_v2(p, h, 4096));
+    CUdeviceptr hd;
+    OK(cuMemHostGetDevicePointer_v2(&hd, h, 0));
+    OK(cuMemsetD8_v2(hd, 0x11, 16));
+    cr_assert_eq(((unsigned char *)h)[15], 0x11);
+    unsigned type = 0;
+    OK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)h));
+    cr_assert_eq(type, CU_MEMORYTYPE_HOST);
+    OK(cuMemFreeHost(h));
+    cr_assert_eq(cuMemFreeHost(h), CUDA_ERROR_INVALID_VALUE, "freed twice");
+    CUdeviceptr m;
+    OK(cuMemAllocManaged(&m, 4096, CU_MEM_ATTACH_GLOBAL));
+    ((char *)(uintptr_t)m)[0] = 1; /* managed memory is the host's too */
+    OK(cuProfilerStart());
+    OK(cuProfilerStop());
+    /* numba's cuda.close(): every context popped, then its pending frees. */
+    CUcontext popped;
+    OK(cuCtxPopCurrent_v2(&popped));
+    cr_assert_eq(cuMemAlloc_v2(&p, 16), CUDA_ERROR_INVALID_CONTEXT);
+    OK(cuMemFree_v2(p));
+    OK(cuMemFree_v2(m));
+    OK(cuStreamDestroy_v2(s));
+    cr_assert_eq(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE, "freed twice");
 }
