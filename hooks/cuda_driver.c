@@ -10,14 +10,22 @@
  * - dlsym on a handle of the driver (numba, ctypes users): hooks/dlsym.c
  *   asks shim_cuda_driver_lookup.
  *
- * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocPitch_v2;
- * cuMemGetAddressRange_v2 answers for a served block, cuIpcGetMemHandle
- * refuses one. Everything else goes to the driver untouched.
+ * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocPitch_v2,
+ * cuMemFreeAsync of a served block; cuMemGetAddressRange_v2 and
+ * cuPointerGetAttribute(s) answer for the shim's addresses,
+ * cuIpcGetMemHandle refuses them. Watched: the context teardowns
+ * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
+ * cuDevicePrimaryCtxRelease), which make the shim forget the context's
+ * regions before the driver frees them. Everything else goes to the
+ * driver untouched. Which context is current is the key of the regions
+ * (shim/alloc/device.c serves a device per context).
  *
  * Owns: the real driver functions, resolved once into a table that is
  * published with one atomic store (no lock: resolving calls the loader,
  * whose lock a library constructor that allocates may hold while it waits
- * for us). Never dereferences a device address. */
+ * for us); the primary contexts' retain counts (atomics); each thread's
+ * last context and its device (thread-local). Never dereferences a device
+ * address. */
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
