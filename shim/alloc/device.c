@@ -1,7 +1,9 @@
 /* One device of an intercepted runtime: its arenas (shards: an arena, its
  * live table, its lock, its blocks freed but still in use by the device),
  * its pressure state and its device lock. Every entry point of hooks/ lands
- * here.
+ * here. Where a runtime has contexts (CUDA), a shim_device is one context
+ * of a device: its regions are that context's, the runtime frees them when
+ * the context goes, and the shim then forgets them (forget_context).
  *
  * Locks: an arena's lock guards that shard; it is held across the
  * runtime's own region reserve and release (so a region cannot be handed
@@ -1903,9 +1905,23 @@ void shim_device_publish_unlock(void) { shim_mutex_unlock(&publish_mu); }
  * runtime's entry points and creates the device (calloc, devices_mu, no
  * loader call, no allocator lock), so prepare's wait is short, and the
  * child finds every runtime either published or untouched. */
-void shim_device_publish_atfork_prepare(void) { shim_mutex_lock(&publish_mu); }
-void shim_device_publish_atfork_parent(void) { shim_mutex_unlock(&publish_mu); }
-void shim_device_publish_atfork_child(void) { shim_mutex_unlock(&publish_mu); }
+void shim_device_publish_atfork_prepare(void)
+{
+    shim_mutex_lock(&publish_mu);
+    shim_mutex_lock(&forgotten_mu); /* a leaf, held for a few stores */
+}
+
+void shim_device_publish_atfork_parent(void)
+{
+    shim_mutex_unlock(&forgotten_mu);
+    shim_mutex_unlock(&publish_mu);
+}
+
+void shim_device_publish_atfork_child(void)
+{
+    shim_mutex_unlock(&forgotten_mu);
+    shim_mutex_unlock(&publish_mu);
+}
 
 void shim_device_reset_for_tests(void)
 {

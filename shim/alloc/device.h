@@ -1,4 +1,5 @@
-/* One device of an intercepted runtime (simdev, cuda:0, cuda:1, ...): its
+/* One device of an intercepted runtime (simdev, cuda:0, cuda:1, ...; with
+ * CUDA, one live context of a device, see docs/cuda.md): its
  * arenas (one, and one more for each thread that found the others busy, up
  * to SPYRESHIM_ARENAS), each with its live table and lock, and the device
  * lock of its pressure events. The hooks in hooks/ call into here; nothing
