@@ -23,9 +23,8 @@
  * Owns: the real driver functions, resolved once into a table that is
  * published with one atomic store (no lock: resolving calls the loader,
  * whose lock a library constructor that allocates may hold while it waits
- * for us); the primary contexts' retain counts (atomics); each thread's
- * last context and its device (thread-local). Never dereferences a device
- * address. */
+ * for us); the primary contexts' retain counts (atomics). Never
+ * dereferences a device address. */
 #include <dlfcn.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -166,51 +165,36 @@ static int drv_mem_info(size_t *free, size_t *total)
     return d->mem_get_info(free, total);
 }
 
-/* Bumped at every teardown the shim sees: a context handle may be reused
- * for another device afterwards, so each thread's cached pair is checked
- * against it. */
-static _Atomic unsigned teardowns;
-static __thread __attribute__((tls_model("initial-exec"))) struct {
-    CUcontext ctx;
-    int ordinal;
-    unsigned gen;
-} tls_current;
-
-/* The context current on the calling thread (the key of its regions) and
- * its device. One driver call on the hot path: the device of a context is
- * remembered per thread. */
-static int drv_current_device(int *ordinal, uintptr_t *context)
+/* The context current on the calling thread: the key of its regions. */
+static int drv_current_context(uintptr_t *context)
 {
     driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
-    CUcontext c = NULL;
     if (!d->ctx_get_current) {
-        /* A driver without contexts to tell (a minimal one): one key. */
-        CUdevice dev = 0;
-        CUresult rc = d->ctx_get_device ? d->ctx_get_device(&dev) : CUDA_SUCCESS;
-        *ordinal = dev;
-        *context = 1;
-        return rc;
+        *context = 1; /* a driver without contexts to tell (a minimal one): one key */
+        return CUDA_SUCCESS;
     }
+    CUcontext c = NULL;
     CUresult rc = d->ctx_get_current(&c);
     if (rc != CUDA_SUCCESS)
-        return rc;
+        return (int)rc;
     if (!c)
         return CUDA_ERROR_INVALID_CONTEXT; /* what cuMemAlloc answers then */
     *context = (uintptr_t)c;
-    unsigned gen = atomic_load_explicit(&teardowns, memory_order_relaxed);
-    if (tls_current.ctx == c && tls_current.gen == gen) {
-        *ordinal = tls_current.ordinal;
-        return CUDA_SUCCESS;
-    }
-    CUdevice dev = 0;
-    rc = d->ctx_get_device ? d->ctx_get_device(&dev) : CUDA_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+/* The same with its device: asked once per context (the device is
+ * made then). */
+static int drv_current_device(int *ordinal, uintptr_t *context)
+{
+    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    int rc = drv_current_context(context);
     if (rc != CUDA_SUCCESS)
         return rc;
-    tls_current.ctx = c;
-    tls_current.ordinal = dev;
-    tls_current.gen = gen;
+    CUdevice dev = 0;
+    rc = d->ctx_get_device ? (int)d->ctx_get_device(&dev) : CUDA_SUCCESS;
     *ordinal = dev;
-    return CUDA_SUCCESS;
+    return rc;
 }
 
 static bool context_is_gone(CUresult rc)
@@ -255,6 +239,7 @@ static const shim_runtime driver_rt = {
     .real_free = drv_release,
     .real_mem_info = drv_mem_info,
     .current_device = drv_current_device,
+    .current_context = drv_current_context,
     .sync_device = drv_sync,
 };
 
@@ -465,7 +450,6 @@ static void context_gone(CUcontext ctx)
 {
     if (!ctx || shim_device_in_backend())
         return;
-    atomic_fetch_add_explicit(&teardowns, 1, memory_order_relaxed);
     shim_device_context_gone(&driver_rt, (uintptr_t)ctx);
 }
 

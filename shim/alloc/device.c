@@ -456,10 +456,28 @@ shim_device *shim_device_get(const shim_runtime *rt)
     return shim_device_get_ordinal(rt, 0);
 }
 
+/* The live device of `context` (nonzero), whatever its ordinal. */
+static inline shim_device *find_context(const shim_runtime *rt, uintptr_t context)
+{
+    size_t n = atomic_load_explicit(&ndevices, memory_order_acquire);
+    for (size_t i = 0; i < n; i++)
+        if (atomic_load_explicit(&devices[i]->context, memory_order_relaxed) == context &&
+            same_runtime(devices[i], rt))
+            return devices[i];
+    return NULL;
+}
+
 int shim_device_for_caller(const shim_runtime *rt, shim_device **out)
 {
     int ordinal = 0;
     uintptr_t context = 0;
+    if (rt->current_context) {
+        int rc = rt->current_context(&context);
+        if (rc != 0)
+            return rc;
+        if (context && (*out = find_context(rt, context)) != NULL)
+            return 0;
+    }
     if (rt->current_device) {
         int rc = rt->current_device(&ordinal, &context);
         if (rc != 0)
@@ -660,7 +678,7 @@ static void forget_context(shim_device *d);
  * True when every wait succeeded; on another failure warns once and
  * returns false: the blocks stay pending (the device may still write
  * them). */
-static bool wait_for_device(shim_device *d)
+__attribute__((noinline)) static bool wait_for_device(shim_device *d)
 {
     shim_device *ctxs[SHIM_MAX_DEVICES];
     size_t m = 0, n = shim_device_count();
@@ -716,7 +734,7 @@ static bool recycle_covered(shim_shard *s, uint64_t covered)
 /* Waits for the device, then gives back to the arena every block of `s`
  * freed before the wait began. Shard lock held on entry and exit (taken by
  * the caller, and no other allocator lock), released while waiting. */
-static bool recycle_pending(shim_device *d, shim_shard *s)
+__attribute__((noinline)) static bool recycle_pending(shim_device *d, shim_shard *s)
 {
     shim_lock_assert_held(&s->lock);
     uint64_t covered = s->next_ticket;
@@ -729,7 +747,7 @@ static bool recycle_pending(shim_device *d, shim_shard *s)
 
 /* Waits for the device with the shard's lock dropped. Shard lock held on
  * entry and exit. */
-static bool wait_and_relock(shim_device *d, shim_shard *s)
+__attribute__((noinline)) static bool wait_and_relock(shim_device *d, shim_shard *s)
 {
     shim_lock_release(&s->lock);
     bool ok = wait_for_device(d);
@@ -1548,7 +1566,9 @@ __attribute__((noinline)) static int free_any_slow(const shim_runtime *rt, shim_
     int ordinal = 0;
     uintptr_t context = 0;
     shim_device *cur = rt->current_device ? NULL : hint;
-    if (!cur && (!rt->current_device || rt->current_device(&ordinal, &context) == 0))
+    if (!cur && rt->current_context && rt->current_context(&context) == 0 && context)
+        cur = find_context(rt, context);
+    else if (!cur && (!rt->current_device || rt->current_device(&ordinal, &context) == 0))
         cur = find_device(rt, ordinal, context);
     if (!cur) {
         size_t n = shim_device_count();

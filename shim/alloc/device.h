@@ -35,6 +35,10 @@ typedef struct shim_runtime {
      * context). NULL: one device, 0, no context. Regions reserved in a
      * context belong to it: the driver frees them when it goes. */
     int (*current_device)(int *ordinal, uintptr_t *context);
+    /* Optional, with current_device: the calling thread's context alone
+     * (0, or the runtime's error), what most calls need to find their
+     * device: current_device is asked only for a context not seen yet. */
+    int (*current_context)(uintptr_t *context);
     /* Optional: waits until the work queued in `context` (0: on device
      * `ordinal`) before the call has run, without making any context that
      * does not exist. Returns 0, SHIM_SYNC_GONE when the context no longer
