@@ -101,10 +101,6 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
  * runtime route passes its calls straight through. */
 bool shim_cuda_driver_routed(void);
 
-/* For dlsym(handle, name): the shim's wrapper when `name` is a driver entry
- * point the shim serves and `handle`'s object really defines it (a CUDA
- * driver); NULL for everything else. No lock held; calls the loader. */
-void *shim_cuda_driver_lookup(void *handle, const char *name);
 #endif
 
 #endif

@@ -8,7 +8,8 @@
  *   "cuGetProcAddress" itself (the CUDA runtime, static or shared, fetches
  *   it again at 11030 and 12000 and uses that pointer for every lookup);
  * - dlsym on a handle of the driver (numba, ctypes users): hooks/dlsym.c
- *   asks shim_cuda_driver_lookup.
+ *   asks driver_lookup, which this file registers when the shim is
+ *   loaded.
  *
  * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocPitch_v2,
  * cuMemFreeAsync of a served block; cuMemGetAddressRange_v2 and
@@ -63,23 +64,6 @@ typedef struct driver {
 static _Atomic(driver *) the_driver;
 static _Atomic bool routed; /* the runtime got our cuMemAlloc_v2 from cuGetProcAddress */
 
-static bool is_ours(void *fn)
-{
-    /* The shim's load address, looked up once (racing threads store the
-     * same value). */
-    static _Atomic(void *) self_base;
-    void *base = atomic_load_explicit(&self_base, memory_order_relaxed);
-    if (!base) {
-        Dl_info self;
-        if (!shim_dladdr((void *)is_ours, &self))
-            return false;
-        base = self.dli_fbase;
-        atomic_store_explicit(&self_base, base, memory_order_relaxed);
-    }
-    Dl_info di;
-    return fn && shim_dladdr(fn, &di) && di.dli_fbase == base;
-}
-
 /* Publishes `d` unless another thread was first; returns the table in use. */
 static driver *publish(driver *d)
 {
@@ -90,8 +74,24 @@ static driver *publish(driver *d)
     return expected;
 }
 
-/* The table from a handle of the driver library (dlsym route). */
-static driver *learn_from_handle(void *handle)
+/* Where the real functions are found: in a handle of the driver library
+ * (dlsym route; the shim's own definitions are not the driver's), or in
+ * the process's scopes (link-time route), without loading anything. */
+static void *find_in_handle(void *handle, const char *name)
+{
+    void *p = shim_real_dlsym(handle, name);
+    return shim_is_own_address(p) ? NULL : p;
+}
+
+static void *find_in_scopes(void *unused, const char *name)
+{
+    (void)unused;
+    return shim_resolve_real(name);
+}
+
+/* The table in use, made with `find` when there is none yet; NULL while the
+ * driver's memory functions cannot be found there. */
+static driver *learn(void *(*find)(void *where, const char *name), void *where)
 {
     driver *cur = atomic_load_explicit(&the_driver, memory_order_acquire);
     if (cur)
@@ -99,42 +99,38 @@ static driver *learn_from_handle(void *handle)
     driver *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
-#define LOOKUP(f, sym, defined, ret, params)                 \
-    {                                                        \
-        void *p = shim_real_dlsym(handle, #sym);             \
-        *(void **)&d->f = is_ours(p) ? NULL : p;             \
-    }
-    SHIM_CUDA_DRIVER(LOOKUP)
-#undef LOOKUP
+#define FIND(f, sym, defined, ret, params) *(void **)&d->f = find(where, #sym);
+    SHIM_CUDA_DRIVER(FIND)
+#undef FIND
     if (!d->mem_alloc || !d->mem_free || !d->mem_get_info) {
         free(d);
         return NULL;
     }
-    shim_debug("cuda: driver functions from a dlopen()ed handle");
     return publish(d);
 }
 
-/* The table from the process's scopes (link-time route), found without
- * loading anything. NULL while no driver is loaded. */
-static driver *get_driver(void)
+/* The table from a handle of the driver library (dlsym route). */
+static driver *learn_from_handle(void *handle)
+{
+    return learn(find_in_handle, handle);
+}
+
+__attribute__((noinline)) static driver *learn_from_scopes(void)
+{
+    driver *d = learn(find_in_scopes, NULL);
+    static _Atomic bool warned;
+    if (!d && !atomic_exchange(&warned, true))
+        shim_warn("cuda: the driver's memory functions were not found in the process");
+    return d;
+}
+
+/* The table, for every entry point: learnt from the process's scopes on
+ * first use (link-time route) unless a route learnt it before. NULL while
+ * no driver is loaded. */
+static inline driver *get_driver(void)
 {
     driver *cur = atomic_load_explicit(&the_driver, memory_order_acquire);
-    if (cur)
-        return cur;
-    driver *d = calloc(1, sizeof *d);
-    if (!d)
-        return NULL;
-#define RESOLVE(f, sym, defined, ret, params) *(void **)&d->f = shim_resolve_real(#sym);
-    SHIM_CUDA_DRIVER(RESOLVE)
-#undef RESOLVE
-    if (!d->mem_alloc || !d->mem_free || !d->mem_get_info) {
-        free(d);
-        static _Atomic bool warned;
-        if (!atomic_exchange(&warned, true))
-            shim_warn("cuda: the driver's memory functions were not found in the process");
-        return NULL;
-    }
-    return publish(d);
+    return cur ? cur : learn_from_scopes();
 }
 
 bool shim_cuda_driver_routed(void)
@@ -666,7 +662,11 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
 
 /* ---- dlsym on a handle of the driver ----------------------------------- */
 
-void *shim_cuda_driver_lookup(void *handle, const char *name)
+/* For dlsym(handle, name) (hooks/dlsym.c): the shim's wrapper when `name`
+ * is a driver entry point the shim serves and `handle`'s object really
+ * defines it (a CUDA driver); NULL for everything else. No lock held;
+ * calls the loader. */
+static void *driver_lookup(void *handle, const char *name)
 {
     void *ours = NULL;
 #define BY_NAME(base, from, until, exported, fn) \
@@ -680,7 +680,7 @@ void *shim_cuda_driver_lookup(void *handle, const char *name)
      * for real: any object that exports cuMemAlloc_v2 is a CUDA driver (the
      * real one, the toolkit's stub, a stand-in). */
     void *real = shim_real_dlsym(handle, name);
-    if (!real || is_ours(real))
+    if (!real || shim_is_own_address(real))
         return NULL;
     driver *drv = learn_from_handle(handle);
     /* Learning probes names the driver may lack, each leaving an error for
@@ -688,4 +688,11 @@ void *shim_cuda_driver_lookup(void *handle, const char *name)
      * of this name would have. */
     shim_real_dlsym(handle, name);
     return drv ? ours : NULL;
+}
+
+/* Before any program code runs (the shim is preloaded): dlsym on a driver
+ * handle is answered from the first lookup on. */
+__attribute__((constructor)) static void register_driver_lookup(void)
+{
+    shim_dlsym_set_lookup(driver_lookup);
 }

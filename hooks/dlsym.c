@@ -1,7 +1,8 @@
-/* dlsym interposition: a lookup of a served CUDA driver function on a
- * handle of the driver (numba and other ctypes users look names up this
- * way, `_v2` first) gets the shim's wrapper; every other lookup behaves
- * exactly as before.
+/* dlsym interposition: a lookup on a handle (numba and other ctypes users
+ * look driver functions up this way, `_v2` first) is offered to the lookup
+ * a runtime file registered (hooks/cuda_driver.c: the shim's wrapper of a
+ * served driver function); every other lookup behaves exactly as before.
+ * This file knows no runtime: the runtime file above registers itself.
  *
  * The entry point itself is dlsym_x86_64.S: glibc resolves RTLD_NEXT (and
  * records the caller for dlerror) from dlsym's return address, so a C
@@ -18,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda.h"
 #include "forkgate.h"
 #include "hooks.h"
 #include "loader.h"
@@ -58,21 +58,21 @@ void *shim_real_dlsym(void *handle, const char *name)
     return p;
 }
 
-static bool called_from_shim(void *ret);
+/* The registered lookup (NULL: none yet); set once, at load time. */
+static _Atomic(shim_dlsym_lookup_fn) lookup;
 
-/* A lookup of a name that may be a driver function the shim serves. */
-static void *pick_driver(void *handle, const char *name, void *ret)
+void shim_dlsym_set_lookup(shim_dlsym_lookup_fn fn)
 {
-    if (called_from_shim(ret))
-        return NULL; /* the shim looking for the real function */
-    return shim_cuda_driver_lookup(handle, name);
+    atomic_store_explicit(&lookup, fn, memory_order_release);
 }
 
-static bool called_from_shim(void *ret)
+/* A lookup of a name that may be one the shim serves. */
+static void *pick_served(void *handle, const char *name, void *ret)
 {
-    Dl_info self, caller;
-    return shim_dladdr((void *)called_from_shim, &self) && shim_dladdr(ret, &caller) &&
-           self.dli_fbase == caller.dli_fbase;
+    shim_dlsym_lookup_fn fn = atomic_load_explicit(&lookup, memory_order_acquire);
+    if (!fn || shim_is_own_address(ret))
+        return NULL; /* the shim looking for the real function */
+    return fn(handle, name);
 }
 
 /* From the stub, with dlsym's arguments and its caller's return address.
@@ -88,5 +88,5 @@ NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *ha
      * (and out of instrumented code). */
     if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || name[0] != 'c' || name[1] != 'u')
         return NULL;
-    return pick_driver(handle, name, ret);
+    return pick_served(handle, name, ret);
 }

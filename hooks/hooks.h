@@ -27,6 +27,15 @@ void *shim_resolve_real(const char *name);
 /* The C library's dlsym, for the shim's own lookups (dlsym itself is
  * interposed by dlsym.c). */
 void *shim_real_dlsym(void *handle, const char *name);
+/* dlsym(handle, name) of the program, for a name that may be one a runtime
+ * file serves: the shim's function, or NULL to let the C library answer.
+ * A runtime file registers one at load time (dlsym.c asks it for
+ * lookups on handles other than the special ones, made outside the shim);
+ * dlsym.c knows no runtime. */
+typedef void *(*shim_dlsym_lookup_fn)(void *handle, const char *name);
+void shim_dlsym_set_lookup(shim_dlsym_lookup_fn fn);
+/* True when `addr` lies inside the shim's own object (self.c). */
+bool shim_is_own_address(const void *addr);
 
 enum { SHIM_ROLE_MALLOC, SHIM_ROLE_FREE, SHIM_ROLE_MEMINFO, SHIM_ROLES };
 

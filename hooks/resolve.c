@@ -51,29 +51,10 @@ static int collect(struct dl_phdr_info *info, size_t size, void *user)
     return 0;
 }
 
-static const char *self_path(void)
-{
-    static const char *path;
-    if (!path) {
-        Dl_info di;
-        if (shim_dladdr((void *)shim_resolve_real, &di) && di.dli_fname)
-            path = di.dli_fname;
-        else
-            path = "";
-    }
-    return path;
-}
-
-static bool is_ours(void *addr)
-{
-    Dl_info di;
-    return shim_dladdr(addr, &di) && di.dli_fname && !strcmp(di.dli_fname, self_path());
-}
-
 void *shim_resolve_real(const char *name)
 {
     void *f = shim_dlsym(RTLD_NEXT, name);
-    if (f && !is_ours(f))
+    if (f && !shim_is_own_address(f))
         return f;
 
     /* Paths first, dlopen after: no loader calls inside dl_iterate_phdr's
@@ -82,11 +63,11 @@ void *shim_resolve_real(const char *name)
     shim_dl_iterate_phdr(collect, &p);
     f = NULL;
     for (size_t i = 0; i < p.n; i++) {
-        if (!f && strcmp(p.v[i], self_path()) != 0) {
+        if (!f) {
             void *h = shim_dlopen_noload(p.v[i], RTLD_LAZY | RTLD_LOCAL);
             if (h) {
                 void *cand = shim_dlsym(h, name);
-                if (cand && !is_ours(cand)) {
+                if (cand && !shim_is_own_address(cand)) {
                     f = cand;
                     shim_debug("resolved %s in %s (local scope)", name, p.v[i]);
                 }
