@@ -213,6 +213,24 @@ void shim_leak_oom_at_exit(void)
     oom_state_free(st);
 }
 
+/* Blocks the runtime freed with their context (a CUDA context destroyed or
+ * reset, docs/cuda.md): neither leaks nor live, so they are in no report;
+ * one line says how many, so that a program that lost its context is not
+ * left wondering where its blocks went. */
+static void print_teardown_blocks(void)
+{
+    spyreshim_stats st;
+    memset(&st, 0, sizeof st);
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        shim_device_add_stats(shim_device_at(i), &st);
+    if (st.context_teardown_blocks)
+        dprintf(STDERR_FILENO,
+                "spyreshim: %" PRIu64 " block(s), %" PRIu64 " byte(s), were freed by their "
+                "context's teardown (not leaks)\n",
+                st.context_teardown_blocks, st.context_teardown_bytes);
+}
+
 void shim_leak_at_exit(void)
 {
     if (!shim_leak_enabled() || atomic_flag_test_and_set(&g_exit_done))
@@ -239,6 +257,7 @@ void shim_leak_at_exit(void)
     }
     uint64_t leaked_bytes, leaked;
     shim_report_totals(r, &leaked_bytes, &leaked, NULL, NULL);
+    print_teardown_blocks();
     if (leaked)
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
                           "ERROR: spyreshim: detected device memory leaks", 0);
