@@ -12,9 +12,14 @@
  * return address still on the stack. The definition is unversioned: it
  * then satisfies references to both of glibc's versions (GLIBC_2.2.5 and
  * GLIBC_2.34); a version node of its own would silently stop the
- * interposition. Never calls dlerror(): callers read it after a failed
- * lookup (LLVM inside numba crashes when it finds it cleared). No lock. */
+ * interposition. dlvsym is interposed the same way (dlvsym stub,
+ * shim_dlvsym_pick). Never calls dlerror(): callers read it after a failed
+ * lookup (LLVM inside numba crashes when it finds it cleared). No lock.
+ * The C library's dlsym and dlvsym are found at the first lookup with
+ * dl_iterate_phdr directly (not through loader.h's gate: that lookup may
+ * be a sanitizer's, before anything of the shim is set up). */
 #include <dlfcn.h>
+#include <link.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,26 +29,114 @@
 #include "loader.h"
 #include "log.h"
 
-/* Read by the stub's tail jump: never NULL once shim_dlsym_pick returned. */
+/* Read by the stubs' tail jumps: never NULL once shim_dlsym_pick (or
+ * shim_dlvsym_pick) returned. */
 __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlsym_next)(void *, const char *);
+__attribute__((visibility("hidden"))) void *(*_Atomic shim_dlvsym_next)(void *, const char *,
+                                                                        const char *);
 
 /* Not instrumented by sanitizers: a sanitizer's runtime looks its real
  * functions up with dlsym while it initializes, before instrumented code
  * may run, and those lookups come through here. */
 #define NO_SANITIZE __attribute__((no_sanitize("thread", "address", "undefined")))
 
+/* The C library's own dlsym and dlvsym. Both are interposed here, so
+ * neither can be asked for the other: they are read from the C library's
+ * symbol table (its GNU hash), found through dl_iterate_phdr by the object
+ * that holds dl_iterate_phdr itself. */
+struct libc_find {
+    const char *name;
+    void *found;
+};
+
+static uint32_t gnu_hash(const char *s)
+{
+    uint32_t h = 5381;
+    for (; *s; s++)
+        h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+NO_SANITIZE static int find_in_libc(struct dl_phdr_info *info, size_t size, void *user)
+{
+    (void)size;
+    struct libc_find *f = user;
+    uintptr_t self = (uintptr_t)dl_iterate_phdr;
+    const ElfW(Dyn) *dyn = NULL;
+    bool holds = false;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        uintptr_t start = info->dlpi_addr + ph->p_vaddr;
+        if (ph->p_type == PT_LOAD && self >= start && self - start < ph->p_memsz)
+            holds = true;
+        if (ph->p_type == PT_DYNAMIC)
+            dyn = (const ElfW(Dyn) *)(info->dlpi_addr + ph->p_vaddr);
+    }
+    if (!holds || !dyn)
+        return 0;
+    const ElfW(Sym) *symtab = NULL;
+    const char *strtab = NULL;
+    const uint32_t *hash = NULL;
+    for (; dyn->d_tag != DT_NULL; dyn++) {
+        /* The loader relocates these in place; an unrelocated one is an
+         * offset from the load address. */
+        uintptr_t p = dyn->d_un.d_ptr;
+        if (p < info->dlpi_addr)
+            p += info->dlpi_addr;
+        if (dyn->d_tag == DT_SYMTAB)
+            symtab = (const ElfW(Sym) *)p;
+        else if (dyn->d_tag == DT_STRTAB)
+            strtab = (const char *)p;
+        else if (dyn->d_tag == DT_GNU_HASH)
+            hash = (const uint32_t *)p;
+    }
+    if (!symtab || !strtab || !hash)
+        return 1;
+    uint32_t nbuckets = hash[0], symoffset = hash[1], bloom_size = hash[2];
+    const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(hash + 4) + bloom_size);
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t h = gnu_hash(f->name);
+    for (uint32_t k = buckets[h % nbuckets]; k >= symoffset && k != 0; k++) {
+        uint32_t ch = chain[k - symoffset];
+        const ElfW(Sym) *sym = &symtab[k];
+        if ((ch | 1) == (h | 1) && sym->st_shndx != SHN_UNDEF &&
+            strcmp(strtab + sym->st_name, f->name) == 0) {
+            f->found = (void *)(info->dlpi_addr + sym->st_value);
+            return 1;
+        }
+        if (ch & 1)
+            break;
+    }
+    return 1;
+}
+
+NO_SANITIZE static void *libc_function(const char *name)
+{
+    struct libc_find f = {.name = name};
+    dl_iterate_phdr(find_in_libc, &f);
+    if (!f.found)
+        abort(); /* no C library dlsym: nothing can work (nothing to log with yet) */
+    return f.found;
+}
+
 NO_SANITIZE static void *(*resolve_next(void))(void *, const char *)
 {
     void *(*fn)(void *, const char *) = atomic_load_explicit(&shim_dlsym_next, memory_order_acquire);
     if (fn)
         return fn;
-    /* dlvsym is not interposed; RTLD_NEXT from here is libc's dlsym. */
-    *(void **)&fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!fn)
-        *(void **)&fn = dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
-    if (!fn)
-        abort(); /* no glibc dlsym: nothing can work (nothing to log with yet) */
+    *(void **)&fn = libc_function("dlsym");
     atomic_store_explicit(&shim_dlsym_next, fn, memory_order_release);
+    return fn;
+}
+
+NO_SANITIZE static void *(*resolve_vnext(void))(void *, const char *, const char *)
+{
+    void *(*fn)(void *, const char *, const char *) =
+        atomic_load_explicit(&shim_dlvsym_next, memory_order_acquire);
+    if (fn)
+        return fn;
+    *(void **)&fn = libc_function("dlvsym");
+    atomic_store_explicit(&shim_dlvsym_next, fn, memory_order_release);
     return fn;
 }
 
@@ -73,6 +166,28 @@ static void *pick_served(void *handle, const char *name, void *ret)
     if (!fn || shim_is_own_address(ret))
         return NULL; /* the shim looking for the real function */
     return fn(handle, name);
+}
+
+/* From the dlvsym stub, with its arguments and its caller's return
+ * address: as dlsym, for a name the C library finds at that version (a
+ * driver whose functions are versioned; the real driver's are not, and
+ * its dlvsym answers nothing). NULL: the stub forwards the call. */
+NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlvsym_pick(void *handle,
+                                                                         const char *name,
+                                                                         const char *version,
+                                                                         void *ret)
+{
+    void *(*vnext)(void *, const char *, const char *) = resolve_vnext();
+    resolve_next();
+    if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || name[0] != 'c' || name[1] != 'u')
+        return NULL;
+    shim_loader_check("dlvsym");
+    shim_fork_gate_enter();
+    void *real = vnext(handle, name, version);
+    shim_fork_gate_leave();
+    if (!real)
+        return NULL; /* the stub asks again: the C library's own error */
+    return pick_served(handle, name, ret);
 }
 
 /* From the stub, with dlsym's arguments and its caller's return address.

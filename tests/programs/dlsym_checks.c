@@ -10,7 +10,9 @@
  *                        does (argv[1] is the driver's path)
  *   idiom <object> <error>  the POSIX idiom on the driver argv[2] (a minimal
  *                        one): dlerror(); dlsym(h, "cuMemAlloc_v2");
- *                        dlerror(), which must say nothing ("none") */
+ *                        dlerror(), which must say nothing ("none")
+ *   vsym <object> <error>   dlvsym(h, "cuMemAlloc_v2", "CUDA_MINI_1.0") on it
+ *   vsym-wrong <object> <error>  the same at a version it does not have */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
@@ -52,6 +54,12 @@ int main(int argc, char **argv)
         void *p = dlsym(h, "cuMemAlloc_v2");
         const char *err = dlerror();
         printf("idiom %s %s\n", object_of(p), err ? err : "none");
+        p = dlvsym(h, "cuMemAlloc_v2", "CUDA_MINI_1.0");
+        err = dlerror();
+        printf("vsym %s %s\n", object_of(p), err ? "error" : "none");
+        p = dlvsym(h, "cuMemAlloc_v2", "CUDA_MINI_9.9");
+        err = dlerror();
+        printf("vsym-wrong %s %s\n", object_of(p), err && strstr(err, "CUDA_MINI_9.9") ? "error" : "none");
     }
     if (argc > 1 && argv[1][0]) {
         void *h = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);

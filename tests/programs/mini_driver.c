@@ -1,7 +1,8 @@
 /* The smallest CUDA driver the shim recognizes: the three memory functions
  * and nothing else (tests/integration/test_cuda_driver.py checks dlerror()
  * after a lookup on it). Nothing is served: every call fails as a driver
- * without a device does. */
+ * without a device does. The three carry a version (mini_driver.map), so
+ * that dlvsym finds them. */
 #include <stddef.h>
 
 #define API __attribute__((visibility("default")))
