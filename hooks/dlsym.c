@@ -15,9 +15,9 @@
  * interposition. dlvsym is interposed the same way (dlvsym stub,
  * shim_dlvsym_pick). Never calls dlerror(): callers read it after a failed
  * lookup (LLVM inside numba crashes when it finds it cleared). No lock.
- * The C library's dlsym and dlvsym are found at the first lookup with
- * dl_iterate_phdr directly (not through loader.h's gate: that lookup may
- * be a sanitizer's, before anything of the shim is set up). */
+ * The C library's dlsym and dlvsym are read from its symbol table at the
+ * first lookup, with no loader call (that lookup may be a sanitizer's,
+ * before anything is set up). */
 #include <dlfcn.h>
 #include <link.h>
 #include <stdatomic.h>
@@ -42,13 +42,10 @@ __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlvsym_next)(void *, 
 
 /* The C library's own dlsym and dlvsym. Both are interposed here, so
  * neither can be asked for the other: they are read from the C library's
- * symbol table (its GNU hash), found through dl_iterate_phdr by the object
- * that holds dl_iterate_phdr itself. */
-struct libc_find {
-    const char *name;
-    void *found;
-};
-
+ * symbol table (its GNU hash), reached through the loader's list of
+ * objects (_r_debug): no function is called, so this works in the first
+ * lookup of all, a sanitizer's runtime's while it sets itself up (its
+ * interceptors, dl_iterate_phdr's among them, are not ready then). */
 static uint32_t gnu_hash(const char *s)
 {
     uint32_t h = 5381;
@@ -57,32 +54,18 @@ static uint32_t gnu_hash(const char *s)
     return h;
 }
 
-NO_SANITIZE static int find_in_libc(struct dl_phdr_info *info, size_t size, void *user)
+/* `name` defined by the object `m`, or NULL. */
+NO_SANITIZE static void *defined_by(const struct link_map *m, const char *name)
 {
-    (void)size;
-    struct libc_find *f = user;
-    uintptr_t self = (uintptr_t)dl_iterate_phdr;
-    const ElfW(Dyn) *dyn = NULL;
-    bool holds = false;
-    for (int i = 0; i < info->dlpi_phnum; i++) {
-        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
-        uintptr_t start = info->dlpi_addr + ph->p_vaddr;
-        if (ph->p_type == PT_LOAD && self >= start && self - start < ph->p_memsz)
-            holds = true;
-        if (ph->p_type == PT_DYNAMIC)
-            dyn = (const ElfW(Dyn) *)(info->dlpi_addr + ph->p_vaddr);
-    }
-    if (!holds || !dyn)
-        return 0;
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
     const uint32_t *hash = NULL;
-    for (; dyn->d_tag != DT_NULL; dyn++) {
+    for (const ElfW(Dyn) *dyn = m->l_ld; dyn && dyn->d_tag != DT_NULL; dyn++) {
         /* The loader relocates these in place; an unrelocated one is an
          * offset from the load address. */
         uintptr_t p = dyn->d_un.d_ptr;
-        if (p < info->dlpi_addr)
-            p += info->dlpi_addr;
+        if (p < m->l_addr)
+            p += m->l_addr;
         if (dyn->d_tag == DT_SYMTAB)
             symtab = (const ElfW(Sym) *)p;
         else if (dyn->d_tag == DT_STRTAB)
@@ -90,33 +73,44 @@ NO_SANITIZE static int find_in_libc(struct dl_phdr_info *info, size_t size, void
         else if (dyn->d_tag == DT_GNU_HASH)
             hash = (const uint32_t *)p;
     }
-    if (!symtab || !strtab || !hash)
-        return 1;
+    if (!symtab || !strtab || !hash || hash[0] == 0)
+        return NULL;
     uint32_t nbuckets = hash[0], symoffset = hash[1], bloom_size = hash[2];
     const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(hash + 4) + bloom_size);
     const uint32_t *chain = buckets + nbuckets;
-    uint32_t h = gnu_hash(f->name);
-    for (uint32_t k = buckets[h % nbuckets]; k >= symoffset && k != 0; k++) {
+    uint32_t h = gnu_hash(name);
+    uint32_t k = buckets[h % nbuckets];
+    if (k < symoffset)
+        return NULL;
+    for (;; k++) {
         uint32_t ch = chain[k - symoffset];
         const ElfW(Sym) *sym = &symtab[k];
-        if ((ch | 1) == (h | 1) && sym->st_shndx != SHN_UNDEF &&
-            strcmp(strtab + sym->st_name, f->name) == 0) {
-            f->found = (void *)(info->dlpi_addr + sym->st_value);
-            return 1;
-        }
+        if ((ch | 1) == (h | 1) && sym->st_shndx != SHN_UNDEF && sym->st_value != 0 &&
+            strcmp(strtab + sym->st_name, name) == 0)
+            return (void *)(m->l_addr + sym->st_value);
         if (ch & 1)
-            break;
+            return NULL;
     }
-    return 1;
 }
+
+/* The shim's own ELF header: its load address, to skip itself. */
+extern const char __ehdr_start[] __attribute__((visibility("hidden")));
 
 NO_SANITIZE static void *libc_function(const char *name)
 {
-    struct libc_find f = {.name = name};
-    dl_iterate_phdr(find_in_libc, &f);
-    if (!f.found)
+    void *any = NULL;
+    for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next) {
+        if (m->l_addr == (uintptr_t)__ehdr_start)
+            continue;
+        void *p = defined_by(m, name);
+        if (p && m->l_name && strstr(m->l_name, "/libc.so"))
+            return p;
+        if (p && !any)
+            any = p; /* a C library under another name */
+    }
+    if (!any)
         abort(); /* no C library dlsym: nothing can work (nothing to log with yet) */
-    return f.found;
+    return any;
 }
 
 NO_SANITIZE static void *(*resolve_next(void))(void *, const char *)
