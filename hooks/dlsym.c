@@ -46,12 +46,29 @@ __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlvsym_next)(void *, 
  * objects (_r_debug): no function is called, so this works in the first
  * lookup of all, a sanitizer's runtime's while it sets itself up (its
  * interceptors, dl_iterate_phdr's among them, are not ready then). */
-static uint32_t gnu_hash(const char *s)
+NO_SANITIZE static uint32_t gnu_hash(const char *s)
 {
     uint32_t h = 5381;
     for (; *s; s++)
         h = h * 33 + (unsigned char)*s;
     return h;
+}
+
+/* strcmp and strstr are intercepted by sanitizers, and not ready then. */
+NO_SANITIZE static bool same_string(const char *a, const char *b)
+{
+    while (*a && *a == *b)
+        a++, b++;
+    return *a == *b;
+}
+
+NO_SANITIZE static bool names_libc(const char *path)
+{
+    for (const char *p = path; *p; p++)
+        if (p[0] == '/' && p[1] == 'l' && p[2] == 'i' && p[3] == 'b' && p[4] == 'c' &&
+            p[5] == '.' && p[6] == 's' && p[7] == 'o')
+            return true;
+    return false;
 }
 
 /* `name` defined by the object `m`, or NULL. */
@@ -86,7 +103,7 @@ NO_SANITIZE static void *defined_by(const struct link_map *m, const char *name)
         uint32_t ch = chain[k - symoffset];
         const ElfW(Sym) *sym = &symtab[k];
         if ((ch | 1) == (h | 1) && sym->st_shndx != SHN_UNDEF && sym->st_value != 0 &&
-            strcmp(strtab + sym->st_name, name) == 0)
+            same_string(strtab + sym->st_name, name))
             return (void *)(m->l_addr + sym->st_value);
         if (ch & 1)
             return NULL;
@@ -103,7 +120,7 @@ NO_SANITIZE static void *libc_function(const char *name)
         if (m->l_addr == (uintptr_t)__ehdr_start)
             continue;
         void *p = defined_by(m, name);
-        if (p && m->l_name && strstr(m->l_name, "/libc.so"))
+        if (p && m->l_name && names_libc(m->l_name))
             return p;
         if (p && !any)
             any = p; /* a C library under another name */
