@@ -31,20 +31,25 @@
 #include "options.h"
 #include "pressure.h"
 
-/* A block freed by the program that the device may still be using. */
-typedef struct pending_free {
+/* A block freed by the program that the device may still be using: held
+ * (out of the arena's reach) until a wait for the device covers it. Not to
+ * be confused with the prefetched frees below, a matter of speed. */
+typedef struct held_block {
     uint32_t node;
     uint64_t ticket;          /* order of the free; a wait covers tickets before it */
-} pending_free;
+} held_block;
 
-/* Frees whose arena work waits (free_later): enough for a node's line to
- * arrive from memory over the pairs in between; one while the shard has
- * at most DEFER_FROM_LIVE live blocks, whose nodes (32 bytes each) stay
- * in the cache, and where blocks freed just before are what the next
- * requests should get (measured: 8 cost 5% at 10,000 live blocks). */
-#define DEFER_SLOTS 8
-#define DEFER_FROM_LIVE ((uint64_t)1 << 16)
-_Static_assert((DEFER_SLOTS & (DEFER_SLOTS - 1)) == 0, "a power of two");
+/* Frees whose arena work is finished later, once the node's line, whose
+ * prefetch the free started, has arrived (free_after_prefetch): enough for
+ * a node's line to arrive from memory over the pairs in between; one while
+ * the shard has at most PREFETCH_DEEP_FROM_LIVE live blocks, whose nodes
+ * (32 bytes each) stay in the cache, and where blocks freed just before
+ * are what the next requests should get (measured: 8 cost 5% at 10,000
+ * live blocks). A runtime with asynchronous work (CUDA) holds its frees
+ * for the device instead (held_block). */
+#define PREFETCHED_FREES 8
+#define PREFETCH_DEEP_FROM_LIVE ((uint64_t)1 << 16)
+_Static_assert((PREFETCHED_FREES & (PREFETCHED_FREES - 1)) == 0, "a power of two");
 
 /* One arena of a device with its live table, its lock and its blocks
  * waiting for the device. A device starts with one shard; a thread that
@@ -60,16 +65,17 @@ typedef struct shim_shard {
     uint64_t allocs, frees;
     uint64_t live_bytes, peak_live_bytes; /* bytes the program asked for */
     int64_t unpublished;      /* live bytes not yet in the device's live_total */
-    pending_free *pending;    /* FIFO by ticket */
-    size_t npending, pending_cap;
-    uint64_t pending_bytes, next_ticket;
-    /* The blocks of the shard's last `ndeferred` frees (free_later), the
-     * last one before deferred[defer_pos]: out of the table, their nodes'
-     * lines loading, and their arena frees and accounting left for
-     * DEFER_SLOTS frees later (or shard_settle), when the lines are there.
-     * Guarded by lock. */
-    uint32_t deferred[DEFER_SLOTS];
-    unsigned defer_pos, ndeferred;
+    held_block *held;         /* freed, the device may still use them; FIFO by ticket */
+    size_t nheld, held_cap;
+    uint64_t held_bytes, next_ticket;
+    /* The blocks of the shard's last `nprefetched` frees
+     * (free_after_prefetch), the last one before
+     * prefetched[prefetched_pos]: out of the table, their nodes' lines
+     * loading, and their arena frees and accounting left for
+     * PREFETCHED_FREES frees later (or finish_prefetched_frees), when the
+     * lines are there. Guarded by lock. */
+    uint32_t prefetched[PREFETCHED_FREES];
+    unsigned prefetched_pos, nprefetched;
     uint64_t freed_bytes;     /* requested bytes of every free; guarded by lock */
     /* Running threads that moved here (shard 0's own threads uncounted). */
     _Atomic unsigned homed;
@@ -124,10 +130,12 @@ struct shim_device {
     _Atomic uint64_t peak_total;
 };
 
-/* Past these, a free waits for the device and recycles what is pending
- * instead of letting it pile up (the real free waits on every call). */
-#define PENDING_MAX_BLOCKS 4096
-#define PENDING_MAX_FRACTION 4   /* of the bytes reserved */
+/* Past these (per arena: at least this many blocks, or more than this
+ * fraction of its reserved bytes), a free waits for the device and reuses
+ * what is held instead of letting it pile up (the real free waits on
+ * every call). */
+#define HELD_MAX_BLOCKS 4096
+#define HELD_MAX_FRACTION 4   /* of the bytes reserved */
 /* With several shards, the device's peak of live bytes is exact to
  * within this many bytes per shard. */
 #define LIVE_STEP ((int64_t)1 << 20)
@@ -676,7 +684,7 @@ static void forget_context(shim_device *d);
  * down (its blocks, d's own among them when it is d's, are forgotten).
  * Called without any allocator lock held by this thread (the wait blocks).
  * True when every wait succeeded; on another failure warns once and
- * returns false: the blocks stay pending (the device may still write
+ * returns false: the blocks stay held (the device may still write
  * them). */
 __attribute__((noinline)) static bool wait_for_device(shim_device *d)
 {
@@ -716,25 +724,25 @@ __attribute__((noinline)) static bool wait_for_device(shim_device *d)
     return ok;
 }
 
-/* Gives back to the arena the pending blocks of `s` freed before `covered`.
+/* Gives back to the arena the held blocks of `s` freed before `covered`.
  * Shard lock held. False when there were none. */
-static bool recycle_covered(shim_shard *s, uint64_t covered)
+static bool reuse_covered(shim_shard *s, uint64_t covered)
 {
     shim_lock_assert_held(&s->lock);
     size_t k = 0;
-    while (k < s->npending && s->pending[k].ticket < covered) {
-        s->pending_bytes -= shim_arena_free_node(s->arena, s->pending[k].node);
+    while (k < s->nheld && s->held[k].ticket < covered) {
+        s->held_bytes -= shim_arena_free_node(s->arena, s->held[k].node);
         k++;
     }
-    memmove(s->pending, s->pending + k, (s->npending - k) * sizeof *s->pending);
-    s->npending -= k;
+    memmove(s->held, s->held + k, (s->nheld - k) * sizeof *s->held);
+    s->nheld -= k;
     return k > 0;
 }
 
 /* Waits for the device, then gives back to the arena every block of `s`
  * freed before the wait began. Shard lock held on entry and exit (taken by
  * the caller, and no other allocator lock), released while waiting. */
-__attribute__((noinline)) static bool recycle_pending(shim_device *d, shim_shard *s)
+__attribute__((noinline)) static bool wait_and_reuse_held(shim_device *d, shim_shard *s)
 {
     shim_lock_assert_held(&s->lock);
     uint64_t covered = s->next_ticket;
@@ -742,7 +750,7 @@ __attribute__((noinline)) static bool recycle_pending(shim_device *d, shim_shard
     shim_lock_release(&s->lock);
     bool ok = wait_for_device(d);
     shim_lock_acquire(&s->lock);
-    return ok && recycle_covered(s, covered);
+    return ok && reuse_covered(s, covered);
 }
 
 /* Waits for the device with the shard's lock dropped. Shard lock held on
@@ -758,30 +766,30 @@ __attribute__((noinline)) static bool wait_and_relock(shim_device *d, shim_shard
 /* Keeps a freed block aside until the device has run what was queued
  * before the free. Shard lock held. False when out of host memory for the
  * list (the caller then waits for the device right away). */
-static bool defer_free(shim_shard *s, uint32_t node, size_t block)
+static bool hold_for_device(shim_shard *s, uint32_t node, size_t block)
 {
     shim_lock_assert_held(&s->lock);
-    if (s->npending == s->pending_cap) {
-        size_t cap = s->pending_cap ? s->pending_cap * 2 : 64;
-        pending_free *p = realloc(s->pending, cap * sizeof *p);
+    if (s->nheld == s->held_cap) {
+        size_t cap = s->held_cap ? s->held_cap * 2 : 64;
+        held_block *p = realloc(s->held, cap * sizeof *p);
         if (!p)
             return false;
-        s->pending = p;
-        s->pending_cap = cap;
+        s->held = p;
+        s->held_cap = cap;
     }
-    s->pending[s->npending++] = (pending_free){.node = node, .ticket = s->next_ticket++};
-    s->pending_bytes += block;
+    s->held[s->nheld++] = (held_block){.node = node, .ticket = s->next_ticket++};
+    s->held_bytes += block;
     return true;
 }
 
-static bool too_much_pending(const shim_shard *s)
+static bool too_much_held(const shim_shard *s)
 {
     shim_lock_assert_held(&s->lock);
-    if (s->npending >= PENDING_MAX_BLOCKS)
+    if (s->nheld >= HELD_MAX_BLOCKS)
         return true;
     shim_arena_counters c;
     shim_arena_get_counters(s->arena, &c);
-    return s->pending_bytes > c.reserved_bytes / PENDING_MAX_FRACTION;
+    return s->held_bytes > c.reserved_bytes / HELD_MAX_FRACTION;
 }
 
 /* Live bytes of `s` changed by `delta`: exact in the shard; the device's
@@ -847,7 +855,7 @@ static inline void count_free(shim_device *d, shim_shard *s, size_t size)
     s->freed_bytes += size;
 }
 
-/* A deferred free of live block `node` (free_later), finished: the
+/* A deferred free of live block `node` (free_after_prefetch), finished: the
  * arena's free (which reads the node) and the accounting. Shard lock
  * held. */
 static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
@@ -860,50 +868,50 @@ static inline void finish_free(shim_device *d, shim_shard *s, uint32_t node)
 /* Frees live block `node` (out of the table already) without reading its
  * node: the table confirmed the block from its slot, so the node's line
  * starts loading now, and the free that reads it waits for the shard's
- * next use: usually the next free (DEFER_SLOTS frees later in a large
+ * next use: usually the next free (PREFETCHED_FREES frees later in a large
  * shard), which finishes this one, its line having had that long. No
  * trace to tell (it would want the size now), no device to wait for.
  * Shard lock held. */
-static inline void free_later(shim_device *d, shim_shard *s, uint32_t node)
+static inline void free_after_prefetch(shim_device *d, shim_shard *s, uint32_t node)
 {
-    unsigned k = s->defer_pos, n = s->ndeferred;
+    unsigned k = s->prefetched_pos, n = s->nprefetched;
     shim_arena_prefetch(s->arena, node);
-    if (s->allocs - s->frees > DEFER_FROM_LIVE) {
+    if (s->allocs - s->frees > PREFETCH_DEEP_FROM_LIVE) {
         shim_table_prefetch_fields(s->table, node);
-        if (n == DEFER_SLOTS)
-            finish_free(d, s, s->deferred[k]); /* the oldest */
+        if (n == PREFETCHED_FREES)
+            finish_free(d, s, s->prefetched[k]); /* the oldest */
         else
             n++;
     } else if (n) {
         /* One deep (after more, when the shard shrank): the oldest go. */
         do
-            finish_free(d, s, s->deferred[(k - n) & (DEFER_SLOTS - 1)]);
+            finish_free(d, s, s->prefetched[(k - n) & (PREFETCHED_FREES - 1)]);
         while (--n);
         n = 1;
     } else {
         n = 1;
     }
-    s->ndeferred = n;
-    s->deferred[k] = node;
-    s->defer_pos = (k + 1) & (DEFER_SLOTS - 1);
+    s->nprefetched = n;
+    s->prefetched[k] = node;
+    s->prefetched_pos = (k + 1) & (PREFETCHED_FREES - 1);
 }
 
-/* Finishes the frees free_later left, oldest first: before anything that
+/* Finishes the frees free_after_prefetch left, oldest first: before anything that
  * looks at the shard's counters or the arena's blocks. Shard lock held. */
-static inline void shard_settle(shim_device *d, shim_shard *s)
+static inline void finish_prefetched_frees(shim_device *d, shim_shard *s)
 {
-    unsigned n = s->ndeferred;
-    s->ndeferred = 0;
-    for (unsigned k = s->defer_pos - n; k != s->defer_pos; k++)
-        finish_free(d, s, s->deferred[k & (DEFER_SLOTS - 1)]);
+    unsigned n = s->nprefetched;
+    s->nprefetched = 0;
+    for (unsigned k = s->prefetched_pos - n; k != s->prefetched_pos; k++)
+        finish_free(d, s, s->prefetched[k & (PREFETCHED_FREES - 1)]);
 }
 
 /* A shard's lock unless this thread holds it already (lock_unless_mine),
  * with the shard settled. Returns whether it was taken here. */
-static bool lock_settled(shim_device *d, shim_shard *s)
+static bool lock_with_frees_finished(shim_device *d, shim_shard *s)
 {
     bool taken = lock_unless_mine(&s->lock);
-    shard_settle(d, s);
+    finish_prefetched_frees(d, s);
     return taken;
 }
 
@@ -933,12 +941,12 @@ static void note_forgotten(uintptr_t ptr, uint32_t id, const shim_live_fields *f
         };
 }
 
-/* Forgets shard `s` (its context is gone): blocks, pending list, regions.
+/* Forgets shard `s` (its context is gone): blocks, held blocks, regions.
  * Device lock and shard lock held. */
 static void forget_shard(shim_device *d, shim_shard *s, struct forgotten_blocks *fb)
 {
     const shim_options *o = shim_opts();
-    shard_settle(d, s);
+    finish_prefetched_frees(d, s);
     shim_arena *fresh = shim_arena_create(&d->backend, o->limit, o->region_size);
     size_t count = shim_table_count(s->table);
     uintptr_t *keys = count ? malloc(count * sizeof *keys) : NULL;
@@ -968,8 +976,8 @@ static void forget_shard(shim_device *d, shim_shard *s, struct forgotten_blocks 
         note_live(d, s, -(int64_t)bytes);
     if (s->unpublished)
         publish_live(d, s);
-    s->npending = 0;
-    s->pending_bytes = 0;
+    s->nheld = 0;
+    s->held_bytes = 0;
     d->forgetting = true;
     shim_arena_destroy(s->arena);
     d->forgetting = false;
@@ -995,7 +1003,7 @@ static void forget_context(shim_device *d)
     size_t live = 0;
     for (unsigned k = 0; k < n; k++) {
         taken[k] = lock_unless_mine(&d->shards[k]->lock);
-        live += shim_table_count(d->shards[k]->table) + d->shards[k]->ndeferred;
+        live += shim_table_count(d->shards[k]->table) + d->shards[k]->nprefetched;
     }
     if (ev && live) {
         fb.v = malloc(live * sizeof *fb.v);
@@ -1054,7 +1062,7 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
     if (rc != 0) {
         /* A block the last frees left for later may be what fits, and
          * must be, before a new region is reserved. */
-        shard_settle(d, s);
+        finish_prefetched_frees(d, s);
         rc = may_grow ? shim_arena_alloc(s->arena, size, &addr, &node, &block)
                       : shim_arena_alloc_fit(s->arena, size, &addr, &node, &block);
     }
@@ -1075,9 +1083,9 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
      * soon after the frees, so a later free does it; unless this
      * allocation may set a new peak or publish the shard's live bytes,
      * which must not count a block already freed. */
-    if (s->ndeferred &&
+    if (s->nprefetched &&
         (s->live_bytes + size > s->peak_live_bytes || s->unpublished + (int64_t)size >= LIVE_STEP))
-        shard_settle(d, s);
+        finish_prefetched_frees(d, s);
     s->allocs++;
     note_live(d, s, (int64_t)size);
     *out = addr;
@@ -1124,10 +1132,10 @@ struct relief_budget {
     bool trimmed;
 };
 
-/* Waits for the device once and recycles every shard's pending blocks
+/* Waits for the device once and recycles every shard's held blocks
  * freed before the wait. Device lock held on entry and exit (released for
- * the wait). False when nothing was pending. */
-static bool recycle_all(shim_device *d)
+ * the wait). False when nothing was held. */
+static bool wait_and_reuse_all_held(shim_device *d)
 {
     shim_lock_assert_held(&d->lock);
     unsigned n = shard_count(d);
@@ -1137,7 +1145,7 @@ static bool recycle_all(shim_device *d)
         shim_shard *s = d->shards[k];
         shim_lock_acquire(&s->lock);
         covered[k] = s->next_ticket;
-        any |= s->npending > 0;
+        any |= s->nheld > 0;
         shim_lock_release(&s->lock);
     }
     if (!any)
@@ -1146,12 +1154,12 @@ static bool recycle_all(shim_device *d)
     bool ok = wait_for_device(d);
     shim_lock_acquire(&d->lock);
     if (!ok)
-        return false; /* still pending: the request goes on without them */
+        return false; /* still held: the request goes on without them */
     bool recycled = false;
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
         shim_lock_acquire(&s->lock);
-        recycled |= recycle_covered(s, covered[k]);
+        recycled |= reuse_covered(s, covered[k]);
         shim_lock_release(&s->lock);
     }
     return recycled;
@@ -1164,7 +1172,7 @@ static size_t trim_all(shim_device *d)
     size_t bytes = 0;
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_settled(d, s);
+        bool taken = lock_with_frees_finished(d, s);
         bytes += shim_arena_trim(s->arena, 0);
         if (taken)
             shim_lock_release(&s->lock);
@@ -1180,7 +1188,7 @@ static bool make_room(shim_device *d, size_t size, struct relief_budget *b)
     shim_lock_assert_held(&d->lock);
     /* Blocks freed while the device may still use them are the cheapest
      * memory there is: one wait for the device and they are free. */
-    if (d->rt->sync_device && recycle_all(d))
+    if (d->rt->sync_device && wait_and_reuse_all_held(d))
         return true;
     if (shim_pressure_in_event())
         return false; /* an allocation made by pressure work itself */
@@ -1369,7 +1377,7 @@ static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t s
         return;
     }
     size_t block = shim_arena_block_size(s->arena, node);
-    if (!defer_free(s, node, block)) {
+    if (!hold_for_device(s, node, block)) {
         /* No host memory to remember it: wait for the device now, as the
          * runtime's own free would. Without that wait (it failed, or
          * cannot be had here) the block stays out of use. */
@@ -1379,8 +1387,8 @@ static void release_block(shim_device *d, shim_shard *s, uint32_t node, size_t s
             shim_arena_free_node(s->arena, node);
         return;
     }
-    if (taken && too_much_pending(s) && !shim_lock_held_by_me(&d->lock))
-        recycle_pending(d, s);
+    if (taken && too_much_held(s) && !shim_lock_held_by_me(&d->lock))
+        wait_and_reuse_held(d, s);
 }
 
 /* Invalid-free warnings: a program that frees garbage in a loop must not
@@ -1428,7 +1436,7 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
         if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device) {
             /* As on the fast path: a thread freeing blocks another
              * allocated holds their shard's lock the shorter for it. */
-            free_later(d, s, node);
+            free_after_prefetch(d, s, node);
             if (taken)
                 shim_lock_release(&s->lock);
             return 0;
@@ -1450,7 +1458,7 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
         }
         /* Not a live block: what it is, with the blocks of the frees left
          * for later told as freed (a second free of one is a double free). */
-        shard_settle(d, s);
+        finish_prefetched_frees(d, s);
         uintptr_t base = 0;
         size_t rsize = 0;
         enum shim_block_kind kind = shim_arena_classify(s->arena, (uintptr_t)ptr, &base, &rsize);
@@ -1488,7 +1496,7 @@ static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool o
             uint32_t node = elsewhere ? SHIM_TABLE_NONE
                                       : shim_table_remove(s->table, (uintptr_t)ptr, NULL);
             if (node != SHIM_TABLE_NONE) {
-                free_later(d, s, node);
+                free_after_prefetch(d, s, node);
                 shim_lock_release(&s->lock);
                 return 0;
             }
@@ -1592,7 +1600,7 @@ enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t a
         unsigned ns = shard_count(d);
         for (unsigned k = 0; k < ns; k++) {
             shim_shard *s = d->shards[k];
-            bool taken = lock_settled(d, s);
+            bool taken = lock_with_frees_finished(d, s);
             enum shim_block_state st = SHIM_BLOCK_NONE;
             if (shim_arena_contains(s->arena, addr)) {
                 /* Freed, waiting for the device, or slack: not the
@@ -1662,14 +1670,14 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
     unsigned n = shard_count(d);
     for (unsigned k = 0; k < n; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_settled(d, s);
+        bool taken = lock_with_frees_finished(d, s);
         shim_arena_counters c;
         shim_arena_get_counters(s->arena, &c);
         if (k == 0)
             limit = shim_arena_limit(s->arena); /* the arena may change at a teardown */
         reserved += c.reserved_bytes;
         /* Blocks waiting for the device are the program's to have again. */
-        used += c.used_bytes >= s->pending_bytes ? c.used_bytes - s->pending_bytes : 0;
+        used += c.used_bytes >= s->held_bytes ? c.used_bytes - s->held_bytes : 0;
         if (taken)
             shim_lock_release(&s->lock);
     }
@@ -1723,7 +1731,7 @@ shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
     unsigned ns = shard_count(d);
     for (unsigned k = 0; k < ns; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_settled(d, s);
+        bool taken = lock_with_frees_finished(d, s);
         size_t count = shim_table_count(s->table);
         if (c.n + count > c.cap) {
             size_t cap = c.n + count;
@@ -1754,7 +1762,7 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
     uint64_t live = 0, peak = 0;
     for (unsigned k = 0; k < ns; k++) {
         shim_shard *s = d->shards[k];
-        bool taken = lock_settled(d, s);
+        bool taken = lock_with_frees_finished(d, s);
         shim_arena_counters c;
         shim_arena_get_counters(s->arena, &c);
         st->reserved_bytes += c.reserved_bytes;
@@ -1807,7 +1815,7 @@ size_t shim_device_trim(shim_device *d)
 /* Bytes freed through the shim on every device so far: what a pressure
  * event measures its callbacks by, and the collector its collections.
  * Each shard settled first, under its lock: a single free a callback made
- * may still be the one free_later left. */
+ * may still be the one free_after_prefetch left. */
 static uint64_t freed_everywhere(void)
 {
     uint64_t sum = 0;
@@ -1817,7 +1825,7 @@ static uint64_t freed_everywhere(void)
         unsigned ns = shard_count(d);
         for (unsigned k = 0; k < ns; k++) {
             shim_shard *s = d->shards[k];
-            bool taken = lock_settled(d, s);
+            bool taken = lock_with_frees_finished(d, s);
             sum += s->freed_bytes;
             if (taken)
                 shim_lock_release(&s->lock);
