@@ -10,6 +10,9 @@ CPUs busy.
 - unregister: returns only once the callback stopped running elsewhere;
 - fork: 200 forks while threads allocate under pressure, leak checking on,
   no Python in the process: every child finishes;
+- fork during another thread's pressure event: the child allocates under
+  pressure, runs its own event and gets its block, without waiting for the
+  parent's event (which does not run in the child) or a false out-of-memory;
 - fork while a thread publishes the runtime (its first call, held there by
   the shim's test hook): the child's own first call finishes."""
 import gc_support
@@ -60,6 +63,16 @@ def test_fork_while_threads_allocate_under_pressure(shim_lib):
                  env={"SPYRESHIM_LEAK_CHECK": "0" if tsan else "1", "SPYRESHIM_EXITCODE": "0"})
     assert not r.timed_out, r
     assert r.returncode == 0 and "hangs=0 failed=0" in r.stdout, r
+
+
+def test_a_child_forked_during_a_pressure_event_runs_its_own(shim_lib):
+    # Behaviour, not time: the child's request succeeds, its own copy of
+    # the callback ran, and it never waited for the parent's event.
+    for _ in range(3):
+        r = promises(shim_lib, "fork-in-event", timeout=120, env={"SPYRESHIM_GC": "0"})
+        assert not r.timed_out, r
+        assert "child rc=0 own_callback_runs=1 waits_for_parent_event=0" in r.stdout, r
+        assert r.returncode == 0 and "fork-in-event ok hangs=0 failed=0 parent_rc=0" in r.stdout, r
 
 
 def test_fork_while_a_thread_makes_the_first_call(shim_lib):
