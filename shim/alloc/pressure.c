@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mutex.h"
 #include "options.h"
@@ -148,21 +149,10 @@ void shim_pressure_atfork_child(void)
     shim_mutex_unlock(&registry_mu);
 }
 
-static void init_done_cond(shim_pressure_state *ps)
-{
-    /* CLOCK_MONOTONIC: the bounded wait must not stretch or shrink when
-     * the wall clock is set. */
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&ps->done, &a);
-    pthread_condattr_destroy(&a);
-}
-
 void shim_pressure_state_init(shim_pressure_state *ps)
 {
     memset(ps, 0, sizeof *ps);
-    init_done_cond(ps);
+    shim_cond_init_monotonic(&ps->done);
 }
 
 void shim_pressure_state_atfork_child(shim_pressure_state *ps)
@@ -170,7 +160,7 @@ void shim_pressure_state_atfork_child(shim_pressure_state *ps)
     /* An event of a thread that does not exist in the child would never
      * end: nobody is running it here. */
     ps->active = false;
-    init_done_cond(ps);
+    shim_cond_init_monotonic(&ps->done);
 }
 
 bool shim_pressure_in_event(void)
@@ -244,14 +234,8 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
         void *py = detach ? detach() : NULL;
         shim_lock_acquire(lock);
         struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
         unsigned ms = shim_opts()->gc_timeout_ms ? shim_opts()->gc_timeout_ms : 1;
-        deadline.tv_sec += ms / 1000;
-        deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        shim_deadline_after_ms(&deadline, ms);
         bool timed_out = false;
         while (ps->active && ps->generation == gen && !timed_out)
             timed_out = shim_lock_timedwait(lock, &ps->done, &deadline) == ETIMEDOUT &&

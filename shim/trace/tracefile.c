@@ -45,6 +45,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "device.h"
 #include "log.h"
 #include "mutex.h"
@@ -307,11 +308,7 @@ void shim_tracefile_init(const char *path_template, unsigned flush_ms)
         return;
     strcpy(g_template, path_template);
     g_flush_ms = flush_ms ? flush_ms : 1000;
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&buf_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    shim_cond_init_monotonic(&buf_cv);
     /* Without the key a thread's buffer outlives it: its events are still
      * written (the writer finds the buffer in the list), only the memory
      * stays. */
@@ -740,13 +737,7 @@ static void *writer_main(void *arg)
     (void)arg;
     for (;;) {
         struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        deadline.tv_sec += g_flush_ms / 1000;
-        deadline.tv_nsec += (long)(g_flush_ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
+        shim_deadline_after_ms(&deadline, g_flush_ms);
         shim_mutex_lock(&buf_mu);
         while (!full_head && !closed &&
                pthread_cond_timedwait(&buf_cv, &buf_mu, &deadline) != ETIMEDOUT)
@@ -968,11 +959,7 @@ void shim_tracefile_atfork_child(void)
     }
     if (!strstr(g_template, "%p"))
         atomic_store(&g_on, false); /* one file, the parent's */
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&buf_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    shim_cond_init_monotonic(&buf_cv);
     shim_mutex_unlock(&buf_mu);
     shim_mutex_unlock(&write_mu);
 }
