@@ -6,6 +6,13 @@
 
 #define NS_PER_S 1000000000L
 
+uint64_t shim_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * (uint64_t)NS_PER_S + (uint64_t)ts.tv_nsec;
+}
+
 void shim_deadline_after_ms(struct timespec *deadline, unsigned ms)
 {
     clock_gettime(CLOCK_MONOTONIC, deadline);

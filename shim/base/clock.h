@@ -7,7 +7,11 @@
 #define SHIM_CLOCK_H
 
 #include <pthread.h>
+#include <stdint.h>
 #include <time.h>
+
+/* Nanoseconds on CLOCK_MONOTONIC (durations; never the wall clock). */
+uint64_t shim_now_ns(void);
 
 /* *deadline = now + ms on CLOCK_MONOTONIC, for pthread_cond_timedwait on a
  * condition variable made by shim_cond_init_monotonic. */
