@@ -801,6 +801,30 @@ Test(arena, backend_refusing_a_whole_region_still_serves_a_request_that_fits)
     unmake(s);
 }
 
+Test(arena, a_refused_region_is_halved_until_the_runtime_takes_it)
+{
+    /* Regions of 64 MiB; the runtime takes at most 5 MiB at a time and
+     * does not say how much it has (mem_info fails): 64, 32, 16 and 8 MiB
+     * are refused and 4 MiB is taken, a shared region (not one cut to the
+     * request) that serves the next request too. */
+    setup s = make(16 * GIB, 0, 64 * MIB);
+    s.f->max_reserve = 5 * MIB;
+    s.f->info_fails = true;
+    blk x = must_alloc(s.a, 1 * MIB);
+    cr_assert_eq(s.f->refusals, 4, "refused %zu times, not 64 -> 32 -> 16 -> 8 -> 4 MiB",
+                 s.f->refusals);
+    const range *r = fake_find(s.f, x.addr);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->size, 4 * MIB, "the region taken is %zu bytes, not the largest halving "
+                 "the runtime takes", r->size);
+    blk y = must_alloc(s.a, 2 * MIB);
+    cr_assert_eq(s.f->reserves, 1, "a second region for what the halved one holds");
+    cr_assert_eq(fake_find(s.f, y.addr), r);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    unmake(s);
+}
+
 Test(arena, backend_with_room_for_only_the_exact_request_still_serves_it)
 {
     setup s = make(16 * GIB, 0, 1 * MIB);
