@@ -127,7 +127,8 @@ static void merge_freed(shim_arena *a, uint32_t i);
 /* Live block `i` (NODE_LIVE), asked for as `size` bytes, goes to the
  * caller. */
 static inline __attribute__((always_inline)) void
-hand_out(shim_arena *a, uint32_t i, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *block_bytes)
+hand_out(shim_arena *a, uint32_t i, size_t size, uintptr_t *addr, uint32_t *node_out,
+         size_t *block_bytes)
 {
     node *n = &a->nodes[i];
     size_t bytes = (size_t)n->units << a->shift;
@@ -235,7 +236,8 @@ static inline bool alloc_quick(shim_arena *a, size_t size, uintptr_t *addr, uint
     return true;
 }
 
-int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out, size_t *block_bytes)
+int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out,
+                     size_t *block_bytes)
 {
     if (alloc_quick(a, size, addr, node_out, block_bytes))
         return 0;
@@ -456,7 +458,8 @@ enum shim_block_kind shim_arena_classify(shim_arena *a, uintptr_t addr,
 bool shim_arena_contains(const shim_arena *a, uintptr_t addr)
 {
     uint32_t pos = shim_region_upper(a, addr);
-    return pos > 0 && addr - a->regions[a->sorted[pos - 1]].base < a->regions[a->sorted[pos - 1]].size;
+    return pos > 0 &&
+           addr - a->regions[a->sorted[pos - 1]].base < a->regions[a->sorted[pos - 1]].size;
 }
 
 bool shim_arena_live_block_at(shim_arena *a, uintptr_t addr, uintptr_t *start)

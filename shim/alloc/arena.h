@@ -51,9 +51,9 @@ void shim_arena_destroy(shim_arena *a);
 
 /* Allocates a block of at least `size` (> 0) bytes. On success returns 0,
  * sets *addr, *node (the block's handle, for shim_arena_free_node) and
- * *block_bytes (bytes the block occupies, after rounding). Returns -1 when no free
- * block fits and a new region is refused by the limit or the backend for
- * lack of room; a positive value, the runtime's own error, when the backend
+ * *block_bytes (bytes the block occupies, after rounding). Returns -1 when
+ * no free block fits and a new region is refused by the limit or the
+ * backend for lack of room; a positive value, the runtime's own error, when the backend
  * failed for another reason (not out-of-memory: no relief can help). */
 int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node,
                      size_t *block_bytes);

@@ -1,7 +1,7 @@
-/* The arena's records, shared by the files of the region allocator only
- * (arena.c, freebins.h, quicklist.h, region.c, arena_inspect.c; nothing
- * outside them includes it): the node of a block, the region, the arena
- * itself, and the node array's slots.
+/* The arena's records: the node of a block, the region, the arena itself,
+ * and the node array's slots. Shared by the files of the region allocator
+ * only (arena.c, freebins.h, quicklist.h, region.h and region.c,
+ * arena_inspect.c); nothing outside them includes it.
  *
  * Guarded by: the owner's allocator lock (device.c); nothing here locks.
  * Never: a device address dereferenced (all of this is host memory).
@@ -27,7 +27,7 @@ enum { NODE_UNUSED = 0, NODE_FREE, NODE_LIVE, NODE_QUICK };
 
 /* The quick lists' classes: the exact-size bins up to QUICK_MAX_UNITS
  * (quicklist.h says what the lists are; their sizes are here because the
- * arena holds them). */
+ * arena holds the lists' heads). */
 #define QUICK_MAX_LOG 12
 #define QUICK_MAX_UNITS (1u << QUICK_MAX_LOG)
 #define QUICK_BINS ((((QUICK_MAX_LOG) - SL_BITS + 1) << SL_BITS) + 1)

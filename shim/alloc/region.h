@@ -59,6 +59,7 @@ static void shim_region_set_empty(shim_arena *a, uint32_t r, bool empty)
         a->c.empty_bytes -= g->size;
     }
 }
+
 /* Gives region `r` back to the runtime; `n` is its single free node,
  * already out of its bin. */
 void shim_region_release(shim_arena *a, uint32_t r, uint32_t n);
