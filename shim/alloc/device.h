@@ -108,8 +108,6 @@ shim_device *shim_device_at(size_t i);
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n);
 /* Adds this device's counters to *s. */
 void shim_device_add_stats(shim_device *d, spyreshim_stats *s);
-/* Gives every empty region back to the runtime; returns bytes. */
-size_t shim_device_trim(shim_device *d);
 
 /* True on a thread that is inside one of the shim's own calls of a real
  * runtime function (reserving or releasing a region, asking for memory
@@ -150,8 +148,5 @@ void shim_device_publish_unlock(void);
 void shim_device_publish_atfork_prepare(void);
 void shim_device_publish_atfork_parent(void);
 void shim_device_publish_atfork_child(void);
-
-/* Tests only: forget every device (the process keeps its memory). */
-void shim_device_reset_for_tests(void);
 
 #endif

@@ -127,13 +127,26 @@ def file_graph(root, dirs):
                     name = f.group(1)
                     if not name.startswith("__") and name not in _KEYWORDS:
                         defined_in.setdefault(name, m)
+    includes = {p: [header_of.get(Path(inc).name) for inc in
+                    re.findall(r'^\s*#\s*include\s+"([^"]+)"', p.read_text(), re.M)]
+                for ps in mods.values() for p in ps}
+    # A header of no .c of its own, included by module M's .c, is M's
+    # private header (a layout shared by M's files): its include of M's
+    # header is M seeing itself, not a dependency back.
+    private_of = {}
+    for m, ps in mods.items():
+        for p in ps:
+            if p.suffix == ".c":
+                for h in includes[p]:
+                    if h and h != m and all(q.suffix == ".h" for q in mods[h]):
+                        private_of.setdefault(h, set()).add(m)
     graph = {m: {} for m in mods}
     for m, ps in mods.items():
         for p in ps:
             raw = p.read_text()
             for inc in re.findall(r'^\s*#\s*include\s+"([^"]+)"', raw, re.M):
                 t = header_of.get(Path(inc).name)
-                if t and t != m:
+                if t and t != m and t not in private_of.get(m, ()):
                     graph[m].setdefault(t, f"{p.name} includes {inc}")
             if p.suffix == ".c":
                 for name in sorted(set(re.findall(r"\b([A-Za-z_]\w*)\s*\(", _code(raw)))):
@@ -207,9 +220,19 @@ def test_the_circle_check_sees_includes_and_calls(tmp_path):
                                "void *real_dlsym(void)\n{\n    return lookup();\n}\n")
     (d / "leaf.c").write_text('#include "options.h"\n'
                               "static int f(void)\n{\n    return *shim_opts();\n}\n")
+    # A private header: arena.c includes layout.h (no .c of its own), which
+    # includes arena.h for the types it completes. No circle.
+    (d / "arena.h").write_text("typedef struct arena arena;\narena *arena_new(void);\n")
+    (d / "layout.h").write_text('#include "arena.h"\nstruct arena { int n; };\n')
+    (d / "arena.c").write_text('#include "arena.h"\n#include "layout.h"\n'
+                               "arena *arena_new(void)\n{\n    return 0;\n}\n")
     found = set(circles(file_graph(tmp_path, ["room"])))
     assert found == {frozenset({"room/log", "room/options"}),
                      frozenset({"room/driver", "room/dlsym"})}, found
+    # ...but a header of another .c that includes back is one.
+    (d / "layout.c").write_text('#include "layout.h"\n')
+    assert frozenset({"room/arena", "room/layout"}) in circles(file_graph(tmp_path, ["room"]))
+    (d / "layout.c").unlink()
     # One way only is no circle.
     (d / "options.c").write_text('#include "options.h"\n'
                                  "int *shim_opts(void)\n{\n    return 0;\n}\n")

@@ -14,7 +14,8 @@ CPUs busy.
   pressure, runs its own event and gets its block, without waiting for the
   parent's event (which does not run in the child) or a false out-of-memory;
 - fork while a thread publishes the runtime (its first call, held there by
-  the shim's test hook): the child's own first call finishes."""
+  the hook of the shim's test build, libspyreshim_testhooks.so: the
+  product has no test hook): the child's own first call finishes."""
 import gc_support
 import pythons
 import pytest
@@ -85,7 +86,10 @@ def test_fork_while_a_thread_makes_the_first_call(shim_lib):
         # interrupted (its fork generation), TSan's interceptor does not.
         # The plain run covers the scenario.
         pytest.skip("ThreadSanitizer's pthread_once does not survive a fork during an init")
+    testhooks = pythons.builddir() / "tests" / "libspyreshim_testhooks.so"
+    if not testhooks.exists():
+        pytest.fail(f"{testhooks} is missing: ninja -C {pythons.builddir()}")
     for _ in range(3):
-        r = promises(shim_lib, "fork-publish", timeout=120)
+        r = promises(testhooks, "fork-publish", timeout=120)
         assert not r.timed_out, r
         assert r.returncode == 0 and "fork-publish ok hangs=0 failed=0" in r.stdout, r

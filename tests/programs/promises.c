@@ -59,7 +59,8 @@ static void need_shim(void)
     *(void **)&lock_acquire = dlsym(RTLD_DEFAULT, "spyreshim_lock_acquire");
     *(void **)&get_stats = dlsym(RTLD_DEFAULT, "spyreshim_get_stats");
     if (!reg || !unreg || !lock_release || !lock_acquire || !get_stats) {
-        fprintf(stderr, "promises: run with LD_PRELOAD=libspyreshim.so\n");
+        fprintf(stderr, "promises: fork-publish needs the test build of the shim: "
+                        "LD_PRELOAD=libspyreshim_testhooks.so\n");
         exit(2);
     }
 }
@@ -452,7 +453,8 @@ static int fork_publish(void)
 {
     *(void **)&test_publishing = dlsym(RTLD_DEFAULT, "spyreshim_test_publishing");
     if (!test_publishing) {
-        fprintf(stderr, "promises: run with LD_PRELOAD=libspyreshim.so\n");
+        fprintf(stderr, "promises: fork-publish needs the test build of the shim: "
+                        "LD_PRELOAD=libspyreshim_testhooks.so\n");
         return 2;
     }
     /* Registered after the shim's process-wide handlers: this prepare runs
