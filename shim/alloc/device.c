@@ -1608,8 +1608,9 @@ enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t a
                 st = SHIM_BLOCK_DEAD;
                 uintptr_t start;
                 uint32_t node = SHIM_TABLE_NONE;
+                shim_live_fields f = {0};
                 if (shim_arena_live_block_at(s->arena, addr, &start))
-                    node = shim_table_find(s->table, start);
+                    node = shim_table_find_fields(s->table, start, &f);
                 size_t size = node != SHIM_TABLE_NONE ? shim_arena_block_requested(s->arena, node)
                                                       : 0;
                 if (node != SHIM_TABLE_NONE && addr - start < size) {
@@ -1618,7 +1619,7 @@ enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t a
                     info->size = size;
                     /* Apart from the driver's own buffer ids (small
                      * counters): the top bit set. */
-                    info->id = shim_table_fields(s->table, node)->seq | (UINT64_C(1) << 63);
+                    info->id = f.seq | (UINT64_C(1) << 63);
                     info->context = atomic_load_explicit(&d->context, memory_order_relaxed);
                     info->ordinal = d->ordinal;
                 }
@@ -1807,11 +1808,6 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
         shim_lock_release(&d->lock);
 }
 
-size_t shim_device_trim(shim_device *d)
-{
-    return trim_all(d);
-}
-
 /* Bytes freed through the shim on every device so far: what a pressure
  * event measures its callbacks by, and the collector its collections.
  * Each shard settled first, under its lock: a single free a callback made
@@ -1949,11 +1945,4 @@ void shim_device_publish_atfork_child(void)
 {
     shim_mutex_unlock(&forgotten_mu);
     shim_mutex_unlock(&publish_mu);
-}
-
-void shim_device_reset_for_tests(void)
-{
-    shim_mutex_lock(&devices_mu);
-    atomic_store(&ndevices, 0);
-    shim_mutex_unlock(&devices_mu);
 }
