@@ -68,31 +68,37 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
  * parameters). Each is resolved at run time (the real one); `defined` 1:
  * the shim also defines and exports it (hooks/cuda_driver.c: served, or
  * watched for context teardown), with the driver's own prototype. */
-#define SHIM_CUDA_DRIVER(X) \
-    X(mem_alloc, cuMemAlloc_v2, 1, CUresult, (CUdeviceptr *, size_t)) \
-    X(mem_free, cuMemFree_v2, 1, CUresult, (CUdeviceptr)) \
-    X(mem_get_info, cuMemGetInfo_v2, 1, CUresult, (size_t *, size_t *)) \
-    X(mem_alloc_pitch, cuMemAllocPitch_v2, 1, CUresult, (CUdeviceptr *, size_t *, size_t, size_t, unsigned)) \
-    X(mem_get_address_range, cuMemGetAddressRange_v2, 1, CUresult, (CUdeviceptr *, size_t *, CUdeviceptr)) \
-    X(ipc_get_mem_handle, cuIpcGetMemHandle, 1, CUresult, (CUipcMemHandle *, CUdeviceptr)) \
+#define SHIM_CUDA_DRIVER(X)                                                                      \
+    X(mem_alloc, cuMemAlloc_v2, 1, CUresult, (CUdeviceptr *, size_t))                            \
+    X(mem_free, cuMemFree_v2, 1, CUresult, (CUdeviceptr))                                        \
+    X(mem_get_info, cuMemGetInfo_v2, 1, CUresult, (size_t *, size_t *))                          \
+    X(mem_alloc_pitch, cuMemAllocPitch_v2, 1, CUresult,                                          \
+      (CUdeviceptr *, size_t *, size_t, size_t, unsigned))                                       \
+    X(mem_get_address_range, cuMemGetAddressRange_v2, 1, CUresult,                               \
+      (CUdeviceptr *, size_t *, CUdeviceptr))                                                    \
+    X(ipc_get_mem_handle, cuIpcGetMemHandle, 1, CUresult, (CUipcMemHandle *, CUdeviceptr))       \
     X(get_proc_address, cuGetProcAddress, 1, CUresult, (const char *, void **, int, cuuint64_t)) \
-    X(get_proc_address_v2, cuGetProcAddress_v2, 1, CUresult, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *)) \
-    X(ctx_get_device, cuCtxGetDevice, 0, CUresult, (CUdevice *)) \
-    X(ctx_get_current, cuCtxGetCurrent, 0, CUresult, (CUcontext *)) \
-    X(ctx_synchronize, cuCtxSynchronize, 0, CUresult, (void)) \
-    X(ctx_push, cuCtxPushCurrent_v2, 0, CUresult, (CUcontext)) \
-    X(ctx_pop, cuCtxPopCurrent_v2, 0, CUresult, (CUcontext *)) \
-    X(ctx_destroy, cuCtxDestroy_v2, 1, CUresult, (CUcontext)) \
-    X(ctx_destroy_v1, cuCtxDestroy, 1, CUresult, (CUcontext)) \
-    X(primary_ctx_retain, cuDevicePrimaryCtxRetain, 1, CUresult, (CUcontext *, CUdevice)) \
-    X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, 1, CUresult, (CUdevice)) \
-    X(primary_ctx_release_v1, cuDevicePrimaryCtxRelease, 1, CUresult, (CUdevice)) \
-    X(primary_ctx_reset, cuDevicePrimaryCtxReset_v2, 1, CUresult, (CUdevice)) \
-    X(primary_ctx_reset_v1, cuDevicePrimaryCtxReset, 1, CUresult, (CUdevice)) \
-    X(primary_ctx_get_state, cuDevicePrimaryCtxGetState, 0, CUresult, (CUdevice, unsigned *, int *)) \
-    X(pointer_get_attribute, cuPointerGetAttribute, 1, CUresult, (void *, CUpointer_attribute, CUdeviceptr)) \
-    X(pointer_get_attributes, cuPointerGetAttributes, 1, CUresult, (unsigned, CUpointer_attribute *, void **, CUdeviceptr)) \
-    X(mem_free_async, cuMemFreeAsync, 1, CUresult, (CUdeviceptr, CUstream)) \
+    X(get_proc_address_v2, cuGetProcAddress_v2, 1, CUresult,                                     \
+      (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *))                \
+    X(ctx_get_device, cuCtxGetDevice, 0, CUresult, (CUdevice *))                                 \
+    X(ctx_get_current, cuCtxGetCurrent, 0, CUresult, (CUcontext *))                              \
+    X(ctx_synchronize, cuCtxSynchronize, 0, CUresult, (void))                                    \
+    X(ctx_push, cuCtxPushCurrent_v2, 0, CUresult, (CUcontext))                                   \
+    X(ctx_pop, cuCtxPopCurrent_v2, 0, CUresult, (CUcontext *))                                   \
+    X(ctx_destroy, cuCtxDestroy_v2, 1, CUresult, (CUcontext))                                    \
+    X(ctx_destroy_v1, cuCtxDestroy, 1, CUresult, (CUcontext))                                    \
+    X(primary_ctx_retain, cuDevicePrimaryCtxRetain, 1, CUresult, (CUcontext *, CUdevice))        \
+    X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, 1, CUresult, (CUdevice))                \
+    X(primary_ctx_release_v1, cuDevicePrimaryCtxRelease, 1, CUresult, (CUdevice))                \
+    X(primary_ctx_reset, cuDevicePrimaryCtxReset_v2, 1, CUresult, (CUdevice))                    \
+    X(primary_ctx_reset_v1, cuDevicePrimaryCtxReset, 1, CUresult, (CUdevice))                    \
+    X(primary_ctx_get_state, cuDevicePrimaryCtxGetState, 0, CUresult,                            \
+      (CUdevice, unsigned *, int *))                                                             \
+    X(pointer_get_attribute, cuPointerGetAttribute, 1, CUresult,                                 \
+      (void *, CUpointer_attribute, CUdeviceptr))                                                \
+    X(pointer_get_attributes, cuPointerGetAttributes, 1, CUresult,                               \
+      (unsigned, CUpointer_attribute *, void **, CUdeviceptr))                                   \
+    X(mem_free_async, cuMemFreeAsync, 1, CUresult, (CUdeviceptr, CUstream))                      \
     X(mem_free_async_ptsz, cuMemFreeAsync_ptsz, 1, CUresult, (CUdeviceptr, CUstream))
 
 #ifndef SHIM_CUDA_CHECK

@@ -612,7 +612,8 @@ static void *served_by_version(const char *symbol, int version, cuuint64_t flags
 {
     /* The one served function that takes a stream: the per-thread default
      * stream variant for that flag. */
-    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM && strcmp(symbol, "cuMemFreeAsync") == 0)
+    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
+        strcmp(symbol, "cuMemFreeAsync") == 0)
         return version >= 11020 ? (void *)cuMemFreeAsync_ptsz : NULL;
 #define MATCH(base, from, until, exported, fn)                                          \
     if (strcmp(symbol, base) == 0 && version >= from && (until == 0 || version < until)) \
