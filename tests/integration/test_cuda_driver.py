@@ -150,6 +150,21 @@ def test_mem_free_async_of_a_served_block_is_served(shim_lib, tmp_path):
     assert s["allocs"] == 1 and s["frees"] == 1 and s["invalid_frees"] == 1, s
 
 
+def test_teardown_and_pointer_queries_are_served_through_cuGetProcAddress(shim_lib, tmp_path):
+    """The CUDA runtime's route: every function the shim watches or answers
+    comes from the shim at its ABI version (cuMemFreeAsync's per-thread
+    stream variant too); a function it does not serve stays the driver's."""
+    r = run([built_tests() / "cuda_checks", "procaddr"], shim_env())
+    assert r.returncode == 0 and "procaddr ok" in r.stdout, r.stdout + r.stderr
+    got = dict(l.split() for l in r.stdout.splitlines() if "@" in l)
+    for name in ["cuCtxDestroy@4000", "cuCtxDestroy@2000", "cuDevicePrimaryCtxReset@11000",
+                 "cuDevicePrimaryCtxRelease@11000", "cuDevicePrimaryCtxRetain@7000",
+                 "cuPointerGetAttribute@4000", "cuPointerGetAttributes@7000",
+                 "cuMemFreeAsync@11020", "cuMemFreeAsync@11020/ptds"]:
+        assert got[name] == "libspyreshim.so", (name, got)
+    assert got["cuMemsetD8@3020"] == "libcuda.so.1", got
+
+
 def test_peak_used_is_the_peak_of_the_sum_over_devices(shim_lib, tmp_path):
     r, s = run_check("peak", tmp_path)
     assert s["peak_used_bytes"] == 1 << 20, s

@@ -28,7 +28,11 @@
  *             block; a freed block is not found and cannot be exported
  *   freeasync cuMemFreeAsync of a served block is the shim's free
  *   peak      1 MiB on device 0, freed, then 1 MiB on device 1 (the test
- *             reads peak_used_bytes from the statistics) */
+ *             reads peak_used_bytes from the statistics)
+ *   procaddr  cuGetProcAddress hands out the shim's teardown, pointer-query
+ *             and stream-ordered-free functions at their ABI versions (the
+ *             route of the CUDA runtime); prints "<name>@<version> <object>" */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +433,29 @@ static void check_peak(void)
     printf("peak ok\n");
 }
 
+static void check_procaddr(void)
+{
+    static const struct { const char *name; int version; cuuint64_t flags; } rows[] = {
+        {"cuCtxDestroy", 4000, 0}, {"cuCtxDestroy", 2000, 0},
+        {"cuDevicePrimaryCtxReset", 11000, 0}, {"cuDevicePrimaryCtxRelease", 11000, 0},
+        {"cuDevicePrimaryCtxRetain", 7000, 0}, {"cuPointerGetAttribute", 4000, 0},
+        {"cuPointerGetAttributes", 7000, 0}, {"cuMemFreeAsync", 11020, 0},
+        {"cuMemFreeAsync", 11020, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM},
+        {"cuMemsetD8", 3020, 0},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        void *fn = NULL;
+        CUdriverProcAddressQueryResult st;
+        CUresult rc = cuGetProcAddress_v2(rows[i].name, &fn, rows[i].version, rows[i].flags, &st);
+        Dl_info di;
+        const char *obj = rc == CUDA_SUCCESS && fn && dladdr(fn, &di) && di.dli_fname
+                              ? strrchr(di.dli_fname, '/') : NULL;
+        printf("%s@%d%s %s\n", rows[i].name, rows[i].version, rows[i].flags ? "/ptds" : "",
+               obj ? obj + 1 : "none");
+    }
+    printf("procaddr ok\n");
+}
+
 int main(int argc, char **argv)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -445,6 +472,7 @@ int main(int argc, char **argv)
         {"ipc", check_ipc}, {"pitch", check_pitch}, {"reset", check_reset},
         {"destroy", check_destroy}, {"stale", check_stale}, {"cross", check_cross},
         {"attrs", check_attrs}, {"freeasync", check_freeasync}, {"peak", check_peak},
+        {"procaddr", check_procaddr},
     };
     for (int i = 1; i < argc; i++) {
         size_t k = 0;
