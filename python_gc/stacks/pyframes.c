@@ -256,16 +256,16 @@ static int layout_from_debug_offsets(const shim_python *py, uintptr_t rt, shim_p
         return -1;
     }
     int vmajor = (int)((version >> 24) & 0xff), vminor = (int)((version >> 16) & 0xff);
-    if (vmajor != py->major || vminor != py->minor || (version >> 32) != 0) {
-        *why = "_Py_DebugOffsets names another version than the interpreter's";
-        return -1;
-    }
     const debug_positions *D = NULL;
     for (size_t i = 0; i < sizeof debug_offsets / sizeof debug_offsets[0]; i++)
-        if (debug_offsets[i].minor == vminor)
+        if (vmajor == 3 && (version >> 32) == 0 && debug_offsets[i].minor == vminor)
             D = &debug_offsets[i];
     if (!D) {
         *why = "_Py_DebugOffsets of an unknown version (3.13 to 3.15 are known)";
+        return -1;
+    }
+    if (vmajor != py->major || vminor != py->minor) {
+        *why = "_Py_DebugOffsets names another version than the interpreter's";
         return -1;
     }
     uint64_t ts_size, fr_size, co_size, ob_size, str_size, v[13];
