@@ -76,7 +76,7 @@ enum { OWNED_BY_THREAD = 0, OWNED_BY_GENERATOR = 1, OWNED_BY_FRAME_OBJECT = 2, O
  * in 3.13); 0 where the version has no such field. */
 typedef struct debug_positions {
     int minor;
-    uint16_t ts_size, ts_interp, ts_current_frame;
+    uint16_t ts_size, ts_interp, ts_current_frame, ts_base_frame;
     uint16_t fr_size, fr_previous, fr_executable, fr_instr_ptr, fr_owner, fr_tlbc_index;
     uint16_t co_size, co_filename, co_name, co_qualname, co_firstlineno, co_code_adaptive,
         co_tlbc;
@@ -86,13 +86,13 @@ typedef struct debug_positions {
 } debug_positions;
 
 static const debug_positions debug_offsets[] = {
-    /* minor ts: size interp frame  fr: size prev exec instr owner tlbc
+    /* minor ts: size interp frame base  fr: size prev exec instr owner tlbc
        co: size file name qual line adapt tlbc  ob: size type  str: size length  stackref */
-    { 13, 152, 176, 184,  224, 232, 240, 248, 264, 0,    272, 280, 288, 296, 312, 344, 0,
+    { 13, 152, 176, 184, 0,    224, 232, 240, 248, 264, 0,    272, 280, 288, 296, 312, 344, 0,
       352, 360,  536, 552, false },
-    { 14, 176, 200, 208,  248, 256, 264, 272, 288, 304,  312, 320, 328, 336, 352, 384, 392,
+    { 14, 176, 200, 208, 0,    248, 256, 264, 272, 288, 304,  312, 320, 328, 336, 352, 384, 392,
       400, 408,  616, 632, true },
-    { 15, 176, 200, 208,  312, 320, 328, 336, 352, 368,  376, 384, 392, 400, 416, 448, 456,
+    { 15, 176, 200, 208, 216,  312, 320, 328, 336, 352, 368,  376, 384, 392, 400, 416, 448, 456,
       464, 472,  712, 728, true },
 };
 
@@ -293,6 +293,12 @@ static int layout_from_debug_offsets(const shim_python *py, uintptr_t rt, shim_p
         *why = "_Py_DebugOffsets disagrees with the running build (object header, free-threaded flag)";
         return -1;
     }
+    uint64_t base = 0;
+    if (D->ts_base_frame && !dbg_field(rt, D->ts_base_frame, ts_size, &base)) {
+        *why = "_Py_DebugOffsets holds an offset outside its struct";
+        return -1;
+    }
+    L->ts_base_frame = base ? (ptrdiff_t)base : -1;
     L->ts_interp = v[0];
     L->ts_frame = v[1];
     L->cf_current = -1;
@@ -359,6 +365,7 @@ static int measure_header(const shim_python *py, shim_pylayout *L, const char **
     L->co_tlbc = -1;
     L->fr_tlbc_index = -1;
     L->fr_entry = -1;
+    L->ts_base_frame = -1;
     return 0;
 }
 
@@ -449,11 +456,15 @@ int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published
  * is also what sets its frame reads apart. The walk is compiled once per
  * kind (and once more for checked reads), so that the per-frame tests of
  * the layout and of `safe` fold away: on 3.11 to 3.13 they cost more than
- * recording the entry marks themselves did (issue 12's capture budget). */
+ * recording the entry marks themselves did (issue 12's capture budget), and
+ * 3.14's tag and owner tests would cost 3.12 and 3.13 some 180 instructions
+ * a capture of 20 frames (issue 23). */
 enum walk_kind {
     WALK_OBJECTS,    /* 3.8-3.10: frames are objects, each its own call */
     WALK_IS_ENTRY,   /* 3.11: the frame's is_entry byte */
-    WALK_CSTACK,     /* 3.12+: a C-stack entry frame below each call's frames */
+    WALK_CSTACK,     /* 3.12, 3.13: a C-stack entry frame below each call's frames */
+    WALK_STACKREF,   /* 3.14+: the same, f_executable a tagged _PyStackRef */
+    WALK_TLBC,       /* 3.14+ free-threaded: and thread-local bytecode */
 };
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
@@ -474,16 +485,18 @@ static ALWAYS_INLINE int read_frame(const shim_pylayout *L, uintptr_t fr, bool s
         *stop = true;
         return 0;
     }
-    if (kind == WALK_CSTACK) {
+    if (kind >= WALK_CSTACK) {
         if (!rd_u8(safe, fr + (uintptr_t)L->fr_owner, &owner)) {
             *stop = true;
             return 0;
         }
         if (owner == OWNED_BY_ENTRY)
             return -1;
+    }
+    if (kind >= WALK_STACKREF) {
         if (owner > OWNED_BY_ENTRY)
             return 0;           /* 3.14's FRAME_OWNED_BY_CSTACK: no Python function */
-        /* 3.14+: a tagged _PyStackRef; the tag alone is a null reference. */
+        /* A tagged _PyStackRef; the tag alone is a null reference. */
         code &= L->exec_mask;
         if (code == 0)
             return 0;
@@ -526,7 +539,7 @@ static ALWAYS_INLINE int read_frame(const shim_pylayout *L, uintptr_t fr, bool s
         /* Free-threaded 3.14+: a thread may run its own copy of the
          * bytecode (entries[tlbc_index] of co_tlbc; entry 0 is
          * co_code_adaptive itself). Offsets within it are the same. */
-        if (L->fr_tlbc_index >= 0) {
+        if (kind == WALK_TLBC) {
             int32_t idx;
             uintptr_t arr, n, copy;
             if (!rd_i32(safe, fr + (uintptr_t)L->fr_tlbc_index, &idx)) {
@@ -572,8 +585,21 @@ static ALWAYS_INLINE int read_frame(const shim_pylayout *L, uintptr_t fr, bool s
     return 1;
 }
 
-/* The walk from innermost frame `fr`; `entry` is cleared. */
-static ALWAYS_INLINE unsigned walk(const shim_pylayout *L, uintptr_t fr, shim_pyrawframe *out,
+/* 3.15 ends every thread's chain with a base frame of its own: an entry
+ * frame that is no call's, right after the outermost call's entry frame.
+ * `base` is the thread state's base_frame (0 where there is none); asked
+ * only on the rare boundary that follows another, and only from 3.14 on. */
+static ALWAYS_INLINE bool is_base_frame(const shim_pylayout *L, uintptr_t fr, uintptr_t base,
+                                        bool safe)
+{
+    uintptr_t next;
+    return fr == base && rd_word(safe, fr + L->fr_back, &next) && next == 0;
+}
+
+/* The walk from innermost frame `fr`; `end` is the thread's base frame
+ * (3.15+; 0 before); `entry` is cleared. */
+static ALWAYS_INLINE unsigned walk(const shim_pylayout *L, uintptr_t fr, uintptr_t end,
+                                   shim_pyrawframe *out,
                                    uint64_t *entry, unsigned max, bool safe,
                                    enum walk_kind kind, shim_pywalk *w)
 {
@@ -598,9 +624,6 @@ static ALWAYS_INLINE unsigned walk(const shim_pylayout *L, uintptr_t fr, shim_py
         }
         bool stop = false, is_entry = false;
         int r = read_frame(L, fr, safe, kind, &out[n], &stop, &is_entry);
-        uintptr_t next = 0;
-        if (!stop && !rd_word(safe, fr + L->fr_back, &next))
-            stop = true;
         if (kind == WALK_OBJECTS) {
             /* Each frame is a call of its own, so every kept frame is an
              * entry (all marked at the end, a word at a time) and a frame
@@ -617,14 +640,14 @@ static ALWAYS_INLINE unsigned walk(const shim_pylayout *L, uintptr_t fr, shim_py
             if (r < 0 || is_entry) {
                 if (in_call)
                     entry[(n - 1) / 64] |= 1ull << ((n - 1) % 64);
-                else if (!(r < 0 && next == 0 && !stop))
-                    w->unsure = true;   /* but 3.15's thread base frame ends a chain after the last entry */
+                else if (!(kind >= WALK_STACKREF && r < 0 && !stop &&
+                           is_base_frame(L, fr, end, safe)))
+                    w->unsure = true;   /* a call whose frames were all skipped */
                 in_call = false;
             }
         }
-        if (stop)
+        if (stop || !rd_word(safe, fr + L->fr_back, &fr))
             break;
-        fr = next;
     }
     if (kind == WALK_OBJECTS) {
         for (unsigned i = 0; i < n / 64; i++)
@@ -651,19 +674,29 @@ unsigned shim_pyframes_walk(const shim_pylayout *L, uintptr_t tstate, shim_pyraw
         if (!plausible(fr) || !rd_word(safe, fr + (uintptr_t)L->cf_current, &fr))
             return 0;
     }
+    /* 3.15's thread base frame (is_base_frame). */
+    uintptr_t end = 0;
+    if (L->ts_base_frame >= 0 && !rd_word(safe, tstate + (uintptr_t)L->ts_base_frame, &end))
+        return 0;
     enum walk_kind kind = L->instr != SHIM_PYINSTR_POINTER ? WALK_OBJECTS
                           : L->fr_entry >= 0               ? WALK_IS_ENTRY
+                          : L->fr_tlbc_index >= 0          ? WALK_TLBC
+                          : L->exec_mask != ~(uintptr_t)0  ? WALK_STACKREF
                                                            : WALK_CSTACK;
     /* Checked reads cost a system call each: one generic copy will do. */
     if (safe)
-        return walk(L, fr, out, entry, max, true, kind, w);
+        return walk(L, fr, end, out, entry, max, true, kind, w);
     switch (kind) {
     case WALK_OBJECTS:
-        return walk(L, fr, out, entry, max, false, WALK_OBJECTS, w);
+        return walk(L, fr, end, out, entry, max, false, WALK_OBJECTS, w);
     case WALK_IS_ENTRY:
-        return walk(L, fr, out, entry, max, false, WALK_IS_ENTRY, w);
+        return walk(L, fr, end, out, entry, max, false, WALK_IS_ENTRY, w);
+    case WALK_STACKREF:
+        return walk(L, fr, end, out, entry, max, false, WALK_STACKREF, w);
+    case WALK_TLBC:
+        return walk(L, fr, end, out, entry, max, false, WALK_TLBC, w);
     default:
-        return walk(L, fr, out, entry, max, false, WALK_CSTACK, w);
+        return walk(L, fr, end, out, entry, max, false, WALK_CSTACK, w);
     }
 }
 

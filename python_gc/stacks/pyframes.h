@@ -42,6 +42,9 @@ typedef struct shim_pylayout {
     size_t ts_frame;
     ptrdiff_t cf_current;
     size_t ts_interp;            /* PyThreadState.interp */
+    /* 3.15+: PyThreadState.base_frame, the frame every chain ends with
+     * (not a Python function's, not a call's); < 0 before. */
+    ptrdiff_t ts_base_frame;
     /* Frame. fr_owner < 0 when frames have no owner byte. */
     size_t fr_back, fr_code, fr_instr;
     ptrdiff_t fr_owner;
