@@ -4,7 +4,7 @@ part of leak checking that Python frames add to each device allocation.
     python3 bench/pystack_capture.py [build/tests/libpystackhook.so ...] [--depth 20] [--iters 200000]
 
 Run it with any CPython of the matrix (pyenv's, /usr/bin/python3.11,
-python3.11-dbg, the free-threaded 3.13t). The loop runs in C
+python3.11-dbg, the free-threaded 3.13t, Debian unstable's 3.14 and 3.15). The loop runs in C
 (pystack_test_bench in tests/pystack/hook.c) from a Python stack of
 exactly --depth frames; it prints nanoseconds per capture with the GIL held
 (ctypes.PyDLL) and released (ctypes.CDLL, as PyTorch's bindings and
@@ -76,7 +76,7 @@ for _ in range(args.repeat):
         for mode, lib in libs.items():
             ns = at_depth(args.depth, lambda: lib.pystack_test_bench(args.depth, args.iters))
             if ns < 0:
-                sys.exit("no stack captured: is this CPython 3.8-3.13?")
+                sys.exit("no stack captured: is this CPython 3.8-3.15?")
             key = (path, mode)
             best[key] = ns if key not in best else min(best[key], ns)
 for path, _ in hooks:

@@ -8,6 +8,7 @@ pkgs=(
   python3 python3-dev python3-pytest python3.11-dbg python3-numba
   pypy3 pypy3-dev
   chromium heaptrack
+  patchelf
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -42,6 +42,9 @@ typedef struct shim_pylayout {
     size_t ts_frame;
     ptrdiff_t cf_current;
     size_t ts_interp;            /* PyThreadState.interp */
+    /* 3.15+: PyThreadState.base_frame, the frame every chain ends with
+     * (not a Python function's, not a call's); < 0 before. */
+    ptrdiff_t ts_base_frame;
     /* Frame. fr_owner < 0 when frames have no owner byte. */
     size_t fr_back, fr_code, fr_instr;
     ptrdiff_t fr_owner;
@@ -55,16 +58,29 @@ typedef struct shim_pylayout {
     size_t co_firstlineno, co_filename, co_name;
     ptrdiff_t co_qualname;
     size_t co_code_adaptive, co_firsttraceable;
+    /* f_executable is a _PyStackRef from 3.14 (tag bits: the object is
+     * bits & exec_mask, bits equal to the tag alone mean none); ~0 before. */
+    uintptr_t exec_mask;
+    /* Thread-local bytecode (free-threaded 3.14+): PyCodeObject.co_tlbc and
+     * _PyInterpreterFrame.tlbc_index; < 0 where there is none. */
+    ptrdiff_t co_tlbc, fr_tlbc_index;
     const char *source;          /* "built-in table" or "_Py_DebugOffsets" */
 } shim_pylayout;
 
-/* Fills *L for interpreter `py`; reads a few process-global symbols. With
- * `published`, offsets the runtime publishes (3.13's _Py_DebugOffsets) win
- * over the built-in table (tests turn it off to check the table). Returns
- * 0, or -1 with a one-line reason in *why (an unsupported version, PyPy, a
- * missing symbol, a layout that does not match the running build). */
+/* Fills *L for interpreter `py`; reads a few process-global symbols.
+ * 3.8 to 3.12 from the built-in table; from 3.13 on from the offsets the
+ * runtime publishes (_Py_DebugOffsets at the start of _PyRuntime), and
+ * only with `published` (without, tests check the table alone: 3.13 and
+ * later then fail). Returns 0, or -1 with a one-line reason in *why (an
+ * unsupported version, PyPy, a missing symbol, a wrong cookie, an unknown
+ * or inconsistent _Py_DebugOffsets, a layout that does not match the
+ * running build). */
 int shim_pyframes_layout(const shim_python *py, shim_pylayout *L, bool published,
                          const char **why);
+/* The same from the _Py_DebugOffsets at address `debug_offsets` (3.13+;
+ * tests hand it a synthetic one). */
+int shim_pyframes_layout_at(const shim_python *py, uintptr_t debug_offsets, shim_pylayout *L,
+                            const char **why);
 
 /* What a walk learned besides the frames. */
 typedef struct shim_pywalk {

@@ -98,6 +98,7 @@ static _Atomic uint32_t epoch = 1;
 static shim_pylayout L;
 static const shim_pyapi *api;          /* python_gc's table (pyapi.c) */
 static uintptr_t interp_base;          /* load address of the interpreter's object */
+static uintptr_t eval_entry;           /* _PyEval_EvalFrameDefault */
 static const char *off_note;           /* why this process has no Python stacks */
 static bool full_warned;
 
@@ -184,12 +185,16 @@ static void setup(void)
                                                                : "Py_IsInitialized");
     if (probe && shim_dladdr(probe, &info))
         base = (uintptr_t)info.dli_fbase;
+    uintptr_t loop = py->kind == SHIM_PY_CPYTHON
+                         ? (uintptr_t)shim_python_sym(py, "_PyEval_EvalFrameDefault")
+                         : 0;
     bool first = false;
     shim_mutex_lock(&stack_lock);
     if (atomic_load(&state) == ST_UNKNOWN) {
         L = l;
         api = a;
         interp_base = base;
+        eval_entry = loop;
         if (py->kind == SHIM_PY_PYPY)
             off_note = "PyPy: Python frames are not recorded, native stacks only";
         else if (result != ST_READY)
@@ -672,6 +677,11 @@ unsigned shim_pystack_flags(uint32_t id)
 uintptr_t shim_pystack_interpreter_base(void)
 {
     return atomic_load_explicit(&state, memory_order_acquire) == ST_UNKNOWN ? 0 : interp_base;
+}
+
+uintptr_t shim_pystack_eval_entry(void)
+{
+    return atomic_load_explicit(&state, memory_order_acquire) == ST_UNKNOWN ? 0 : eval_entry;
 }
 
 const char *shim_pystack_note(void)

@@ -43,6 +43,10 @@ unsigned shim_pystack_flags(uint32_t id);
  * or the executable of a static build), 0 when none was seen: its native
  * frames are the interpreter's own. */
 uintptr_t shim_pystack_interpreter_base(void);
+/* The exported entry of the interpreter's evaluation loop,
+ * _PyEval_EvalFrameDefault (0 when none was seen), for reports that must
+ * find its frames where its parts have no symbol. */
+uintptr_t shim_pystack_eval_entry(void);
 /* Why this process records no Python frames although it runs Python (PyPy,
  * an unknown CPython layout), for reports; NULL when there is no such
  * reason. */

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "evalloop.h"
 #include "pystack.h"
 #include "stack.h"
 #include "symbolize.h"
@@ -27,6 +28,7 @@ struct shim_report {
     shim_symbolizer *sym;            /* owns the native names */
     const shim_suppressions *sup;
     uint64_t *sup_bytes, *sup_count; /* per pattern */
+    shim_evalloop loop;              /* the evaluation loop's parts, by address */
 };
 
 static int key_cmp(const spyreshim_alloc_info *a, const spyreshim_alloc_info *b)
@@ -89,6 +91,19 @@ static bool is_program_start(const char *function)
     return false;
 }
 
+/* A frame of the C library without a symbol: below the outermost Python
+ * frame, the program's start (__libc_start_call_main is local, and a C
+ * library without .symtab, such as the one Debian unstable's Python
+ * brings, leaves it nameless). */
+static bool in_c_library_unnamed(const shim_report_frame *f)
+{
+    if (f->function || !f->object)
+        return false;
+    const char *base = strrchr(f->object, '/');
+    base = base ? base + 1 : f->object;
+    return strncmp(base, "libc.so", 7) == 0;
+}
+
 /* Python frames where the interpreter ran them: each native evaluation-loop
  * frame (innermost first) stands for the Python frames of one call, from
  * the frame after the previous entry from C down to the next entry (the
@@ -112,11 +127,13 @@ static const char *splice_refusal(const shim_pyframe *py, size_t npy, unsigned p
     return NULL;
 }
 
-/* Default view: native frames of the interpreter between two Python
- * frames, and below the outermost Python frame those of the interpreter
- * and of the program's start, are folded. Everything native above the
- * innermost Python frame (the extension, and the interpreter's call into
- * it) stays. */
+/* Default view: every native frame of the interpreter's own object (the
+ * executable of a static build, or libpython; by address, so frames
+ * without a symbol go too) is folded wherever it is: between the extension
+ * and the innermost Python frame (type_call, vectorcall helpers), between
+ * Python frames, and below the outermost one, where the program's start
+ * goes too. A report then reads: the extension, the Python frames, the
+ * embedder. */
 static void fold(shim_report_group *g)
 {
     size_t inner = g->nframes, outer = 0;
@@ -129,11 +146,12 @@ static void fold(shim_report_group *g)
     }
     if (inner == g->nframes)
         return;
-    for (size_t i = inner + 1; i < g->nframes; i++) {
+    for (size_t i = 0; i < g->nframes; i++) {
         shim_report_frame *f = &g->frames[i];
         if (f->python)
             continue;
-        f->folded = f->interpreter || (i > outer && is_program_start(f->function));
+        f->folded = f->interpreter || (i > outer && (is_program_start(f->function) ||
+                                                     in_c_library_unnamed(f)));
         g->nfolded += f->folded;
     }
 }
@@ -175,6 +193,10 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         f->object = s.object;
         f->offset = s.offset;
         f->python_frames = -1;
+        /* By name, or by address where its parts have none (Debian's 3.14
+         * and 3.15); the latter names the frame for the reader. */
+        if (!is_eval_loop(f->function) && shim_evalloop_contains(&r->loop, f->address))
+            f->function = "_PyEval_EvalFrameDefault";
         if (is_eval_loop(f->function)) {
             calls_native++;
             if (f->object)
@@ -273,6 +295,7 @@ shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
     sorted = NULL;
     qsort(r->groups, r->ngroups, sizeof *r->groups, group_cmp);
     r->sym = r->ngroups ? shim_symbolizer_create() : NULL;
+    shim_evalloop_find(shim_pystack_eval_entry(), &r->loop);
     for (size_t i = 0; i < r->ngroups; i++) {
         shim_report_group *g = &r->groups[i];
         if (resolve_frames(r, g) != 0)

@@ -12,7 +12,10 @@ Interpreter (frozen dataclass), one per expected interpreter, present or not:
                    3.11 is "cpython3.11-shared"), "cpython3.11-static"
                    (Debian's /usr/bin/python3.11, libpython linked in),
                    "cpython3.11-dbg" (Debian's debug build), "cpython3.13t"
-                   (free-threaded, unpacked from shared/pythons), "pypy3".
+                   (free-threaded, unpacked from shared/pythons), "pypy3",
+                   "cpython3.14", "cpython3.14-dbg", "cpython3.15" (Debian
+                   unstable's builds, static executables with their own C
+                   library, fetched by scripts/pythons.sh into its cache).
     exe            path of the executable ("" when absent)
     kind           "cpython" or "pypy"
     version        (major, minor, micro); () when absent
@@ -20,6 +23,13 @@ Interpreter (frozen dataclass), one per expected interpreter, present or not:
     static         True when libpython is linked into the executable
     debug          True for a Py_DEBUG build
     skip_reason    None when usable, else why not (absent, broken, ...)
+    include_dirs   every -I an extension needs (include, plus the folder of
+                   pyconfig.h where the headers are Debian's multiarch ones)
+    libpython      path of the interpreter's shared libpython ("" if none)
+    loader         "" for this system's C library; else the dynamic loader
+                   of the interpreter's own one (Debian unstable's builds):
+                   a C program of ours that loads its libpython must run
+                   under it (native_argv)
     available      property: skip_reason is None
     require()      pytest.skip(skip_reason) unless available; returns self
 
@@ -31,6 +41,10 @@ builddir()                  Path of the meson build dir: $SPYRESHIM_BUILD, else
                             <repo>/build
 shim_lib()                  <builddir>/libspyreshim.so (Path; may not exist)
 libsimdev()                 <builddir>/tests/simdev/libsimdev.so
+native_argv(interp, argv)   argv to run a native program (one of ours, built
+                            here) that loads `interp`'s libpython: unchanged,
+                            or prefixed with the interpreter's own loader and
+                            its library folder
 build_module(interp)        builds the simdev extension module for `interp`
                             (cached in <builddir>/pythons/<name>/, rebuilt when
                             a source is newer) and returns that directory;
@@ -55,7 +69,9 @@ Result                      returncode, stdout, stderr (str), timed_out (bool),
 
 The free-threaded tarball is searched in $SPYRESHIM_PYTHONS, then
 shared/pythons in the repo or one or two levels above it, and unpacked
-once into <builddir>/pythons/_dist/.
+once into <builddir>/pythons/_dist/. Debian unstable's builds are looked
+for in $SPYRESHIM_PYTHONS_CACHE, else ~/.cache/spyreshim/pythons (where
+scripts/pythons.sh, run by scripts/test.sh, puts them).
 """
 
 import fcntl
@@ -75,7 +91,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 # Interpreters whose cases CI must run: under CI=true their absence fails
 # the test instead of skipping it.
-REQUIRED_IN_CI = ("cpython3.11-shared", "cpython3.11-static", "cpython3.13t", "pypy3")
+REQUIRED_IN_CI = ("cpython3.11-shared", "cpython3.11-static", "cpython3.13t", "pypy3",
+                  "cpython3.14", "cpython3.14-dbg", "cpython3.15")
 SIMDEV_SRC = REPO / "tests" / "simdev"
 
 NAMES = (
@@ -89,7 +106,14 @@ NAMES = (
     "cpython3.11-dbg",
     "cpython3.13t",
     "pypy3",
+    "cpython3.14",
+    "cpython3.14-dbg",
+    "cpython3.15",
 )
+
+# Debian unstable's builds: name -> executable under <cache>/debian-unstable/root/usr/bin.
+DEBIAN_UNSTABLE = {"cpython3.14": "python3.14", "cpython3.14-dbg": "python3.14d",
+                   "cpython3.15": "python3.15"}
 
 FREE_THREADED_TARBALL = "cpython-3.13.*t-*.tar.xz"
 
@@ -110,6 +134,9 @@ class Interpreter:
     skip_reason: object = None
     include: str = ""
     ext_suffix: str = ""
+    include_dirs: tuple = ()
+    libpython: str = ""
+    loader: str = ""
 
     @property
     def available(self):
@@ -161,7 +188,7 @@ def libsimdev():
 # ---- finding the interpreters ------------------------------------------
 
 _PROBE = r"""
-import json, sys, sysconfig
+import json, os, sys, sysconfig
 try:
     maps = open("/proc/self/maps").read()
 except OSError:
@@ -175,6 +202,10 @@ print(json.dumps({
     "libpython_loaded": "libpython" in maps,
     "include": paths.get("include") or "",
     "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX") or "",
+    "libdir": sysconfig.get_config_var("LIBDIR") or "",
+    "soname": sysconfig.get_config_var("INSTSONAME") or "",
+    "multiarch": sysconfig.get_config_var("MULTIARCH") or "",
+    "prefix": sys.prefix,
 }))
 """
 
@@ -228,8 +259,27 @@ def _free_threaded_exe():
     return str(exes[-1]), None
 
 
+def debian_unstable_root():
+    """The folder scripts/pythons.sh unpacks Debian unstable's packages into."""
+    cache = os.environ.get("SPYRESHIM_PYTHONS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "spyreshim", "pythons")
+    return Path(cache) / "debian-unstable" / "root"
+
+
+def _debian_unstable_exe(name):
+    root = debian_unstable_root()
+    exe = root / "usr" / "bin" / DEBIAN_UNSTABLE[name]
+    if not (root.parent / "done").exists() or not exe.exists():
+        return None, f"no {exe}: run scripts/pythons.sh (fetches Debian unstable's CPython 3.14/3.15)"
+    return str(exe), None
+
+
 def _candidate(name):
     """(exe or None, reason when None, expected kind)."""
+    if name in DEBIAN_UNSTABLE:
+        exe, reason = _debian_unstable_exe(name)
+        return exe, reason, "cpython"
     if name == "pypy3":
         exe = shutil.which("pypy3") or ("/usr/bin/pypy3" if os.path.exists("/usr/bin/pypy3") else None)
         return exe, "pypy3 is not installed (apt-get install pypy3 pypy3-dev)", "pypy"
@@ -265,12 +315,34 @@ def _probe(name):
     info = json.loads(out.stdout.strip().splitlines()[-1])
     header = Path(info["include"]) / "Python.h"
     skip = None if header.exists() else f"no {header} (install the -dev package)"
+    include_dirs = [info["include"]]
+    # Debian's multiarch headers: Python.h's pyconfig.h includes
+    # <x86_64-linux-gnu/python3.X/pyconfig.h>, found under the prefix's include.
+    if info["multiarch"] and not (Path(info["include"]) / info["multiarch"]).exists():
+        top = str(Path(info["include"]).parent)
+        if top not in include_dirs and (Path(top) / info["multiarch"]).is_dir():
+            include_dirs.append(top)
+    libpython, loader = "", ""
+    if name in DEBIAN_UNSTABLE:
+        # Built for unstable's C library: LIBDIR names the system's folder
+        # (where the package would be installed), the files are under our root.
+        libdir = Path(info["prefix"]) / "lib" / (info["multiarch"] or "x86_64-linux-gnu")
+        cand = libdir / info["soname"] if info["soname"] else None
+        libpython = str(cand) if cand and cand.exists() else ""
+        ld = libdir / "ld-linux-x86-64.so.2"
+        loader = str(ld) if ld.exists() else ""
+    elif info["soname"]:
+        for d in (Path(info["libdir"]), Path(exe).resolve().parent.parent / "lib"):
+            if (d / info["soname"]).exists():
+                libpython = str(d / info["soname"])
+                break
     return Interpreter(
         name=name, exe=exe, kind="pypy" if info["impl"] == "pypy" else "cpython",
         version=tuple(info["version"]), free_threaded=info["gil_disabled"],
         static=info["impl"] == "cpython" and not info["libpython_loaded"],
         debug=info["debug"], skip_reason=skip, include=info["include"],
-        ext_suffix=info["ext_suffix"])
+        ext_suffix=info["ext_suffix"], include_dirs=tuple(include_dirs),
+        libpython=libpython, loader=loader)
 
 
 @functools.lru_cache(maxsize=None)
@@ -303,6 +375,20 @@ class _locked:
         os.close(self.fd)
 
 
+def include_args(interp):
+    """The -I arguments for building an extension for `interp`."""
+    return [a for d in (interp.include_dirs or (interp.include,)) for a in ("-I", d)]
+
+
+def native_argv(interp, argv):
+    """argv for a native program built here that loads `interp`'s libpython
+    (dlopen): run under the interpreter's own C library where it has one."""
+    argv = [str(a) for a in argv]
+    if not interp.loader:
+        return argv
+    return [interp.loader, "--library-path", str(Path(interp.loader).parent), *argv]
+
+
 def build_module(interp):
     """Builds simdev<EXT_SUFFIX> for `interp`; returns its directory."""
     interp.require()
@@ -319,7 +405,7 @@ def build_module(interp):
         cc = os.environ.get("CC", "cc")
         argv = [cc, "-shared", "-fPIC", "-O1", "-g", "-std=gnu11",
                 "-Wall", "-Wextra", "-Werror",
-                "-I", interp.include, "-I", str(SIMDEV_SRC),
+                *include_args(interp), "-I", str(SIMDEV_SRC),
                 str(SIMDEV_SRC / "simdevmodule.c"),
                 "-o", str(target) + ".tmp",
                 "-L", str(lib.parent), "-lsimdev", f"-Wl,-rpath,{lib.parent}"]

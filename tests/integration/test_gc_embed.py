@@ -25,9 +25,9 @@ def libpython_of(interp):
         pytest.skip(f"{interp.name}: embedding PyPy is a different API (rpython_startup_code)")
     res = subprocess.run([interp.exe, "-c", PROBE], capture_output=True, text=True, timeout=60)
     lib, prefix = res.stdout.split("\n")[:2]
-    if lib and not Path(lib).exists():
-        # A relocated build (the free-threaded tarball): next to the executable.
-        lib = str(Path(interp.exe).resolve().parent.parent / "lib" / Path(lib).name)
+    # pythons.py knows where a relocated build (the free-threaded tarball,
+    # Debian unstable's builds) keeps it.
+    lib = interp.libpython or lib
     if not lib or not Path(lib).exists():
         pytest.skip(f"{interp.name}: no shared libpython found ({lib!r})")
     return lib, prefix
@@ -59,7 +59,10 @@ def test_embedder_init_fini_cycles(interpreter, tmp_path, builddir, shim_lib, pr
                 "SPYRESHIM_STATS": str(stats)})
     env.update(gc_support.preload_env(shim_lib))
     prog = builddir / "tests" / "embed_cycles"
-    res = pythons.run([prog, lib, glue, CYCLES], env=env, timeout=240)
+    # Debian unstable's libpython needs its own C library: the program runs
+    # under that library's loader.
+    res = pythons.run(pythons.native_argv(interpreter, [prog, lib, glue, CYCLES]), env=env,
+                      timeout=240)
     res.check()
     assert f"{CYCLES} cycles" in res.stdout, res.describe()
     data = json.loads(stats.read_text())

@@ -86,14 +86,15 @@ def check_hybrid(g, script, expected):
     assert g["order"] == "hybrid", g
     shown = rpt.visible_frames(g)
     assert key_frames(shown, script) == expected
-    # What the default view keeps of the interpreter: its call into the
-    # extension, above the innermost Python frame; nothing below the
-    # outermost one.
-    first_py = next(i for i, f in enumerate(shown) if f["kind"] == "python")
-    for i, f in enumerate(shown):
-        if f["kind"] == "native" and f["interpreter"]:
-            assert 0 < i < first_py, (i, f["function"], [x["function"] for x in shown])
+    # The default view keeps nothing of the interpreter's own object, by
+    # address (named or not): the extension frame is followed directly by
+    # the innermost Python frame, and nothing native is below the outermost.
+    assert not [f for f in shown if f["kind"] == "native" and f["interpreter"]], \
+        [(x["function"], x["object"]) for x in shown]
+    assert shown[0]["kind"] == "native" and shown[1]["kind"] == "python", shown[:2]
     assert shown[-1]["kind"] == "python", "nothing native below <module>"
+    # --native-frames=all still shows every frame.
+    assert rpt.visible_frames(g, "all") == g["frames"]
     # The JSON keeps every frame: each evaluation-loop frame follows the
     # Python frames it ran, and every Python frame has exactly one.
     frames = g["frames"]
@@ -108,7 +109,8 @@ def check_hybrid(g, script, expected):
         ran += k
     assert ran == len([f for f in frames if f["kind"] == "python"])
     start = {"_start", "__libc_start_main", "__libc_start_call_main", "__libc_start_main_impl"}
-    assert all(f["function"] in start for f in frames
+    assert all(f["function"] in start or (f["function"] is None and "/libc.so" in f["object"])
+               for f in frames
                if f["kind"] == "native" and f["folded"] and not f["interpreter"]), \
         "folding hides only the interpreter and, below it, the program's start"
 
@@ -136,7 +138,11 @@ def test_python_frames_sit_where_the_interpreter_ran_them(name, builddir, shim_l
     # A thread C created never ran Python: native frames only, nothing folded.
     c = groups[3000]
     assert c["order"] == "native"
-    assert [f["function"] for f in c["frames"][:2]] == ["c_thread_main", "start_thread"]
+    assert c["frames"][0]["function"] == "c_thread_main"
+    # start_thread is local to the C library: nameless in one without
+    # .symtab (the one Debian unstable's 3.14 and 3.15 bring).
+    assert c["frames"][1]["function"] == "start_thread" or (
+        c["frames"][1]["function"] is None and "/libc.so" in c["frames"][1]["object"]), c["frames"][1]
     assert not any(f["folded"] for f in c["frames"])
 
     # The shim's own text at exit folds the same way.

@@ -87,8 +87,8 @@ def test_layout_matches_the_interpreters_headers(interpreter, hook, tmp_path):
         pytest.skip(f"{interpreter.name}: no headers at {interpreter.include!r}")
     exe = tmp_path / "probe"
     cc = os.environ.get("CC", "cc")
-    build = subprocess.run([cc, "-std=gnu11", "-I", interpreter.include, PROBE_SRC, "-o", str(exe)],
-                           capture_output=True, text=True, timeout=120)
+    build = subprocess.run([cc, "-std=gnu11", *pythons.include_args(interpreter), PROBE_SRC,
+                            "-o", str(exe)], capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
     want = dict(line.split() for line in subprocess.check_output([str(exe)], text=True).splitlines())
     res = run_hook(interpreter, hook, """
@@ -97,10 +97,16 @@ def test_layout_matches_the_interpreters_headers(interpreter, hook, tmp_path):
             rc = gil.pystack_test_layout(published, buf, len(buf))
             print("=== published" if published else "=== table")
             print(buf.value.decode())
-            assert rc == 0, buf.value
+            if sys.version_info >= (3, 13) and not published:
+                # No table from 3.13 on: the interpreter's own offsets only.
+                assert rc == -1 and "_Py_DebugOffsets only" in buf.value.decode(), buf.value
+            else:
+                assert rc == 0, buf.value
     """)
     _, published, table = res.stdout.split("=== ")
-    for text in (published, table):
+    if tuple(interpreter.version[:2]) >= (3, 13):
+        assert "source _Py_DebugOffsets" in published, published
+    for text in (published, table) if tuple(interpreter.version[:2]) < (3, 13) else (published,):
         lines = text.strip().splitlines()[1:]
         got = dict(line.split(None, 1) for line in lines)
         got.pop("source")
@@ -292,6 +298,88 @@ def test_pypy_has_no_python_stacks(hook):
         assert gil.pystack_test_capture(32) == 0
         assert nogil.pystack_test_capture(32) == 0
     """)
+
+
+def debug_offsets_interpreter(interp):
+    cpython(interp)
+    if tuple(interp.version[:2]) < (3, 13):
+        pytest.skip(f"{interp.name}: _Py_DebugOffsets exist from CPython 3.13 on")
+    return interp
+
+
+# The interpreter's own _Py_DebugOffsets (the start of _PyRuntime), copied.
+RUNTIME = r'''
+import struct
+RT = ctypes.addressof(ctypes.c_char.in_dll(ctypes.pythonapi, "_PyRuntime"))
+REAL = ctypes.string_at(RT, 4096)
+'''
+
+
+def test_synthetic_debug_offsets_are_refused_with_the_reason(interpreter, hook):
+    """A copy of the interpreter's own _Py_DebugOffsets is read like the
+    original; with a wrong cookie, an unknown version, another known
+    version or a wrong free-threaded flag it is refused, with the reason."""
+    debug_offsets_interpreter(interpreter)
+    run_hook(interpreter, hook, RUNTIME + textwrap.dedent("""
+        gil.pystack_test_layout_at.argtypes = [ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
+        def layout(data):
+            b = ctypes.create_string_buffer(bytes(data), len(data))
+            out = ctypes.create_string_buffer(512)
+            rc = gil.pystack_test_layout_at(ctypes.addressof(b), out, len(out))
+            return rc, out.value.decode().strip()
+        def patched(at, fmt, value):
+            d = bytearray(REAL)
+            struct.pack_into(fmt, d, at, value)
+            return d
+        rc, text = layout(REAL)
+        assert rc == 0 and "source _Py_DebugOffsets" in text, text
+        assert layout(b"xdebugpz" + REAL[8:]) == (-1, "error _Py_DebugOffsets has the wrong cookie (not \\"xdebugpy\\")")
+        version, = struct.unpack_from("<Q", REAL, 8)
+        minor = sys.version_info[1]
+        for unknown in (0x03630000, 0x040D0000, 0x030C0000, version | 1 << 40):
+            assert layout(patched(8, "<Q", unknown)) == (-1, "error _Py_DebugOffsets of an unknown version (3.13 to 3.15 are known)"), hex(unknown)
+        other = 0x030E0000 if minor != 14 else 0x030D0000
+        assert layout(patched(8, "<Q", other)) == (-1, "error _Py_DebugOffsets names another version than the interpreter's")
+        ft, = struct.unpack_from("<Q", REAL, 16)
+        rc, text = layout(patched(16, "<Q", 1 - ft))
+        assert rc == -1 and "disagrees with the running build" in text, text
+        rc, text = layout(patched(16, "<Q", 7))
+        assert rc == -1 and "disagrees with the running build" in text, text
+        # A patch release: the same struct, another micro version.
+        rc, text = layout(patched(8, "<Q", (version & ~0xffff) | 0x63f0))
+        assert rc == 0, text
+    """))
+
+
+@pytest.mark.parametrize("damage", ["cookie", "version"])
+def test_damaged_debug_offsets_give_one_warning_and_native_stacks(interpreter, shim_lib, damage,
+                                                                 tmp_path):
+    """End to end: the running interpreter's _Py_DebugOffsets damaged
+    before the first capture: one warning, the leak still reported, with
+    native frames only (and the note saying why)."""
+    debug_offsets_interpreter(interpreter)
+    script = tmp_path / "leaker.py"
+    script.write_text("import ctypes, struct, sys\n" + RUNTIME.replace("import struct\n", "") + f"""
+if {damage!r} == "cookie":
+    ctypes.memmove(RT, b"xdebugpz", 8)
+else:
+    ctypes.memmove(RT + 8, struct.pack("<Q", 0x03630000), 8)
+""" + LEAKER.replace("step(sys.argv[1] == \"nogil\")", "step(False)\nstep(True)"))
+    report = tmp_path / "report.json"
+    res = pythons.run_python(interpreter, path=script, simdev_memory="64M",
+                             env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+                                  "SPYRESHIM_EXITCODE": "0"})
+    res.check()
+    warnings = [l for l in res.stderr.splitlines() if "Python stacks off" in l]
+    reason = "wrong cookie" if damage == "cookie" else "unknown version"
+    assert len(warnings) == 1 and reason in warnings[0], res.describe()
+    data = json.loads(report.read_text())
+    groups = [g for g in data["groups"] if g["bytes"] >= 1 << 20]
+    assert len(groups) == 2, data          # GIL held, GIL released
+    for g in groups:
+        assert g["order"] == "native" and not [f for f in g["frames"] if f["kind"] == "python"], g
+        assert any(f["function"] == "Tensor_new" for f in g["frames"]), g["frames"]
+    assert "not recorded" in (data.get("python_note") or ""), data.get("python_note")
 
 
 # ---- end to end: leak report of a Python program under the shim ---------

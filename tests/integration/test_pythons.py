@@ -29,8 +29,14 @@ def test_flags_match_the_names():
         assert i.kind == ("pypy" if i.name.startswith("pypy") else "cpython"), i
         if i.name == "cpython3.11-shared":
             assert not i.static, i
-        if i.name == "cpython3.11-dbg":
+        if i.name in ("cpython3.11-dbg", "cpython3.14-dbg"):
             assert i.debug, i
+        if i.name in pythons.DEBIAN_UNSTABLE:
+            # Debian's static executables, with unstable's own C library
+            # and a libpython next to it for embedders.
+            assert i.static and i.loader and os.path.exists(i.loader), i
+            assert os.path.exists(i.libpython), i
+            assert len(i.include_dirs) == 2, i
         if i.kind == "cpython":
             assert i.name.startswith("cpython%d.%d" % i.version[:2]), i
 

@@ -153,6 +153,23 @@ EXPORT int pystack_test_layout(int published, char *buf, size_t size)
     return 0;
 }
 
+/* The layout from the _Py_DebugOffsets at `addr` (a synthetic copy), as
+ * pystack_test_layout; addr 0: the interpreter's own (_PyRuntime). */
+EXPORT int pystack_test_layout_at(uintptr_t addr, char *buf, size_t size)
+{
+    const shim_python *py = shim_python_find();
+    shim_pylayout L;
+    const char *why = "";
+    if (!addr && py)
+        addr = (uintptr_t)shim_python_sym(py, "_PyRuntime");
+    if (shim_pyframes_layout_at(py, addr, &L, &why) != 0) {
+        snprintf(buf, size, "error %s\n", why);
+        return -1;
+    }
+    snprintf(buf, size, "source %s\nts_frame %zu\nfr_owner %td\n", L.source, L.ts_frame, L.fr_owner);
+    return 0;
+}
+
 /* Nanoseconds per capture of the caller's stack (`depth` frames at most),
  * over `iters` captures. */
 EXPORT double pystack_test_bench(unsigned depth, unsigned iters)

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #if PY_VERSION_HEX < 0x030B0000
 #include <frameobject.h>
-#else
+#elif PY_VERSION_HEX < 0x030E0000
 #include "internal/pycore_frame.h"
+#else
+#include "internal/pycore_interpframe_structs.h"   /* 3.14 moved the frame struct */
 #endif
 
 #define SHOW(name, value) printf("%s %td\n", name, (ptrdiff_t)(value))
