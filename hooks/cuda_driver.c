@@ -19,7 +19,7 @@
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
  * regions before the driver frees them. Everything else goes to the
  * driver untouched. Which context is current is the key of the regions
- * (shim/alloc/device.c serves a device per context).
+ * (shim/alloc/device.c keeps a device per context).
  *
  * Owns: the real driver functions, resolved once into a table that is
  * published with one atomic store (no lock: resolving calls the loader,

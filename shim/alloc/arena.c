@@ -10,7 +10,7 @@
  * docs/allocator.md, "Files"). Regions (policy, index, release) are
  * region.c's and the limit the arenas share is pool.c's: both off the hot
  * path.
- * Guarded by: the owner's allocator lock (device.c); nothing here locks.
+ * Guarded by: the owner's allocator lock (the device's shard lock, device_internal.h); nothing here locks.
  * Never: dereferences a device address (all metadata is host memory), or
  * calls back into the shim (the backend is the only way out).
  *

@@ -1,7 +1,7 @@
 /* The out-of-band region allocator: regions reserved from a runtime through
  * a backend, suballocated into blocks. All metadata lives in host memory;
  * the arena never dereferences a device address. Not thread-safe: the
- * owner (device.c) serializes calls with the allocator lock. */
+ * owner (a device's shard, device_internal.h) serializes calls with the allocator lock. */
 #ifndef SHIM_ARENA_H
 #define SHIM_ARENA_H
 
@@ -77,13 +77,13 @@ typedef struct shim_arena_hint {
 #define SHIM_ARENA_NODE_BYTES 32
 
 /* Starts loading the line of block `node`'s node, for a call on it soon
- * (device.c: the free it defers). A hint: `node` need not be valid. */
+ * (free_path.c: the free it defers). A hint: `node` need not be valid. */
 static inline void shim_arena_prefetch(const shim_arena *a, uint32_t node)
 {
     const shim_arena_hint *h = (const shim_arena_hint *)(const void *)a;
     __builtin_prefetch((const char *)h->nodes + (size_t)node * SHIM_ARENA_NODE_BYTES, 1);
 }
-/* Two 32-bit words the owner keeps with a live block (device.c: its stack
+/* Two 32-bit words the owner keeps with a live block (alloc_path.c: its stack
  * ids), in the block's node; 0 until set, gone when the block is freed. */
 void shim_arena_set_tags(shim_arena *a, uint32_t node, uint32_t t0, uint32_t t1);
 uint32_t shim_arena_tag(const shim_arena *a, uint32_t node, unsigned k);

@@ -3,7 +3,7 @@
  * only (arena.c, freebins.h, quicklist.h, region.h and region.c,
  * arena_inspect.c); nothing outside them includes it.
  *
- * Guarded by: the owner's allocator lock (device.c); nothing here locks.
+ * Guarded by: the owner's allocator lock (the device's shard lock, device_internal.h); nothing here locks.
  * Never: a device address dereferenced (all of this is host memory).
  * Everything here is static inline: the allocation and free paths
  * (arena.c) use it on every call, and a call across files would cost

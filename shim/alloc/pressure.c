@@ -53,8 +53,9 @@ static struct run *running;
 /* Signalled (registry_mu) when a run ends: unregister waits on it. */
 static pthread_cond_t run_ended = PTHREAD_COND_INITIALIZER;
 
-/* Bytes freed so far, all devices (device.c's counters: a shared atomic
- * added to on every free would be a contended line). */
+/* Bytes freed so far, all devices (the shards' counters, summed by
+ * device.c: a shared atomic added to on every free would be a contended
+ * line). */
 static _Atomic(shim_pressure_freed_fn) freed_source;
 
 /* Around a wait for another thread's event: set once by python_gc at init

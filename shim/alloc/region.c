@@ -26,7 +26,7 @@
  *   pressure), and a request that cannot get a new region releases them and
  *   tries again before failing.
  *
- * Guarded by: the owner's allocator lock (device.c); nothing here locks
+ * Guarded by: the owner's allocator lock (the device's shard lock, device_internal.h); nothing here locks
  * (the pool is atomics: pool.c).
  * Never: dereferences a device address, or calls back into the shim (the
  * backend is the only way out). Off the allocation path: an arena comes

@@ -9,7 +9,7 @@
  * A slot is the pointer divided by the alignment in its top 39 bits and
  * the node id in its low 25: a probe confirms a match from the slot alone,
  * so a free touches the slot's line and not the node's (the node's work
- * can then wait: device.c), and deletion finds each entry's home from the
+ * can then wait: held.c), and deletion finds each entry's home from the
  * slot too. 39 bits cover every address below 2^47 at 256-byte alignment
  * (the user half of x86-64 and of the devices' unified address space); 25
  * bits, 32 million nodes. An entry beyond either, or a pointer that is not

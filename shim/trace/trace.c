@@ -1,8 +1,9 @@
 /* The trace switch and the hooks that feed it (trace.h).
  *
  * Owns nothing but the registration: at init, when SPYRESHIM_TRACE is set,
- * it registers one event hook with the allocator (shim/alloc/device.c),
- * one with the pressure event (shim/alloc/pressure.c) and one with the
+ * it registers one event hook with the allocator (shim/alloc/device.c;
+ * called by alloc_path.c, free_path.c and context.c), one with the
+ * pressure event (shim/alloc/pressure.c) and one with the
  * garbage collector (python_gc/gc/pygc.c); the layers below never include
  * a trace header. Each hook turns its call into one 32-byte event of
  * tracebuf.c. It also wires the trace's parts together at init (the

@@ -1,0 +1,179 @@
+/* What a device says of itself: its statistics (summed over its shards,
+ * with the process's peak of live bytes), the memory info the program
+ * sees (the runtime's view corrected by the shim's regions), and the
+ * records of its live blocks (leak reports and snapshots).
+ *
+ * Locks: each shard's lock in turn (its prefetched frees finished first),
+ * then the device lock for the pressure counters. Never holds two shard
+ * locks, never calls a hook. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "device_internal.h"
+
+_Atomic int64_t live_all;
+_Atomic uint64_t peak_all;
+
+uint64_t shim_device_peak_all(void)
+{
+    return atomic_load_explicit(&peak_all, memory_order_relaxed);
+}
+
+int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
+{
+    const shim_runtime *rt = d->rt;
+    if (!free_out || !total_out)
+        return rt->err_invalid;
+    size_t rfree = 0, rtotal = 0;
+    int rc = d->backend.mem_info(d->backend.ctx, &rfree, &rtotal);
+    if (rc != 0)
+        return rc;
+    uint64_t reserved = 0, used = 0;
+    size_t limit = 0;
+    unsigned n = shard_count(d);
+    for (unsigned k = 0; k < n; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_with_frees_finished(d, s);
+        shim_arena_counters c;
+        shim_arena_get_counters(s->arena, &c);
+        if (k == 0)
+            limit = shim_arena_limit(s->arena); /* the arena may change at a teardown */
+        reserved += c.reserved_bytes;
+        /* Blocks waiting for the device are the program's to have again. */
+        used += c.used_bytes >= s->held_bytes ? c.used_bytes - s->held_bytes : 0;
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+
+    /* The shim's view: what the program could still get. The runtime's
+     * free memory plus the unused part of the shim's regions, capped by
+     * the limit; never more than total, never below zero. */
+    size_t total = rtotal;
+    if (limit && limit < total)
+        total = limit;
+    uint64_t inside = reserved > used ? reserved - used : 0;
+    uint64_t avail = (uint64_t)rfree + inside;
+    if (limit) {
+        uint64_t room = limit > used ? limit - used : 0;
+        if (avail > room)
+            avail = room;
+    }
+    if (avail > total)
+        avail = total;
+    *free_out = (size_t)avail;
+    *total_out = total;
+    return 0;
+}
+
+int shim_device_mem_info_current(const shim_runtime *rt, size_t *free_out, size_t *total_out)
+{
+    shim_device *d;
+    int rc = shim_device_for_caller(rt, &d);
+    return rc ? rc : shim_device_mem_info(d, free_out, total_out);
+}
+
+struct live_ctx {
+    shim_record *out;
+    size_t n, cap;
+    uint64_t since;
+    const shim_arena *arena;
+};
+
+static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
+{
+    struct live_ctx *c = user;
+    if (f->seq <= c->since || c->n == c->cap)
+        return;
+    c->out[c->n++] = (shim_record){
+        .ptr = ptr,
+        .size = shim_arena_block_requested(c->arena, id),
+        .seq = f->seq,
+        .node = id,
+        .native_stack = shim_arena_tag(c->arena, id, 0),
+        .python_stack = shim_arena_tag(c->arena, id, 1),
+    };
+}
+
+shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n)
+{
+    *n = 0;
+    struct live_ctx c = {.since = since};
+    unsigned ns = shard_count(d);
+    for (unsigned k = 0; k < ns; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_with_frees_finished(d, s);
+        size_t count = shim_table_count(s->table);
+        if (c.n + count > c.cap) {
+            size_t cap = c.n + count;
+            shim_record *o = realloc(c.out, (cap ? cap : 1) * sizeof *o);
+            if (!o) {
+                if (taken)
+                    shim_lock_release(&s->lock);
+                free(c.out);
+                return NULL;
+            }
+            c.out = o;
+            c.cap = cap;
+        }
+        c.arena = s->arena;
+        shim_table_foreach(s->table, collect_live, &c);
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    if (!c.out)
+        c.out = malloc(sizeof *c.out);
+    *n = c.n;
+    return c.out;
+}
+
+void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
+{
+    unsigned ns = shard_count(d);
+    uint64_t live = 0, peak = 0;
+    for (unsigned k = 0; k < ns; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_with_frees_finished(d, s);
+        shim_arena_counters c;
+        shim_arena_get_counters(s->arena, &c);
+        st->reserved_bytes += c.reserved_bytes;
+        st->regions += c.regions;
+        st->regions_reserved += c.regions_reserved;
+        st->regions_released += c.regions_released;
+        st->allocs += s->allocs;
+        st->frees += s->frees;
+        live += s->live_bytes;
+        if (s->peak_live_bytes > peak)
+            peak = s->peak_live_bytes;
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    /* One shard keeps the exact peak; several publish theirs in steps. */
+    if (ns > 1) {
+        uint64_t p = atomic_load_explicit(&d->peak_total, memory_order_relaxed);
+        if (p > peak)
+            peak = p;
+        if (live > peak)
+            peak = live;
+    }
+    st->arenas += ns;
+    st->used_bytes += live;
+    st->peak_used_bytes += peak;
+    st->peak_reserved_bytes += atomic_load_explicit(&d->pool.peak_reserved, memory_order_relaxed);
+    st->failed_allocs += atomic_load_explicit(&d->failed, memory_order_relaxed);
+    st->invalid_frees += atomic_load_explicit(&d->invalid_frees, memory_order_relaxed);
+    st->foreign_frees += atomic_load_explicit(&d->foreign_frees, memory_order_relaxed);
+    st->device_waits += atomic_load_explicit(&d->device_waits, memory_order_relaxed);
+    uint64_t torn = atomic_load_explicit(&d->teardown_blocks, memory_order_relaxed);
+    st->allocs += torn; /* left the shards' counts when forgotten */
+    st->context_teardown_blocks += torn;
+    st->context_teardown_bytes += atomic_load_explicit(&d->teardown_bytes, memory_order_relaxed);
+    bool taken = lock_unless_mine(&d->lock);
+    st->pressure_events += d->ps.events;
+    st->pressure_waits += d->ps.waits;
+    st->callback_runs += d->ps.callback_runs;
+    st->callback_recovered_bytes += d->ps.recovered_bytes;
+    st->pressure_wait_timeouts += d->ps.wait_timeouts;
+    if (taken)
+        shim_lock_release(&d->lock);
+}
