@@ -67,6 +67,27 @@ def test_includes_only_go_down():
     assert not bad, "\n".join(bad)
 
 
+# Headers private to one room's files: the records and inline helpers a
+# group of files shares, which no other room may see (their comments say
+# so; a hook reaching into a device's shards would bypass its locks).
+ROOM_PRIVATE_HEADERS = {"shim/alloc": ["arena_layout.h", "device_internal.h"]}
+
+
+def test_private_headers_stay_in_their_room():
+    bad = []
+    for d, names in ROOM_PRIVATE_HEADERS.items():
+        for name in names:
+            assert (REPO / d / name).exists(), f"{d}/{name} is gone: update ROOM_PRIVATE_HEADERS"
+        for other in ROOM_DIRS + ["tests/unit", "bench"]:
+            if other == d:
+                continue
+            for src in sorted((REPO / other).glob("*.[ch]")):
+                for m in re.finditer(r'^\s*#\s*include\s+"([^"]+)"', src.read_text(), re.M):
+                    if Path(m.group(1)).name in names:
+                        bad.append(f"{src.relative_to(REPO)} includes {m.group(1)}")
+    assert not bad, "\n".join(bad)
+
+
 def test_allocator_core_knows_nothing_above_it():
     graph = rooms()
     assert closure(graph, "alloc") == {"base"}
