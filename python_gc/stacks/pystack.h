@@ -47,9 +47,6 @@ uintptr_t shim_pystack_interpreter_base(void);
  * _PyEval_EvalFrameDefault (0 when none was seen), for reports that must
  * find its frames where its parts have no symbol. */
 uintptr_t shim_pystack_eval_entry(void);
-/* Whether Python frames are being recorded in this process (an interpreter
- * was found and its frames can be read): one atomic load. */
-bool shim_pystack_recording(void);
 /* Why this process records no Python frames although it runs Python (PyPy,
  * an unknown CPython layout), for reports; NULL when there is no such
  * reason. */
