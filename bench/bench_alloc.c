@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "arena.h"
+#include "arena_inspect.h"
 #include "table.h"
 #include "simdev.h"
 #include "spyreshim.h"
@@ -100,9 +101,9 @@ static void *core_alloc(size_t size)
     pthread_mutex_lock(&core_mu);
     uintptr_t addr;
     uint32_t node;
-    size_t taken;
+    size_t block_bytes;
     void *p = NULL;
-    if (shim_arena_alloc(core_arena, size, &addr, &node, &taken) == 0) {
+    if (shim_arena_alloc(core_arena, size, &addr, &node, &block_bytes) == 0) {
         shim_live_fields f = { .seq = ++core_seq };
         if (shim_table_add(core_table, addr, node, &f) == 0)
             p = (void *)addr;

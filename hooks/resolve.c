@@ -80,10 +80,24 @@ void *shim_resolve_real(const char *name)
     return f;
 }
 
-/* Tests only (the "fork-publish" scenario of tests/programs/promises.c):
- * when set, called by a thread publishing a runtime with the hook
- * resolution lock held, so that a test can fork while a thread is there. */
+#ifdef SPYRESHIM_TEST_HOOKS
+/* Test builds only: libspyreshim_testhooks.so (tests/meson.build) compiles
+ * this room with SPYRESHIM_TEST_HOOKS; libspyreshim.so never has it
+ * (tests/integration/test_exports.py checks its exports). For the
+ * "fork-publish" scenario of tests/programs/promises.c: when set, called
+ * by a thread publishing a runtime with the hook resolution lock held, so
+ * that a test can fork while a thread is there. */
 __attribute__((visibility("default"))) void (*_Atomic spyreshim_test_publishing)(void);
+
+static void test_publishing(void)
+{
+    void (*hook)(void) = atomic_load_explicit(&spyreshim_test_publishing, memory_order_relaxed);
+    if (hook)
+        hook();
+}
+#else
+static inline void test_publishing(void) {}
+#endif
 
 shim_device *shim_hook_device_resolve(shim_hook_slots *s)
 {
@@ -109,10 +123,7 @@ shim_device *shim_hook_device_resolve(shim_hook_slots *s)
     shim_device_publish_lock();
     d = atomic_load_explicit(&s->device, memory_order_relaxed);
     if (!d) {
-        void (*test_hook)(void) = atomic_load_explicit(&spyreshim_test_publishing,
-                                                       memory_order_relaxed);
-        if (test_hook)
-            test_hook();
+        test_publishing();
         s->rt.real_malloc = (int (*)(void **, size_t))f[SHIM_ROLE_MALLOC];
         s->rt.real_free = (int (*)(void *))f[SHIM_ROLE_FREE];
         s->rt.real_mem_info = (int (*)(size_t *, size_t *))f[SHIM_ROLE_MEMINFO];

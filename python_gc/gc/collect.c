@@ -7,18 +7,12 @@
  * training scripts do. */
 #include <time.h>
 
+#include "clock.h"
 #include "collect.h"
 #include "pressure.h"
 
 #define PYPY_MIN_ROUNDS 2
 #define PYPY_MAX_ROUNDS 4
-
-uint64_t shim_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static long gc_collect(const shim_pyapi *api)
 {

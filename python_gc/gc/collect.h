@@ -19,6 +19,4 @@ typedef struct shim_collect_result {
  * repeats while that keeps freeing device memory (a few rounds at most). */
 void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r);
 
-uint64_t shim_now_ns(void);
-
 #endif

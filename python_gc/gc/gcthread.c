@@ -28,6 +28,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "gate.h"
 #include "gcthread.h"
 #include "log.h"
@@ -53,11 +54,7 @@ static _Atomic bool pypy_threads_ready;
 
 static void gct_init_once(void)
 {
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&done_cv, &a);
-    pthread_condattr_destroy(&a);
+    shim_cond_init_monotonic(&done_cv);
     pthread_cond_init(&req_cv, NULL);
 }
 
@@ -205,17 +202,6 @@ static bool abandon_stuck_thread(unsigned long cycle_now)
     return true;
 }
 
-static void deadline_after(struct timespec *ts, unsigned ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += ms / 1000;
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned timeout_ms,
                                                 shim_collect_result *out)
 {
@@ -246,7 +232,7 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
     uint64_t ticket = ++requested;
     pthread_cond_signal(&req_cv);
     struct timespec deadline;
-    deadline_after(&deadline, timeout_ms);
+    shim_deadline_after_ms(&deadline, timeout_ms);
     int rc = 0;
     while (completed < ticket && rc != ETIMEDOUT)
         rc = pthread_cond_timedwait(&done_cv, &gct_mu, &deadline);
@@ -270,7 +256,7 @@ bool shim_gcthread_wait_idle(unsigned timeout_ms)
 {
     pthread_once(&gct_once, gct_init_once);
     struct timespec deadline;
-    deadline_after(&deadline, timeout_ms);
+    shim_deadline_after_ms(&deadline, timeout_ms);
     shim_mutex_lock(&gct_mu);
     int rc = 0;
     while (running && requested != completed && rc != ETIMEDOUT)

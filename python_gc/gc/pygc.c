@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "collect.h"
 #include "gate.h"
 #include "gcthread.h"

@@ -22,6 +22,7 @@
 #include <stdatomic.h>
 #include <time.h>
 
+#include "clock.h"
 #include "gate.h"
 #include "log.h"
 #include "mutex.h"
@@ -46,11 +47,7 @@ static const shim_pyapi *armed_api;
 
 static void gate_init_once(void)
 {
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&gate_cv, &a);
-    pthread_condattr_destroy(&a);
+    shim_cond_init_monotonic(&gate_cv);
 }
 
 static void gate_lock(void)
@@ -137,13 +134,7 @@ static void close_and_drain(const shim_pyapi *api, bool release_gil)
     /* A collection in flight may be waiting for the GIL we hold. */
     shim_pytstate *ts = release_gil ? api->save_thread() : NULL;
     struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += wait_ms / 1000;
-    deadline.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-    if (deadline.tv_nsec >= 1000000000L) {
-        deadline.tv_sec++;
-        deadline.tv_nsec -= 1000000000L;
-    }
+    shim_deadline_after_ms(&deadline, wait_ms);
     gate_lock();
     int rc = 0;
     while (inflight > 0 && rc != ETIMEDOUT)

@@ -10,6 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pool.h"
+
 typedef struct shim_region_backend {
     void *ctx;
     /* Reserve `size` bytes. 0 and *addr set; positive when refused for lack
@@ -24,16 +26,6 @@ typedef struct shim_region_backend {
 } shim_region_backend;
 
 typedef struct shim_arena shim_arena;
-
-/* Arenas that share one limit (the arenas of one device, one per group of
- * threads): the bytes all of them hold reserved. Each arena takes its
- * share before asking the backend for a region, so that together they
- * never pass the limit. Zero-initialized. */
-typedef struct shim_arena_pool {
-    _Atomic uint64_t reserved;       /* shares taken, requests in flight included */
-    _Atomic uint64_t held;           /* what the runtime gave and was not released */
-    _Atomic uint64_t peak_reserved;  /* the most `held` ever was */
-} shim_arena_pool;
 
 typedef struct shim_arena_counters {
     uint64_t reserved_bytes, used_bytes;           /* used = sum of block sizes handed out */
@@ -54,30 +46,26 @@ shim_arena *shim_arena_create(const shim_region_backend *be, size_t limit, size_
 /* Makes `a` count its regions in `pool` and check its limit against the
  * pool's total; before its first allocation. */
 void shim_arena_set_pool(shim_arena *a, shim_arena_pool *pool);
-/* Freed blocks wait on quick lists (arena.c) once the arena holds this
- * many live blocks (65,536 unless set): for tests, 0. */
-void shim_arena_set_quick_from(shim_arena *a, uint32_t live_blocks);
 /* Releases every region to the backend. */
 void shim_arena_destroy(shim_arena *a);
 
 /* Allocates a block of at least `size` (> 0) bytes. On success returns 0,
  * sets *addr, *node (the block's handle, for shim_arena_free_node) and
- * *taken (bytes the block occupies, after rounding). Returns -1 when no free
- * block fits and a new region is refused by the limit or the backend for
- * lack of room; a positive value, the runtime's own error, when the backend
+ * *block_bytes (bytes the block occupies, after rounding). Returns -1 when
+ * no free block fits and a new region is refused by the limit or the
+ * backend for lack of room; a positive value, the runtime's own error, when the backend
  * failed for another reason (not out-of-memory: no relief can help). */
-int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node, size_t *taken);
+int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node,
+                     size_t *block_bytes);
 /* The same from the free blocks the arena has: -1, and no region
  * reserved, when none fits. */
-int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node_out,
-                         size_t *taken);
+int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node,
+                         size_t *block_bytes);
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);
 /* The same, setting *requested to the size it was asked for (0 when
  * `node` is not a live block): one call where a free needs both. */
 size_t shim_arena_free_live(shim_arena *a, uint32_t node, size_t *requested);
-/* A live block's address, or 0 when `node` is not a live block. */
-uintptr_t shim_arena_block_addr(const shim_arena *a, uint32_t node);
 /* The size a live block was asked for (the `size` given to alloc: the
  * node keeps it, so the owner need not), or 0 when not a live block. */
 size_t shim_arena_block_requested(const shim_arena *a, uint32_t node);
@@ -99,8 +87,6 @@ static inline void shim_arena_prefetch(const shim_arena *a, uint32_t node)
  * ids), in the block's node; 0 until set, gone when the block is freed. */
 void shim_arena_set_tags(shim_arena *a, uint32_t node, uint32_t t0, uint32_t t1);
 uint32_t shim_arena_tag(const shim_arena *a, uint32_t node, unsigned k);
-/* Host bytes the arena's own structures take (mapped, not all resident). */
-size_t shim_arena_meta_bytes(const shim_arena *a);
 /* What `addr` is, for diagnostics of a pointer that is not in the live
  * table; *region_base and *region_size describe the region when it is in one. */
 enum shim_block_kind shim_arena_classify(shim_arena *a, uintptr_t addr,
@@ -116,12 +102,6 @@ size_t shim_arena_block_size(const shim_arena *a, uint32_t node);
  * empty regions remain; returns the bytes released. */
 size_t shim_arena_trim(shim_arena *a, size_t keep);
 void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c);
-/* Walks every block and checks the arena's invariants (blocks tile their
- * regions, no free block touches a free or cached one, the neighbour bits
- * of live and cached blocks never miss a free neighbour, and are exact
- * when quick lists are in use from 0 live blocks): for tests. NULL when
- * they hold, else what broke. O(blocks). */
-const char *shim_arena_check(shim_arena *a);
 size_t shim_arena_limit(const shim_arena *a);
 
 #endif

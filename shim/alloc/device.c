@@ -1807,11 +1807,6 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
         shim_lock_release(&d->lock);
 }
 
-size_t shim_device_trim(shim_device *d)
-{
-    return trim_all(d);
-}
-
 /* Bytes freed through the shim on every device so far: what a pressure
  * event measures its callbacks by, and the collector its collections.
  * Each shard settled first, under its lock: a single free a callback made
@@ -1949,11 +1944,4 @@ void shim_device_publish_atfork_child(void)
 {
     shim_mutex_unlock(&forgotten_mu);
     shim_mutex_unlock(&publish_mu);
-}
-
-void shim_device_reset_for_tests(void)
-{
-    shim_mutex_lock(&devices_mu);
-    atomic_store(&ndevices, 0);
-    shim_mutex_unlock(&devices_mu);
 }

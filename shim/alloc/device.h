@@ -154,8 +154,6 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *s);
  * step each arena publishes in (1 MiB); never below one device's peak
  * or the bytes live now (the caller takes the largest). */
 uint64_t shim_device_peak_all(void);
-/* Gives every empty region back to the runtime; returns bytes. */
-size_t shim_device_trim(shim_device *d);
 
 /* True on a thread that is inside one of the shim's own calls of a real
  * runtime function (reserving or releasing a region, asking for memory
@@ -196,8 +194,5 @@ void shim_device_publish_unlock(void);
 void shim_device_publish_atfork_prepare(void);
 void shim_device_publish_atfork_parent(void);
 void shim_device_publish_atfork_child(void);
-
-/* Tests only: forget every device (the process keeps its memory). */
-void shim_device_reset_for_tests(void);
 
 #endif

@@ -64,15 +64,6 @@ void shim_lock_assert_held_fail(const char *file, int line)
 }
 #endif
 
-void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv)
-{
-    if (l->fast)
-        abort(); /* a condition variable needs the mutex kind */
-    atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
-    pthread_cond_wait(cv, &l->mu);
-    atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
-}
-
 int shim_lock_timedwait(spyreshim_lock *l, pthread_cond_t *cv, const struct timespec *deadline)
 {
     if (l->fast)

@@ -38,7 +38,7 @@ static inline unsigned long shim_lock_self(void)
 }
 
 void shim_lock_init(spyreshim_lock *l);
-/* The futex kind: never passed to shim_lock_wait. */
+/* The futex kind: never passed to shim_lock_timedwait. */
 void shim_lock_init_fast(spyreshim_lock *l);
 /* Out of line: the fast kind's contended paths. */
 void shim_lock_fast_wait(spyreshim_lock *l);
@@ -110,10 +110,9 @@ void shim_lock_assert_held_fail(const char *file, int line);
 #define shim_lock_assert_held(l) \
     (shim_lock_held_by_me(l) ? (void)0 : shim_lock_assert_held_fail(__FILE__, __LINE__))
 #endif
-/* pthread_cond_wait on the lock's mutex, keeping `owner` right. */
-void shim_lock_wait(spyreshim_lock *l, pthread_cond_t *cv);
-/* The same, until `deadline` (the clock `cv` was made with); returns
- * pthread_cond_timedwait's result (ETIMEDOUT). */
+/* pthread_cond_timedwait on the lock's mutex until `deadline` (the clock
+ * `cv` was made with), keeping `owner` right; returns its result
+ * (ETIMEDOUT). */
 int shim_lock_timedwait(spyreshim_lock *l, pthread_cond_t *cv, const struct timespec *deadline);
 
 #endif

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "log.h"
 #include "mutex.h"
 #include "options.h"
@@ -148,21 +149,10 @@ void shim_pressure_atfork_child(void)
     shim_mutex_unlock(&registry_mu);
 }
 
-static void init_done_cond(shim_pressure_state *ps)
-{
-    /* CLOCK_MONOTONIC: the bounded wait must not stretch or shrink when
-     * the wall clock is set. */
-    pthread_condattr_t a;
-    pthread_condattr_init(&a);
-    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-    pthread_cond_init(&ps->done, &a);
-    pthread_condattr_destroy(&a);
-}
-
 void shim_pressure_state_init(shim_pressure_state *ps)
 {
     memset(ps, 0, sizeof *ps);
-    init_done_cond(ps);
+    shim_cond_init_monotonic(&ps->done);
 }
 
 void shim_pressure_state_atfork_child(shim_pressure_state *ps)
@@ -170,7 +160,7 @@ void shim_pressure_state_atfork_child(shim_pressure_state *ps)
     /* An event of a thread that does not exist in the child would never
      * end: nobody is running it here. */
     ps->active = false;
-    init_done_cond(ps);
+    shim_cond_init_monotonic(&ps->done);
 }
 
 bool shim_pressure_in_event(void)
@@ -224,52 +214,84 @@ static void check_contract(spyreshim_lock *lock, spyreshim_pressure_fn fn)
 #endif
 }
 
-enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
+/* Another thread's event is running: waits for it to end, at most
+ * SPYRESHIM_GC_TIMEOUT_MS. Entered and left with `lock` held; released
+ * around the wait hooks and while waiting. */
+static enum shim_relief wait_for_event(shim_pressure_state *ps, spyreshim_lock *lock)
 {
-    if (tls_in_event)
-        return SHIM_RELIEF_NONE; /* nested: an allocation made by pressure work itself */
-
-    if (ps->active) {
-        uint64_t gen = ps->generation;
-        ps->waits++;
-        /* A thread attached to Python must not wait while attached: the
-         * event it waits for may need the GIL (inline collections drop it
-         * between bytecodes; the GC thread needs it) or stop the world
-         * (free-threaded builds). Both detaching (it may look for the
-         * interpreter: the loader's lock) and re-attaching (the GIL) happen
-         * without the allocator lock. */
+    uint64_t gen = ps->generation;
+    ps->waits++;
+    /* A thread attached to Python must not wait while attached: the
+     * event it waits for may need the GIL (inline collections drop it
+     * between bytecodes; the GC thread needs it) or stop the world
+     * (free-threaded builds). Both detaching (it may look for the
+     * interpreter: the loader's lock) and re-attaching (the GIL) happen
+     * without the allocator lock. */
+    shim_lock_release(lock);
+    shim_pressure_detach_fn detach = atomic_load(&wait_detach);
+    shim_pressure_reattach_fn reattach = atomic_load(&wait_reattach);
+    void *py = detach ? detach() : NULL;
+    shim_lock_acquire(lock);
+    struct timespec deadline;
+    unsigned ms = shim_opts()->gc_timeout_ms ? shim_opts()->gc_timeout_ms : 1;
+    shim_deadline_after_ms(&deadline, ms);
+    bool timed_out = false;
+    while (ps->active && ps->generation == gen && !timed_out)
+        timed_out = shim_lock_timedwait(lock, &ps->done, &deadline) == ETIMEDOUT &&
+                    ps->active && ps->generation == gen;
+    if (timed_out)
+        ps->wait_timeouts++;
+    if (py && reattach) {
         shim_lock_release(lock);
-        shim_pressure_detach_fn detach = atomic_load(&wait_detach);
-        shim_pressure_reattach_fn reattach = atomic_load(&wait_reattach);
-        void *py = detach ? detach() : NULL;
+        reattach(py);
         shim_lock_acquire(lock);
-        struct timespec deadline;
-        clock_gettime(CLOCK_MONOTONIC, &deadline);
-        unsigned ms = shim_opts()->gc_timeout_ms ? shim_opts()->gc_timeout_ms : 1;
-        deadline.tv_sec += ms / 1000;
-        deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
-        if (deadline.tv_nsec >= 1000000000L) {
-            deadline.tv_sec++;
-            deadline.tv_nsec -= 1000000000L;
-        }
-        bool timed_out = false;
-        while (ps->active && ps->generation == gen && !timed_out)
-            timed_out = shim_lock_timedwait(lock, &ps->done, &deadline) == ETIMEDOUT &&
-                        ps->active && ps->generation == gen;
-        if (timed_out)
-            ps->wait_timeouts++;
-        if (py && reattach) {
-            shim_lock_release(lock);
-            reattach(py);
-            shim_lock_acquire(lock);
-        }
-        if (timed_out) {
-            shim_debug("pressure: another thread's event outlasted %u ms; failing this request", ms);
-            return SHIM_RELIEF_NONE;
-        }
-        return SHIM_RELIEF_WAITED;
     }
+    if (timed_out) {
+        shim_debug("pressure: another thread's event outlasted %u ms; failing this request", ms);
+        return SHIM_RELIEF_NONE;
+    }
+    return SHIM_RELIEF_WAITED;
+}
 
+/* Runs callback `e` of an event's copy of the registry, listed as running
+ * (so that unregistering it waits for this run), unless it was
+ * unregistered since the copy: then its unregister may have returned
+ * already, and `user` be gone. */
+static void run_callback(shim_pressure_state *ps, spyreshim_lock *lock, struct entry e,
+                         size_t want)
+{
+    struct run r = {.e = e, .thread = pthread_self()};
+    bool live = false;
+    shim_mutex_lock(&registry_mu);
+    for (size_t j = 0; j < registry_len && !live; j++)
+        live = registry[j].fn == r.e.fn && registry[j].user == r.e.user;
+    if (live) {
+        r.next = running;
+        running = &r;
+    }
+    shim_mutex_unlock(&registry_mu);
+    if (!live)
+        return;
+    ps->callback_runs++;
+    e.fn(lock, want, e.user);
+    check_contract(lock, e.fn);
+    shim_mutex_lock(&registry_mu);
+    for (struct run **pp = &running; *pp; pp = &(*pp)->next) {
+        if (*pp == &r) {
+            *pp = r.next;
+            break;
+        }
+    }
+    pthread_cond_broadcast(&run_ended);
+    shim_mutex_unlock(&registry_mu);
+}
+
+/* Runs one pressure event on this thread: every callback registered now,
+ * in registration order, until one gives up. Entered and left with
+ * `lock` held (callbacks release it around what blocks); other threads
+ * that hit pressure meanwhile wait for it (wait_for_event). */
+static enum shim_relief run_event(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
+{
     struct entry cbs[MAX_CALLBACKS];
     shim_mutex_lock(&registry_mu);
     size_t n = registry_len;
@@ -285,34 +307,8 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
     if (ev)
         ev(true, want);
 
-    for (size_t i = 0; i < n && !tls_give_up; i++) {
-        /* Listed while it runs, unless unregistered since the copy: then
-         * its unregister may have returned already, and `user` be gone. */
-        struct run r = {.e = cbs[i], .thread = pthread_self()};
-        bool live = false;
-        shim_mutex_lock(&registry_mu);
-        for (size_t j = 0; j < registry_len && !live; j++)
-            live = registry[j].fn == r.e.fn && registry[j].user == r.e.user;
-        if (live) {
-            r.next = running;
-            running = &r;
-        }
-        shim_mutex_unlock(&registry_mu);
-        if (!live)
-            continue;
-        ps->callback_runs++;
-        cbs[i].fn(lock, want, cbs[i].user);
-        check_contract(lock, cbs[i].fn);
-        shim_mutex_lock(&registry_mu);
-        for (struct run **pp = &running; *pp; pp = &(*pp)->next) {
-            if (*pp == &r) {
-                *pp = r.next;
-                break;
-            }
-        }
-        pthread_cond_broadcast(&run_ended);
-        shim_mutex_unlock(&registry_mu);
-    }
+    for (size_t i = 0; i < n && !tls_give_up; i++)
+        run_callback(ps, lock, cbs[i], want);
 
     ps->recovered_bytes += shim_pressure_freed_total() - before;
     if (ev)
@@ -324,4 +320,13 @@ enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *
     ps->generation++;
     pthread_cond_broadcast(&ps->done);
     return retry && n > 0 ? SHIM_RELIEF_RAN : SHIM_RELIEF_NONE;
+}
+
+enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
+{
+    if (tls_in_event)
+        return SHIM_RELIEF_NONE; /* nested: an allocation made by pressure work itself */
+    if (ps->active)
+        return wait_for_event(ps, lock);
+    return run_event(ps, lock, want);
 }

@@ -280,33 +280,9 @@ static inline bool must_grow(const shim_table *t)
     return t->count + t->tombs + 1 > load_limit(t->mask + 1);
 }
 
-static int add_slow(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
-
-int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f)
-{
-    if (ptr == 0 || id == SHIM_TABLE_NONE || fields_reserve(t, id) != 0)
-        return -1;
-    size_t i = lookup(t, ptr);
-    if (i != SIZE_MAX) {
-        uint64_t old = t->slots[i];
-        if (slot_key(old) == KEY_WIDE) {
-            t->wide[old & ID_MASK].id = id;
-        } else {
-            uint64_t s = slot_for(t, ptr, id); /* the same key: the same home */
-            if (s == EMPTY)
-                return -1;
-            t->slots[i] = s;
-        }
-        t->fields[id] = f ? *f : (shim_live_fields){ 0 };
-        return 0;
-    }
-    return add_slow(t, ptr, id, f);
-}
-
 /* shim_table_add when the table must grow first, the entry is wide (or
- * the call is bad), and shim_table_insert of a new entry: out of line and
- * reached by a tail call, so that the common call saves no registers for
- * it. */
+ * the call is bad): out of line and reached by a tail call, so that the
+ * common call saves no registers for it. */
 __attribute__((noinline)) static int add_slow(shim_table *t, uintptr_t ptr, uint32_t id,
                                               const shim_live_fields *f)
 {
@@ -365,11 +341,6 @@ uint32_t shim_table_find(const shim_table *t, uintptr_t ptr)
 {
     size_t i = lookup(t, ptr);
     return i == SIZE_MAX ? SHIM_TABLE_NONE : slot_id(t, t->slots[i]);
-}
-
-const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id)
-{
-    return id < t->fields_cap ? &t->fields[id] : NULL;
 }
 
 size_t shim_table_count(const shim_table *t)

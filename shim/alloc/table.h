@@ -44,21 +44,16 @@ typedef struct shim_table shim_table;
  * with node ids below 2^25 take the compact form. */
 shim_table *shim_table_create(size_t initial_capacity, unsigned align_shift);
 void shim_table_destroy(shim_table *t);
-/* Inserts `ptr` (0 is never stored) with its node id and fields, or
- * overwrites its entry. Returns 0, or -1 if growing failed (an entry it
- * overwrites is then left as it was). */
-int shim_table_insert(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
-/* Inserts `ptr`, known not to be in the table (the arena just handed the
- * block out): no search for an entry to overwrite. 0, or -1 if growing
- * failed. */
+/* Inserts `ptr` (0 is never stored, nor the id SHIM_TABLE_NONE) with its
+ * node id and fields; `ptr` is known not to be in the table (the arena
+ * just handed the block out), so nothing is searched for. 0, or -1 if
+ * growing failed. */
 int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fields *f);
 /* Removes `ptr`, returning its node id (and its fields in *out when not
  * NULL), or SHIM_TABLE_NONE when absent. */
 uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out);
 /* The node id of `ptr`, or SHIM_TABLE_NONE. */
 uint32_t shim_table_find(const shim_table *t, uintptr_t ptr);
-/* The fields of a node id the table holds. */
-const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id);
 size_t shim_table_count(const shim_table *t);
 /* Visits every live entry; `fn` must not modify the table. */
 void shim_table_foreach(const shim_table *t,

@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "clock.h"
 #include "forkgate.h"
 #include "log.h"
 #include "mutex.h"
@@ -35,9 +36,7 @@ static __thread bool counted __attribute__((tls_model("initial-exec")));
 
 static uint64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return shim_now_ns() / 1000000u;
 }
 
 static void pause_briefly(void)

@@ -6,16 +6,13 @@
 
 #include <stddef.h>
 
-enum shim_log_level { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO, SHIM_LOG_WARN, SHIM_LOG_OFF };
+#include "options.h" /* enum shim_log_level: the value of SPYRESHIM_LOG */
 
 /* Formats into a stack buffer then one write(); never allocates. */
 void shim_log(enum shim_log_level level, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Whether messages of `level` are printed. */
 int shim_log_enabled(enum shim_log_level level);
-/* Copies `s` into out[n] with control characters escaped (\n, \r, \t,
- * \xNN), truncated to fit; returns the length written. */
-size_t shim_log_escape(const char *s, char *out, size_t n);
 
 #define shim_debug(...) shim_log(SHIM_LOG_DEBUG, __VA_ARGS__)
 #define shim_info(...)  shim_log(SHIM_LOG_INFO, __VA_ARGS__)

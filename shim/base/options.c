@@ -5,7 +5,9 @@
  * written from. No other file calls getenv for SPYRESHIM_*.
  *
  * Parsing must not call shim_log(): shim_log() reads the options, and the
- * options are being built. Warnings go through warn_bad() instead. */
+ * options are being built. Warnings go through warn_bad() instead, and this
+ * file includes nothing of log.c's (log.c depends on it, never the other
+ * way: docs/architecture.md). */
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -18,7 +20,7 @@
 #include <sys/auxv.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "escape.h"
 #include "options.h"
 
 enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_LOGLEVEL };
@@ -96,7 +98,7 @@ static void warn_bad(const struct row *r, const char *value, const char *why)
     /* One line whatever the value holds: a newline in it is escaped. */
     char shown[65], esc[4 * 64 + 1];
     snprintf(shown, sizeof shown, "%s", value);
-    shim_log_escape(shown, esc, sizeof esc);
+    shim_escape_line(shown, esc, sizeof esc);
     char buf[512 + sizeof esc];
     snprintf(buf, sizeof buf,
              "spyreshim: warning: %s=\"%s\" is invalid (%s); using the default %s\n",

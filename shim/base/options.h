@@ -7,6 +7,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+/* SPYRESHIM_LOG's values, in order: messages at a level below the one set
+ * are not printed (log.c). */
+enum shim_log_level { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO, SHIM_LOG_WARN, SHIM_LOG_OFF };
+
 typedef struct shim_options {
     size_t limit;            /* SPYRESHIM_LIMIT: bytes the shim may reserve, 0 = no limit */
     const char *stats_path;  /* SPYRESHIM_STATS */

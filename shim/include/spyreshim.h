@@ -33,8 +33,9 @@ typedef struct spyreshim_lock spyreshim_lock;
  * before returning. Debug builds abort if it returns without the lock.
  * Device memory may be freed from inside the callback (or from finalizers
  * it triggers), on any thread. An allocation made while a pressure event is
- * running on the same thread fails at once with out-of-memory instead of
- * recursing. `bytes_wanted` is the size of the request that failed. */
+ * running on the same thread starts no event of its own: it fails with
+ * out-of-memory instead of recursing (on CUDA, after the wait for the
+ * device that a request finding no free block makes first). `bytes_wanted` is the size of the request that failed. */
 typedef void (*spyreshim_pressure_fn)(spyreshim_lock *lock, size_t bytes_wanted,
                                       void *user);
 

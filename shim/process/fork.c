@@ -35,10 +35,13 @@
  *
  * The fork gate (shim/base/forkgate.c): walks of the loaded objects (the
  * shim's loader calls, libunwind's unwinding) take the loader's and
- * libunwind's locks, which nobody resets in a child. Prepare closes the gate
- * first and waits, bounded, for the walks in flight (they hold no lock of
- * ours: loader.h checks it), and new walks wait while the fork is pending;
- * parent and child open it last. So a child never inherits a walk.
+ * libunwind's locks, which nobody resets in a child. The process-wide
+ * prepare closes the gate first (after the devices' prepare handlers, which
+ * glibc runs before it) and waits, bounded by a second, for the walks in
+ * flight (they hold no lock of ours: loader.h checks it), and new walks
+ * wait while the fork is pending; the process-wide parent and child open
+ * it last (before the devices' handlers run). So a child inherits a walk
+ * only when one outlasts that second.
  *
  * Per-thread state: the forking thread continues in the child with its
  * thread-locals (inside a pressure event or not, detached from Python or

@@ -5,7 +5,9 @@
  * one with the pressure event (shim/alloc/pressure.c) and one with the
  * garbage collector (python_gc/gc/pygc.c); the layers below never include
  * a trace header. Each hook turns its call into one 32-byte event of
- * tracefile.c. No lock of its own.
+ * tracebuf.c. It also wires the trace's parts together at init (the
+ * buffers start the writer with the first event) and runs their fork
+ * handlers in lock order (writer, buffers, sites). No lock of its own.
  *
  * Ordering: allocations, frees and out-of-memory carry the sequence number
  * the allocator took inside its critical section; a pressure event's
@@ -18,8 +20,11 @@
 #include "pressure.h"
 #include "pygc.h"
 #include "trace.h"
+#include "tracebuf.h"
 #include "tracefile.h"
 #include "tracefmt.h"
+#include "tracesites.h"
+#include "tracewriter.h"
 
 static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, uintptr_t addr,
                      size_t size, uint32_t native_stack, uint32_t python_stack)
@@ -27,27 +32,32 @@ static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, u
     unsigned k = kind == SHIM_EVENT_ALLOC  ? TRACE_ALLOC
                  : kind == SHIM_EVENT_FREE ? TRACE_FREE
                                            : TRACE_OOM;
-    shim_tracefile_append(k, device, seq, addr, size, native_stack, python_stack);
+    shim_tracebuf_append(k, device, seq, addr, size, native_stack, python_stack);
 }
 
 static void on_pressure(bool begin, size_t bytes)
 {
-    shim_tracefile_append(begin ? TRACE_PRESSURE_BEGIN : TRACE_PRESSURE_END, TRACE_DEVICE_NONE,
-                          shim_device_seq_next(), 0, bytes, 0, 0);
+    shim_tracebuf_append(begin ? TRACE_PRESSURE_BEGIN : TRACE_PRESSURE_END, TRACE_DEVICE_NONE,
+                         shim_device_seq_next(), 0, bytes, 0, 0);
 }
 
 static void on_collection(uint64_t ns, uint64_t freed, long objects)
 {
     (void)objects;
-    shim_tracefile_append(TRACE_GC, TRACE_DEVICE_NONE, shim_device_seq_next(), ns, freed, 0, 0);
+    shim_tracebuf_append(TRACE_GC, TRACE_DEVICE_NONE, shim_device_seq_next(), ns, freed, 0, 0);
 }
+
+/* Set once by init: whether this process records. */
+static bool g_tracing;
 
 void shim_trace_init(void)
 {
     const shim_options *o = shim_opts();
-    if (!o->trace_path || !o->trace_path[0])
+    if (!shim_tracefile_init(o->trace_path))
         return;
-    shim_tracefile_init(o->trace_path, o->trace_flush_ms);
+    g_tracing = true;
+    shim_tracewriter_init(o->trace_flush_ms);
+    shim_tracebuf_init(shim_tracewriter_start);
     shim_device_set_event_hook(on_event);
     shim_pressure_set_event_hook(on_pressure);
     shim_pygc_set_collection_hook(on_collection);
@@ -55,9 +65,30 @@ void shim_trace_init(void)
 
 void shim_trace_at_exit(void)
 {
-    shim_tracefile_close();
+    if (g_tracing)
+        shim_tracewriter_close();
 }
 
-void shim_trace_atfork_prepare(void) { shim_tracefile_atfork_prepare(); }
-void shim_trace_atfork_parent(void) { shim_tracefile_atfork_parent(); }
-void shim_trace_atfork_child(void) { shim_tracefile_atfork_child(); }
+void shim_trace_atfork_prepare(void)
+{
+    shim_tracewriter_atfork_prepare();
+    shim_tracebuf_atfork_prepare();
+    shim_tracesites_atfork_prepare();
+}
+
+void shim_trace_atfork_parent(void)
+{
+    shim_tracesites_atfork_parent();
+    shim_tracebuf_atfork_parent();
+    shim_tracewriter_atfork_parent();
+}
+
+void shim_trace_atfork_child(void)
+{
+    /* The parent writes what it buffered; the child drops it and, with
+     * %p in the path, starts a file of its own with its next event. */
+    shim_tracesites_atfork_child();
+    shim_tracebuf_atfork_child();
+    shim_tracefile_atfork_child();
+    shim_tracewriter_atfork_child();
+}

@@ -1,32 +1,57 @@
-/* The trace file: in-memory buffers of events, the shim's own writer
- * thread that appends them to the file in large writes, the interned
- * (native stack, Python stack) sites, and the metadata that makes the file
- * readable on its own. See tracefile.c and docs/trace-format.md. */
+/* The trace file (tracefile.c): its path, its header, its chunk records
+ * and the metadata that makes it readable on its own (devices, sites,
+ * native stacks, the module map). The layout is tracefmt.h and
+ * docs/trace-format.md. Every function but init is called with the trace
+ * write lock held (tracewriter.c), off the allocating threads. */
 #ifndef SHIM_TRACEFILE_H
 #define SHIM_TRACEFILE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-/* From the constructor: remembers the path template and the flush
- * interval. Nothing is opened or started until the first event. */
-void shim_tracefile_init(const char *path_template, unsigned flush_ms);
-/* Records one event (enum trace_kind). Copies 32 bytes into the calling
- * thread's own buffer, with no lock; the buffer lock (a leaf) only when
- * the buffer fills, on a site new to the thread, and on the thread's first
- * event. Never does I/O, never waits for the file. Starts the writer
- * thread on first use. */
-void shim_tracefile_append(unsigned kind, unsigned device, uint64_t seq, uint64_t addr,
-                           uint64_t size, uint32_t native_stack, uint32_t python_stack);
-/* From the library destructor: stops recording, writes what is buffered,
- * then names for every native frame and every Python stack, and closes. */
+#include "tracefmt.h"
+
+/* Metadata records being built for one chunk record. */
+struct trace_meta_buf {
+    char *p;
+    size_t len, cap;
+    bool oom;     /* out of host memory: the records are dropped */
+};
+
+/* From the constructor: remembers the path template (%p = pid). False
+ * when it is empty or too long (nothing is recorded). Nothing is opened
+ * until the first write. */
+bool shim_tracefile_init(const char *path_template);
+
+/* Room for `more` bytes in m (sets m->oom when there is none). */
+void shim_tracefile_meta_reserve(struct trace_meta_buf *m, size_t more);
+/* One record: tag, length, then the payload from the two pieces, padded
+ * to 8 bytes. */
+void shim_tracefile_meta_add(struct trace_meta_buf *m, uint32_t tag, const void *a, size_t alen,
+                             const void *b, size_t blen);
+/* The devices, sites and native stacks (and then the module map) that the
+ * file does not have yet, for events about to be written. Call after the
+ * events were taken from the buffers: their sites are interned by then. */
+void shim_tracefile_meta_new(struct trace_meta_buf *m);
+/* The native stacks the file has, in the order written. */
+size_t shim_tracefile_native_stacks(const uint32_t **ids);
+
+/* Opens the file on first use (the one safe-open policy) and writes the
+ * header. False when it cannot be (recording then stops, with one
+ * warning) or writing failed before. */
+bool shim_tracefile_ready(void);
+bool shim_tracefile_failed(void);
+/* Open and not failed: what was written so far can be completed. */
+bool shim_tracefile_writable(void);
+/* One chunk record: events ev[0..n) (`ref` is the whole sequence number
+ * of one event of the buffer they come from), then the metadata m. */
+void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
+                                const struct trace_meta_buf *m);
 void shim_tracefile_close(void);
-/* fork(): both locks are held across fork by the forking thread; the child
- * drops the parent's buffered events (every thread's) and writes a file of
- * its own when the path has %p (otherwise it records nothing: the file is
- * the parent's). */
-void shim_tracefile_atfork_prepare(void);
-void shim_tracefile_atfork_parent(void);
+/* fork() child: the parent's file is closed here, never written; with %p
+ * in the path the child writes a file of its own (every site and stack
+ * again), without it the child records nothing. */
 void shim_tracefile_atfork_child(void);
 
 #endif

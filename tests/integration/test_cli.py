@@ -108,6 +108,9 @@ def test_report_merges_identical_stacks_of_several_pids():
 def test_report_merge_does_not_depend_on_file_order():
     a = cli("report", DATA / "rank0_pid101.json", DATA / "rank1_pid102.json")
     b = cli("report", DATA / "rank1_pid102.json", DATA / "rank0_pid101.json")
+    assert a.returncode == 0, a.stderr
+    assert b.returncode == 0, b.stderr
+    assert len(_groups(a.stdout)) == 2, a.stdout
     assert sorted(g[:3] for g in _groups(a.stdout)) == sorted(g[:3] for g in _groups(b.stdout))
 
 

@@ -10,8 +10,12 @@ CPUs busy.
 - unregister: returns only once the callback stopped running elsewhere;
 - fork: 200 forks while threads allocate under pressure, leak checking on,
   no Python in the process: every child finishes;
+- fork during another thread's pressure event: the child allocates under
+  pressure, runs its own event and gets its block, without waiting for the
+  parent's event (which does not run in the child) or a false out-of-memory;
 - fork while a thread publishes the runtime (its first call, held there by
-  the shim's test hook): the child's own first call finishes."""
+  the hook of the shim's test build, libspyreshim_testhooks.so: the
+  product has no test hook): the child's own first call finishes."""
 import gc_support
 import pythons
 import pytest
@@ -62,6 +66,16 @@ def test_fork_while_threads_allocate_under_pressure(shim_lib):
     assert r.returncode == 0 and "hangs=0 failed=0" in r.stdout, r
 
 
+def test_a_child_forked_during_a_pressure_event_runs_its_own(shim_lib):
+    # Behaviour, not time: the child's request succeeds, its own copy of
+    # the callback ran, and it never waited for the parent's event.
+    for _ in range(3):
+        r = promises(shim_lib, "fork-in-event", timeout=120, env={"SPYRESHIM_GC": "0"})
+        assert not r.timed_out, r
+        assert "child rc=0 own_callback_runs=1 waits_for_parent_event=0" in r.stdout, r
+        assert r.returncode == 0 and "fork-in-event ok hangs=0 failed=0 parent_rc=0" in r.stdout, r
+
+
 def test_fork_while_a_thread_makes_the_first_call(shim_lib):
     # Deterministic: without the hook resolution lock in the fork policy
     # every run hangs the child (it inherits the lock held).
@@ -72,7 +86,10 @@ def test_fork_while_a_thread_makes_the_first_call(shim_lib):
         # interrupted (its fork generation), TSan's interceptor does not.
         # The plain run covers the scenario.
         pytest.skip("ThreadSanitizer's pthread_once does not survive a fork during an init")
+    testhooks = pythons.builddir() / "tests" / "libspyreshim_testhooks.so"
+    if not testhooks.exists():
+        pytest.fail(f"{testhooks} is missing: ninja -C {pythons.builddir()}")
     for _ in range(3):
-        r = promises(shim_lib, "fork-publish", timeout=120)
+        r = promises(testhooks, "fork-publish", timeout=120)
         assert not r.timed_out, r
         assert r.returncode == 0 and "fork-publish ok hangs=0 failed=0" in r.stdout, r

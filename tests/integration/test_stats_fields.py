@@ -43,3 +43,24 @@ def test_stats_json_has_every_field(tmp_path):
     for f in header_fields():
         assert isinstance(stats[f], int), f
     assert stats["allocs"] >= 1 and stats["frees"] >= 1
+
+
+def test_each_runtimes_entry_counts_its_own_allocations_and_frees(tmp_path):
+    # Three allocations and one free: unequal, so swapped fields show.
+    build = Path(os.environ.get("SPYRESHIM_BUILD", REPO / "build"))
+    out = tmp_path / "s.json"
+    env = dict(os.environ, LD_PRELOAD=str(build / "libspyreshim.so"),
+               SPYRESHIM_STATS=str(out), SIMDEV_MEMORY="64M")
+    subprocess.run([str(build / "tests/simdev_ops"), "a:1M", "a:2M", "a:1M", "f"], env=env,
+                   check=True, capture_output=True, timeout=60)
+    stats = json.loads(out.read_text())
+    (rt,) = stats["runtimes"]
+    assert rt["name"] == "simdev"
+    assert (rt["allocs"], rt["frees"]) == (3, 1), rt
+    assert (stats["allocs"], stats["frees"]) == (3, 1), stats
+    assert rt["used_bytes"] == stats["used_bytes"] == 3 << 20, rt
+    assert rt["peak_used_bytes"] == stats["peak_used_bytes"] == 4 << 20, rt
+    assert rt["reserved_bytes"] == stats["reserved_bytes"] >= rt["used_bytes"], rt
+    assert rt["peak_reserved_bytes"] >= rt["reserved_bytes"], rt
+    assert rt["pressure_events"] == stats["pressure_events"] == 0, rt
+    assert rt["arenas"] == stats["arenas"] >= 1, rt

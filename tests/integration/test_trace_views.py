@@ -10,6 +10,7 @@ import os
 import pickle
 import pickletools
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -46,6 +47,74 @@ def parse(text):
     p.close()
     assert not p.errors and not p.stack, (p.errors, p.stack)
     return p
+
+
+def _rec(tag, body):
+    body += b"\0" * (-len(body) % 8)
+    return struct.pack("<II", tag, len(body)) + body
+
+
+# One site whose native stack has two named frames, innermost first.
+INNER, OUTER = 0x401000, 0x402000
+
+
+def write_two_devices(path, events):
+    """A trace of `events` [(kind, dev, addr, size)] (docs/trace-format.md),
+    all at site 1: native stack [inner_fn, outer_fn], devices 0 and 1."""
+    meta = _rec(1, struct.pack("<IIII", 1, 1, 0, 0))
+    meta += _rec(2, struct.pack("<IIQQ", 1, 2, INNER, OUTER))
+    for i, name in enumerate((b"simdev", b"cuda:0")):
+        meta += _rec(3, struct.pack("<II", i, 0) + name + b"\0")
+    for a, fn, line in ((INNER, b"inner_fn", 11), (OUTER, b"outer_fn", 22)):
+        meta += _rec(5, struct.pack("<QiI", a, line, 0) + fn + b"\0prog.c\0/bin/prog\0")
+    ev = b"".join(struct.pack("<QQQII", addr, size | (kind << 48) | (dev << 56), (i + 1) * 1000,
+                              i + 1, 1) for i, (kind, dev, addr, size) in enumerate(events))
+    with open(path, "wb") as f:
+        f.write(struct.pack("<8sIIQQ", b"SPYTRACE", 1, 4242, 0, 0))
+        f.write(struct.pack("<IIIIQQ", 0x4B4E4843, len(events), len(meta), 0, 1, 0))
+        f.write(ev + meta)
+    return tr.load(str(path))
+
+
+A, F = tr.ALLOC, tr.FREE
+TWO_DEVICES = [(A, 0, 0x1000, 100), (A, 1, 0x1000, 200), (A, 0, 0x2000, 50),
+               (F, 0, 0x2000, 50), (A, 1, 0x2000, 100),
+               (F, 1, 0x1000, 200), (F, 1, 0x2000, 100), (F, 0, 0x1000, 100)]
+
+
+def test_the_peak_view_holds_the_allocation_that_made_the_peak(tmp_path):
+    t = write_two_devices(tmp_path / "two.trace", TWO_DEVICES)
+    p = tr.peaks(t)
+    assert (p.bytes, p.index) == (400, 4)
+    assert p.per_device == {0: (150, 2), 1: (300, 4)}
+    # All devices: event 4 made the peak and is in it.
+    live = tr.live_at(t, p.index)
+    assert sum(sz for sz, _s, _i in live.values()) == p.bytes
+    assert (1, 0x2000) in live
+    # Each device at its own peak, the allocation that made it included.
+    for d, (b, i) in p.per_device.items():
+        live = tr.live_at(t, i, device=d)
+        assert sum(sz for sz, _s, _i in live.values()) == b, (d, live)
+        assert (d, TWO_DEVICES[i][2]) in live
+    text = tracepeak.peak_text(t)
+    assert "== peak of all devices: 400 B after event 5 ==" in text
+    assert "SUMMARY: spyreshim: 400 byte(s) live in 3 allocation(s)." in text
+    assert "== peak of simdev: 150 B after event 3 ==" in text
+    assert "SUMMARY: spyreshim: 150 byte(s) live in 2 allocation(s)." in text
+    assert "== peak of cuda:0: 300 B after event 5 ==" in text
+
+
+def test_memory_viz_frames_are_innermost_first(tmp_path):
+    # PyTorch's snapshot lists a block's frames innermost first (the
+    # allocating function, then its callers), as the leak reports do.
+    t = write_two_devices(tmp_path / "two.trace", TWO_DEVICES)
+    snap = memoryviz.snapshot(t)
+    allocs = [e for tr_ in snap["device_traces"] for e in tr_ if e["action"] == "alloc"]
+    assert len(allocs) == 4
+    for e in allocs:
+        assert [f["name"] for f in e["frames"]] == ["inner_fn", "outer_fn"], e["frames"]
+        assert [f["line"] for f in e["frames"]] == [11, 22]
+    assert [f["function"] for f in t.frames(1)] == ["inner_fn", "outer_fn"]
 
 
 def test_timeline_page_is_self_contained_with_the_exact_peak(synth):

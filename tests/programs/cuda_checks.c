@@ -102,12 +102,18 @@ static void check_devices(void)
 
 static void check_streams(void)
 {
-    enum { SIZE = 1 << 16, QUEUED = 6 };
+    /* After the free of `a`, NEW blocks of its size are allocated and
+     * written at once: an allocator that reuses a freed block without
+     * waiting hands out `a`'s hole among them (it is the best fit, and
+     * whatever list a freed block goes to, NEW requests reach it), and the
+     * memsets still queued on it overwrite that block's data. */
+    enum { SIZE = 1 << 16, QUEUED = 6, NEW = 8 };
     CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
     CUstream s;
     CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+    static unsigned char pattern[SIZE], back[SIZE];
     for (int round = 0; round < 8; round++) {
-        CUdeviceptr x, a, y, b;
+        CUdeviceptr x, a, y, b[NEW];
         /* `a` between two live blocks: once free, its hole is the best fit
          * for a request of its size. */
         CHECK(cuMemAlloc_v2(&x, SIZE) == CUDA_SUCCESS && cuMemAlloc_v2(&a, SIZE) == CUDA_SUCCESS &&
@@ -117,19 +123,25 @@ static void check_streams(void)
         for (int k = 0; k < QUEUED; k++)
             CHECK(cuMemsetD8Async(a, 0xAA, SIZE, s) == CUDA_SUCCESS, "memset a");
         CHECK(cuMemFree_v2(a) == CUDA_SUCCESS, "free a");
-        CHECK(cuMemAlloc_v2(&b, SIZE) == CUDA_SUCCESS, "alloc b");
-        unsigned char pattern[SIZE], back[SIZE];
-        memset(pattern, 0x55, sizeof pattern);
-        /* The legacy stream does not wait for a non-blocking one: if `b`
-         * were `a`'s block, the memsets still queued would overwrite this. */
-        CHECK(cuMemcpyHtoD_v2(b, pattern, SIZE) == CUDA_SUCCESS, "copy into b");
+        /* The legacy stream does not wait for a non-blocking one: if a
+         * block below were `a`'s, the memsets still queued would overwrite
+         * what is written here. */
+        for (int i = 0; i < NEW; i++) {
+            CHECK(cuMemAlloc_v2(&b[i], SIZE) == CUDA_SUCCESS, "alloc b%d", i);
+            memset(pattern, 0x10 + i, sizeof pattern);
+            CHECK(cuMemcpyHtoD_v2(b[i], pattern, SIZE) == CUDA_SUCCESS, "copy into b%d", i);
+        }
         CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS, "sync");
-        CHECK(cuMemcpyDtoH_v2(back, b, SIZE) == CUDA_SUCCESS, "copy back");
-        CHECK(memcmp(back, pattern, SIZE) == 0,
-              "round %d: b (%#llx) was overwritten by work queued on a (%#llx) before its free",
-              round, b, a);
-        CHECK(cuMemFree_v2(b) == CUDA_SUCCESS && cuMemFree_v2(x) == CUDA_SUCCESS &&
-              cuMemFree_v2(y) == CUDA_SUCCESS, "free b, x, y");
+        for (int i = 0; i < NEW; i++) {
+            memset(pattern, 0x10 + i, sizeof pattern);
+            CHECK(cuMemcpyDtoH_v2(back, b[i], SIZE) == CUDA_SUCCESS, "copy back b%d", i);
+            CHECK(memcmp(back, pattern, SIZE) == 0,
+                  "round %d: b%d (%#llx) was overwritten by work queued on a (%#llx) before its free",
+                  round, i, b[i], a);
+        }
+        for (int i = 0; i < NEW; i++)
+            CHECK(cuMemFree_v2(b[i]) == CUDA_SUCCESS, "free b%d", i);
+        CHECK(cuMemFree_v2(x) == CUDA_SUCCESS && cuMemFree_v2(y) == CUDA_SUCCESS, "free x, y");
     }
     cuStreamDestroy_v2(s);
     printf("streams ok\n");

@@ -13,6 +13,9 @@
  *                         the callback must never see the poison
  *   promises fork N       N forks while two threads allocate under
  *                         pressure; each child allocates, frees, exits
+ *   promises fork-in-event one fork while thread O's pressure event runs;
+ *                         the child allocates under pressure, runs its own
+ *                         event and gets its block (no wait, no OOM)
  *   promises fork-publish one fork while thread P, making the process's
  *                         first call into the runtime, holds the hook
  *                         resolution lock (held there by the shim's test
@@ -56,7 +59,8 @@ static void need_shim(void)
     *(void **)&lock_acquire = dlsym(RTLD_DEFAULT, "spyreshim_lock_acquire");
     *(void **)&get_stats = dlsym(RTLD_DEFAULT, "spyreshim_get_stats");
     if (!reg || !unreg || !lock_release || !lock_acquire || !get_stats) {
-        fprintf(stderr, "promises: run with LD_PRELOAD=libspyreshim.so\n");
+        fprintf(stderr, "promises: fork-publish needs the test build of the shim: "
+                        "LD_PRELOAD=libspyreshim_testhooks.so\n");
         exit(2);
     }
 }
@@ -326,6 +330,94 @@ static int forks(int n)
     return hangs || bad ? 1 : 0;
 }
 
+/* ---- fork during another thread's pressure event ------------------------ */
+
+/* Main fills the device with blocks the callback can free, then thread O's
+ * request starts a pressure event whose callback holds on (bounded) until
+ * main has forked. The child, where O's event is not running, allocates
+ * under pressure: it must run its own event (its copy of the callback
+ * frees its copy of the blocks) and get its block, not wait for the
+ * parent's event and then fail with out-of-memory. */
+static void *cache[64];
+static int ncache;
+static pid_t parent_pid;
+static _Atomic int o_in_event, forked;
+static int child_runs;
+
+static void frees_cache(spyreshim_lock *lock, size_t want, void *user)
+{
+    (void)want;
+    (void)user;
+    lock_release(lock);
+    if (getpid() == parent_pid) {
+        atomic_store(&o_in_event, 1);
+        for (int k = 0; k < 200000 && !atomic_load(&forked); k++)
+            pause_us(50);
+    } else {
+        child_runs++;
+    }
+    for (int i = 0; i < ncache; i++)
+        simdevFree(cache[i]);
+    ncache = 0;
+    lock_acquire(lock);
+}
+
+static void *one_more(void *arg)
+{
+    void *p = NULL;
+    *(int *)arg = simdevMalloc(&p, MB);
+    if (*(int *)arg == 0)
+        simdevFree(p);
+    return NULL;
+}
+
+static int child_under_pressure(void)
+{
+    spyreshim_stats before = {.size = sizeof before}, after = {.size = sizeof after};
+    get_stats(&before);
+    void *p = NULL;
+    int rc = simdevMalloc(&p, MB);
+    get_stats(&after);
+    unsigned long long waits = after.pressure_waits - before.pressure_waits;
+    printf("fork-in-event child rc=%d own_callback_runs=%d waits_for_parent_event=%llu\n", rc,
+           child_runs, waits);
+    fflush(stdout);
+    return rc == 0 && child_runs == 1 && waits == 0 ? 0 : 4;
+}
+
+static int fork_in_event(void)
+{
+    need_shim();
+    parent_pid = getpid();
+    /* No callback yet: the request that does not fit fails at once. */
+    while (ncache < 64 && simdevMalloc(&cache[ncache], MB) == 0)
+        ncache++;
+    reg(frees_cache, NULL);
+    int o_rc = -1;
+    pthread_t o;
+    pthread_create(&o, NULL, one_more, &o_rc);
+    for (int k = 0; k < 200000 && !atomic_load(&o_in_event); k++)
+        pause_us(50);
+    if (!atomic_load(&o_in_event)) {
+        printf("fork-in-event FAILED: no pressure event (filled %d blocks)\n", ncache);
+        return 1;
+    }
+    int hangs = 0, bad = 0;
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(child_under_pressure());
+    atomic_store(&forked, 1);
+    if (pid < 0)
+        bad++;
+    else
+        wait_child(pid, &hangs, &bad);
+    pthread_join(o, NULL);
+    int ok = !hangs && !bad && o_rc == 0;
+    printf("fork-in-event %s hangs=%d failed=%d parent_rc=%d\n", ok ? "ok" : "FAILED", hangs, bad,
+           o_rc);
+    return ok ? 0 : 1;
+}
+
 /* ---- fork while a thread publishes the runtime -------------------------- */
 
 static void (*_Atomic *test_publishing)(void);
@@ -361,7 +453,8 @@ static int fork_publish(void)
 {
     *(void **)&test_publishing = dlsym(RTLD_DEFAULT, "spyreshim_test_publishing");
     if (!test_publishing) {
-        fprintf(stderr, "promises: run with LD_PRELOAD=libspyreshim.so\n");
+        fprintf(stderr, "promises: fork-publish needs the test build of the shim: "
+                        "LD_PRELOAD=libspyreshim_testhooks.so\n");
         return 2;
     }
     /* Registered after the shim's process-wide handlers: this prepare runs
@@ -401,6 +494,8 @@ int main(int argc, char **argv)
         return unregister_race(atoi(argv[2]));
     if (argc >= 3 && !strcmp(argv[1], "fork"))
         return forks(atoi(argv[2]));
+    if (argc >= 2 && !strcmp(argv[1], "fork-in-event"))
+        return fork_in_event();
     if (argc >= 2 && !strcmp(argv[1], "fork-publish"))
         return fork_publish();
     fprintf(stderr, "usage: promises loader LIB | foreign 1|2 | unregister N | fork N | "

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "arena.h"
+#include "arena_inspect.h"
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -107,14 +108,14 @@ static shim_region_backend backend_of(fake *f, size_t alignment)
 
 typedef struct blk {
     uintptr_t addr;
-    size_t size, taken;
+    size_t size, block_bytes;
     uint32_t node;
 } blk;
 
 static blk must_alloc(shim_arena *a, size_t size)
 {
     blk b = { .size = size };
-    int rc = shim_arena_alloc(a, size, &b.addr, &b.node, &b.taken);
+    int rc = shim_arena_alloc(a, size, &b.addr, &b.node, &b.block_bytes);
     cr_assert_eq(rc, 0, "alloc of %zu bytes failed", size);
     return b;
 }
@@ -179,13 +180,13 @@ static void model_add(model *m, blk b)
     }
     size_t p = model_pos(m, b.addr);
     if (p < m->n)
-        cr_assert(b.addr + b.taken <= m->v[p].addr,
+        cr_assert(b.addr + b.block_bytes <= m->v[p].addr,
                   "seed=%" PRIu64 ": block %#" PRIxPTR "+%zu overlaps the next live block %#" PRIxPTR,
-                  m->seed, b.addr, b.taken, m->v[p].addr);
+                  m->seed, b.addr, b.block_bytes, m->v[p].addr);
     if (p > 0)
-        cr_assert(m->v[p - 1].addr + m->v[p - 1].taken <= b.addr,
+        cr_assert(m->v[p - 1].addr + m->v[p - 1].block_bytes <= b.addr,
                   "seed=%" PRIu64 ": block %#" PRIxPTR " overlaps the previous live block %#" PRIxPTR
-                  "+%zu", m->seed, b.addr, m->v[p - 1].addr, m->v[p - 1].taken);
+                  "+%zu", m->seed, b.addr, m->v[p - 1].addr, m->v[p - 1].block_bytes);
     memmove(&m->v[p + 1], &m->v[p], (m->n - p) * sizeof *m->v);
     m->v[p] = b;
     m->n++;
@@ -208,15 +209,15 @@ static void model_check(const model *m, shim_arena *a, const fake *f, size_t lim
     uint64_t used = 0;
     for (size_t i = 0; i < m->n; i++) {
         const blk *b = &m->v[i];
-        used += b->taken;
+        used += b->block_bytes;
         uintptr_t rb = 0;
         size_t rs = 0;
         cr_assert_eq(shim_arena_classify(a, b->addr, &rb, &rs), SHIM_ADDR_LIVE_START,
                      "seed=%" PRIu64 ": live block %#" PRIxPTR " not classified live", m->seed, b->addr);
         /* The blocks tile their region: whatever follows a live block in
          * the region starts a block. */
-        if (b->addr + b->taken < rb + rs) {
-            enum shim_block_kind k = shim_arena_classify(a, b->addr + b->taken, NULL, NULL);
+        if (b->addr + b->block_bytes < rb + rs) {
+            enum shim_block_kind k = shim_arena_classify(a, b->addr + b->block_bytes, NULL, NULL);
             cr_assert(k == SHIM_ADDR_LIVE_START || k == SHIM_ADDR_FREE_START,
                       "seed=%" PRIu64 ": the end of block %#" PRIxPTR " is not a block start (%d)",
                       m->seed, b->addr, (int)k);
@@ -254,18 +255,18 @@ static void random_run_from(uint64_t seed, size_t alignment, size_t limit, size_
         if (do_alloc) {
             size_t size = rand_size(&s, max_size);
             blk b = { .size = size };
-            int rc = shim_arena_alloc(a, size, &b.addr, &b.node, &b.taken);
+            int rc = shim_arena_alloc(a, size, &b.addr, &b.node, &b.block_bytes);
             if (rc != 0) {
                 cr_assert(limit != 0, "seed=%" PRIu64 ": alloc of %zu failed without a limit",
                           seed, size);
                 continue;
             }
             cr_assert_eq(b.addr % alignment, 0, "seed=%" PRIu64 ": misaligned %#" PRIxPTR, seed, b.addr);
-            cr_assert_geq(b.taken, size, "seed=%" PRIu64, seed);
-            cr_assert_eq(b.taken % alignment, 0, "seed=%" PRIu64, seed);
+            cr_assert_geq(b.block_bytes, size, "seed=%" PRIu64, seed);
+            cr_assert_eq(b.block_bytes % alignment, 0, "seed=%" PRIu64, seed);
             const range *r = fake_find(f, b.addr);
             cr_assert_not_null(r, "seed=%" PRIu64 ": block outside every region", seed);
-            cr_assert_leq(b.addr + b.taken, r->base + r->size,
+            cr_assert_leq(b.addr + b.block_bytes, r->base + r->size,
                           "seed=%" PRIu64 ": block crosses its region's end", seed);
             /* The node is the block's record: address, requested size and
              * the owner's tags read back from it. */
@@ -277,7 +278,7 @@ static void random_run_from(uint64_t seed, size_t alignment, size_t limit, size_
             cr_assert_eq(shim_arena_block_requested(a, b.node), b.size, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_tag(a, b.node, 0), (uint32_t)b.size, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_tag(a, b.node, 1), (uint32_t)b.addr, "seed=%" PRIu64, seed);
-            cr_assert_eq(shim_arena_free_node(a, b.node), b.taken, "seed=%" PRIu64, seed);
+            cr_assert_eq(shim_arena_free_node(a, b.node), b.block_bytes, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_block_addr(a, b.node), 0, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_block_requested(a, b.node), 0, "seed=%" PRIu64, seed);
             cr_assert_eq(shim_arena_classify(a, b.addr, NULL, NULL) != SHIM_ADDR_LIVE_START, 1,
@@ -412,7 +413,7 @@ Test(arena, a_freed_block_of_a_common_size_comes_back_as_is_to_the_next_request_
     cr_assert_eq(counters(s.a).used_bytes, 998 * 4096, "a cached block is not in use");
     blk x = must_alloc(s.a, 4000);
     cr_assert_eq(x.addr, b[501].addr, "the last block freed comes back first");
-    cr_assert_eq(x.taken, 4096);
+    cr_assert_eq(x.block_bytes, 4096);
     blk y = must_alloc(s.a, 4096);
     cr_assert_eq(y.addr, b[500].addr);
     cr_assert_eq(shim_arena_classify(s.a, y.addr, NULL, NULL), SHIM_ADDR_LIVE_START);
@@ -491,7 +492,7 @@ Test(arena, a_block_freed_next_to_a_free_block_merges_with_it_at_once)
     blk big = must_alloc(s.a, 2 * MIB);
     blk z = must_alloc(s.a, 4096);
     blk w = must_alloc(s.a, 4096);
-    cr_assert_eq(z.addr, big.addr + big.taken);
+    cr_assert_eq(z.addr, big.addr + big.block_bytes);
     shim_arena_free_node(s.a, big.node);
     shim_arena_free_node(s.a, z.node);
     cr_assert_eq(shim_arena_classify(s.a, z.addr, NULL, NULL), SHIM_ADDR_INTERIOR,
@@ -612,7 +613,7 @@ Test(arena, request_above_half_a_region_gets_a_dedicated_region_of_its_size_cach
     setup s = make(1 * GIB, 0, 1 * MIB);
     blk small = must_alloc(s.a, 512 * KIB);   /* leaves less than the big one needs */
     blk big = must_alloc(s.a, 600 * KIB + 1);
-    size_t exact = big.taken;
+    size_t exact = big.block_bytes;
     cr_assert_geq(exact, 600 * KIB + 1);
     cr_assert_leq(exact, 600 * KIB + 600 * KIB / 64 + 256, "a dedicated region fits its request");
     shim_arena_counters c = counters(s.a);
@@ -699,7 +700,7 @@ Test(arena, a_64M_limit_serves_close_to_64_MiB_of_1M_requests)
     blk b[128];
     while (ok < 128) {
         blk x = { 0 };
-        if (shim_arena_alloc(s.a, 1 * MIB, &x.addr, &x.node, &x.taken) != 0)
+        if (shim_arena_alloc(s.a, 1 * MIB, &x.addr, &x.node, &x.block_bytes) != 0)
             break;
         b[ok++] = x;
     }
@@ -717,7 +718,7 @@ Test(arena, a_request_above_the_limit_fails_without_reserving)
 {
     setup s = make(16 * GIB, 64 * MIB, 0);
     blk x = { 0 };
-    cr_assert_eq(shim_arena_alloc(s.a, 65 * MIB, &x.addr, &x.node, &x.taken), -1);
+    cr_assert_eq(shim_arena_alloc(s.a, 65 * MIB, &x.addr, &x.node, &x.block_bytes), -1);
     cr_assert_eq(s.f->reserves, 0);
     cr_assert_eq(counters(s.a).reserved_bytes, 0);
     unmake(s);
@@ -744,8 +745,8 @@ Test(arena, a_request_beyond_the_largest_block_fails_cleanly)
 {
     setup s = make((size_t)1 << 62, 0, 0);
     blk x = { 0 };
-    cr_assert_eq(shim_arena_alloc(s.a, (size_t)1 << 50, &x.addr, &x.node, &x.taken), -1);
-    cr_assert_eq(shim_arena_alloc(s.a, SIZE_MAX, &x.addr, &x.node, &x.taken), -1);
+    cr_assert_eq(shim_arena_alloc(s.a, (size_t)1 << 50, &x.addr, &x.node, &x.block_bytes), -1);
+    cr_assert_eq(shim_arena_alloc(s.a, SIZE_MAX, &x.addr, &x.node, &x.block_bytes), -1);
     cr_assert_eq(s.f->reserves, 0);
     blk y = must_alloc(s.a, 1000);
     shim_arena_free_node(s.a, y.node);
@@ -757,7 +758,7 @@ Test(arena, backend_refusing_every_region_makes_alloc_fail_cleanly)
     setup s = make(16 * GIB, 0, 0);
     s.f->refuse_all = true;
     blk x = { 0 };
-    cr_assert_eq(shim_arena_alloc(s.a, 4096, &x.addr, &x.node, &x.taken), -1);
+    cr_assert_eq(shim_arena_alloc(s.a, 4096, &x.addr, &x.node, &x.block_bytes), -1);
     shim_arena_counters c = counters(s.a);
     cr_assert_eq(c.reserved_bytes, 0);
     cr_assert_eq(c.regions, 0);
@@ -777,7 +778,7 @@ Test(arena, a_backend_error_other_than_out_of_memory_is_returned_without_retries
     blk x = { 0 };
     size_t before = s.f->refusals;
     /* Larger than the cached region: a new region is needed. */
-    cr_assert_eq(shim_arena_alloc(s.a, 512 * MIB, &x.addr, &x.node, &x.taken), 35);
+    cr_assert_eq(shim_arena_alloc(s.a, 512 * MIB, &x.addr, &x.node, &x.block_bytes), 35);
     cr_assert_eq(s.f->refusals, before + 1, "no smaller region tried, no trim and retry");
     cr_assert_eq(counters(s.a).empty_regions, 1, "the cached region is kept");
     s.f->hard_error = 0;
@@ -800,6 +801,30 @@ Test(arena, backend_refusing_a_whole_region_still_serves_a_request_that_fits)
     unmake(s);
 }
 
+Test(arena, a_refused_region_is_halved_until_the_runtime_takes_it)
+{
+    /* Regions of 64 MiB; the runtime takes at most 5 MiB at a time and
+     * does not say how much it has (mem_info fails): 64, 32, 16 and 8 MiB
+     * are refused and 4 MiB is taken, a shared region (not one cut to the
+     * request) that serves the next request too. */
+    setup s = make(16 * GIB, 0, 64 * MIB);
+    s.f->max_reserve = 5 * MIB;
+    s.f->info_fails = true;
+    blk x = must_alloc(s.a, 1 * MIB);
+    cr_assert_eq(s.f->refusals, 4, "refused %zu times, not 64 -> 32 -> 16 -> 8 -> 4 MiB",
+                 s.f->refusals);
+    const range *r = fake_find(s.f, x.addr);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->size, 4 * MIB, "the region taken is %zu bytes, not the largest halving "
+                 "the runtime takes", r->size);
+    blk y = must_alloc(s.a, 2 * MIB);
+    cr_assert_eq(s.f->reserves, 1, "a second region for what the halved one holds");
+    cr_assert_eq(fake_find(s.f, y.addr), r);
+    shim_arena_free_node(s.a, x.node);
+    shim_arena_free_node(s.a, y.node);
+    unmake(s);
+}
+
 Test(arena, backend_with_room_for_only_the_exact_request_still_serves_it)
 {
     setup s = make(16 * GIB, 0, 1 * MIB);
@@ -807,7 +832,7 @@ Test(arena, backend_with_room_for_only_the_exact_request_still_serves_it)
     size_t exact = 600 * KIB + 256;
     s.f->max_reserve = exact;                  /* less than the size class */
     blk x = must_alloc(s.a, 600 * KIB + 1);
-    cr_assert_eq(x.taken, exact);
+    cr_assert_eq(x.block_bytes, exact);
     blk y = must_alloc(s.a, 100 * KIB);        /* a shared region: 1 MiB refused, halved */
     cr_assert_leq(fake_find(s.f, y.addr)->size, exact);
     shim_arena_free_node(s.a, x.node);
@@ -833,23 +858,23 @@ Test(arena, counters_track_usage_and_peaks)
     blk x = must_alloc(s.a, 100 * KIB);
     blk y = must_alloc(s.a, 200 * KIB);
     shim_arena_counters c = counters(s.a);
-    cr_assert_eq(c.used_bytes, x.taken + y.taken);
+    cr_assert_eq(c.used_bytes, x.block_bytes + y.block_bytes);
     cr_assert_eq(c.reserved_bytes, 1 * MIB);
     cr_assert_eq(c.regions, 1);
     cr_assert_eq(c.regions_reserved, 1);
     shim_arena_free_node(s.a, y.node);
     c = counters(s.a);
-    cr_assert_eq(c.used_bytes, x.taken);
-    cr_assert_eq(c.peak_used_bytes, x.taken + y.taken);
+    cr_assert_eq(c.used_bytes, x.block_bytes);
+    cr_assert_eq(c.peak_used_bytes, x.block_bytes + y.block_bytes);
     blk d = must_alloc(s.a, 950 * KIB);           /* more than is free: dedicated */
     c = counters(s.a);
-    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + d.taken);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + d.block_bytes);
     shim_arena_free_node(s.a, d.node);
     shim_arena_free_node(s.a, x.node);
     c = counters(s.a);
     cr_assert_eq(c.used_bytes, 0);
-    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + d.taken);
-    cr_assert_eq(c.peak_used_bytes, x.taken + d.taken);
+    cr_assert_eq(c.peak_reserved_bytes, 1 * MIB + d.block_bytes);
+    cr_assert_eq(c.peak_used_bytes, x.block_bytes + d.block_bytes);
     cr_assert_eq(c.regions_released, 1);
     unmake(s);
 }
@@ -862,10 +887,10 @@ Test(arena, requests_are_rounded_up_to_their_size_class_only)
         size_t size = rand_size(&seed, 8 * MIB);
         blk b = must_alloc(s.a, size);
         size_t aligned = (size + 255) & ~(size_t)255;
-        cr_assert_geq(b.taken, aligned);
+        cr_assert_geq(b.block_bytes, aligned);
         /* Within one sub-bin (1/64, SL_COUNT) above the aligned size. */
-        cr_assert_leq((double)b.taken, (double)aligned * (1.0 + 1.0 / 64), "size %zu took %zu",
-                      size, b.taken);
+        cr_assert_leq((double)b.block_bytes, (double)aligned * (1.0 + 1.0 / 64), "size %zu took %zu",
+                      size, b.block_bytes);
         shim_arena_free_node(s.a, b.node);
     }
     unmake(s);
@@ -889,7 +914,7 @@ Test(arena, classify_tells_live_free_interior_and_outside_addresses)
     cr_assert_eq(shim_arena_classify(s.a, z.addr + 4095, NULL, NULL), SHIM_ADDR_INTERIOR);
     cr_assert_eq(shim_arena_classify(s.a, z.addr, NULL, NULL), SHIM_ADDR_LIVE_START);
     /* The trailing free block is free at its start and interior beyond. */
-    uintptr_t tail = z.addr + z.taken;
+    uintptr_t tail = z.addr + z.block_bytes;
     cr_assert_eq(shim_arena_classify(s.a, tail, NULL, NULL), SHIM_ADDR_FREE_START);
     cr_assert_eq(shim_arena_classify(s.a, tail + 512, NULL, NULL), SHIM_ADDR_INTERIOR);
     cr_assert_eq(shim_arena_classify(s.a, rb - 1, NULL, NULL), SHIM_ADDR_OUTSIDE);
@@ -912,7 +937,7 @@ Test(arena, classify_finds_the_right_region_among_many)
         size_t rs = 0;
         cr_assert_eq(shim_arena_classify(s.a, b[i].addr, &rb, &rs), SHIM_ADDR_LIVE_START);
         cr_assert_eq(rb, b[i].addr);
-        cr_assert_eq(shim_arena_classify(s.a, b[i].addr + b[i].taken, NULL, NULL), SHIM_ADDR_OUTSIDE,
+        cr_assert_eq(shim_arena_classify(s.a, b[i].addr + b[i].block_bytes, NULL, NULL), SHIM_ADDR_OUTSIDE,
                      "the gap after a region is outside");
     }
     for (int i = 0; i < 40; i += 2)
@@ -931,7 +956,7 @@ Test(arena, freeing_a_handle_twice_or_a_bogus_handle_changes_nothing)
     setup s = make(1 * GIB, 0, 1 * MIB);
     blk x = must_alloc(s.a, 4096);
     blk y = must_alloc(s.a, 4096);
-    cr_assert_eq(shim_arena_free_node(s.a, x.node), x.taken);
+    cr_assert_eq(shim_arena_free_node(s.a, x.node), x.block_bytes);
     shim_arena_counters before = counters(s.a);
     cr_assert_eq(shim_arena_free_node(s.a, x.node), 0);
     cr_assert_eq(shim_arena_free_node(s.a, 123456), 0);

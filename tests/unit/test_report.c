@@ -121,6 +121,53 @@ Test(report, suppressions_silence_exactly_their_groups)
     shim_suppressions_free(sup);
 }
 
+/* An object pattern (`leak:libfoo.so`, here the test program's own file):
+ * a frame's object is matched, not only its function and source file. The
+ * pattern is anchored at the end so that it matches neither "test_report.c"
+ * nor a function name. */
+Test(report, suppressions_match_a_frames_object)
+{
+    shim_report *r = shim_report_build(allocs, nallocs, NULL);
+    const shim_report_group *g = shim_report_group_at(r, 0);
+    cr_assert_geq(g->nframes, 1);
+    const char *object = g->frames[0].object;
+    cr_assert(object && strstr(object, "test_report"), "object %s", object ? object : "(none)");
+    cr_assert_eq(strstr(object, "test_report.c"), NULL);
+    shim_report_free(r);
+
+    shim_suppressions *sup = shim_suppressions_parse("leak:/test_report$\n", "test");
+    r = shim_report_build(allocs, nallocs, sup);
+    uint64_t lb, lc, sb, sc;
+    shim_report_totals(r, &lb, &lc, &sb, &sc);
+    cr_assert_eq(sb, 1310, "every group with a stack is in the test program's object");
+    cr_assert_eq(sc, 5);
+    cr_assert_eq(lb, 100, "only the group without a stack is left");
+    shim_report_free(r);
+    shim_suppressions_free(sup);
+
+    /* An object that holds none of the frames suppresses nothing. */
+    sup = shim_suppressions_parse("leak:libfoo.so\n", "test");
+    r = shim_report_build(allocs, nallocs, sup);
+    shim_report_totals(r, &lb, &lc, &sb, &sc);
+    cr_assert_eq(sb, 0);
+    shim_report_free(r);
+    shim_suppressions_free(sup);
+}
+
+/* The `^` anchor in a report: a pattern anchored at the start of a function
+ * name suppresses that function and not one that merely contains it. */
+Test(report, an_anchored_suppression_matches_names_that_start_with_it)
+{
+    shim_suppressions *sup = shim_suppressions_parse("leak:^lpha_site\nleak:^beta_sit\n", "test");
+    shim_report *r = shim_report_build(allocs, nallocs, sup);
+    cr_assert_eq(shim_report_group_at(r, 0)->suppression, 1, "beta_site starts with beta_sit");
+    for (size_t i = 1; i < shim_report_ngroups(r); i++)
+        cr_assert_eq(shim_report_group_at(r, i)->suppression, -1,
+                     "group %zu: alpha_site contains lpha_site but does not start with it", i);
+    shim_report_free(r);
+    shim_suppressions_free(sup);
+}
+
 static char *print_to_string(const shim_report *r, enum shim_report_kind kind, size_t max)
 {
     FILE *f = tmpfile();

@@ -274,10 +274,14 @@ Test(shards, free_blocks_of_an_idle_arena_come_before_a_new_region)
     setup("2", NULL, 256 * MB);
     struct req a = {.size = 4 * MB}, b = {.size = MB};
     contend_ok(&a, &b);
+    /* Two arenas, a region each: with one arena, its second region would
+     * serve the request below and the test would prove nothing. */
+    cr_assert_eq(stats_of(dev).arenas, 2, "B's request made no arena of its own");
     cr_assert_eq(stats_of(dev).regions, 2);
     void *p;
     cr_assert_eq(shim_device_malloc(dev, &p, 2 * MB), 0);
     spyreshim_stats s = stats_of(dev);
+    cr_assert_eq(s.arenas, 2);
     cr_assert_eq(s.regions, 2, "a region reserved while another arena had room");
     cr_assert_eq(s.used_bytes, 7 * MB);
     cr_assert_eq(shim_device_free(dev, p), 0);

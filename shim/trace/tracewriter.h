@@ -1,0 +1,20 @@
+/* The trace's writer (tracewriter.c): the shim's own thread that moves
+ * recorded events from the buffers to the file, and the last write at
+ * exit. */
+#ifndef SHIM_TRACEWRITER_H
+#define SHIM_TRACEWRITER_H
+
+/* From the constructor: the flush interval (SPYRESHIM_TRACE_FLUSH_MS). */
+void shim_tracewriter_init(unsigned flush_ms);
+/* Starts the writer thread (the first event of the process, or of a fork
+ * child: tracebuf.c calls it). */
+void shim_tracewriter_start(void);
+/* From the library destructor: stops recording, writes what is buffered,
+ * then the names of every native frame and Python stack, and closes. */
+void shim_tracewriter_close(void);
+/* fork(): the write lock is held across fork, taken first of the trace's. */
+void shim_tracewriter_atfork_prepare(void);
+void shim_tracewriter_atfork_parent(void);
+void shim_tracewriter_atfork_child(void);
+
+#endif
