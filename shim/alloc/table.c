@@ -343,6 +343,11 @@ uint32_t shim_table_find(const shim_table *t, uintptr_t ptr)
     return i == SIZE_MAX ? SHIM_TABLE_NONE : slot_id(t, t->slots[i]);
 }
 
+const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id)
+{
+    return id < t->fields_cap ? &t->fields[id] : NULL;
+}
+
 size_t shim_table_count(const shim_table *t)
 {
     return t->count;

@@ -54,6 +54,9 @@ int shim_table_add(shim_table *t, uintptr_t ptr, uint32_t id, const shim_live_fi
 uint32_t shim_table_remove(shim_table *t, uintptr_t ptr, shim_live_fields *out);
 /* The node id of `ptr`, or SHIM_TABLE_NONE. */
 uint32_t shim_table_find(const shim_table *t, uintptr_t ptr);
+/* The fields of a node id the table holds (pointer queries read a live
+ * block's sequence number through it), or NULL. */
+const shim_live_fields *shim_table_fields(const shim_table *t, uint32_t id);
 size_t shim_table_count(const shim_table *t);
 /* Visits every live entry; `fn` must not modify the table. */
 void shim_table_foreach(const shim_table *t,
