@@ -22,6 +22,10 @@ start the next run clean. Prints one JSON line:
 repeats the failing call N times, as a framework's own release-and-retry
 does (PyTorch and CuPy make 3 driver calls for one allocation).
 
+--capture begins a capture (global mode) on a new stream before the runs;
+relaxed also puts this thread in relaxed mode, as PyTorch does around its
+allocations while capturing.
+
 --gil calls through ctypes.PyDLL (the GIL held across the call, as under
 torch.compile); otherwise ctypes.CDLL (released). --busy-thread runs a
 second thread allocating and freeing through the model meanwhile.
@@ -46,6 +50,8 @@ def main():
     p.add_argument("--busy-thread", action="store_true")
     p.add_argument("--live", action="store_true",
                    help="keep the buffers alive (nothing is garbage: truly out of memory)")
+    p.add_argument("--capture", choices=["none", "global", "relaxed"], default="none",
+                   help="begin a stream capture first; relaxed: this thread's mode relaxed too")
     p.add_argument("--again", type=int, default=0,
                    help="driver calls repeated after a failure, as a framework's own retries")
     a = p.parse_args()
@@ -55,6 +61,13 @@ def main():
     ctx = ctypes.c_void_p()
     assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
     assert cu.cuCtxSetCurrent(ctx) == 0
+    if a.capture != "none":
+        stream = ctypes.c_void_p()
+        assert cu.cuStreamCreate(ctypes.byref(stream), 0) == 0
+        assert cu.cuStreamBeginCapture_v2(stream, 0) == 0          # global
+        if a.capture == "relaxed":
+            mode = ctypes.c_int(2)                                  # as PyTorch's allocator does
+            assert cu.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
     model = (ctypes.PyDLL if a.gil else ctypes.CDLL)(a.model)
     model.model_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_uint64)]
     model.model_free.argtypes = [ctypes.c_uint64]
