@@ -14,6 +14,8 @@ start the next run clean. Prints one JSON line:
      "refused": <runs where a request got an error>, "codes": [<errors seen>],
      "collections": <collections seen by gc.callbacks, all threads>,
      "fail_ns": [<per refused run: ns from the failing call to its answer>],
+     "answer_ns": [<per call that found the device full (failed, or a
+                   collection ran during it): ns from the call to its answer>],
      "retry_ok": <refused runs whose retry after the framework's own
                   collection (what an OOM observer does) succeeded>,
      "lock_kind": <model_lock_kind()>}
@@ -102,16 +104,19 @@ def main():
         t.start()
 
     out = {"runs": a.runs, "rescued": 0, "refused": 0, "codes": [], "collections": 0,
-           "fail_ns": [], "retry_ok": 0, "lock_kind": model.model_lock_kind()}
+           "fail_ns": [], "answer_ns": [], "retry_ok": 0, "lock_kind": model.model_lock_kind()}
     ptr = ctypes.c_uint64()
     for _ in range(a.runs):
         gc.disable()
         failed = False
         live = []
         for _ in range(a.buffers):
+            c0 = collections[0]
             t0 = time.perf_counter_ns()
             rc = model.model_alloc(a.bytes, ctypes.byref(ptr))
             t1 = time.perf_counter_ns()
+            if rc != 0 or collections[0] != c0:
+                out["answer_ns"].append(t1 - t0)
             if rc != 0:
                 failed = True
                 out["fail_ns"].append(t1 - t0)
