@@ -86,6 +86,10 @@ static __thread enum shim_gc_way tls_way;
  * allocation succeeds anywhere (the allocation sequence moved past mark). */
 static __thread bool tls_episode_open;
 static __thread uint64_t tls_episode_mark;
+/* The allocation sequence when the gate let this request collect: taken
+ * before the collection, so that an allocation another thread made during
+ * it (taking what it freed) ends the episode. */
+static __thread uint64_t tls_gate_mark;
 
 /* Back-off: after a collection that freed nothing, pressure events are
  * not collected until something was freed or allocated since, or a window
@@ -145,7 +149,7 @@ static void thread_observer(const shim_collect_result *r)
     note_collection(r, true);
 }
 
-static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
+static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now, uint64_t seq0)
 {
     if (freed > 0) {
         atomic_store(&backoff_level, 0);
@@ -162,7 +166,7 @@ static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
     if (window > BACKOFF_MAX_NS)
         window = BACKOFF_MAX_NS;
     atomic_store(&backoff_freed_mark, shim_pressure_freed_total());
-    atomic_store(&backoff_seq_mark, shim_device_seq_now());
+    atomic_store(&backoff_seq_mark, seq0);
     atomic_store(&backoff_until, now + window);
 }
 
@@ -330,12 +334,13 @@ static void run_event(void)
     }
     if (collected) {
         uint64_t end = shim_now_ns();
-        update_backoff(shim_pressure_freed_total() - freed0, end - start, end);
+        update_backoff(shim_pressure_freed_total() - freed0, end - start, end, tls_gate_mark);
         /* The episode opens: the framework's next driver calls for this
          * same allocation (after it released its cache) get no second
-         * collection; the first allocation that succeeds closes it. */
+         * collection; the first allocation that succeeds anywhere (from
+         * the start of this collection on) closes it. */
         tls_episode_open = true;
-        tls_episode_mark = shim_device_seq_now();
+        tls_episode_mark = tls_gate_mark;
     }
 }
 
@@ -343,13 +348,15 @@ static void run_event(void)
 static bool gate(size_t want)
 {
     (void)want;
+    uint64_t now = shim_device_seq_now();
     if (tls_episode_open) {
-        if (shim_device_seq_now() == tls_episode_mark) {
+        if (now == tls_episode_mark) {
             atomic_fetch_add(&st.episode_skips, 1);
             return false;
         }
         tls_episode_open = false;
     }
+    tls_gate_mark = now;
     const shim_pyapi *api = shim_pyapi_get();
     bool free_threaded = api && !api->pypy && api->py && api->py->free_threaded;
     enum shim_gc_caller caller;
