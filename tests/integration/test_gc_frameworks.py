@@ -40,7 +40,7 @@ def model_path(builddir, tmp_path, name):
                 "unknown": "libnolock_model.so"}[name]
 
 
-def run_model(builddir, shim_lib, tmp_path, name, env=(), args=(), runs=RUNS):
+def run_model(builddir, shim_lib, tmp_path, name, env=(), args=(), runs=RUNS, python=PYTHON):
     stats = tmp_path / "stats.json"
     e = pythons._clean_env()
     e.update({"LD_PRELOAD": str(shim_lib), "CUDASTANDIN_MEMORY": "16M",
@@ -50,7 +50,7 @@ def run_model(builddir, shim_lib, tmp_path, name, env=(), args=(), runs=RUNS):
               "XLA_PYTHON_CLIENT_ALLOCATOR"):
         e.pop(k, None)
     e.update(dict(env))
-    res = pythons.run([PYTHON, HERE / "framework_model_run.py",
+    res = pythons.run([python, HERE / "framework_model_run.py",
                        model_path(builddir, tmp_path, name),
                        "--driver", builddir / "tests" / "cudadrv" / "libcuda.so.1",
                        "--runs", runs, *args], env=e, timeout=HANG_S)
@@ -162,7 +162,7 @@ def test_bad_mode_warns_and_uses_auto(builddir, shim_lib, tmp_path):
     e = pythons._clean_env()
     e.update({"LD_PRELOAD": str(shim_lib), "SPYRESHIM_GC": "sometimes",
               "SPYRESHIM_STATS": str(stats), "CUDASTANDIN_MEMORY": "16M"})
-    res = pythons.run([PYTHON, HERE / "framework_model_run.py",
+    res = pythons.run([python, HERE / "framework_model_run.py",
                        model_path(builddir, tmp_path, "torch"),
                        "--driver", builddir / "tests" / "cudadrv" / "libcuda.so.1"],
                       env=e, timeout=HANG_S)
@@ -185,3 +185,22 @@ def test_no_collection_during_capture(builddir, shim_lib, tmp_path, capture, cod
     assert shim_collections(st) == 0, st
     if capture == "relaxed":
         assert st["gc_capture_refusals"] >= 3, st
+
+
+@pytest.mark.parametrize("name,verdict", [("torch", "refuse"), ("rmm", "refuse"),
+                                          ("cuda.bindings", "inline")])
+def test_free_threaded_inline_only_without_a_framework_lock(builddir, shim_lib, tmp_path,
+                                                          name, verdict):
+    """A free-threaded build: an inline collection stops the world, so a
+    caller holding a framework lock (even PyTorch's recursive one, with the
+    thread attached) gets out-of-memory at once; a caller without one is
+    rescued inline as before."""
+    interp = pythons.get("cpython3.13t").require()
+    out, st = run_model(builddir, shim_lib, tmp_path, name, {}, ["--gil"], runs=5,
+                        python=interp.exe)
+    assert "free-threaded" in st["gc_interpreter"], st
+    if verdict == "refuse":
+        assert out["refused"] == 5 and out["codes"] == [2], out
+        assert shim_collections(st) == 0 and st["gc_refused_by_caller"][name] >= 5, st
+    else:
+        assert out["rescued"] == 5 and st["gc_inline_collections"] >= 5, st
