@@ -13,13 +13,14 @@
  *
  * Owns: the mode and the configuration read at init (written once by the
  * constructor, read-only after). No lock. Runs on the failure path only,
- * with no shim lock held: it unwinds (glibc's backtrace) and asks the
- * loader (shim_dladdr) who owns each frame. Never called on the fast path.
+ * with no shim lock held: it unwinds (glibc's backtrace, inside the fork
+ * gate) and asks the loader (shim_dladdr) who owns each frame. Never called on the fast path.
  * Must never take a lock of the allocator or call into Python. */
 #include <execinfo.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "forkgate.h"
 #include "loader.h"
 #include "options.h"
 #include "policy.h"
@@ -143,7 +144,12 @@ static enum lock_held find_caller(enum shim_gc_caller *caller)
     if (!shim_dladdr((const void *)find_caller, &self))
         return HELD_UNKNOWN;
     void *pcs[64];
+    /* glibc's unwinder walks the loaded objects (and loads libgcc_s on its
+     * first use): the loader's rules, and inside the fork gate. */
+    shim_loader_check("backtrace");
+    shim_fork_gate_enter();
     int n = backtrace(pcs, 64);
+    shim_fork_gate_leave();
     for (int i = 0; i < n; i++) {
         Dl_info di;
         /* A return address: the call is the byte before it. */

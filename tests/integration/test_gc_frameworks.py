@@ -162,7 +162,7 @@ def test_bad_mode_warns_and_uses_auto(builddir, shim_lib, tmp_path):
     e = pythons._clean_env()
     e.update({"LD_PRELOAD": str(shim_lib), "SPYRESHIM_GC": "sometimes",
               "SPYRESHIM_STATS": str(stats), "CUDASTANDIN_MEMORY": "16M"})
-    res = pythons.run([python, HERE / "framework_model_run.py",
+    res = pythons.run([PYTHON, HERE / "framework_model_run.py",
                        model_path(builddir, tmp_path, "torch"),
                        "--driver", builddir / "tests" / "cudadrv" / "libcuda.so.1"],
                       env=e, timeout=HANG_S)
