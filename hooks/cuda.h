@@ -25,6 +25,10 @@
     X(CUDA_ERROR_NOT_FOUND, 500)                            \
     X(CUDA_ERROR_CONTEXT_IS_DESTROYED, 709)                 \
     X(CUDA_ERROR_NOT_SUPPORTED, 801)                        \
+    X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, 906)              \
+    X(CU_STREAM_CAPTURE_MODE_GLOBAL, 0)                     \
+    X(CU_STREAM_CAPTURE_MODE_RELAXED, 2)                    \
+    X(CU_STREAM_CAPTURE_STATUS_NONE, 0)                     \
     X(CU_POINTER_ATTRIBUTE_CONTEXT, 1)                      \
     X(CU_POINTER_ATTRIBUTE_MEMORY_TYPE, 2)                  \
     X(CU_POINTER_ATTRIBUTE_BUFFER_ID, 7)                    \
@@ -46,6 +50,8 @@
     X(CUresult, unsigned)                                  \
     X(CUpointer_attribute, unsigned)                       \
     X(CUdriverProcAddressQueryResult, unsigned)            \
+    X(CUstreamCaptureMode, unsigned)                       \
+    X(CUstreamCaptureStatus, unsigned)                     \
     X(CUdevice, int)                                       \
     X(CUdeviceptr, unsigned long long)                     \
     X(cuuint64_t, uint64_t)                                \
@@ -99,7 +105,10 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
     X(pointer_get_attributes, cuPointerGetAttributes, 1, CUresult,                               \
       (unsigned, CUpointer_attribute *, void **, CUdeviceptr))                                   \
     X(mem_free_async, cuMemFreeAsync, 1, CUresult, (CUdeviceptr, CUstream))                      \
-    X(mem_free_async_ptsz, cuMemFreeAsync_ptsz, 1, CUresult, (CUdeviceptr, CUstream))
+    X(mem_free_async_ptsz, cuMemFreeAsync_ptsz, 1, CUresult, (CUdeviceptr, CUstream)) \
+    X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0, CUresult, (CUstreamCaptureMode *)) \
+    X(stream_get_capture_info, cuStreamGetCaptureInfo, 0, CUresult,                              \
+      (CUstream, CUstreamCaptureStatus *, cuuint64_t *))
 
 #ifndef SHIM_CUDA_CHECK
 /* The CUDA runtime got the shim's cuMemAlloc_v2 through cuGetProcAddress:

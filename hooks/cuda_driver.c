@@ -36,12 +36,15 @@
 #include "hooks.h"
 #include "loader.h"
 #include "log.h"
+#include "pressure.h"
 
 /* cuMemAllocPitch's pitch: the driver rounds the width up to its pitch
  * alignment, 512 bytes on every GPU since Fermi
  * (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 32, the larger of the
  * two is what cudaMallocPitch returns). */
 #define PITCH_ALIGN ((size_t)512)
+/* cuda.h's handle of the legacy default stream. */
+#define CU_STREAM_LEGACY ((CUstream)0x1)
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -691,9 +694,43 @@ static void *driver_lookup(void *handle, const char *name)
     return drv ? ours : NULL;
 }
 
+/* The pressure event's capture query (alloc/pressure.h): whether the
+ * calling thread may be inside a stream capture, where a collection's
+ * frees and waits would be captured or invalidate it. Two signs: the
+ * thread's capture mode is not the default (PyTorch switches to relaxed
+ * around its allocations while capturing), or the legacy stream of its
+ * context would join a capture (a blocking stream is capturing: the
+ * driver answers CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). Failure path only;
+ * no shim lock held. */
+static bool drv_may_be_capturing(void)
+{
+    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    if (!d)
+        return false;
+    if (d->exchange_capture_mode) {
+        CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+        if (d->exchange_capture_mode(&m) == CUDA_SUCCESS) {
+            CUstreamCaptureMode back = m;
+            d->exchange_capture_mode(&back);
+            if (m != CU_STREAM_CAPTURE_MODE_GLOBAL)
+                return true;
+        }
+    }
+    if (d->stream_get_capture_info) {
+        CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+        cuuint64_t id = 0;
+        CUresult rc = d->stream_get_capture_info(CU_STREAM_LEGACY, &st, &id);
+        if (rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+            (rc == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE))
+            return true;
+    }
+    return false;
+}
+
 /* Before any program code runs (the shim is preloaded): dlsym on a driver
  * handle is answered from the first lookup on. */
 __attribute__((constructor)) static void register_driver_lookup(void)
 {
     shim_dlsym_set_lookup(driver_lookup);
+    shim_pressure_set_capture_query(drv_may_be_capturing);
 }

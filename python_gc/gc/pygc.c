@@ -13,7 +13,15 @@
  * request when the bound passes. Never PyGILState_Ensure on a thread the
  * shim does not own.
  *
- * Owns: the counters (atomics) and the back-off state (atomics). No lock. */
+ * Where a collection may run is decided per failing call by the policy
+ * (policy.c: who called the runtime, and what lock its allocator holds),
+ * through the gate this file registers with the pressure event; the gate
+ * also keeps one collection per pressure episode: after a collection made
+ * for this thread, its next pressure event before any allocation succeeds
+ * anywhere fails at once (the framework's own release-and-retry follows).
+ *
+ * Owns: the counters (atomics), the back-off state (atomics) and the
+ * calling thread's decision and episode (thread-locals). No lock. */
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <sys/syscall.h>
@@ -27,6 +35,8 @@
 #include "log.h"
 #include "options.h"
 #include "pressure.h"
+#include "device.h"
+#include "policy.h"
 #include "pygc.h"
 #include "pyapi.h"
 
@@ -64,10 +74,27 @@ static struct {
     _Atomic uint64_t backoff_skips;
     _Atomic uint64_t no_python;       /* events in a process without Python */
     _Atomic uint64_t detaches;        /* waits for another event, detached */
+    _Atomic uint64_t refused[SHIM_GC_CALLER_COUNT]; /* policy: no collection for this caller */
+    _Atomic uint64_t episode_skips;   /* a second pressure event in one episode */
+    _Atomic uint64_t way_skips;       /* SHIM_GC_WAY_INLINE on a detached thread */
 } st;
 
-/* Back-off: after consecutive collections that freed nothing (from the
- * second one on), pressure events within a window are not collected. The
+/* The decision of the gate for this thread's current request (read by the
+ * callback, on the same thread, in the same relief round). */
+static __thread enum shim_gc_way tls_way;
+/* The episode: open after a collection made for this thread, until an
+ * allocation succeeds anywhere (the allocation sequence moved past mark). */
+static __thread bool tls_episode_open;
+static __thread uint64_t tls_episode_mark;
+/* The allocation sequence when the gate let this request collect: taken
+ * before the collection, so that an allocation another thread made during
+ * it (taking what it freed) ends the episode. */
+static __thread uint64_t tls_gate_mark;
+
+/* Back-off: after a collection that freed nothing, pressure events are
+ * not collected until something was freed or allocated since, or a window
+ * has passed (the garbage may have been made meanwhile without a device
+ * call: references dropped after an out-of-memory). The
  * window is the fruitless event's own duration times 2^level (level grows
  * with each consecutive fruitless collection; at most 1 s), so a program
  * that is simply out of memory spends a bounded fraction of its time
@@ -82,6 +109,7 @@ static struct {
 #define BACKOFF_MIN_NS 50000ull
 static _Atomic uint64_t backoff_until;
 static _Atomic uint64_t backoff_freed_mark;   /* freed_total when it began */
+static _Atomic uint64_t backoff_seq_mark;     /* the allocation sequence when it began */
 static _Atomic unsigned backoff_level;
 
 static _Atomic bool enabled;
@@ -121,7 +149,7 @@ static void thread_observer(const shim_collect_result *r)
     note_collection(r, true);
 }
 
-static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
+static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now, uint64_t seq0)
 {
     if (freed > 0) {
         atomic_store(&backoff_level, 0);
@@ -134,12 +162,11 @@ static void update_backoff(uint64_t freed, uint64_t event_ns, uint64_t now)
     if (level < BACKOFF_MAX_LEVEL)
         level++;
     atomic_store(&backoff_level, level);
-    if (level < 2)
-        return;
     uint64_t window = (event_ns > BACKOFF_MIN_NS ? event_ns : BACKOFF_MIN_NS) << level;
     if (window > BACKOFF_MAX_NS)
         window = BACKOFF_MAX_NS;
     atomic_store(&backoff_freed_mark, shim_pressure_freed_total());
+    atomic_store(&backoff_seq_mark, seq0);
     atomic_store(&backoff_until, now + window);
 }
 
@@ -221,7 +248,8 @@ static void run_event(void)
     }
     uint64_t start = shim_now_ns();
     if (start < atomic_load(&backoff_until) &&
-        shim_pressure_freed_total() == atomic_load(&backoff_freed_mark)) {
+        shim_pressure_freed_total() == atomic_load(&backoff_freed_mark) &&
+        shim_device_seq_now() == atomic_load(&backoff_seq_mark)) {
         atomic_fetch_add(&st.backoff_skips, 1);
         return;
     }
@@ -240,7 +268,35 @@ static void run_event(void)
     shim_collect_result r;
     bool collected = false;
     enum shim_py_attach a = shim_py_attachment(api);
-    switch (a) {
+    enum shim_gc_way way = tls_way;
+    bool attached = a == SHIM_PY_ATTACHED_MAIN || a == SHIM_PY_ATTACHED_SUB;
+    if (way == SHIM_GC_WAY_INLINE && !attached) {
+        /* The caller holds a lock that a collection elsewhere would wait
+         * for (policy.c): no collection; out-of-memory at once. */
+        atomic_fetch_add(&st.way_skips, 1);
+        shim_pressure_give_up();
+        return;
+    }
+    if (way == SHIM_GC_WAY_THREAD && attached && (api->pypy || shim_gate_collector_running() == 0)) {
+        /* Asked for the GC thread: let it take the GIL (or stop the
+         * world) while this thread waits, detached. */
+        atomic_fetch_add(&st.detaches, 1);
+        shim_pytstate *ts = api->save_thread();
+        enum shim_gcthread_status gs = shim_gcthread_collect(api, timeout_ms, &r);
+        api->restore_thread(ts);
+        if (gs == SHIM_GCT_TIMEOUT) {
+            atomic_fetch_add(&st.timeouts, 1);
+            shim_pressure_give_up();
+            return;
+        }
+        if (gs != SHIM_GCT_COLLECTED) {
+            skip(gs == SHIM_GCT_GATE_CLOSED ? SKIP_gate_closed
+                 : gs == SHIM_GCT_NO_THREAD ? SKIP_no_thread : SKIP_finalizing);
+            return;
+        }
+        collected = true;
+    }
+    if (!collected) switch (a) {
     case SHIM_PY_ATTACHED_MAIN:
     case SHIM_PY_ATTACHED_SUB:
         collected = collect_inline(api, a, &r);
@@ -278,8 +334,51 @@ static void run_event(void)
     }
     if (collected) {
         uint64_t end = shim_now_ns();
-        update_backoff(shim_pressure_freed_total() - freed0, end - start, end);
+        update_backoff(shim_pressure_freed_total() - freed0, end - start, end, tls_gate_mark);
+        /* The episode opens: the framework's next driver calls for this
+         * same allocation (after it released its cache) get no second
+         * collection; the first allocation that succeeds anywhere (from
+         * the start of this collection on) closes it. */
+        tls_episode_open = true;
+        tls_episode_mark = tls_gate_mark;
     }
+}
+
+/* The pressure event's gate (pressure.h): no allocator lock held. */
+static bool gate(size_t want)
+{
+    (void)want;
+    uint64_t now = shim_device_seq_now();
+    if (tls_episode_open) {
+        if (now == tls_episode_mark) {
+            atomic_fetch_add(&st.episode_skips, 1);
+            return false;
+        }
+        tls_episode_open = false;
+    }
+    tls_gate_mark = now;
+    const shim_pyapi *api = shim_pyapi_get();
+    bool free_threaded = api && !api->pypy && api->py && api->py->free_threaded;
+    enum shim_gc_caller caller;
+    tls_way = shim_gc_policy_decide(free_threaded, &caller);
+    shim_debug("python_gc: failing call from %s: %s", shim_gc_caller_name(caller),
+               tls_way == SHIM_GC_WAY_NONE     ? "no collection"
+               : tls_way == SHIM_GC_WAY_INLINE ? "inline only"
+               : tls_way == SHIM_GC_WAY_THREAD ? "on the GC thread"
+                                               : "inline or on the GC thread");
+    /* Inline only, on a thread without the GIL: no collection here, and no
+     * wait for another thread's either (its finalizers may need the lock
+     * this caller holds). */
+    if (tls_way == SHIM_GC_WAY_INLINE && api) {
+        enum shim_py_attach a = shim_py_attachment(api);
+        if (a != SHIM_PY_ATTACHED_MAIN && a != SHIM_PY_ATTACHED_SUB)
+            tls_way = SHIM_GC_WAY_NONE;
+    }
+    if (tls_way == SHIM_GC_WAY_NONE) {
+        atomic_fetch_add(&st.refused[caller], 1);
+        return false;
+    }
+    return true;
 }
 
 static void pressure_cb(spyreshim_lock *lock, size_t want, void *user)
@@ -304,6 +403,8 @@ void shim_pygc_init(void)
     shim_gate_set_wait_ms(gate_ms > 60000 ? 60000 : gate_ms);
     shim_gcthread_set_observer(thread_observer);
     shim_pressure_set_wait_hooks(shim_pygc_detach, shim_pygc_reattach);
+    shim_gc_policy_init();
+    shim_pressure_set_gate(gate);
     if (spyreshim_register_pressure_callback(pressure_cb, NULL) != 0) {
         shim_warn("python_gc: cannot register the pressure callback");
         return;
@@ -382,6 +483,16 @@ void shim_pygc_write_json(FILE *f)
         fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", skip_names[i],
                 atomic_load(&st.skipped[i]));
     fprintf(f, "}");
+    static const char *const modes[] = {"auto", "inline", "thread", "off"};
+    fprintf(f, ",\n  \"gc_mode\": \"%s\"", modes[shim_opts()->gc_mode & 3]);
+    fprintf(f, ",\n  \"gc_refused_by_caller\": {");
+    for (int i = 0; i < SHIM_GC_CALLER_COUNT; i++)
+        fprintf(f, "%s\"%s\": %" PRIu64, i ? ", " : "", shim_gc_caller_name(i),
+                atomic_load(&st.refused[i]));
+    fprintf(f, "}");
+    fprintf(f, ",\n  \"gc_episode_skips\": %" PRIu64, atomic_load(&st.episode_skips));
+    fprintf(f, ",\n  \"gc_inline_only_skips\": %" PRIu64, atomic_load(&st.way_skips));
+    fprintf(f, ",\n  \"gc_capture_refusals\": %" PRIu64, shim_pressure_capture_refusals());
     uint64_t until = atomic_load(&backoff_until);
     fprintf(f, ",\n  \"gc_backoff\": {\"level\": %u, \"active\": %s}",
             atomic_load(&backoff_level), until > shim_now_ns() ? "true" : "false");

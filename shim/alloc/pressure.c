@@ -63,6 +63,32 @@ static _Atomic(shim_pressure_freed_fn) freed_source;
 static _Atomic(shim_pressure_detach_fn) wait_detach;
 static _Atomic(shim_pressure_reattach_fn) wait_reattach;
 
+/* The policy gate (python_gc) and the capture query (hooks/cuda_driver.c):
+ * set once at init, asked on the failure path only. */
+static _Atomic(shim_pressure_gate_fn) gate_hook;
+static _Atomic(shim_pressure_capture_fn) capture_query;
+static _Atomic uint64_t capture_refusals, gate_refusals;
+
+void shim_pressure_set_gate(shim_pressure_gate_fn fn)
+{
+    atomic_store(&gate_hook, fn);
+}
+
+void shim_pressure_set_capture_query(shim_pressure_capture_fn fn)
+{
+    atomic_store(&capture_query, fn);
+}
+
+uint64_t shim_pressure_capture_refusals(void)
+{
+    return atomic_load_explicit(&capture_refusals, memory_order_relaxed);
+}
+
+uint64_t shim_pressure_gate_refusals(void)
+{
+    return atomic_load_explicit(&gate_refusals, memory_order_relaxed);
+}
+
 /* The trace's markers: set once at init, NULL while tracing is off. */
 static _Atomic(shim_pressure_event_fn) event_hook;
 
@@ -323,10 +349,35 @@ static enum shim_relief run_event(shim_pressure_state *ps, spyreshim_lock *lock,
     return retry && n > 0 ? SHIM_RELIEF_RAN : SHIM_RELIEF_NONE;
 }
 
+/* Whether this request may run or wait for pressure work: not during a
+ * stream capture, not when the policy gate says the caller holds a lock a
+ * collection would need. Entered and left with `lock` held; released
+ * around both questions (the gate unwinds and asks the loader). */
+static bool admitted(spyreshim_lock *lock, size_t want)
+{
+    shim_pressure_capture_fn capturing = atomic_load(&capture_query);
+    shim_pressure_gate_fn gate = atomic_load(&gate_hook);
+    if (!capturing && !gate)
+        return true;
+    shim_lock_release(lock);
+    bool ok = true;
+    if (capturing && capturing()) {
+        atomic_fetch_add_explicit(&capture_refusals, 1, memory_order_relaxed);
+        ok = false;
+    } else if (gate && !gate(want)) {
+        atomic_fetch_add_explicit(&gate_refusals, 1, memory_order_relaxed);
+        ok = false;
+    }
+    shim_lock_acquire(lock);
+    return ok;
+}
+
 enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want)
 {
     if (tls_in_event)
         return SHIM_RELIEF_NONE; /* nested: an allocation made by pressure work itself */
+    if (!admitted(lock, want))
+        return SHIM_RELIEF_NONE;
     if (ps->active)
         return wait_for_event(ps, lock);
     return run_event(ps, lock, want);

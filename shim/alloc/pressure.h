@@ -53,6 +53,24 @@ void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_
 typedef void (*shim_pressure_event_fn)(bool begin, size_t bytes);
 void shim_pressure_set_event_hook(shim_pressure_event_fn fn);
 
+/* The policy gate: python_gc registers it at init. Asked once per relief
+ * round of a failing request, before it runs or waits for a pressure event,
+ * with NO allocator lock held (it may unwind the stack and ask the loader
+ * who called); false means no pressure work for this request: it fails with
+ * out-of-memory at once, and the framework's own retry runs. */
+typedef bool (*shim_pressure_gate_fn)(size_t want);
+void shim_pressure_set_gate(shim_pressure_gate_fn fn);
+
+/* The CUDA hooks register this at init: true when the calling thread may
+ * be inside a stream capture (docs/cuda.md). Asked like the gate, first:
+ * during a capture no pressure work runs and the driver's answer stands
+ * (a collection's frees and waits would be captured or invalidate it). */
+typedef bool (*shim_pressure_capture_fn)(void);
+void shim_pressure_set_capture_query(shim_pressure_capture_fn fn);
+/* Requests refused by the capture query and by the gate, so far. */
+uint64_t shim_pressure_capture_refusals(void);
+uint64_t shim_pressure_gate_refusals(void);
+
 /* True on a thread that is inside a pressure event (running callbacks, or
  * collecting on the shim's behalf): an allocation there must fail at once. */
 bool shim_pressure_in_event(void);

@@ -23,7 +23,7 @@
 #include "escape.h"
 #include "options.h"
 
-enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_LOGLEVEL };
+enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_LOGLEVEL, K_GCMODE };
 
 struct row {
     const char *name;
@@ -48,14 +48,14 @@ static const struct row rows[] = {
      "arenas per device: a thread that finds its arena busy with another allocating thread moves to one of its own, up to this many; 0 = one per CPU (at most 8), 1 = one arena for all threads"},
     {"SPYRESHIM_PRESSURE_ROUNDS", K_UINT, OFF(pressure_rounds), "3", 1, 16,
      "pressure events a request runs (callbacks, then retry) before out-of-memory; waits for other threads' events count apart, up to 4x this"},
-    {"SPYRESHIM_GC", K_BOOL, OFF(gc), "1", 0, 0,
-     "collect garbage in the embedded Python under memory pressure"},
+    {"SPYRESHIM_GC", K_GCMODE, OFF(gc_mode), "auto", 0, 0,
+     "auto|inline|thread|off: where garbage in the embedded Python is collected under memory pressure; auto decides per failing call from the caller's framework (docs/frameworks.md); 1 = auto, 0 = off"},
     {"SPYRESHIM_GC_TIMEOUT_MS", K_UINT, OFF(gc_timeout_ms), "2000", 1, 3600000,
      "longest wait of a thread for pressure work done on its behalf: a collection by the GC thread, or another thread's pressure event"},
     {"SPYRESHIM_LEAK_CHECK", K_BOOL, OFF(leak_check), "0", 0, 0,
      "record stacks of live allocations; report leaks at exit"},
-    {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "32", 1, 256,
-     "native frames recorded per allocation"},
+    {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "0", 0, 256,
+     "native frames recorded per allocation (and Python frames at most); 0 = 32, or 128 once Python frames are recorded"},
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
      "with leak checking or a trace, also record the Python stack of the allocating thread"},
     {"SPYRESHIM_REPORT", K_PATH, OFF(report_path), "", 0, 0,
@@ -172,6 +172,17 @@ static int parse_ll(const char *s, long long min, long long max, long long *out)
     return 0;
 }
 
+static const char *const gc_modes[] = {"auto", "inline", "thread", "off"};
+
+static int parse_gc_mode(const char *s, unsigned *out)
+{
+    for (unsigned i = 0; i < 4; i++)
+        if (!strcasecmp(s, gc_modes[i])) { *out = i; return 0; }
+    bool b;
+    if (parse_bool(s, &b) == 0) { *out = b ? SHIM_GC_MODE_AUTO : SHIM_GC_MODE_OFF; return 0; }
+    return -1;
+}
+
 static int parse_level(const char *s, int *out)
 {
     static const char *names[] = {"debug", "info", "warn", "off"};
@@ -227,6 +238,13 @@ static int apply(const struct row *r, const char *s, const char **why)
         int v;
         if (parse_level(s, &v)) { *why = "expected debug, info, warn or off"; return -1; }
         memcpy(field, &v, sizeof v);
+        return 0;
+    }
+    case K_GCMODE: {
+        unsigned v;
+        if (parse_gc_mode(s, &v)) { *why = "expected auto, inline, thread or off"; return -1; }
+        memcpy(field, &v, sizeof v);
+        opts.gc = v != SHIM_GC_MODE_OFF;
         return 0;
     }
     }
@@ -285,6 +303,11 @@ void shim_options_dump(int fd)
             static const char *names[] = {"debug", "info", "warn", "off"};
             int v; memcpy(&v, field, sizeof v);
             snprintf(val, sizeof val, "%s", names[v & 3]);
+            break;
+        }
+        case K_GCMODE: {
+            unsigned v; memcpy(&v, field, sizeof v);
+            snprintf(val, sizeof val, "%s", gc_modes[v & 3]);
             break;
         }
         }

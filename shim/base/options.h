@@ -11,11 +11,17 @@
  * are not printed (log.c). */
 enum shim_log_level { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO, SHIM_LOG_WARN, SHIM_LOG_OFF };
 
+/* SPYRESHIM_GC's values: where a collection for a failing allocation runs
+ * (python_gc/gc/policy.c). 1/true/yes/on mean auto, 0/false/no mean off. */
+enum shim_gc_mode { SHIM_GC_MODE_AUTO = 0, SHIM_GC_MODE_INLINE, SHIM_GC_MODE_THREAD,
+                    SHIM_GC_MODE_OFF };
+
 typedef struct shim_options {
     size_t limit;            /* SPYRESHIM_LIMIT: bytes the shim may reserve, 0 = no limit */
     const char *stats_path;  /* SPYRESHIM_STATS */
     int log_level;           /* SPYRESHIM_LOG: enum shim_log_level */
-    bool gc;                 /* SPYRESHIM_GC */
+    bool gc;                 /* SPYRESHIM_GC is not off */
+    unsigned gc_mode;        /* SPYRESHIM_GC: enum shim_gc_mode */
     unsigned gc_timeout_ms;  /* SPYRESHIM_GC_TIMEOUT_MS */
     unsigned pressure_rounds;/* SPYRESHIM_PRESSURE_ROUNDS */
     size_t region_size;      /* SPYRESHIM_REGION_SIZE: 0 = adaptive */

@@ -40,6 +40,9 @@ typedef struct cd_stream *CUstream;
 typedef struct cd_event *CUevent;
 typedef void (*CUstreamCallback)(CUstream hStream, CUresult status, void *userData);
 typedef int CUdriverProcAddressQueryResult;
+typedef int CUstreamCaptureMode;
+typedef int CUstreamCaptureStatus;
+typedef struct cd_graph *CUgraph;
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct { char reserved[64]; } CUipcMemHandle;
 
@@ -61,12 +64,21 @@ enum {
     CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
 #define CU_STREAM_LEGACY ((CUstream)0x1)
 #define CU_STREAM_PER_THREAD ((CUstream)0x2)
 enum { CU_STREAM_DEFAULT = 0, CU_STREAM_NON_BLOCKING = 1 };
+enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+       CU_STREAM_CAPTURE_MODE_RELAXED = 2 };
+enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+       CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 };
 enum { CU_EVENT_DEFAULT = 0, CU_EVENT_BLOCKING_SYNC = 1, CU_EVENT_DISABLE_TIMING = 2,
        CU_EVENT_INTERPROCESS = 4 };
 enum { CU_GET_PROC_ADDRESS_DEFAULT = 0, CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
@@ -152,6 +164,13 @@ enum {
     X(CUresult, cuStreamDestroy_v2, (CUstream hStream)) \
     X(CUresult, cuStreamSynchronize, (CUstream hStream)) \
     X(CUresult, cuStreamQuery, (CUstream hStream)) \
+    X(CUresult, cuStreamBeginCapture, (CUstream hStream)) \
+    X(CUresult, cuStreamBeginCapture_v2, (CUstream hStream, CUstreamCaptureMode mode)) \
+    X(CUresult, cuStreamEndCapture, (CUstream hStream, CUgraph *phGraph)) \
+    X(CUresult, cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus *status)) \
+    X(CUresult, cuStreamGetCaptureInfo, (CUstream hStream, CUstreamCaptureStatus *status, \
+                                         cuuint64_t *id)) \
+    X(CUresult, cuThreadExchangeStreamCaptureMode, (CUstreamCaptureMode *mode)) \
     X(CUresult, cuStreamWaitEvent, (CUstream hStream, CUevent hEvent, unsigned int flags)) \
     X(CUresult, cuEventCreate, (CUevent *phEvent, unsigned int flags)) \
     X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream)) \

@@ -55,6 +55,13 @@
     X(cuStreamSynchronize, 2000, cuStreamSynchronize) \
     X(cuStreamQuery, 2000, cuStreamQuery) \
     X(cuStreamWaitEvent, 3020, cuStreamWaitEvent) \
+    X(cuStreamBeginCapture, 10000, cuStreamBeginCapture) \
+    X(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2) \
+    X(cuStreamEndCapture, 10000, cuStreamEndCapture) \
+    X(cuStreamIsCapturing, 10000, cuStreamIsCapturing) \
+    X(cuStreamGetCaptureInfo, 10010, cuStreamGetCaptureInfo) \
+    X(cuStreamGetCaptureInfo, 11030, NULL) \
+    X(cuThreadExchangeStreamCaptureMode, 10010, cuThreadExchangeStreamCaptureMode) \
     X(cuEventCreate, 2000, cuEventCreate) \
     X(cuEventRecord, 2000, cuEventRecord) \
     X(cuEventSynchronize, 2000, cuEventSynchronize) \

@@ -96,5 +96,15 @@ void cd_device_synchronize(CUdevice dev);
 void cd_context_synchronize(CUcontext ctx);
 /* Destroys the context's streams (it is being destroyed). */
 void cd_streams_drop_context(CUcontext ctx);
+/* Whether h names a live stream other than a default one; *ctx and
+ * *nonblocking describe it. */
+bool cd_stream_describe(CUstream h, CUcontext *ctx, bool *nonblocking);
+
+/* ---- capture.c: stream capture and the threads' capture modes ----------- */
+/* An operation that is not permitted during a capture (cuMemAlloc, ...) is
+ * about to run on this thread: true (and the captures it conflicts with
+ * invalidated) when the driver refuses it with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
+bool cd_capture_refuses_unsafe_call(void);
 
 #endif

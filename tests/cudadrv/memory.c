@@ -276,6 +276,8 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
         return rc;
     if (!dptr)
         return CUDA_ERROR_INVALID_VALUE;
+    if (cd_capture_refuses_unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return cd_memory_alloc(ctx, bytesize, dptr);
 }
 

@@ -483,3 +483,20 @@ CUresult cuStreamQuery(CUstream hStream)
     pthread_mutex_unlock(&sched);
     return rc;
 }
+
+bool cd_stream_describe(CUstream h, CUcontext *ctx, bool *nonblocking)
+{
+    if (is_default_handle(h))
+        return false;
+    bool found = false;
+    pthread_mutex_lock(&sched);
+    for (struct cd_stream *s = streams; s && !found; s = s->next) {
+        if (s == h && !s->dead && !s->legacy) {
+            *ctx = s->ctx;
+            *nonblocking = (s->flags & CU_STREAM_NON_BLOCKING) != 0;
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&sched);
+    return found;
+}

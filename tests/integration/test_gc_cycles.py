@@ -91,8 +91,11 @@ def test_fruitless_collections_back_off(interpreter, tmp_path):
     res.check()
     failures = int(res.stdout.split()[-1])
     assert failures > 300
-    # Every failure was a pressure event; not every one paid a collection.
-    assert stats["gc_backoff_skips"] > 0, stats
+    # Every failure was a pressure event; not every one paid a collection:
+    # after the fruitless one, no allocation succeeded and nothing was
+    # freed, so the thread's episode goes on (gc_episode_skips) or the
+    # back-off holds (gc_backoff_skips).
+    assert stats["gc_backoff_skips"] + stats["gc_episode_skips"] > 0, stats
     assert stats["gc_collections"] < failures, stats
 
 

@@ -6,6 +6,7 @@
  * delay only makes queued work observably pending. */
 #include <criterion/criterion.h>
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -432,4 +433,71 @@ Test(cudadrv, frees_with_no_context_host_memory_callbacks_and_the_profiler)
     OK(cuMemFree_v2(m));
     OK(cuStreamDestroy_v2(s));
     cr_assert_eq(cuMemFree_v2(p), CUDA_ERROR_INVALID_VALUE, "freed twice");
+}
+
+/* ---- stream capture (capture.c) ---------------------------------------- */
+
+static void *end_capture_elsewhere(void *arg)
+{
+    CUgraph g;
+    return (void *)(intptr_t)cuStreamEndCapture((CUstream)arg, &g);
+}
+
+Test(cudadrv, capture_states_and_the_legacy_stream)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_DEFAULT));
+    CUstreamCaptureStatus st = 7;
+    cuuint64_t id = 0;
+    OK(cuStreamGetCaptureInfo(s, &st, &id));
+    cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_NONE);
+    cr_assert_eq(cuStreamBeginCapture_v2(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL),
+                 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "the legacy stream is not captured");
+    OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    cr_assert_eq(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_ERROR_ILLEGAL_STATE);
+    OK(cuStreamGetCaptureInfo(s, &st, &id));
+    cr_assert(st == CU_STREAM_CAPTURE_STATUS_ACTIVE && id != 0);
+    cr_assert_eq(cuStreamGetCaptureInfo(CU_STREAM_LEGACY, &st, &id),
+                 CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "a blocking stream captures");
+    /* Begun in global mode: ended on its own thread only. */
+    pthread_t t;
+    void *rc;
+    pthread_create(&t, NULL, end_capture_elsewhere, s);
+    pthread_join(t, &rc);
+    cr_assert_eq((intptr_t)rc, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    CUgraph g = NULL;
+    OK(cuStreamEndCapture(s, &g));
+    cr_assert_not_null(g);
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_ILLEGAL_STATE);
+    OK(cuStreamGetCaptureInfo(CU_STREAM_LEGACY, &st, &id));
+}
+
+Test(cudadrv, alloc_during_a_global_capture_is_refused_unless_relaxed)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    cr_assert_eq(m, CU_STREAM_CAPTURE_MODE_GLOBAL, "the default mode");
+    CUdeviceptr p;
+    OK(cuMemAlloc_v2(&p, 4096));      /* relaxed: permitted */
+    OK(cuMemFree_v2(p));
+    OK(cuThreadExchangeStreamCaptureMode(&m));
+    cr_assert_eq(m, CU_STREAM_CAPTURE_MODE_RELAXED);
+    cr_assert_eq(cuMemAlloc_v2(&p, 4096), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    CUstreamCaptureStatus st;
+    OK(cuStreamIsCapturing(s, &st));
+    cr_assert_eq(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+    CUgraph g = (CUgraph)1;
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cr_assert_null(g);
+    OK(cuMemAlloc_v2(&p, 4096));      /* the capture is over */
+    OK(cuMemFree_v2(p));
+    m = 9;
+    cr_assert_eq(cuThreadExchangeStreamCaptureMode(&m), CUDA_ERROR_INVALID_VALUE);
 }

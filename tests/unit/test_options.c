@@ -26,7 +26,7 @@ static const struct bounded bounded[] = {
     {"SPYRESHIM_ARENAS", 0, 8, 0, F(arenas)},
     {"SPYRESHIM_PRESSURE_ROUNDS", 1, 16, 3, F(pressure_rounds)},
     {"SPYRESHIM_GC_TIMEOUT_MS", 1, 3600000, 2000, F(gc_timeout_ms)},
-    {"SPYRESHIM_STACK_DEPTH", 1, 256, 32, F(stack_depth)},
+    {"SPYRESHIM_STACK_DEPTH", 0, 256, 0, F(stack_depth)},    /* 0: automatic (32 or 128) */
     {"SPYRESHIM_EXITCODE", 0, 255, 23, F(exitcode)},
     {"SPYRESHIM_OOM_REPORT", 0, 1000, 10, F(oom_report_top)},
     {"SPYRESHIM_TRACE_FLUSH_MS", 1, 1000, 1000, F(trace_flush_ms)},
@@ -143,4 +143,45 @@ Test(options, zero_pressure_rounds_does_not_disable_the_rescue)
     unsetenv("SPYRESHIM_PRESSURE_ROUNDS");
     cr_assert_geq(shim_opts()->pressure_rounds, 1);
     cr_assert_eq(shim_opts()->pressure_rounds, 3);
+}
+
+/* SPYRESHIM_GC=VALUE parsed: the mode, and whether one warning was printed. */
+static unsigned gc_mode_of(const char *value, bool *warned)
+{
+    char err[4096] = {0};
+    setenv("SPYRESHIM_GC", value, 1);
+    char path[] = "/tmp/opts-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    unlink(path);
+    fflush(stderr);
+    int saved = dup(STDERR_FILENO);
+    dup2(fd, STDERR_FILENO);
+    shim_options_reload();
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+    ssize_t n = pread(fd, err, sizeof err - 1, 0);
+    close(fd);
+    unsetenv("SPYRESHIM_GC");
+    *warned = n > 0 && strstr(err, "SPYRESHIM_GC=") && strstr(err, "using the default auto");
+    return shim_opts()->gc_mode;
+}
+
+Test(options, gc_modes_and_the_old_boolean_values)
+{
+    static const struct { const char *v; unsigned mode; } ok[] = {
+        {"auto", SHIM_GC_MODE_AUTO}, {"inline", SHIM_GC_MODE_INLINE},
+        {"THREAD", SHIM_GC_MODE_THREAD}, {"off", SHIM_GC_MODE_OFF},
+        {"1", SHIM_GC_MODE_AUTO}, {"0", SHIM_GC_MODE_OFF}, {"no", SHIM_GC_MODE_OFF},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        bool warned;
+        cr_expect_eq(gc_mode_of(ok[i].v, &warned), ok[i].mode, "SPYRESHIM_GC=%s", ok[i].v);
+        cr_expect_not(warned, "SPYRESHIM_GC=%s: no warning", ok[i].v);
+        cr_expect_eq(shim_opts()->gc, ok[i].mode != SHIM_GC_MODE_OFF, "SPYRESHIM_GC=%s", ok[i].v);
+    }
+    bool warned;
+    cr_expect_eq(gc_mode_of("sometimes", &warned), SHIM_GC_MODE_AUTO);
+    cr_expect(warned, "a bad mode: one warning naming the default");
+    cr_expect(shim_opts()->gc);
 }

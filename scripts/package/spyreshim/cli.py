@@ -107,6 +107,11 @@ def _parser():
                         "stacks to FILE (%%p: the pid); read it with `report`")
     r.add_argument("--log", choices=LOG_LEVELS, metavar="LEVEL",
                    help="shim diagnostics: " + ", ".join(LOG_LEVELS))
+    r.add_argument("--preset", action="append", choices=("torch", "cupy", "numba", "jax", "rmm"),
+                   metavar="NAME",
+                   help="set a framework's configuration for the shim's garbage collection and "
+                        "install its out-of-memory hook when it is imported: torch, cupy, numba, "
+                        "jax or rmm (repeatable; docs/frameworks.md)")
     r.add_argument("cmd", nargs=argparse.REMAINDER, metavar="CMD")
 
     rep = sub.add_parser(
@@ -177,6 +182,9 @@ def cmd_run(args):
     pp = env.get("PYTHONPATH", "")
     if PYTHON_DIR and PYTHON_DIR not in pp.split(os.pathsep):
         env["PYTHONPATH"] = (pp + os.pathsep if pp else "") + PYTHON_DIR
+    if args.preset:
+        from . import presets
+        presets.apply(list(dict.fromkeys(args.preset)), env)
     sys.stdout.flush()
     sys.stderr.flush()
     try:
