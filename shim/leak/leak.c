@@ -34,10 +34,19 @@
 #include "stack.h"
 #include "suppress.h"
 
+/* SPYRESHIM_STACK_DEPTH unset: native frames recorded per allocation, and
+ * the same number of Python frames. A framework's allocation is deep: a
+ * PyTorch tensor allocated in an nn.Module's forward is 50-60 native frames
+ * below main (an MLP with Adam, measured in docs/leaks.md), most of them
+ * the dispatcher's, and every Python call entered from C adds the
+ * interpreter's frames; cut there, the Python frames cannot be spliced in
+ * (report.c). Walking costs only the frames a stack has, so the larger
+ * depth costs nothing where stacks are shallow. */
 #define DEFAULT_DEPTH 32
+#define DEFAULT_DEPTH_PYTHON 128
 
 static atomic_bool g_enabled;
-static unsigned g_depth = DEFAULT_DEPTH;
+static unsigned g_depth;             /* 0: the defaults above */
 static bool g_python;
 static atomic_flag g_exit_done = ATOMIC_FLAG_INIT;
 
@@ -50,7 +59,7 @@ void shim_leak_init(void)
     bool trace = o->trace_path && o->trace_path[0];
     if ((!o->leak_check && !trace) || atomic_load(&g_enabled))
         return;
-    unsigned depth = o->stack_depth ? o->stack_depth : DEFAULT_DEPTH;
+    unsigned depth = o->stack_depth;
     if (depth > SHIM_STACK_MAX_DEPTH) {
         shim_warn("SPYRESHIM_STACK_DEPTH=%u is above %u: using %u", depth,
                   SHIM_STACK_MAX_DEPTH, SHIM_STACK_MAX_DEPTH);
@@ -73,6 +82,15 @@ bool shim_leak_enabled(void)
  * code: a stack id above it is new (ids grow by one per new stack). */
 static _Atomic uint32_t g_stacks_hinted;
 
+/* The depth of this capture: the one asked for, else the Python default
+ * once Python frames are recorded here. */
+static unsigned capture_depth(void)
+{
+    if (g_depth)
+        return g_depth;
+    return g_python && shim_pystack_recording() ? DEFAULT_DEPTH_PYTHON : DEFAULT_DEPTH;
+}
+
 void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
 {
     *native_stack = *python_stack = 0;
@@ -81,7 +99,8 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
      * lock), which no lock of ours may be held across. */
     if (shim_locks_held())
         return;
-    uint32_t id = shim_stack_capture(g_depth);
+    unsigned depth = capture_depth();
+    uint32_t id = shim_stack_capture(depth);
     *native_stack = id;
     if (!g_python)
         return;
@@ -94,7 +113,12 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
             atomic_compare_exchange_strong(&g_stacks_hinted, &seen, id);
         shim_python_find_hint();
     }
-    *python_stack = shim_pystack_capture(g_depth);
+    *python_stack = shim_pystack_capture(capture_depth());
+    /* The first Python stack of the process just started the recording of
+     * Python frames: a native stack cut at the short depth is taken again. */
+    const uintptr_t *frames;
+    if (id && capture_depth() > depth && shim_stack_frames(id, &frames) >= depth)
+        *native_stack = shim_stack_capture(capture_depth());
 }
 
 /* The expanded SPYRESHIM_REPORT path (plus `suffix`), or false when there is
