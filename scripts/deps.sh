@@ -8,6 +8,7 @@ pkgs=(
   python3 python3-dev python3-pytest python3.11-dbg python3-numba
   pypy3 pypy3-dev
   chromium heaptrack
+  python3-torch libtorch-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -118,6 +118,26 @@ def test_rescue_in_backward_on_the_autograd_thread():
     assert set(map(tuple, got["collections"])) == {("backward", False)}, got
 
 
+def test_the_demo_fails_without_the_shim_and_completes_with_it(tmp_path):
+    """scripts/demo_torch.py, what scripts/demo.sh runs, on its 8 MiB device."""
+    args = ["--steps", "80", "--every", "20", "--losses", tmp_path / "losses.json"]
+    r = torchrun.run(path=torchrun.DEMO, args=args, simdev_memory="8M")
+    assert r.returncode == 1, r
+    m = re.search(r"^step (\d+): out of device memory: simdev: out of memory", r.stdout, re.M)
+    assert m and 10 < int(m.group(1)) < 80, r.stdout
+    assert not (tmp_path / "losses.json").exists()
+    r = torchrun.run(path=torchrun.DEMO, args=args, simdev_memory="8M", preload=True)
+    assert r.returncode == 0, r
+    assert "demo_torch: completed 80 steps" in r.stdout
+    s = re.search(r"^spyreshim: (\d+) pressure events, (\d+) collections .* (\d+) failed allocations",
+                  r.stdout, re.M)
+    assert s and int(s.group(1)) >= 1 and int(s.group(2)) >= 1 and s.group(3) == "0", r.stdout
+    shim_losses = json.loads((tmp_path / "losses.json").read_text())
+    r = torchrun.run(path=torchrun.DEMO, args=args + ["--device", "cpu"])
+    assert r.returncode == 0, r
+    assert json.loads((tmp_path / "losses.json").read_text()) == shim_losses
+
+
 OOM = textwrap.dedent("""\
     import torch, simdev_torch
     layer = torch.nn.Linear(512, 512).to(simdev_torch.device)
