@@ -4,8 +4,8 @@ simdev the shim's regions were 2 MiB, the smallest it made, so a program
 that keeps one small block in each 2 MiB stretch of the device (a cached
 parameter here, an optimizer's state there) found every region pinned by
 one live block and its 2 MiB request refused with 7.75 MiB free, where the
-device alone has a 3.75 MiB hole for it. Regions of a device smaller than
-128 MiB are capacity/64 now (docs/allocator.md, "Regions").
+device alone has a 3.75 MiB hole for it. A device has at least 8 regions
+now: under 16 MiB they are capacity/8 (docs/allocator.md, "Regions").
 
 Debian's python3 and the simdev module, with and without the shim."""
 import textwrap
