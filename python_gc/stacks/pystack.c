@@ -659,11 +659,6 @@ uintptr_t shim_pystack_interpreter_base(void)
     return atomic_load_explicit(&state, memory_order_acquire) == ST_UNKNOWN ? 0 : interp_base;
 }
 
-bool shim_pystack_recording(void)
-{
-    return atomic_load_explicit(&state, memory_order_acquire) == ST_READY;
-}
-
 const char *shim_pystack_note(void)
 {
     return atomic_load_explicit(&state, memory_order_acquire) == ST_UNKNOWN ? NULL : off_note;

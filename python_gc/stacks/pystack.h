@@ -43,9 +43,6 @@ unsigned shim_pystack_flags(uint32_t id);
  * or the executable of a static build), 0 when none was seen: its native
  * frames are the interpreter's own. */
 uintptr_t shim_pystack_interpreter_base(void);
-/* Whether Python frames are being recorded in this process (an interpreter
- * was found and its frames can be read): one atomic load. */
-bool shim_pystack_recording(void);
 /* Why this process records no Python frames although it runs Python (PyPy,
  * an unknown CPython layout), for reports; NULL when there is no such
  * reason. */

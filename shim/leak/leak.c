@@ -46,7 +46,10 @@
 #define DEFAULT_DEPTH_PYTHON 128
 
 static atomic_bool g_enabled;
-static unsigned g_depth;             /* 0: the defaults above */
+static unsigned g_depth;             /* SPYRESHIM_STACK_DEPTH; 0: the defaults above */
+/* The default in force: DEFAULT_DEPTH until the first Python stack is
+ * recorded, DEFAULT_DEPTH_PYTHON from then on (never back). */
+static _Atomic unsigned g_depth_auto = DEFAULT_DEPTH;
 static bool g_python;
 static atomic_flag g_exit_done = ATOMIC_FLAG_INIT;
 
@@ -82,15 +85,6 @@ bool shim_leak_enabled(void)
  * code: a stack id above it is new (ids grow by one per new stack). */
 static _Atomic uint32_t g_stacks_hinted;
 
-/* The depth of this capture: the one asked for, else the Python default
- * once Python frames are recorded here. */
-static unsigned capture_depth(void)
-{
-    if (g_depth)
-        return g_depth;
-    return g_python && shim_pystack_recording() ? DEFAULT_DEPTH_PYTHON : DEFAULT_DEPTH;
-}
-
 void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
 {
     *native_stack = *python_stack = 0;
@@ -99,7 +93,7 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
      * lock), which no lock of ours may be held across. */
     if (shim_locks_held())
         return;
-    unsigned depth = capture_depth();
+    unsigned depth = g_depth ? g_depth : atomic_load_explicit(&g_depth_auto, memory_order_relaxed);
     uint32_t id = shim_stack_capture(depth);
     *native_stack = id;
     if (!g_python)
@@ -113,12 +107,19 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
             atomic_compare_exchange_strong(&g_stacks_hinted, &seen, id);
         shim_python_find_hint();
     }
-    *python_stack = shim_pystack_capture(capture_depth());
-    /* The first Python stack of the process just started the recording of
-     * Python frames: a native stack cut at the short depth is taken again. */
-    const uintptr_t *frames;
-    if (id && capture_depth() > depth && shim_stack_frames(id, &frames) >= depth)
-        *native_stack = shim_stack_capture(capture_depth());
+    uint32_t py = shim_pystack_capture(depth);
+    *python_stack = py;
+    /* The first Python stack recorded (by any thread) switches the default
+     * to the Python one; this capture's stacks are taken again where the
+     * short depth cut them. One compare on every other capture. */
+    if (py && depth == DEFAULT_DEPTH && !g_depth) {
+        atomic_store_explicit(&g_depth_auto, DEFAULT_DEPTH_PYTHON, memory_order_relaxed);
+        const uintptr_t *frames;
+        if (id && shim_stack_frames(id, &frames) >= depth)
+            *native_stack = shim_stack_capture(DEFAULT_DEPTH_PYTHON);
+        if (shim_pystack_flags(py) & SHIM_PYSTACK_TRUNCATED)
+            *python_stack = shim_pystack_capture(DEFAULT_DEPTH_PYTHON);
+    }
 }
 
 /* The expanded SPYRESHIM_REPORT path (plus `suffix`), or false when there is
