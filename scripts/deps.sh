@@ -9,6 +9,7 @@ pkgs=(
   pypy3 pypy3-dev
   chromium heaptrack
   patchelf
+  python3-torch libtorch-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1662,10 +1662,6 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
     const shim_runtime *rt = d->rt;
     if (!free_out || !total_out)
         return rt->err_invalid;
-    size_t rfree = 0, rtotal = 0;
-    int rc = backend_mem_info(d, &rfree, &rtotal);
-    if (rc != 0)
-        return rc;
     uint64_t reserved = 0, used = 0;
     size_t limit = 0;
     unsigned n = shard_count(d);
@@ -1682,6 +1678,14 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
         if (taken)
             shim_lock_release(&s->lock);
     }
+    /* The runtime's free memory after the settling above: settling a free
+     * can give a cached empty region back, which the runtime then counts
+     * as free and the counters no longer count as reserved (asked before,
+     * one region went missing from the sum). */
+    size_t rfree = 0, rtotal = 0;
+    int rc = backend_mem_info(d, &rfree, &rtotal);
+    if (rc != 0)
+        return rc;
 
     /* The shim's view: what the program could still get. The runtime's
      * free memory plus the unused part of the shim's regions, capped by

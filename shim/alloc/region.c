@@ -5,9 +5,14 @@
  * Region-size policy (see docs/allocator.md, "Regions"):
  * - The capacity is the runtime's total (backend mem_info) capped by the
  *   limit. The base region size is capacity/64 rounded down to a power of
- *   two, clamped to [2 MiB, 64 MiB]; once more is reserved, a new region is
- *   reserved/REGION_GROWTH_DIV (64) so the number of regions grows slowly
- *   while the slack in the last region stays under 2% of the total.
+ *   two, clamped to [2 MiB, 64 MiB], and never above capacity/8 (64 KiB at
+ *   least); once more is reserved, a new region is
+ *   reserved/REGION_GROWTH_DIV (64), rounded up to 2 MiB (to the base
+ *   below 2 MiB), so the number of regions grows slowly while the slack in
+ *   the last region stays under 2% of the total. A device under 16 MiB
+ *   thus has 8 regions, not a handful: on an 8 MiB device four 2 MiB
+ *   regions, each pinned by one small live block, refused a 2 MiB request
+ *   with 7.75 MiB free (tests/integration/test_small_device.py).
  * - Sub-bins (SL_COUNT = 64) and the growth divisor were chosen by
  *   bench/run.sh: 32 sub-bins or 1/16 growth cost 1-5 points of
  *   fragmentation on the benchmark traces; speed did not change.
@@ -39,7 +44,9 @@
 #include <string.h>
 
 #define MIB ((size_t)1 << 20)
-#define REGION_MIN (2 * MIB)
+#define REGION_MIN (2 * MIB)            /* from a 16 MiB device up */
+#define REGION_COUNT_MIN 8              /* smaller devices: capacity/8 ... */
+#define REGION_FLOOR ((size_t)64 << 10) /* ... down to this */
 #define REGION_BASE_MAX (64 * MIB)
 #ifndef REGION_GROWTH_DIV
 #define REGION_GROWTH_DIV 64
@@ -133,8 +140,14 @@ static size_t next_region_size(shim_arena *a)
         base = REGION_MIN;
     if (base > REGION_BASE_MAX)
         base = REGION_BASE_MAX;
+    size_t few = pow2_floor(cap / REGION_COUNT_MIN);
+    if (few < REGION_FLOOR)
+        few = REGION_FLOOR;
+    if (base > few)
+        base = few;
+    size_t step = base < REGION_MIN ? base : REGION_MIN;     /* powers of two */
     size_t grow = (size_t)(a->c.reserved_bytes / REGION_GROWTH_DIV);
-    grow = (grow + REGION_MIN - 1) & ~(REGION_MIN - 1);
+    grow = (grow + step - 1) & ~(step - 1);
     return align_down(a, grow > base ? grow : base);
 }
 

@@ -34,10 +34,22 @@
 #include "stack.h"
 #include "suppress.h"
 
+/* SPYRESHIM_STACK_DEPTH unset: native frames recorded per allocation, and
+ * the same number of Python frames. A framework's allocation is deep: a
+ * PyTorch tensor allocated in an nn.Module's forward is 50-60 native frames
+ * below main (an MLP with Adam, measured in docs/leaks.md), most of them
+ * the dispatcher's, and every Python call entered from C adds the
+ * interpreter's frames; cut there, the Python frames cannot be spliced in
+ * (report.c). Walking costs only the frames a stack has, so the larger
+ * depth costs nothing where stacks are shallow. */
 #define DEFAULT_DEPTH 32
+#define DEFAULT_DEPTH_PYTHON 128
 
 static atomic_bool g_enabled;
-static unsigned g_depth = DEFAULT_DEPTH;
+static unsigned g_depth;             /* SPYRESHIM_STACK_DEPTH; 0: the defaults above */
+/* The default in force: DEFAULT_DEPTH until the first Python stack is
+ * recorded, DEFAULT_DEPTH_PYTHON from then on (never back). */
+static _Atomic unsigned g_depth_auto = DEFAULT_DEPTH;
 static bool g_python;
 static atomic_flag g_exit_done = ATOMIC_FLAG_INIT;
 
@@ -50,7 +62,7 @@ void shim_leak_init(void)
     bool trace = o->trace_path && o->trace_path[0];
     if ((!o->leak_check && !trace) || atomic_load(&g_enabled))
         return;
-    unsigned depth = o->stack_depth ? o->stack_depth : DEFAULT_DEPTH;
+    unsigned depth = o->stack_depth;
     if (depth > SHIM_STACK_MAX_DEPTH) {
         shim_warn("SPYRESHIM_STACK_DEPTH=%u is above %u: using %u", depth,
                   SHIM_STACK_MAX_DEPTH, SHIM_STACK_MAX_DEPTH);
@@ -81,7 +93,8 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
      * lock), which no lock of ours may be held across. */
     if (shim_locks_held())
         return;
-    uint32_t id = shim_stack_capture(g_depth);
+    unsigned depth = g_depth ? g_depth : atomic_load_explicit(&g_depth_auto, memory_order_relaxed);
+    uint32_t id = shim_stack_capture(depth);
     *native_stack = id;
     if (!g_python)
         return;
@@ -94,7 +107,19 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
             atomic_compare_exchange_strong(&g_stacks_hinted, &seen, id);
         shim_python_find_hint();
     }
-    *python_stack = shim_pystack_capture(g_depth);
+    uint32_t py = shim_pystack_capture(depth);
+    *python_stack = py;
+    /* The first Python stack recorded (by any thread) switches the default
+     * to the Python one; this capture's stacks are taken again where the
+     * short depth cut them. One compare on every other capture. */
+    if (py && depth == DEFAULT_DEPTH && !g_depth) {
+        atomic_store_explicit(&g_depth_auto, DEFAULT_DEPTH_PYTHON, memory_order_relaxed);
+        const uintptr_t *frames;
+        if (id && shim_stack_frames(id, &frames) >= depth)
+            *native_stack = shim_stack_capture(DEFAULT_DEPTH_PYTHON);
+        if (shim_pystack_flags(py) & SHIM_PYSTACK_TRUNCATED)
+            *python_stack = shim_pystack_capture(DEFAULT_DEPTH_PYTHON);
+    }
 }
 
 /* The expanded SPYRESHIM_REPORT path (plus `suffix`), or false when there is

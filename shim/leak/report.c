@@ -188,6 +188,7 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
             shim_symbolize(r->sym, nat[i], &s);
         f->address = nat[i];
         f->function = s.function;
+        f->raw = s.raw;
         f->file = s.file;
         f->line = s.line;
         f->object = s.object;
@@ -559,6 +560,10 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
             fprintf(f, "%s\n        {\"kind\": \"%s\", \"function\": ", k ? "," : "",
                     fr->python ? "python" : "native");
             json_str(f, fr->function);
+            if (fr->raw) {
+                fputs(", \"raw\": ", f);
+                json_str(f, fr->raw);
+            }
             if (!fr->python) {
                 fputs(", \"object\": ", f);
                 json_str(f, fr->object);

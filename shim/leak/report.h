@@ -13,7 +13,8 @@
 
 typedef struct shim_report_frame {
     bool python;
-    const char *function;    /* NULL when unknown */
+    const char *function;    /* NULL when unknown; C++ names demangled */
+    const char *raw;         /* native frames: the mangled name `function` came from, or NULL */
     const char *file;        /* NULL when unknown */
     const char *object;      /* native frames: the mapped object */
     int line;                /* 0 when unknown */

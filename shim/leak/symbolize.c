@@ -24,6 +24,7 @@
 #include "hashidx.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -80,7 +81,8 @@ static bool dw_ok;
 static pthread_once_t dw_once = PTHREAD_ONCE_INIT;
 
 typedef char *(*demangle_fn)(const char *, char *, size_t *, int *);
-static demangle_fn g_demangle;
+/* The program's own C++ demangler, once found (see find_demangler). */
+static _Atomic(demangle_fn) g_demangle;
 
 #define DW_SYM(field, name)                                           \
     do {                                                              \
@@ -91,10 +93,6 @@ static demangle_fn g_demangle;
 
 static void dw_load(void)
 {
-    /* C++ names: demangle with the program's own libstdc++ when it has one
-     * (never load it ourselves). */
-    *(void **)&g_demangle = shim_dlsym(RTLD_DEFAULT, "__cxa_demangle");
-
     void *h = shim_dlopen("libdw.so.1", RTLD_LOCAL | RTLD_NOW);
     if (!h)
         return;
@@ -175,9 +173,34 @@ static bool entry_eq(const void *ctx, uint32_t id, uint64_t hash, const void *ke
     return s->entries[id - 1].addr == *(const uintptr_t *)key;
 }
 
+/* C++ names are demangled with the program's own C++ runtime when it has
+ * one loaded (never loaded by us). Looked up at each report until found: a
+ * runtime can arrive after the first report, and often in a local scope
+ * where RTLD_DEFAULT does not see it (PyTorch's libstdc++ is a dependency
+ * of extension modules Python opens RTLD_LOCAL), hence the no-load opens
+ * by soname. */
+static void find_demangler(void)
+{
+    if (atomic_load_explicit(&g_demangle, memory_order_acquire))
+        return;
+    demangle_fn fn;
+    *(void **)&fn = shim_dlsym(RTLD_DEFAULT, "__cxa_demangle");
+    static const char *const runtimes[] = {"libstdc++.so.6", "libc++abi.so.1", "libc++.so.1"};
+    for (size_t i = 0; !fn && i < sizeof runtimes / sizeof runtimes[0]; i++) {
+        void *h = shim_dlopen_noload(runtimes[i], RTLD_LAZY | RTLD_LOCAL);
+        if (h) {
+            *(void **)&fn = shim_dlsym(h, "__cxa_demangle");
+            shim_dlclose(h);      /* only drops the reference the open took */
+        }
+    }
+    if (fn)
+        atomic_store_explicit(&g_demangle, fn, memory_order_release);
+}
+
 shim_symbolizer *shim_symbolizer_create(void)
 {
     pthread_once(&dw_once, dw_load);
+    find_demangler();
     shim_symbolizer *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -227,16 +250,23 @@ static const char *keep(shim_symbolizer *s, const char *str, bool owned)
     return c;
 }
 
-static const char *keep_function(shim_symbolizer *s, const char *name)
+/* out->function, demangled where it is a C++ name (out->raw then keeps the
+ * mangled one). */
+static void keep_function(shim_symbolizer *s, const char *name, shim_symbol *out)
 {
-    if (name && g_demangle && name[0] == '_' && name[1] == 'Z') {
+    demangle_fn demangle = atomic_load_explicit(&g_demangle, memory_order_acquire);
+    out->raw = NULL;
+    if (name && demangle && name[0] == '_' && name[1] == 'Z') {
         int status = -1;
-        char *d = g_demangle(name, NULL, NULL, &status);
-        if (d && status == 0)
-            return keep(s, d, true);
+        char *d = demangle(name, NULL, NULL, &status);
+        if (d && status == 0) {
+            out->function = keep(s, d, true);
+            out->raw = out->function ? keep(s, name, false) : NULL;
+            return;
+        }
         free(d);
     }
-    return keep(s, name, false);
+    out->function = keep(s, name, false);
 }
 
 static Dwfl *session(shim_symbolizer *s)
@@ -351,7 +381,7 @@ static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
         out->object = keep(s, obj, false);
         out->offset = addr - (uintptr_t)info.dli_fbase;
         if (info.dli_sname && info.dli_saddr)
-            out->function = keep_function(s, info.dli_sname);
+            keep_function(s, info.dli_sname, out);
     }
     Dwfl *d = session(s);
     if (!d)
@@ -364,7 +394,7 @@ static void resolve(shim_symbolizer *s, uintptr_t addr, shim_symbol *out)
         /* .symtab names may carry a symbol version ("f@@GLIBC_2.34"). */
         const char *at = strchr(name, '@');
         char *bare = at ? strndup(name, (size_t)(at - name)) : NULL;
-        out->function = keep_function(s, bare ? bare : name);
+        keep_function(s, bare ? bare : name, out);
         free(bare);
     }
     Dwfl_Line *line = dw.module_getsrc(mod, pc);

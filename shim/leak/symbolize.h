@@ -6,7 +6,10 @@
 #include <stdint.h>
 
 typedef struct shim_symbol {
-    const char *function;   /* NULL when no symbol covers the address */
+    const char *function;   /* NULL when no symbol covers the address; C++
+                               names demangled */
+    const char *raw;        /* the symbol as the object spells it (mangled),
+                               when `function` is its demangled form; else NULL */
     const char *object;     /* path of the mapped object, NULL if unknown */
     uintptr_t offset;       /* address - object's load base */
     const char *file;       /* NULL without debug information */

@@ -26,7 +26,7 @@ static const struct bounded bounded[] = {
     {"SPYRESHIM_ARENAS", 0, 8, 0, F(arenas)},
     {"SPYRESHIM_PRESSURE_ROUNDS", 1, 16, 3, F(pressure_rounds)},
     {"SPYRESHIM_GC_TIMEOUT_MS", 1, 3600000, 2000, F(gc_timeout_ms)},
-    {"SPYRESHIM_STACK_DEPTH", 1, 256, 32, F(stack_depth)},
+    {"SPYRESHIM_STACK_DEPTH", 0, 256, 0, F(stack_depth)},    /* 0: automatic (32 or 128) */
     {"SPYRESHIM_EXITCODE", 0, 255, 23, F(exitcode)},
     {"SPYRESHIM_OOM_REPORT", 0, 1000, 10, F(oom_report_top)},
     {"SPYRESHIM_TRACE_FLUSH_MS", 1, 1000, 1000, F(trace_flush_ms)},

@@ -1,0 +1,183 @@
+"""The PyTorch device on simdev (tests/torch/simdev_torch), without the shim:
+tensors live in simdev memory (which the host cannot touch), views share
+storage, autograd runs the device's backward on a thread of its own, an MLP
+trains to the CPU's losses bit for bit, and each kernel PyTorch 1.13 cannot
+do without fails silently when it is missing (SIMDEV_TORCH_OMIT).
+
+Debian's python3 with python3-torch; each case in a child process."""
+import json
+import signal
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import torchrun  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_here(builddir):
+    return torchrun.require()
+
+
+PRELUDE = textwrap.dedent("""\
+    import ctypes, gc, os, threading
+    import torch
+    import simdev_torch
+    dev = simdev_torch.device
+    _sd = ctypes.CDLL("libsimdev.so", mode=os.RTLD_NOLOAD)
+    def used():
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        assert _sd.simdevMemGetInfo(ctypes.byref(free), ctypes.byref(total)) == 0
+        return total.value - free.value
+    """)
+
+
+def run(body, **kw):
+    return torchrun.run(PRELUDE + textwrap.dedent(body), **kw)
+
+
+def test_tensors_are_simdev_allocations_freed_with_their_storage():
+    r = run("""
+        base = used()
+        x = torch.ones(1000, 1000).to(dev)          # 4,000,000 bytes
+        print(x.device, used() - base)
+        y = x.view(-1)                              # a view: no allocation
+        print(used() - base)
+        del x
+        print(used() - base)                        # the view keeps the storage
+        del y
+        print(used() - base)
+        print(simdev_torch.NAME, torch.device(simdev_torch.NAME).type)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:5] == [
+        "privateuseone:0 4000000", "4000000", "4000000", "0", "privateuseone privateuseone"], r.stdout
+
+
+def test_device_memory_is_not_host_memory():
+    """The host reading a device tensor's address faults: every byte moves
+    through simdevMemcpy, so no kernel ever reads device memory by mistake."""
+    r = run("""
+        x = torch.arange(4.0).to(dev)
+        print(x.cpu().tolist(), flush=True)
+        ctypes.string_at(x.data_ptr(), 4)
+        print("read device memory from the host")
+        """)
+    assert r.stdout.startswith("[0.0, 1.0, 2.0, 3.0]"), r
+    assert r.returncode == -signal.SIGSEGV, r
+    assert "read device memory" not in r.stdout
+
+
+def test_views_share_storage_and_write_through():
+    r = run("""
+        x = torch.zeros(3, 4).to(dev)
+        x.view(12)[0] = 1                          # view
+        x.t()[3, 2] = 2                            # as_strided (transpose)
+        x.reshape(4, 3)[1, 1] = 3                  # _reshape_alias
+        x[1:, 2:][0, 1] = 4                        # slice
+        x.unsqueeze(0).expand(2, 3, 4)[1, 0, 1] = 5
+        print(x.cpu().tolist())
+        print(x.t().is_contiguous(), x.t().contiguous().cpu().equal(x.cpu().t()))
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "[[1.0, 5.0, 0.0, 0.0], [3.0, 0.0, 0.0, 4.0], [0.0, 0.0, 0.0, 2.0]]",
+        "False True"], r.stdout
+
+
+def test_out_of_place_in_place_and_out_arguments_through_the_fallback():
+    r = run("""
+        a = torch.arange(6.0).reshape(2, 3).to(dev)
+        b = (a * 2 + 1).sum(dim=1)                     # fallback, results copied back
+        a.add_(10)                                     # in place
+        out = torch.empty(0, device=dev)
+        torch.mul(a, a, out=out)                       # out= resized on the device
+        print(b.device, b.cpu().tolist(), a.cpu().tolist(), out.shape, out.cpu()[1].tolist())
+        print(torch.tensor([1.5]).to(dev).item(), a.to(torch.int64).cpu().dtype)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "privateuseone:0 [9.0, 27.0] [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]] "
+        "torch.Size([2, 3]) [169.0, 196.0, 225.0]",
+        "1.5 torch.int64"], r.stdout
+
+
+def test_out_of_device_memory_is_torchs_out_of_memory_error():
+    r = run("""
+        keep = [torch.empty(1 << 20, device=dev) for _ in range(3)]   # 12 MiB
+        try:
+            torch.empty(1 << 20, device=dev)
+        except torch.cuda.OutOfMemoryError as e:
+            print("OOM", str(e).splitlines()[0])
+        """, simdev_memory="14M")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == ("OOM simdev: out of memory allocating 4194304 bytes "
+                                "(simdevMalloc: out of memory)"), r.stdout
+
+
+def test_backward_runs_on_autograd_device_thread():
+    r = run("""
+        main = threading.get_ident()
+        seen = []
+        w = torch.randn(8, 8).to(dev).requires_grad_()
+        h = (w @ w).relu()
+        h.register_hook(lambda g: seen.append((threading.get_ident(), g.device)))
+        h.sum().backward()
+        print(len(seen), seen[0][0] != main, seen[0][1], w.grad.device)
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "1 True privateuseone:0 privateuseone:0", r.stdout
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_mlp_losses_equal_the_cpu_run_bit_for_bit(optimizer, tmp_path):
+    losses = {}
+    for device in ("cpu", "simdev"):
+        out = tmp_path / f"{device}.json"
+        r = torchrun.run(path=torchrun.DEMO, args=["--device", device, "--steps", "40", "--gc",
+                                                   "--optimizer", optimizer, "--losses", out])
+        assert r.returncode == 0, r.stdout + r.stderr
+        losses[device] = json.loads(out.read_text())
+    assert len(losses["cpu"]) == 40
+    assert losses["simdev"] == losses["cpu"]
+    assert float.fromhex(losses["cpu"][-1]) < float.fromhex(losses["cpu"][0])
+
+
+# ---- each missing kernel, and what 1.13 does without it -------------------
+
+def test_without_empty_strided_to_device_returns_a_cpu_tensor():
+    src = """
+        x = torch.ones(4).to(dev)
+        print(x.device, used())
+        """
+    assert run(src).stdout.strip() == "privateuseone:0 256"
+    r = run(src, SIMDEV_TORCH_OMIT="empty_strided")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "cpu 0", r.stdout
+
+
+def test_without_view_kernels_views_are_copies():
+    src = """
+        x = torch.zeros(6).to(dev)
+        v = x.view(2, 3)
+        v[0, 0] = 7
+        print(x.cpu()[0].item(), v.data_ptr() == x.data_ptr())
+        """
+    assert run(src).stdout.strip() == "7.0 True"
+    r = run(src, SIMDEV_TORCH_OMIT="views")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0.0 False", r.stdout
+    assert "View operators don't support falling back" in r.stderr
+
+
+def test_without_copy_from_host_code_reads_device_memory_and_crashes():
+    src = """
+        x = torch.arange(4.0).to(dev)
+        print(x.cpu().tolist())
+        """
+    assert run(src).stdout.strip() == "[0.0, 1.0, 2.0, 3.0]"
+    r = run(src, SIMDEV_TORCH_OMIT="copy_from")
+    assert r.returncode == -signal.SIGSEGV, r
