@@ -64,8 +64,13 @@ enum trace_tag {
     TRACE_META_NSTACK = 2,   /* u32 id, u32 n, u64 return addresses[n] (innermost first) */
     TRACE_META_DEVICE = 3,   /* u32 index, u32 0, name (NUL-terminated) */
     TRACE_META_MAPS = 4,     /* the executable lines of /proc/self/maps, as text */
-    TRACE_META_SYMBOL = 5,   /* u64 addr, i32 line, u32 0, function\0 file\0 object\0 (at exit) */
+    TRACE_META_SYMBOL = 5,   /* u64 addr, i32 line, u32 flags, function\0 file\0 object\0 (at exit) */
     TRACE_META_PYSTACK = 6,  /* u32 id, u32 n, then n times: i32 line, function\0 file\0 (at exit) */
+    TRACE_META_PYMARKS = 7,  /* u32 id, u32 SHIM_PYSTACK_* flags, u8 entry[n] (at exit, after 6) */
 };
+
+/* A symbol record's flags (0 in files written before they existed). */
+#define TRACE_SYMBOL_EVAL_LOOP 1u    /* inside the interpreter's evaluation loop, by address */
+#define TRACE_SYMBOL_INTERPRETER 2u  /* in the interpreter's own object (libpython, static exe) */
 
 #endif

@@ -25,6 +25,7 @@ What the page reads, and what we write:
 
 import pickle
 
+from . import callorder
 from . import trace as tr
 
 PROTOCOL = 4
@@ -34,7 +35,7 @@ def _frames(t, site, cache):
     got = cache.get(site)
     if got is None:
         got = []
-        for f in t.frames(site):
+        for f in callorder.visible(t, site):
             if f["kind"] == "python":
                 got.append({"filename": f["file"] or "??", "line": f["line"] or 0,
                             "name": f["function"] or "??"})
