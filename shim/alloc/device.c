@@ -205,6 +205,15 @@ bool shim_device_in_backend(void)
     return tls_in_backend != 0;
 }
 
+/* A region reserved or released, for a trace (regions are rare: no cost
+ * that matters on the allocation path). */
+static void region_event(shim_device *d, enum shim_event_kind k, uintptr_t addr, size_t size)
+{
+    shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    if (ev)
+        ev(k, d->index, shim_device_seq_next(), addr, size, 0, 0);
+}
+
 static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
 {
     shim_device *d = ctx;
@@ -220,6 +229,7 @@ static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
         return -rc; /* another failure (no driver, a stub library): final */
     *addr = (uintptr_t)p;
     shim_debug("%s: reserved region %p + %zu", d->name, p, size);
+    region_event(d, SHIM_EVENT_SEGMENT_ALLOC, *addr, size);
     if (atomic_load_explicit(&any_forgotten, memory_order_relaxed)) {
         /* The runtime gave a forgotten address back out: it is live again. */
         shim_mutex_lock(&forgotten_mu);
@@ -256,6 +266,7 @@ static bool in_forgotten_region(uintptr_t addr)
 static void backend_release(void *ctx, uintptr_t addr, size_t size)
 {
     shim_device *d = ctx;
+    region_event(d, SHIM_EVENT_SEGMENT_FREE, addr, size);
     if (d->forgetting) {
         /* Its context's teardown: the runtime frees the region itself. */
         forget_region(addr, size);
@@ -1223,8 +1234,18 @@ static int fail(shim_device *d, size_t size, bool taken)
         shim_lock_release(&d->lock);
     shim_debug("%s: out of memory for %zu bytes", d->rt->name, size);
     shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
-    if (ev)
-        ev(SHIM_EVENT_OOM, d->index, seq, 0, size, 0, 0);
+    if (ev) {
+        /* The failure path only: what the runtime says is free, and the
+         * failing request's stacks, for the trace's readers. */
+        size_t dev_free = 0, total = 0;
+        uint32_t ns = 0, ps = 0;
+        shim_capture_fn capture = atomic_load_explicit(&capture_hook, memory_order_relaxed);
+        if (capture)
+            capture(&ns, &ps);
+        if (d->rt->real_mem_info && backend_mem_info(d, &dev_free, &total) != 0)
+            dev_free = 0;
+        ev(SHIM_EVENT_OOM, d->index, seq, dev_free, size, ns, ps);
+    }
     if (taken && on_oom)
         on_oom(d->rt->name, size);
     return d->rt->err_oom;

@@ -32,10 +32,13 @@ typedef struct trace_chunk {      /* 32 bytes, then events, then metadata */
 enum trace_kind {
     TRACE_ALLOC = 1,          /* addr, size, site */
     TRACE_FREE = 2,           /* addr, size of the block, site of its allocation */
-    TRACE_OOM = 3,            /* a request of `size` bytes failed for good */
+    TRACE_OOM = 3,            /* a request of `size` bytes failed for good; addr = the
+                                 runtime's free bytes then; site = the request's stacks */
     TRACE_PRESSURE_BEGIN = 4, /* size = the request that ran out */
     TRACE_PRESSURE_END = 5,   /* size = bytes freed during the event */
     TRACE_GC = 6,             /* size = bytes freed, addr = duration ns; time = its end */
+    TRACE_SEGMENT_ALLOC = 7,  /* a region of `size` bytes at addr reserved from the runtime */
+    TRACE_SEGMENT_FREE = 8,   /* that region given back (or forgotten at its context's end) */
 };
 
 typedef struct trace_event {  /* 32 bytes */

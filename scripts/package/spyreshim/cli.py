@@ -121,6 +121,11 @@ def _parser():
                           "(an HTML page, needs --html) or stats (text)")
     rep.add_argument("--memory-viz", metavar="OUT.pickle",
                      help="for a trace: write the snapshot PyTorch's memory_viz page reads")
+    rep.add_argument("--from", dest="first", metavar="T",
+                     help="with --memory-viz: the page starts at T (\"2.5s\" since the trace "
+                          "began, or an event number)")
+    rep.add_argument("--to", dest="last", metavar="T",
+                     help="with --memory-viz: the page ends at T (seconds or event number)")
     rep.add_argument("--html", metavar="OUT.html",
                      help="write a self-contained page with a flame graph instead of text")
     rep.add_argument("--top", type=_positive, metavar="N", default=0,
@@ -195,14 +200,20 @@ def cmd_trace_report(args):
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
+    if (args.first is not None or args.last is not None) and not args.memory_viz:
+        raise UsageError("report: --from and --to cut the --memory-viz export")
     if args.memory_viz:
         from . import memoryviz
+        first = memoryviz.parse_bound(args.first) if args.first is not None else None
+        last = memoryviz.parse_bound(args.last) if args.last is not None else None
         try:
-            memoryviz.write(t, args.memory_viz)
+            snap = memoryviz.write(t, args.memory_viz, first, last)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.memory_viz, e.strerror or e))
-        sys.stderr.write("%s report: wrote %s (drop it on https://pytorch.org/memory_viz)\n" % (
-            PROG, args.memory_viz))
+        nev = sum(len(d) for d in snap["device_traces"])
+        sys.stderr.write("%s report: wrote %s: %d events, %d segments (drop it on "
+                         "https://pytorch.org/memory_viz)\n" % (
+                             PROG, args.memory_viz, nev, len(snap["segments"])))
         if not args.view and not args.html:
             return 0
     view = args.view or "peak"

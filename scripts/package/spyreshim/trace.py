@@ -21,8 +21,10 @@ CHUNK = struct.Struct("<IIIIQQ")
 META = struct.Struct("<II")
 
 ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
+SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
-              PRESSURE_END: "pressure end", GC: "collection"}
+              PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
+              SEGMENT_FREE: "segment free"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
 SIZE_MASK = (1 << 48) - 1
