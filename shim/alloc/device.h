@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "oomverdict.h"
 #include "spyreshim.h"
 #include "table.h"
 
@@ -59,7 +60,8 @@ typedef struct shim_device shim_device;
  * thread's stacks (ids, 0 = none) before the allocator lock is taken;
  * `on_oom` runs, without any allocator lock, when a request finally fails. */
 typedef void (*shim_capture_fn)(uint32_t *native_stack, uint32_t *python_stack);
-typedef void (*shim_oom_fn)(const char *runtime, size_t size);
+/* `facts`: why it failed (oomverdict.h), gathered on the failure path. */
+typedef void (*shim_oom_fn)(const char *runtime, size_t size, const shim_oom_facts *facts);
 void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
 
 /* The trace registers this at init (NULL while tracing is off). Called
