@@ -121,6 +121,12 @@ def _parser():
                           "(an HTML page, needs --html) or stats (text)")
     rep.add_argument("--memory-viz", metavar="OUT.pickle",
                      help="for a trace: write the snapshot PyTorch's memory_viz page reads")
+    rep.add_argument("--diff", action="store_true",
+                     help="what grew between two moments and is still live: two reports or "
+                          "snapshots (A B), or one trace with --at T1 --at T2")
+    rep.add_argument("--at", action="append", metavar="T",
+                     help="with --diff and a trace: a moment (\"2.5s\" or an event number); twice")
+    rep.add_argument("--json", metavar="OUT.json", help="with --diff: write the growth as JSON")
     rep.add_argument("--from", dest="first", metavar="T",
                      help="with --memory-viz: the page starts at T (\"2.5s\" since the trace "
                           "began, or an event number)")
@@ -239,8 +245,51 @@ def cmd_trace_report(args):
     return 0
 
 
+def _write(path, text):
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError("report: cannot write %s: %s" % (path, e.strerror or e))
+
+
+def cmd_diff(args):
+    from . import diff
+    from . import trace as tr
+    traces = [p for p in args.files if tr.is_trace(p)]
+    if traces:
+        if len(args.files) != 1 or len(args.at or ()) != 2:
+            raise UsageError("report --diff: one trace with --at T1 --at T2")
+        t = tr.load(args.files[0])
+        i1, i2 = (diff.at_index(t, v) for v in args.at)
+        r = diff.of_trace(t, i1, i2)
+        title = "in %s from event %d to event %d" % (args.files[0], min(i1, i2) + 1,
+                                                    max(i1, i2) + 1)
+    else:
+        if len(args.files) != 2 or args.at:
+            raise UsageError("report --diff: two reports or snapshots (A B), or one trace with "
+                             "--at T1 --at T2")
+        a, b = (rpt.load(p) for p in args.files)
+        r = diff.of_reports(a, b)
+        title = "from %s to %s" % tuple(args.files)
+    if args.json:
+        _write(args.json, diff.to_json(r, title))
+    if args.html:
+        _write(args.html, diff.html(r, title))
+        sys.stderr.write("%s report: wrote %s (%s grew at %d site%s)\n" % (
+            PROG, args.html, rpt.format_size(r["reported_bytes"]), len(r["groups"]),
+            "" if len(r["groups"]) == 1 else "s"))
+    if not args.html and not args.json:
+        sys.stdout.write(diff.text(r, title))
+    return 0
+
+
 def cmd_report(args):
     from . import trace as tr
+    if args.diff:
+        return cmd_diff(args)
+    if args.at or args.json:
+        raise UsageError("report: --at and --json go with --diff")
     if any(tr.is_trace(path) for path in args.files):
         return cmd_trace_report(args)
     if args.view or args.memory_viz:
