@@ -116,9 +116,10 @@ def _parser():
                     "with identical stacks are summed and list their pids.")
     rep.add_argument("files", nargs="+", metavar="FILE",
                      help="leak reports (JSON), or one trace (SPYRESHIM_TRACE, found by its magic)")
-    rep.add_argument("--view", choices=("peak", "timeline", "stats"), default=None,
+    rep.add_argument("--view", choices=("peak", "timeline", "stats", "gc"), default=None,
                      help="for a trace: peak (default; what was live at the peak), timeline "
-                          "(an HTML page, needs --html) or stats (text)")
+                          "(an HTML page, needs --html), stats (text) or gc (what each collection "
+                          "freed, by allocation site)")
     rep.add_argument("--memory-viz", metavar="OUT.pickle",
                      help="for a trace: write the snapshot PyTorch's memory_viz page reads")
     rep.add_argument("--diff", action="store_true",
@@ -223,6 +224,10 @@ def cmd_trace_report(args):
         if not args.view and not args.html:
             return 0
     view = args.view or "peak"
+    if view == "gc":
+        from . import gcview
+        sys.stdout.write(gcview.text(t, top=args.top or 10))
+        return 0
     if view == "stats":
         sys.stdout.write(tracepeak.stats_text(t, top=args.top or 5))
         return 0
