@@ -128,6 +128,9 @@ def _parser():
     rep.add_argument("--at", action="append", metavar="T",
                      help="with --diff and a trace: a moment (\"2.5s\" or an event number); twice")
     rep.add_argument("--json", metavar="OUT.json", help="with --diff: write the growth as JSON")
+    rep.add_argument("--pprof", metavar="OUT.pb.gz",
+                     help="for a trace: live bytes and counts by stack as a pprof profile, at the "
+                          "peak, or at --at T (\"end\", \"2.5s\" or an event number)")
     rep.add_argument("--from", dest="first", metavar="T",
                      help="with --memory-viz: the page starts at T (\"2.5s\" since the trace "
                           "began, or an event number)")
@@ -207,6 +210,20 @@ def cmd_trace_report(args):
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
+    if args.pprof:
+        from . import pprof
+        if len(args.at or ()) > 1:
+            raise UsageError("report --pprof: one --at at most")
+        try:
+            words, live = pprof.write(t, args.pprof, (args.at or [None])[0])
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.pprof, e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %s live in %d block(s) at %s (go tool pprof "
+                         "-top %s)\n" % (PROG, args.pprof,
+                                          rpt.format_size(sum(v[0] for v in live.values())),
+                                          len(live), words, args.pprof))
+        if not args.view and not args.html and not args.memory_viz:
+            return 0
     if (args.first is not None or args.last is not None) and not args.memory_viz:
         raise UsageError("report: --from and --to cut the --memory-viz export")
     if args.memory_viz:
@@ -293,8 +310,8 @@ def cmd_report(args):
     from . import trace as tr
     if args.diff:
         return cmd_diff(args)
-    if args.at or args.json:
-        raise UsageError("report: --at and --json go with --diff")
+    if args.json or (args.at and not args.pprof):
+        raise UsageError("report: --at and --json go with --diff (--at also with --pprof)")
     if any(tr.is_trace(path) for path in args.files):
         return cmd_trace_report(args)
     if args.view or args.memory_viz:
