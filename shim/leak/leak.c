@@ -189,7 +189,7 @@ typedef struct oom_state {
     size_t size;
     uint64_t seq;
     shim_oom_facts facts;
-    char verdict[300];
+    char verdict[289];   /* with "spyreshim: " in front, at most 300 characters */
 } oom_state;
 
 static _Atomic(oom_state *) g_oom;
