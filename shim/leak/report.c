@@ -518,6 +518,12 @@ static void json_str(FILE *f, const char *s)
 
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
 {
+    return shim_report_write_json_extra(r, f, reason, NULL, NULL);
+}
+
+int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reason,
+                                 const char *key, const char *value)
+{
     uint64_t lb, lc, sb, sc;
     shim_report_totals(r, &lb, &lc, &sb, &sc);
     char exe[4096];
@@ -583,7 +589,13 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
         }
         fprintf(f, "%s]\n    }", g->nframes ? "\n      " : "");
     }
-    fprintf(f, "%s]\n}\n", r->ngroups ? "\n  " : "");
+    fprintf(f, "%s]", r->ngroups ? "\n  " : "");
+    if (key && value) {
+        fputs(",\n  ", f);
+        json_str(f, key);
+        fprintf(f, ": %s", value);
+    }
+    fputs("\n}\n", f);
     if (fflush(f) != 0 || ferror(f)) {
         if (!errno)
             errno = EIO;

@@ -21,13 +21,15 @@ CHUNK = struct.Struct("<IIIIQQ")
 META = struct.Struct("<II")
 
 ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
+SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
-              PRESSURE_END: "pressure end", GC: "collection"}
+              PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
+              SEGMENT_FREE: "segment free"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
 SIZE_MASK = (1 << 48) - 1
 
-(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK) = range(1, 7)
+(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS) = range(1, 8)
 
 
 def is_trace(path):
@@ -70,6 +72,8 @@ class Trace(object):
         self.nstacks = {}    # id -> [return addresses], innermost first
         self.pystacks = {}   # id -> [(function, file, line)], innermost first
         self.symbols = {}    # address -> (function, file, line, object)
+        self.symbol_flags = {}  # address -> TRACE_SYMBOL_* bits (callorder.py reads them)
+        self.pymarks = {}    # Python stack id -> (SHIM_PYSTACK_* flags, [entry per frame])
         self.devices = {}    # index -> runtime name
         self.maps = []       # (start, end, offset, path) of executable mappings
         self._frames = {}
@@ -161,9 +165,14 @@ def _parse_meta(t, b):
                 maps.append((int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5]))
             t.maps = maps
         elif tag == T_SYMBOL:
-            a, line, _ = struct.unpack_from("<QiI", p)
+            a, line, flags = struct.unpack_from("<QiI", p)
             (fn, file, obj), _ = _cstrings(p[16:], 3)
             t.symbols[a] = (fn, file, line, obj)
+            if flags:
+                t.symbol_flags[a] = flags
+        elif tag == T_PYMARKS:
+            sid, flags = struct.unpack_from("<II", p)
+            t.pymarks[sid] = (flags, [bool(c) for c in p[8:]])
         elif tag == T_PYSTACK:
             sid, nf = struct.unpack_from("<II", p)
             body = p[8:]

@@ -1,7 +1,9 @@
 """Two views of a trace (trace.py): what was live at the peak (text, and
 HTML through the leak reports' flame graph, flamegraph.page), and summary
-statistics in the shape of `memray stats`. Owns these views only."""
+statistics in the shape of `memray stats`. Owns these views only; stacks
+are in call order (callorder.py)."""
 
+from . import callorder
 from . import flamegraph
 from . import report as rpt
 from . import trace as tr
@@ -12,11 +14,11 @@ def peak_reports(t):
     p = tr.peaks(t)
     out = []
     out.append(("peak of all devices: %s after event %d" % (rpt.format_size(p.bytes), p.index + 1),
-                tr.live_report(t, tr.live_at(t, p.index), "peak")))
+                callorder.live_report(t, tr.live_at(t, p.index), "peak")))
     if len(p.per_device) > 1:
         for d, (b, i) in sorted(p.per_device.items()):
             out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
-                        tr.live_report(t, tr.live_at(t, i, device=d), "peak")))
+                        callorder.live_report(t, tr.live_at(t, i, device=d), "peak")))
     return p, out
 
 
@@ -91,10 +93,10 @@ def stats_text(t, top=5):
             w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
     for s, v in sorted(site_peak.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %s" % (t.site_label(s), rpt.format_size(v)))
+        w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))
     w.append("Top %d largest allocating locations (by number of allocations):" % top)
     for s, v in sorted(by_count.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %d (%s in all)" % (t.site_label(s), v, rpt.format_size(by_bytes[s])))
+        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v, rpt.format_size(by_bytes[s])))
     marks = [(time[i], kind[i], size[i], t.addr[i]) for i in range(len(kind)) if kind[i] in
              (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)]
     npress = sum(1 for m in marks if m[1] == tr.PRESSURE_BEGIN)
