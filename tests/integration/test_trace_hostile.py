@@ -53,17 +53,19 @@ def allocs(t):
 def test_escaped_percent_p_forked_children_never_reopen_the_parents_file(tmp_path, builddir):
     # x%%p.trace is the literal file x%p.trace; the children (no %p) record
     # nothing; the parent's file keeps every event of the parent.
-    prog = ("import os, simdev\n"
+    prog = ("import os, time, simdev\n"
             "keep = [simdev.Tensor(1 << 20)]\n"
             "for n in range(3):\n"
             "    pid = os.fork()\n"
             "    if pid == 0:\n"
             "        b = simdev.Tensor(3 << 20); del b\n"
+            "        time.sleep(0.3)\n"          # past a flush: a writer would open the file
             "        os._exit(0)\n"
             "    os.waitpid(pid, 0)\n"
             "    keep.append(simdev.Tensor((n + 2) << 20))\n")
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, timeout=120,
-                       env=shim_env(builddir, SPYRESHIM_TRACE=tmp_path / "x%%p.trace"))
+                       env=shim_env(builddir, SPYRESHIM_TRACE=tmp_path / "x%%p.trace",
+                                    SPYRESHIM_TRACE_FLUSH_MS=10))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x%p.trace"]
     t = tr.load(str(tmp_path / "x%p.trace"))
@@ -220,12 +222,13 @@ for path, argv in seeds:
     except SystemExit as e:
         rc = e.code
     except BaseException:
-        rc = "raised: " + traceback.format_exc()[-800:]
+        rc = "raised"
+        text = traceback.format_exc()[-800:]
     finally:
         signal.alarm(0)
         sys.stderr, sys.stdout = old_err, old_out
     statuses[str(rc)] = statuses.get(str(rc), 0) + 1
-    text = err.getvalue()
+    text = err.getvalue() if rc != "raised" else text
     if rc not in (0, 2) or "Traceback" in text or (rc == 2 and len(text.strip().splitlines()) != 1):
         bad.append([path, argv, str(rc), text[-800:]])
 json.dump({"bad": bad, "statuses": statuses}, open(out, "w"))
