@@ -253,11 +253,11 @@ def _load(f, path):
     t = Trace()
     t.path, t.pid, t.start_realtime_ns, t.file_bytes = path, pid, real, n
     pos = HEADER.size
-    # Read chunk by chunk into one buffer of events (no copy of the whole
-    # file beside it); a chunk whose sizes run past the end of the file is
-    # the incomplete last one of a crash, never an allocation of its size.
-    ev = bytearray()
-    bases = []   # (first event index, event count, seq_base)
+    # Read chunk by chunk, each chunk's events decoded into the columns at
+    # once (no copy of the file, nor of all its events, beside them); a
+    # chunk whose sizes run past the end of the file is the incomplete last
+    # one of a crash, never an allocation of its size.
+    cols = [array("Q"), array("Q"), array("Q"), array("B"), array("B"), array("Q"), array("I")]
     count = 0
     while pos + CHUNK.size <= n:
         ch = f.read(CHUNK.size)
@@ -273,9 +273,9 @@ def _load(f, path):
             if len(body) < nev * 32:
                 t.truncated = True
                 break
-            ev += body
+            for c, part in zip(cols, _decode(body, nev, base)):
+                c.extend(part)
             del body
-            bases.append((count, nev, base))
             count += nev
         meta = f.read(meta_bytes)
         if len(meta) < meta_bytes:
@@ -286,9 +286,27 @@ def _load(f, path):
         pos = end
     if pos < n and not t.truncated:
         t.truncated = True
-    # Fields by strided byte slices (C speed; 10 million events in a few
-    # seconds): an event is addr u64, size|kind|dev u64, time u64,
-    # seq_lo u32, site u32, little-endian like the host (array's order).
+    seq, addr, size, kind, dev, times, site = cols
+    del cols
+    # One thread's chunk is in order; several threads' chunks interleave.
+    sorted_already = count < 2 or all(map(operator.lt, seq, itertools.islice(seq, 1, None)))
+    if not sorted_already:
+        order = sorted(range(count), key=seq.__getitem__)
+        pick = [a.__getitem__ for a in (seq, addr, size, kind, dev, times, site)]
+        seq, addr, size, kind, dev, times, site = (
+            array(a.typecode, map(g, order))
+            for a, g in zip((seq, addr, size, kind, dev, times, site), pick))
+    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = seq, addr, size, kind, dev, times, site
+    _validate_events(t)
+    _drop_foreign_frees(t)
+    return t
+
+
+def _decode(ev, count, base):
+    """One chunk's events as columns: seq, addr, size, kind, dev, time,
+    site. Fields by strided byte slices (C speed): an event is addr u64,
+    size|kind|dev u64, time u64, seq_lo u32, site u32, little-endian like
+    the host (array's order)."""
     words = array("Q")
     words.frombytes(ev)
     addr = words[0::4]
@@ -307,28 +325,15 @@ def _load(f, path):
     kind = array("B", ev[14::32])
     dev = array("B", ev[15::32])
     site = field(28, 4, 4)
-    seq = field(24, 8, 4)   # the low 32 bits; the rest from each chunk's base
-    del ev
-    for lo, m, base in bases:
-        blo = base & 0xFFFFFFFF
-        bhi = base - blo
-        if bhi == 0 and min(seq[lo:lo + m]) >= blo:
-            continue         # seq = seq_lo (fewer than 2^32 events, no wrap)
-        for i in range(lo, lo + m):
+    seq = field(24, 8, 4)   # the low 32 bits; the rest from the chunk's base
+    # Events of one chunk lie within 2^31 of its base (tracefile.c).
+    blo = base & 0xFFFFFFFF
+    bhi = base - blo
+    if not (bhi == 0 and min(seq) >= blo):   # else seq = seq_lo: no wrap
+        for i in range(count):
             s = seq[i]
             seq[i] = bhi + s if s >= blo else bhi + (1 << 32) + s
-    # One thread's chunk is in order; several threads' chunks interleave.
-    sorted_already = count < 2 or all(map(operator.lt, seq[:-1], seq[1:]))
-    if not sorted_already:
-        order = sorted(range(count), key=seq.__getitem__)
-        pick = [a.__getitem__ for a in (seq, addr, size, kind, dev, times, site)]
-        seq, addr, size, kind, dev, times, site = (
-            array(a.typecode, map(g, order))
-            for a, g in zip((seq, addr, size, kind, dev, times, site), pick))
-    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = seq, addr, size, kind, dev, times, site
-    _validate_events(t)
-    _drop_foreign_frees(t)
-    return t
+    return seq, addr, size, kind, dev, times, site
 
 
 def _validate_events(t):
