@@ -343,8 +343,8 @@ def _validate_events(t):
     bad = kinds - set(KIND_NAMES)
     if bad:
         i = next(i for i, k in enumerate(t.kind) if k in bad)
-        raise rpt.ReportError("%s: event %d: kind %d is not one of the format's (1 to 6)"
-                              % (t.path, i, t.kind[i]))
+        raise rpt.ReportError("%s: event %d: kind %d is not one of the format's (%s)"
+                              % (t.path, i, t.kind[i], ", ".join(map(str, sorted(KIND_NAMES)))))
     for d in set(t.dev):
         if d != DEVICE_NONE and d not in t.devices:
             # Named lazily by older writers: a device without its record is
