@@ -360,16 +360,15 @@ def _drop_foreign_frees(t):
     own. The frees are counted in t.foreign_frees / t.foreign_bytes. Memory
     proportional to the live set."""
     live = set()
-    kind, dev, addr = t.kind, t.dev, t.addr
+    add, remove = live.add, live.remove
     drop = None
-    for i in range(len(kind)):
-        k = kind[i]
+    for i, k, d, a in zip(itertools.count(), t.kind, t.dev, t.addr):
         if k == ALLOC:
-            live.add((dev[i], addr[i]))
+            add(d << 64 | a)
         elif k == FREE:
-            key = (dev[i], addr[i])
+            key = d << 64 | a
             if key in live:
-                live.discard(key)
+                remove(key)
             else:
                 if drop is None:
                     drop = []
