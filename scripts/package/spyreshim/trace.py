@@ -377,7 +377,7 @@ def _drop_foreign_frees(t):
     t.foreign_bytes = sum(t.size[i] for i in drop) if drop else 0
     if not drop:
         return
-    keep = bytearray(b"\1") * len(kind)
+    keep = bytearray(b"\1") * len(t.kind)
     for i in drop:
         keep[i] = 0
     for name in ("seq", "addr", "size", "kind", "dev", "time", "site"):
