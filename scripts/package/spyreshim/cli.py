@@ -11,13 +11,18 @@ never a traceback.
 import argparse
 import os
 import re
+import struct
 import sys
 
+from . import escape
 from . import report as rpt
 
 PROG = "spyreshim"
 LIBNAME = "libspyreshim.so"
 LOG_LEVELS = ("debug", "info", "warn", "off")
+# `run --trace` without a file: one file per process (%p), so that a forked
+# or exec'd child never finds its parent's file in use (README, "Traces").
+DEFAULT_TRACE = "spyreshim-%p.trace"
 
 # Set by the launcher script (scripts/spyreshim): where to look for the
 # library after $SPYRESHIM_LIB, and the directory holding this package.
@@ -102,9 +107,11 @@ def _parser():
     r.add_argument("--stack-depth", type=_positive, metavar="N",
                    help="native frames recorded per allocation (default 32)")
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
-    r.add_argument("--trace", metavar="FILE",
+    r.add_argument("--trace", metavar="FILE", nargs="?", const=DEFAULT_TRACE,
                    help="record every allocation, free, pressure event and collection with "
-                        "stacks to FILE (%%p: the pid); read it with `report`")
+                        "stacks to FILE (%%p: the pid; without FILE: " +
+                        DEFAULT_TRACE.replace("%", "%%") + ", a file per process); "
+                        "read it with `report`")
     r.add_argument("--log", choices=LOG_LEVELS, metavar="LEVEL",
                    help="shim diagnostics: " + ", ".join(LOG_LEVELS))
     r.add_argument("--preset", action="append", choices=("torch", "cupy", "numba", "jax", "rmm"),
@@ -254,7 +261,7 @@ def cmd_trace_report(args):
         sys.stdout.write(gcview.text(t, top=args.top or 10))
         return 0
     if view == "stats":
-        sys.stdout.write(tracepeak.stats_text(t, top=args.top or 5))
+        sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5)))
         return 0
     if view == "timeline" and not args.html:
         raise UsageError("report: --view timeline draws a page: give --html OUT.html")
@@ -265,13 +272,13 @@ def cmd_trace_report(args):
         else:
             page = tracepeak.peak_html(t, top=args.top)
         try:
-            with open(args.html, "w", encoding="utf-8") as f:
+            with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
         sys.stderr.write("%s report: wrote %s (%s of %d events)\n" % (PROG, args.html, view, len(t)))
         return 0
-    sys.stdout.write(tracepeak.peak_text(t, top=args.top))
+    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top)))
     return 0
 
 
@@ -331,7 +338,7 @@ def cmd_report(args):
         page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top,
                                native_frames=args.native_frames)
         try:
-            with open(args.html, "w", encoding="utf-8") as f:
+            with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
@@ -340,8 +347,9 @@ def cmd_report(args):
             PROG, args.html, rpt.format_size(merged["reported_bytes"]),
             ngroups, "" if ngroups == 1 else "s", len(reports), "" if len(reports) == 1 else "s"))
     else:
-        sys.stdout.write(rpt.text(merged, top=args.top, show_suppressed=args.show_suppressed,
-                                  native_frames=args.native_frames))
+        sys.stdout.write(escape.text_out(rpt.text(merged, top=args.top,
+                                                  show_suppressed=args.show_suppressed,
+                                                  native_frames=args.native_frames)))
         sys.stdout.flush()
     if args.fail_on_leaks and merged["reported_allocations"]:
         return 1
@@ -360,7 +368,7 @@ def main(argv=None):
         parser.print_help(sys.stderr)
         return 2
     except (UsageError, rpt.ReportError) as e:
-        sys.stderr.write("%s: %s\n" % (PROG, e))
+        sys.stderr.write("%s: %s\n" % (PROG, escape.terminal(str(e))))
         return getattr(e, "status", 2)
     except BrokenPipeError:
         # `spyreshim report ... | head`: not an error of ours.
@@ -372,3 +380,23 @@ def main(argv=None):
         return 0
     except KeyboardInterrupt:
         return 130
+    except MemoryError:
+        sys.stderr.write("%s: %s: out of memory reading %s\n" % (
+            PROG, args.command, escape.terminal(" ".join(getattr(args, "files", [])))))
+        return 2
+    except RecursionError:
+        sys.stderr.write("%s: %s: %s: nested too deeply\n" % (
+            PROG, args.command, escape.terminal(" ".join(getattr(args, "files", [])))))
+        return 2
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
+            ZeroDivisionError, struct.error) as e:
+        # The last line of defence: the readers raise ReportError naming the
+        # offset or field for every bad input they know of; anything else
+        # a crafted file reaches is still one line and status 2, never a
+        # traceback (tests/integration/test_trace_hostile.py fuzzes this).
+        if args.command != "report":
+            raise
+        sys.stderr.write("%s: %s: not a readable report or trace (%s: %s)\n" % (
+            PROG, escape.terminal(" ".join(args.files)), type(e).__name__,
+            escape.terminal(str(e))[:200]))
+        return 2

@@ -151,9 +151,11 @@ function show(b){
   var snap=D.snaps[b], total=0; for(var i=0;i<snap.length;i++) total+=snap[i][1];
   at.textContent='Live at '+(D.times[b]/1e9).toFixed(6)+' s: '+fmt(total)+
     (b===D.peak_bucket?' (the peak)':'')+' — outermost frame at the top, width is bytes';
-  var root={n:'all live device memory',v:0,c:{}};
+  // Children by name in prototype-free maps: a frame named constructor,
+  // __proto__ or toString is a name like any other.
+  var root={n:'all live device memory',v:0,c:Object.create(null)};
   for(var i=0;i<snap.length;i++){var fr=D.sites[snap[i][0]]||['?'],node=root;node.v+=snap[i][1];
-    for(var j=0;j<fr.length;j++){var k=fr[j];node=node.c[k]||(node.c[k]={n:k,v:0,c:{}});node.v+=snap[i][1];}}
+    for(var j=0;j<fr.length;j++){var k=fr[j];node=node.c[k]||(node.c[k]={n:k,v:0,c:Object.create(null)});node.v+=snap[i][1];}}
   fl.innerHTML=''; var depth=0;
   function draw(node,x,w,d){ if(w<0.05) return; depth=Math.max(depth,d);
     var e=document.createElement('div'); e.className='b'+(/\(.*\.py:/.test(node.n)?' py':'');

@@ -3,6 +3,8 @@ HTML through the leak reports' flame graph, flamegraph.page), and summary
 statistics in the shape of `memray stats`. Owns these views only; stacks
 are in call order (callorder.py)."""
 
+from array import array
+
 from . import callorder
 from . import flamegraph
 from . import report as rpt
@@ -51,8 +53,9 @@ def _hist(sizes):
 
 def stats_text(t, top=5):
     kind, size, site, time = t.kind, t.size, t.site, t.time
-    allocs = [i for i in range(len(kind)) if kind[i] == tr.ALLOC]
-    asizes = [size[i] for i in allocs]
+    # A packed array (8 bytes a size), not lists of indices and sizes (80
+    # bytes an allocation: 788 MB of peak RSS on 10M events).
+    asizes = array("Q", (size[i] for i in range(len(kind)) if kind[i] == tr.ALLOC))
     total = sum(asizes)
     p = tr.peaks(t)
     by_count, by_bytes = {}, {}
@@ -73,7 +76,7 @@ def stats_text(t, top=5):
     w.append("Trace: %s (pid %s)%s" % (t.path, t.pid, ", truncated (the process did not exit)"
                                        if t.truncated else ""))
     w.append("")
-    w.append("Total allocations:\n\t%d" % len(allocs))
+    w.append("Total allocations:\n\t%d" % len(asizes))
     w.append("Total frees:\n\t%d" % sum(1 for k in kind if k == tr.FREE))
     w.append("Total memory allocated:\n\t%s" % rpt.format_size(total))
     w.append("Peak memory usage (all devices):\n\t%s (%d bytes)" % (rpt.format_size(p.bytes), p.bytes))
