@@ -103,14 +103,45 @@ static int fail(shim_device *d, size_t size, bool taken)
     atomic_fetch_add_explicit(&d->failed, 1, memory_order_relaxed);
     shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     uint64_t seq = ev ? shim_device_seq_next() : 0;
+    /* The verdict's facts (oomverdict.h): holes need every shard, under
+     * the device lock taken before theirs. The failure path only. */
+    shim_oom_facts facts = {.request = size, .holes_known = taken};
+    for (unsigned k = 0, n = shard_count(d); k < n; k++) {
+        shim_shard *s = d->shards[k];
+        bool mine = lock_unless_mine(&s->lock);
+        shim_arena_counters c;
+        shim_arena_get_counters(s->arena, &c);
+        facts.reserved += c.reserved_bytes;
+        facts.used += c.used_bytes;
+        facts.limit = k == 0 ? shim_arena_limit(s->arena) : facts.limit;
+        uint64_t big = 0, in = 0;
+        if (taken)
+            shim_arena_holes(s->arena, &big, &in);
+        facts.largest_hole = big > facts.largest_hole ? big : facts.largest_hole;
+        facts.free_in_regions += in;
+        if (mine)
+            shim_lock_release(&s->lock);
+    }
+    size_t dfree = 0, dtotal = 0;
+    facts.device_known = d->rt->real_mem_info &&
+                         d->backend.mem_info(d->backend.ctx, &dfree, &dtotal) == 0;
+    facts.device_free = facts.device_known ? dfree : 0;
+    facts.device_total = facts.device_known ? dtotal : 0;
     if (taken)
         shim_lock_release(&d->lock);
     shim_debug("%s: out of memory for %zu bytes", d->rt->name, size);
     shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
-    if (ev)
-        ev(SHIM_EVENT_OOM, d->index, seq, 0, size, 0, 0);
+    if (ev) {
+        /* The failure path only: what the runtime says is free, and the
+         * failing request's stacks, for the trace's readers. */
+        uint32_t ns = 0, ps = 0;
+        shim_capture_fn capture = atomic_load_explicit(&capture_hook, memory_order_relaxed);
+        if (capture)
+            capture(&ns, &ps);
+        ev(SHIM_EVENT_OOM, d->index, seq, facts.device_free, size, ns, ps);
+    }
     if (taken && on_oom)
-        on_oom(d->rt->name, size);
+        on_oom(d->rt->name, size, &facts);
     return d->rt->err_oom;
 }
 

@@ -39,6 +39,15 @@ bool shim_device_in_backend(void)
     return tls_in_backend != 0;
 }
 
+/* A region reserved or released, for a trace (regions are rare: no cost
+ * that matters on the allocation path). */
+static void region_event(shim_device *d, enum shim_event_kind k, uintptr_t addr, size_t size)
+{
+    shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    if (ev)
+        ev(k, d->index, shim_device_seq_next(), addr, size, 0, 0);
+}
+
 static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
 {
     shim_device *d = ctx;
@@ -54,6 +63,7 @@ static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
         return -rc; /* another failure (no driver, a stub library): final */
     *addr = (uintptr_t)p;
     shim_debug("%s: reserved region %p + %zu", d->name, p, size);
+    region_event(d, SHIM_EVENT_SEGMENT_ALLOC, *addr, size);
     /* The runtime may give a forgotten address back out: live again. */
     shim_forgotten_reserved(*addr, size);
     return 0;
@@ -62,6 +72,7 @@ static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
 static void backend_release(void *ctx, uintptr_t addr, size_t size)
 {
     shim_device *d = ctx;
+    region_event(d, SHIM_EVENT_SEGMENT_FREE, addr, size);
     if (d->forgetting) {
         /* Its context's teardown: the runtime frees the region itself. */
         shim_forgotten_add(addr, size);
