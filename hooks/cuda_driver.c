@@ -14,7 +14,11 @@
  * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocPitch_v2,
  * cuMemFreeAsync of a served block; cuMemGetAddressRange_v2 and
  * cuPointerGetAttribute(s) answer for the shim's addresses,
- * cuIpcGetMemHandle refuses them. Watched: the context teardowns
+ * cuIpcGetMemHandle refuses them. Passed through and recorded
+ * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
+ * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
+ * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister). Watched: the
+ * context teardowns
  * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
  * regions before the driver frees them. Everything else goes to the
