@@ -33,7 +33,7 @@ static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
 static node *table[BUCKETS];
 static shim_pt_counters counters[SHIM_PT_FAMILIES][ORDINALS + 1];
 static bool seen[SHIM_PT_FAMILIES][ORDINALS + 1];
-static _Atomic uint64_t live_count[SHIM_PT_FAMILIES];
+_Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
 static atomic_bool used;
 static _Atomic(shim_pt_capture_fn) capture;
 static _Atomic(shim_pt_event_fn) event_hook;
@@ -94,7 +94,7 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
-        atomic_fetch_add_explicit(&live_count[f], 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
     }
     shim_mutex_unlock(&pt_mu);
     shim_pt_event_fn ev = atomic_load(&event_hook);
@@ -116,7 +116,7 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
             shim_pt_counters *c = &counters[f][slot(gone->r.ordinal)];
             c->frees++;
             c->bytes -= gone->r.size;
-            atomic_fetch_sub_explicit(&live_count[f], 1, memory_order_relaxed);
+            atomic_fetch_sub_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
             seq = shim_device_seq_next();
             break;
         }
@@ -141,11 +141,6 @@ bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr)
         found = p->r.ptr == ptr && p->r.family == f;
     shim_mutex_unlock(&pt_mu);
     return found;
-}
-
-bool shim_passthrough_any(enum shim_pt_family f)
-{
-    return atomic_load_explicit(&live_count[f], memory_order_relaxed) != 0;
 }
 
 bool shim_passthrough_used(void)
@@ -192,7 +187,7 @@ shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n)
     *n = 0;
     size_t cap = 0;
     for (unsigned f = 0; f < SHIM_PT_FAMILIES; f++)
-        cap += atomic_load(&live_count[f]);
+        cap += atomic_load(&shim_pt_live_count[f]);
     if (cap == 0)
         return NULL;
     cap += 64; /* records added while copying beyond this are left out */

@@ -3,6 +3,7 @@
 #ifndef SHIM_PASSTHROUGH_H
 #define SHIM_PASSTHROUGH_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,9 +38,13 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
 /* Whether `ptr` is a live record of `f`. */
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr);
-/* Whether any record of `f` is live: one relaxed load, for hot paths that
- * must not look further when none is. */
-bool shim_passthrough_any(enum shim_pt_family f);
+/* Whether any record of `f` is live: one relaxed load, inline, for hot
+ * paths (cuMemFree_v2) that must not look further when none is. */
+extern _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
+static inline bool shim_passthrough_any(enum shim_pt_family f)
+{
+    return atomic_load_explicit(&shim_pt_live_count[f], memory_order_relaxed) != 0;
+}
 
 /* Counters of one family on one device (ordinal -1: host). */
 typedef struct shim_pt_counters {
