@@ -64,6 +64,9 @@ typedef struct shim_pymethoddef {
     X(add_pending_call, int, (int (*)(void *), void *), "Py_AddPendingCall", NULL, NULL, 0, 0) \
     X(code_addr2line, int, (shim_pyobj *, int), "PyCode_Addr2Line", NULL, NULL, 0, 0) \
     X(unicode_as_utf8, const char *, (shim_pyobj *), "PyUnicode_AsUTF8", NULL, NULL, 0, 0) \
+    X(unicode_encode_fs, shim_pyobj *, (shim_pyobj *), "PyUnicode_EncodeFSDefault", NULL, NULL, \
+      0, 0) \
+    X(bytes_as_string, char *, (shim_pyobj *), "PyBytes_AsString", NULL, NULL, 0, 0) \
     X(at_exit, int, (void (*)(void)), "Py_AtExit", NULL, "PyPy_AtExit", 1, 1) \
     X(run_simple_string, int, (const char *), "PyRun_SimpleString", NULL, "PyPyRun_SimpleString", \
       0, 1) \

@@ -19,7 +19,8 @@
  * still is that code object, and a pending call asks the main thread to
  * resolve such frames soon, while they most likely live.
  *
- * Resolution calls Python (PyCode_Addr2Line, PyUnicode_AsUTF8) only with
+ * Resolution calls Python (PyCode_Addr2Line, PyUnicode_AsUTF8, and for a
+ * non-UTF-8 name PyUnicode_EncodeFSDefault) only with
  * the GIL held, while the interpreter is initialized, not finalizing, and
  * before the finalization gate of python_gc has run this module's hook:
  * after that, frames of that interpreter lifetime keep what they resolved
@@ -438,6 +439,35 @@ static uint32_t stack_add_locked(uint64_t h, const shim_pyrawframe *buf, const u
     return nstacks;
 }
 
+/* A name or file name as the bytes it stands for (malloc'ed), or NULL. A
+ * file name from a non-UTF-8 path holds surrogateescape'd bytes, which
+ * PyUnicode_AsUTF8 refuses: those are encoded back as the file system
+ * encodes them (PyUnicode_EncodeFSDefault gives the path's own bytes), and
+ * the JSON report writes each byte that is not UTF-8 as \udcXX. GIL held,
+ * the caller saved the pending exception. */
+static char *name_bytes(shim_pyobj *o)
+{
+    if (!o)
+        return NULL;
+    const char *s = api->unicode_as_utf8(o);
+    if (s)
+        return strdup(s);
+    api->err_clear();
+    if (!api->unicode_encode_fs || !api->bytes_as_string)
+        return NULL;
+    shim_pyobj *b = api->unicode_encode_fs(o);
+    if (!b) {
+        api->err_clear();
+        return NULL;
+    }
+    const char *raw = api->bytes_as_string(b);
+    char *out = raw ? strdup(raw) : NULL;
+    if (!raw)
+        api->err_clear();
+    api->decref(b);
+    return out;
+}
+
 /* With the GIL held (can_resolve() was true): names, files and lines of
  * frames ids[0..n) that are not done. Calls Python without stack_lock. */
 static void resolve_ids(const uint32_t *ids, size_t n)
@@ -456,11 +486,8 @@ static void resolve_ids(const uint32_t *ids, size_t n)
         if (f.held || shim_pyframes_still_alive(&L, &f.raw)) {
             shim_pyobj *type, *value, *tb;
             api->err_fetch(&type, &value, &tb);
-            const char *s =
-                api->unicode_as_utf8((shim_pyobj *)shim_pyframes_name_obj(&L, f.raw.code));
-            function = s ? strdup(s) : NULL;
-            s = api->unicode_as_utf8((shim_pyobj *)shim_pyframes_file_obj(&L, f.raw.code));
-            file = s ? strdup(s) : NULL;
+            function = name_bytes((shim_pyobj *)shim_pyframes_name_obj(&L, f.raw.code));
+            file = name_bytes((shim_pyobj *)shim_pyframes_file_obj(&L, f.raw.code));
             line = api->code_addr2line((shim_pyobj *)f.raw.code, f.raw.offset);
             api->err_restore(type, value, tb);
         }

@@ -103,5 +103,9 @@ size_t shim_arena_block_size(const shim_arena *a, uint32_t node);
 size_t shim_arena_trim(shim_arena *a, size_t keep);
 void shim_arena_get_counters(shim_arena *a, shim_arena_counters *c);
 size_t shim_arena_limit(const shim_arena *a);
+/* The largest hole (a run of bytes inside one region no live block holds)
+ * and the sum of such bytes (arena_holes.c). O(blocks): for the
+ * out-of-memory verdict only, with the owner's lock held. */
+void shim_arena_holes(shim_arena *a, uint64_t *largest, uint64_t *free_bytes);
 
 #endif

@@ -1,7 +1,7 @@
 /* The arena's records: the node of a block, the region, the arena itself,
  * and the node array's slots. Shared by the files of the region allocator
  * only (arena.c, freebins.h, quicklist.h, region.h and region.c,
- * arena_inspect.c); nothing outside them includes it.
+ * arena_holes.c, arena_inspect.c); nothing outside them includes it.
  *
  * Guarded by: the owner's allocator lock (device.c); nothing here locks.
  * Never: a device address dereferenced (all of this is host memory).

@@ -205,6 +205,15 @@ bool shim_device_in_backend(void)
     return tls_in_backend != 0;
 }
 
+/* A region reserved or released, for a trace (regions are rare: no cost
+ * that matters on the allocation path). */
+static void region_event(shim_device *d, enum shim_event_kind k, uintptr_t addr, size_t size)
+{
+    shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
+    if (ev)
+        ev(k, d->index, shim_device_seq_next(), addr, size, 0, 0);
+}
+
 static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
 {
     shim_device *d = ctx;
@@ -220,6 +229,7 @@ static int backend_reserve(void *ctx, size_t size, uintptr_t *addr)
         return -rc; /* another failure (no driver, a stub library): final */
     *addr = (uintptr_t)p;
     shim_debug("%s: reserved region %p + %zu", d->name, p, size);
+    region_event(d, SHIM_EVENT_SEGMENT_ALLOC, *addr, size);
     if (atomic_load_explicit(&any_forgotten, memory_order_relaxed)) {
         /* The runtime gave a forgotten address back out: it is live again. */
         shim_mutex_lock(&forgotten_mu);
@@ -256,6 +266,7 @@ static bool in_forgotten_region(uintptr_t addr)
 static void backend_release(void *ctx, uintptr_t addr, size_t size)
 {
     shim_device *d = ctx;
+    region_event(d, SHIM_EVENT_SEGMENT_FREE, addr, size);
     if (d->forgetting) {
         /* Its context's teardown: the runtime frees the region itself. */
         forget_region(addr, size);
@@ -1219,14 +1230,44 @@ static int fail(shim_device *d, size_t size, bool taken)
     atomic_fetch_add_explicit(&d->failed, 1, memory_order_relaxed);
     shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     uint64_t seq = ev ? shim_device_seq_next() : 0;
+    /* The verdict's facts (oomverdict.h): holes need every shard, under
+     * the device lock taken before theirs. The failure path only. */
+    shim_oom_facts facts = {.request = size, .holes_known = taken};
+    for (unsigned k = 0, n = shard_count(d); k < n; k++) {
+        shim_shard *s = d->shards[k];
+        bool mine = lock_unless_mine(&s->lock);
+        shim_arena_counters c;
+        shim_arena_get_counters(s->arena, &c);
+        facts.reserved += c.reserved_bytes;
+        facts.used += c.used_bytes;
+        facts.limit = k == 0 ? shim_arena_limit(s->arena) : facts.limit;
+        uint64_t big = 0, in = 0;
+        if (taken)
+            shim_arena_holes(s->arena, &big, &in);
+        facts.largest_hole = big > facts.largest_hole ? big : facts.largest_hole;
+        facts.free_in_regions += in;
+        if (mine)
+            shim_lock_release(&s->lock);
+    }
+    size_t dfree = 0, dtotal = 0;
+    facts.device_known = d->rt->real_mem_info && backend_mem_info(d, &dfree, &dtotal) == 0;
+    facts.device_free = facts.device_known ? dfree : 0;
+    facts.device_total = facts.device_known ? dtotal : 0;
     if (taken)
         shim_lock_release(&d->lock);
     shim_debug("%s: out of memory for %zu bytes", d->rt->name, size);
     shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
-    if (ev)
-        ev(SHIM_EVENT_OOM, d->index, seq, 0, size, 0, 0);
+    if (ev) {
+        /* The failure path only: what the runtime says is free, and the
+         * failing request's stacks, for the trace's readers. */
+        uint32_t ns = 0, ps = 0;
+        shim_capture_fn capture = atomic_load_explicit(&capture_hook, memory_order_relaxed);
+        if (capture)
+            capture(&ns, &ps);
+        ev(SHIM_EVENT_OOM, d->index, seq, facts.device_free, size, ns, ps);
+    }
     if (taken && on_oom)
-        on_oom(d->rt->name, size);
+        on_oom(d->rt->name, size, &facts);
     return d->rt->err_oom;
 }
 

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "oomverdict.h"
 #include "spyreshim.h"
 #include "table.h"
 
@@ -59,7 +60,8 @@ typedef struct shim_device shim_device;
  * thread's stacks (ids, 0 = none) before the allocator lock is taken;
  * `on_oom` runs, without any allocator lock, when a request finally fails. */
 typedef void (*shim_capture_fn)(uint32_t *native_stack, uint32_t *python_stack);
-typedef void (*shim_oom_fn)(const char *runtime, size_t size);
+/* `facts`: why it failed (oomverdict.h), gathered on the failure path. */
+typedef void (*shim_oom_fn)(const char *runtime, size_t size, const shim_oom_facts *facts);
 void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
 
 /* The trace registers this at init (NULL while tracing is off). Called
@@ -69,7 +71,17 @@ void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom);
  * number taken inside the critical section: per device, seq orders events
  * exactly as the allocator saw them. `device` is the index of
  * shim_device_at; stacks are the allocation's ids (0 = none). */
-enum shim_event_kind { SHIM_EVENT_ALLOC = 1, SHIM_EVENT_FREE = 2, SHIM_EVENT_OOM = 3 };
+/* Regions: SEGMENT_ALLOC/SEGMENT_FREE when one is reserved from the runtime
+ * or given back (or forgotten at its context's teardown), called with the
+ * arena's lock held; stacks 0. OOM: addr = the free bytes the runtime
+ * reports at that moment, stacks = the failing request's. */
+enum shim_event_kind {
+    SHIM_EVENT_ALLOC = 1,
+    SHIM_EVENT_FREE = 2,
+    SHIM_EVENT_OOM = 3,
+    SHIM_EVENT_SEGMENT_ALLOC = 4,
+    SHIM_EVENT_SEGMENT_FREE = 5,
+};
 typedef void (*shim_event_fn)(enum shim_event_kind kind, unsigned device, uint64_t seq,
                               uintptr_t addr, size_t size, uint32_t native_stack,
                               uint32_t python_stack);

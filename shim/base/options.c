@@ -161,7 +161,14 @@ static int parse_bool(const char *s, bool *out)
 
 static int parse_ll(const char *s, long long min, long long max, long long *out)
 {
-    if (!*s)
+    /* The same shape as a size (shim_parse_size): digits, with a '-' only
+     * where negative values mean something; strtoll alone would also take
+     * a leading tab or newline, a '+' and "-0". Leading spaces are
+     * skipped, as a size's are. */
+    while (*s == ' ')
+        s++;
+    const char *d = s[0] == '-' && min < 0 ? s + 1 : s;
+    if (*d < '0' || *d > '9' || (s[0] == '-' && strspn(d, "0") == strlen(d)))
         return -1;
     errno = 0;
     char *end;

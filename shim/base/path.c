@@ -22,19 +22,27 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-int shim_path_expand(const char *tmpl, char *out, size_t n)
+/* The one parser of a path template's escapes, for every caller (the
+ * parent, each forked child, every report path): `%p` is the pid, `%%` a
+ * literal `%`, anything else itself. Scans left to right, so `%%p` is a
+ * literal `%` followed by `p`, never the pid. Writes into out[n] when out is
+ * not NULL; returns the number of `%p` escapes, or -1 (ENAMETOOLONG). */
+static int expand(const char *tmpl, char *out, size_t n)
 {
     size_t o = 0;
+    int pids = 0;
+    char num[24];
+    snprintf(num, sizeof num, "%ld", (long)getpid());
     for (const char *p = tmpl; *p; p++) {
-        char num[24];
-        const char *ins = NULL;
+        const char *ins;
         char one[2] = {*p, 0};
         if (p[0] == '%' && p[1] == 'p') {
-            snprintf(num, sizeof num, "%ld", (long)getpid());
             ins = num;
+            pids++;
             p++;
         } else if (p[0] == '%' && p[1] == '%') {
             ins = "%";
@@ -43,25 +51,52 @@ int shim_path_expand(const char *tmpl, char *out, size_t n)
             ins = one;
         }
         size_t l = strlen(ins);
-        if (o + l >= n) {
+        if (out) {
+            if (o + l >= n) {
+                errno = ENAMETOOLONG;
+                return -1;
+            }
+            memcpy(out + o, ins, l);
+        }
+        o += l;
+    }
+    if (out) {
+        if (o >= n) {
             errno = ENAMETOOLONG;
             return -1;
         }
-        memcpy(out + o, ins, l);
-        o += l;
+        out[o] = '\0';
     }
-    if (o >= n) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    out[o] = '\0';
-    return 0;
+    return pids;
+}
+
+int shim_path_expand(const char *tmpl, char *out, size_t n)
+{
+    return expand(tmpl, out, n) < 0 ? -1 : 0;
+}
+
+bool shim_path_has_pid(const char *tmpl)
+{
+    return expand(tmpl, NULL, 0) > 0;
 }
 
 FILE *shim_path_open_write(const char *path)
 {
+    return shim_path_open_write_locked(path, false);
+}
+
+FILE *shim_path_open_write_locked(const char *path, bool lock)
+{
     int flags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC;
     int fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && lock && flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        /* Created by us an instant ago and locked by another already: it
+         * found our new file and is writing it. */
+        int err = errno == EWOULDBLOCK ? EBUSY : errno;
+        close(fd);
+        errno = err;
+        return NULL;
+    }
     if (fd < 0 && errno == EEXIST) {
         /* O_NONBLOCK: a FIFO planted at the path must not hang us. */
         fd = open(path, flags | O_NONBLOCK);
@@ -75,6 +110,11 @@ FILE *shim_path_open_write(const char *path)
             err = EINVAL;
         else if (st.st_uid != geteuid() || st.st_nlink != 1)
             err = EPERM;
+        /* Locked before truncating: a file another process is writing is
+         * left whole (flock, on the open file: a forked child shares the
+         * parent's lock, another process never does). */
+        else if (lock && flock(fd, LOCK_EX | LOCK_NB) != 0)
+            err = errno == EWOULDBLOCK ? EBUSY : errno;
         else if (ftruncate(fd, 0) != 0 || fchmod(fd, 0600) != 0)
             err = errno;
         else if (fcntl(fd, F_SETFL, O_WRONLY) != 0)   /* back to blocking */
@@ -171,6 +211,7 @@ const char *shim_path_why(int err)
     case ENXIO: return "not a regular file (a FIFO or a device)";
     case EISDIR: return "it is a directory";
     case EFBIG: return "too large";
+    case EBUSY: return "another process is writing it (it holds the file's lock)";
     default: return strerror(err);
     }
 }

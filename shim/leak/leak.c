@@ -140,6 +140,27 @@ static bool report_path(const char *suffix, char *out, size_t n)
     return true;
 }
 
+static void write_json_oom(const shim_report *r, const char *suffix, const char *reason,
+                           const char *oom)
+{
+    char path[4096];
+    if (!report_path(suffix, path, sizeof path))
+        return;
+    FILE *f = shim_path_open_write(path);
+    if (!f) {
+        shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
+        return;
+    }
+    int rc = shim_report_write_json_extra(r, f, reason, "oom", oom);
+    int err = errno;
+    if (fclose(f) != 0 && rc == 0) {
+        rc = -1;
+        err = errno;
+    }
+    if (rc != 0)
+        shim_warn("writing report %s failed: %s", path, strerror(err));
+}
+
 static void write_json(const shim_report *r, const char *suffix, const char *reason)
 {
     char path[4096];
@@ -169,6 +190,8 @@ typedef struct oom_state {
     char runtime[32];
     size_t size;
     uint64_t seq;
+    shim_oom_facts facts;
+    char verdict[289];   /* with "spyreshim: " in front, at most 300 characters */
 } oom_state;
 
 static _Atomic(oom_state *) g_oom;
@@ -182,7 +205,7 @@ static void oom_state_free(oom_state *st)
     }
 }
 
-void shim_leak_on_oom(const char *runtime, size_t size)
+void shim_leak_on_oom(const char *runtime, size_t size, const shim_oom_facts *facts)
 {
     const shim_options *o = shim_opts();
     if (o->oom_report_top == 0)
@@ -198,13 +221,18 @@ void shim_leak_on_oom(const char *runtime, size_t size)
     st->snap = spyreshim_snapshot_take(0);
     snprintf(st->runtime, sizeof st->runtime, "%s", runtime);
     st->size = size;
+    st->facts = *facts;
+    shim_oom_verdict_line(facts, runtime, st->verdict, sizeof st->verdict);
     uint64_t bytes = spyreshim_snapshot_bytes(st->snap);
     size_t blocks = spyreshim_snapshot_count(st->snap);
     oom_state_free(atomic_exchange(&g_oom, st));
-    if (!atomic_exchange(&g_oom_line_done, true))
+    if (!atomic_exchange(&g_oom_line_done, true)) {
+        const char *name;
+        shim_oom_verdict(facts, &name);
         shim_warn("out of %s memory for %zu bytes (live: %" PRIu64 " bytes in %zu blocks); "
-                  "full report at exit if it does not recover",
-                  runtime, size, bytes, blocks);
+                  "full report at exit if it does not recover (verdict: %s)",
+                  runtime, size, bytes, blocks, name);
+    }
 }
 
 void shim_leak_oom_at_exit(void)
@@ -227,14 +255,28 @@ void shim_leak_oom_at_exit(void)
     /* What holds memory, all of it: suppressions are for leak verdicts. */
     shim_report *r = shim_report_build(n ? spyreshim_snapshot_get(s, 0) : NULL, n, NULL);
     if (r) {
-        char headline[320];
+        char headline[320 + sizeof st->verdict + 16];
         snprintf(headline, sizeof headline,
                  "spyreshim: out of %s memory: a request of %zu bytes failed and nothing was "
                  "allocated after it; top %u holders of device memory at that moment%s:",
                  st->runtime, st->size, o->oom_report_top,
                  shim_leak_enabled() ? "" : " (SPYRESHIM_LEAK_CHECK=1 records their stacks)");
+        size_t hl = strlen(headline);
+        snprintf(headline + hl, sizeof headline - hl, "\nspyreshim: %s", st->verdict);
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LIVE, headline, o->oom_report_top);
-        write_json(r, ".oom", "oom");
+        char oom_json[600];
+        const shim_oom_facts *f = &st->facts;
+        const char *name;
+        shim_oom_verdict(f, &name);
+        snprintf(oom_json, sizeof oom_json,
+                 "{\"verdict\": \"%s\", \"request\": %" PRIu64 ", \"largest_hole\": %" PRIu64
+                 ", \"free_in_regions\": %" PRIu64 ", \"free_outside_regions\": %" PRIu64
+                 ", \"reserved\": %" PRIu64 ", \"used\": %" PRIu64 ", \"limit\": %" PRIu64
+                 ", \"device_free\": %" PRIu64 ", \"device_total\": %" PRIu64 "}",
+                 name, f->request, f->largest_hole, f->free_in_regions,
+                 f->device_known ? f->device_free : 0, f->reserved, f->used, f->limit,
+                 f->device_free, f->device_total);
+        write_json_oom(r, ".oom", "oom", oom_json);
         shim_report_free(r);
     }
     oom_state_free(st);

@@ -4,6 +4,7 @@
 #ifndef SHIM_LEAK_H
 #define SHIM_LEAK_H
 
+#include "oomverdict.h"
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -19,7 +20,7 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack);
 /* A request failed for good (callbacks had their turn); no lock held.
  * Cheap on the failing thread: copies the live records (stack ids only) and
  * prints one line, once per process; nothing is resolved. */
-void shim_leak_on_oom(const char *runtime, size_t size);
+void shim_leak_on_oom(const char *runtime, size_t size, const shim_oom_facts *facts);
 /* From the library destructor: when the last out-of-memory was not
  * followed by any successful allocation, the full report of what held
  * device memory then (SPYRESHIM_OOM_REPORT groups) and <report>.oom. */

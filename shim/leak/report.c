@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "escape.h"
 #include "evalloop.h"
 #include "pystack.h"
 #include "stack.h"
@@ -397,24 +398,36 @@ static void outf(out *o, const char *fmt, ...)
     o->len += l;
 }
 
+/* A name from a stack (a function, a file, an object path) for the
+ * terminal: control characters escaped, so that a crafted name (an escape
+ * sequence in a Python function's name) cannot move the cursor, erase the
+ * summary or forge a line. */
+static const char *esc(const char *s, char *buf, size_t n)
+{
+    shim_escape_line(s, buf, n);
+    return buf;
+}
+
 static void print_frame(out *o, size_t i, const shim_report_frame *f)
 {
+    char fn[1024], file[1024], obj[1024];
     if (f->python) {
         outf(o, "    #%zu in %s %s:%d [python]\n", i,
-             f->function ? f->function : "<unknown>", f->file ? f->file : "<unknown>", f->line);
+             f->function ? esc(f->function, fn, sizeof fn) : "<unknown>",
+             f->file ? esc(f->file, file, sizeof file) : "<unknown>", f->line);
         return;
     }
     outf(o, "    #%zu 0x%" PRIxPTR, i, f->address);
     if (f->function)
-        outf(o, " in %s", f->function);
+        outf(o, " in %s", esc(f->function, fn, sizeof fn));
     if (f->file) {
         if (f->line)
-            outf(o, " %s:%d", f->file, f->line);
+            outf(o, " %s:%d", esc(f->file, file, sizeof file), f->line);
         else
-            outf(o, " %s", f->file);
+            outf(o, " %s", esc(f->file, file, sizeof file));
     }
     if (f->object)
-        outf(o, " (%s+0x%" PRIxPTR ")", f->object, f->offset);
+        outf(o, " (%s+0x%" PRIxPTR ")", esc(f->object, obj, sizeof obj), f->offset);
     outf(o, "\n");
 }
 
@@ -451,9 +464,10 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
             continue;
         }
         shown++;
+        char rt[256];
         outf(o, "\n%s %" PRIu64 " byte(s) in %" PRIu64 " allocation(s) of %s memory, allocated from:\n",
              kind == SHIM_REPORT_LEAKS ? "Leak of" : "Live:", g->bytes, g->count,
-             g->runtime ? g->runtime : "device");
+             g->runtime ? esc(g->runtime, rt, sizeof rt) : "device");
         if (g->nframes == 0)
             outf(o, "    <no stack recorded>\n");
         for (size_t k = 0, shown_frames = 0; k < g->nframes; k++)
@@ -462,8 +476,10 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
         if (g->nfolded)
             outf(o, "    (%zu interpreter frame(s) folded; the JSON report keeps every frame)\n",
                  g->nfolded);
+        char why[512];
         if (g->order == SHIM_ORDER_PYTHON_FIRST)
-            outf(o, "    (unspliced, Python frames first: %s)\n", g->unspliced);
+            outf(o, "    (unspliced, Python frames first: %s)\n",
+                 esc(g->unspliced ? g->unspliced : "?", why, sizeof why));
         out_flush(o);
     }
     if (rest_count)
@@ -473,9 +489,11 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
         outf(o, "-----------------------------------------------------\n");
         outf(o, "Suppressions used:\n  count      bytes template\n");
         for (size_t i = 0; i < shim_suppressions_count(r->sup); i++)
-            if (r->sup_count[i])
+            if (r->sup_count[i]) {
+                char pat[1024];
                 outf(o, "%7" PRIu64 " %10" PRIu64 " %s\n", r->sup_count[i], r->sup_bytes[i],
-                     shim_suppressions_pattern(r->sup, i));
+                     esc(shim_suppressions_pattern(r->sup, i), pat, sizeof pat));
+            }
         outf(o, "-----------------------------------------------------\n");
     }
     outf(o, "\nSUMMARY: spyreshim: %" PRIu64 " byte(s) %s in %" PRIu64 " allocation(s).\n",
@@ -492,6 +510,36 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
 
 /* ---- JSON --------------------------------------------------------------- */
 
+/* Length of the well-formed UTF-8 sequence at p (its lead byte >= 0x80),
+ * or 0 when it is not one (overlong forms, surrogates and values above
+ * U+10FFFF are not). */
+static size_t utf8_len(const unsigned char *p)
+{
+    size_t l;
+    uint32_t c;
+    if (p[0] >= 0xc2 && p[0] <= 0xdf) {
+        l = 2;
+        c = p[0] & 0x1f;
+    } else if (p[0] >= 0xe0 && p[0] <= 0xef) {
+        l = 3;
+        c = p[0] & 0x0f;
+    } else if (p[0] >= 0xf0 && p[0] <= 0xf4) {
+        l = 4;
+        c = p[0] & 0x07;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < l; i++) {
+        if ((p[i] & 0xc0) != 0x80)
+            return 0;   /* also stops at the terminating NUL */
+        c = (c << 6) | (p[i] & 0x3f);
+    }
+    if ((l == 3 && (c < 0x800 || (c >= 0xd800 && c <= 0xdfff))) ||
+        (l == 4 && (c < 0x10000 || c > 0x10ffff)))
+        return 0;
+    return l;
+}
+
 static void json_str(FILE *f, const char *s)
 {
     if (!s) {
@@ -500,6 +548,20 @@ static void json_str(FILE *f, const char *s)
     }
     fputc('"', f);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p >= 0x80) {
+            /* Paths are bytes. A well-formed UTF-8 sequence passes through;
+             * any other byte is written as \udcXX (XX its value), Python's
+             * surrogateescape (PEP 383): reversible with os.fsencode, and
+             * the file stays valid UTF-8 JSON (docs/report-format.md). */
+            size_t l = utf8_len(p);
+            if (l) {
+                fwrite(p, 1, l, f);
+                p += l - 1;
+            } else {
+                fprintf(f, "\\udc%02x", *p);
+            }
+            continue;
+        }
         switch (*p) {
         case '"': fputs("\\\"", f); break;
         case '\\': fputs("\\\\", f); break;
@@ -517,6 +579,12 @@ static void json_str(FILE *f, const char *s)
 }
 
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
+{
+    return shim_report_write_json_extra(r, f, reason, NULL, NULL);
+}
+
+int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reason,
+                                 const char *key, const char *value)
 {
     uint64_t lb, lc, sb, sc;
     shim_report_totals(r, &lb, &lc, &sb, &sc);
@@ -583,7 +651,13 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
         }
         fprintf(f, "%s]\n    }", g->nframes ? "\n      " : "");
     }
-    fprintf(f, "%s]\n}\n", r->ngroups ? "\n  " : "");
+    fprintf(f, "%s]", r->ngroups ? "\n  " : "");
+    if (key && value) {
+        fputs(",\n  ", f);
+        json_str(f, key);
+        fprintf(f, ": %s", value);
+    }
+    fputs("\n}\n", f);
     if (fflush(f) != 0 || ferror(f)) {
         if (!errno)
             errno = EIO;

@@ -72,5 +72,9 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
                       const char *headline, size_t max_groups);
 /* The JSON of docs/report-format.md. Returns 0 or -1 (errno set). */
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason);
+/* The same, with one more top-level member `key`: `value` (JSON text the
+ * caller made, such as the out-of-memory verdict's object). */
+int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reason,
+                                 const char *key, const char *value);
 
 #endif

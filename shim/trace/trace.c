@@ -30,9 +30,11 @@
 static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, uintptr_t addr,
                      size_t size, uint32_t native_stack, uint32_t python_stack)
 {
-    unsigned k = kind == SHIM_EVENT_ALLOC  ? TRACE_ALLOC
-                 : kind == SHIM_EVENT_FREE ? TRACE_FREE
-                                           : TRACE_OOM;
+    unsigned k = kind == SHIM_EVENT_ALLOC           ? TRACE_ALLOC
+                 : kind == SHIM_EVENT_FREE          ? TRACE_FREE
+                 : kind == SHIM_EVENT_SEGMENT_ALLOC ? TRACE_SEGMENT_ALLOC
+                 : kind == SHIM_EVENT_SEGMENT_FREE  ? TRACE_SEGMENT_FREE
+                                                    : TRACE_OOM;
     shim_tracebuf_append(k, device, seq, addr, size, native_stack, python_stack);
 }
 

@@ -9,7 +9,8 @@
  * caller of every function here but init: the writer thread, the
  * destructor, the fork handlers. Never runs on an allocating thread, never
  * calls into the allocator or Python. Opening is shim/base/path.c's
- * safe-open policy (no symlink, no FIFO, never another user's file). */
+ * safe-open policy (no symlink, no FIFO, never another user's file), with
+ * an flock(2) held while the file is open: one writing process per file. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include "tracesites.h"
 
 static char g_template[4096];    /* written once by init */
+static bool g_has_pid;           /* it has a %p escape (path.c's one parser) */
 static FILE *g_file;
 static int g_fd = -1;
 static bool g_failed;
@@ -41,9 +43,15 @@ static uint64_t maps_hash;
 
 bool shim_tracefile_init(const char *path_template)
 {
-    if (!path_template || !path_template[0] || strlen(path_template) >= sizeof g_template)
+    if (!path_template || !path_template[0])
         return false;
+    if (strlen(path_template) >= sizeof g_template) {
+        shim_warn("SPYRESHIM_TRACE: the path is %zu bytes, longer than the %zu a path may have; "
+                  "no trace recorded", strlen(path_template), sizeof g_template - 1);
+        return false;
+    }
     strcpy(g_template, path_template);
+    g_has_pid = shim_path_has_pid(g_template);
     return true;
 }
 
@@ -261,15 +269,24 @@ bool shim_tracefile_ready(void)
         return false;
     char path[4096];
     if (shim_path_expand(g_template, path, sizeof path) != 0) {
-        shim_warn("SPYRESHIM_TRACE: path too long; no trace recorded");
+        shim_warn("SPYRESHIM_TRACE: the path is longer than %zu bytes once expanded; no trace "
+                  "recorded", sizeof path - 1);
         stop();
         return false;
     }
     /* The one safe-open policy: no symlink, no FIFO, never another user's file. */
-    g_file = shim_path_open_write(path);
+    /* Locked for as long as it is open: one writer per file. A second
+     * process given the same path (no %p, or an exec'd child) finds the
+     * lock, leaves the file whole and records nothing. */
+    g_file = shim_path_open_write_locked(path, true);
     if (!g_file) {
-        shim_warn("SPYRESHIM_TRACE: cannot write %s: %s; no trace recorded", path,
-                  errno == EPERM ? "it belongs to another user or has other links" : strerror(errno));
+        if (errno == EBUSY)
+            shim_warn("SPYRESHIM_TRACE: %s is being written by another process (it holds the "
+                      "file's lock); this process (pid %ld) records no trace: put %%p in the "
+                      "path for a file per process", path, (long)getpid());
+        else
+            shim_warn("SPYRESHIM_TRACE: cannot write %s: %s; no trace recorded", path,
+                      shim_path_why(errno));
         stop();
         return false;
     }
@@ -338,6 +355,6 @@ void shim_tracefile_atfork_child(void)
         g_file = NULL;
         g_fd = -1;
     }
-    if (!strstr(g_template, "%p"))
+    if (!g_has_pid)
         shim_tracebuf_stop(); /* one file, the parent's */
 }

@@ -32,10 +32,13 @@ typedef struct trace_chunk {      /* 32 bytes, then events, then metadata */
 enum trace_kind {
     TRACE_ALLOC = 1,          /* addr, size, site */
     TRACE_FREE = 2,           /* addr, size of the block, site of its allocation */
-    TRACE_OOM = 3,            /* a request of `size` bytes failed for good */
+    TRACE_OOM = 3,            /* a request of `size` bytes failed for good; addr = the
+                                 runtime's free bytes then; site = the request's stacks */
     TRACE_PRESSURE_BEGIN = 4, /* size = the request that ran out */
     TRACE_PRESSURE_END = 5,   /* size = bytes freed during the event */
     TRACE_GC = 6,             /* size = bytes freed, addr = duration ns; time = its end */
+    TRACE_SEGMENT_ALLOC = 7,  /* a region of `size` bytes at addr reserved from the runtime */
+    TRACE_SEGMENT_FREE = 8,   /* that region given back (or forgotten at its context's end) */
 };
 
 typedef struct trace_event {  /* 32 bytes */
@@ -69,8 +72,13 @@ enum trace_tag {
     TRACE_META_NSTACK = 2,   /* u32 id, u32 n, u64 return addresses[n] (innermost first) */
     TRACE_META_DEVICE = 3,   /* u32 index, u32 0, name (NUL-terminated) */
     TRACE_META_MAPS = 4,     /* the executable lines of /proc/self/maps, as text */
-    TRACE_META_SYMBOL = 5,   /* u64 addr, i32 line, u32 0, function\0 file\0 object\0 (at exit) */
+    TRACE_META_SYMBOL = 5,   /* u64 addr, i32 line, u32 flags, function\0 file\0 object\0 (at exit) */
     TRACE_META_PYSTACK = 6,  /* u32 id, u32 n, then n times: i32 line, function\0 file\0 (at exit) */
+    TRACE_META_PYMARKS = 7,  /* u32 id, u32 SHIM_PYSTACK_* flags, u8 entry[n] (at exit, after 6) */
 };
+
+/* A symbol record's flags (0 in files written before they existed). */
+#define TRACE_SYMBOL_EVAL_LOOP 1u    /* inside the interpreter's evaluation loop, by address */
+#define TRACE_SYMBOL_INTERPRETER 2u  /* in the interpreter's own object (libpython, static exe) */
 
 #endif

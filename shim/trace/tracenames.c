@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "evalloop.h"
 #include "hashidx.h"
 #include "pystack.h"
 #include "stack.h"
@@ -79,7 +80,27 @@ static void seen_free(struct seen *s)
     free(s->v);
 }
 
-static void add_symbol(struct trace_meta_buf *m, shim_symbolizer *sym, uintptr_t a)
+/* What a reader needs to splice Python frames into native stacks as the
+ * leak report does (shim/leak/report.c): which frames are the evaluation
+ * loop (by name, or by address where its parts have none) and which lie in
+ * the interpreter's own object (by load address). */
+struct interp_marks {
+    shim_evalloop loop;
+    uintptr_t interp;
+};
+
+static uint32_t symbol_flags(const struct interp_marks *im, uintptr_t a, const shim_symbol *s)
+{
+    uint32_t fl = 0;
+    if (shim_evalloop_contains(&im->loop, a))
+        fl |= TRACE_SYMBOL_EVAL_LOOP;
+    if (s->object && im->interp && a - s->offset == im->interp)
+        fl |= TRACE_SYMBOL_INTERPRETER;
+    return fl;
+}
+
+static void add_symbol(struct trace_meta_buf *m, shim_symbolizer *sym,
+                       const struct interp_marks *im, uintptr_t a)
 {
     shim_symbol s = {0};
     shim_symbolize(sym, a, &s);
@@ -96,8 +117,8 @@ static void add_symbol(struct trace_meta_buf *m, shim_symbolizer *sym, uintptr_t
     struct {
         uint64_t addr;
         int32_t line;
-        uint32_t zero;
-    } head = {a, s.line, 0};
+        uint32_t flags;
+    } head = {a, s.line, symbol_flags(im, a, &s)};
     shim_tracefile_meta_add(m, TRACE_META_SYMBOL, &head, sizeof head, str, lf + lfile + lo);
     free(str);
 }
@@ -127,11 +148,21 @@ static void add_pystack(struct trace_meta_buf *m, uint32_t id)
         shim_tracefile_meta_add(m, TRACE_META_PYSTACK, head, sizeof head, body.p, body.len);
     }
     free(body.p);
+    /* The entry marks and the stack's flags: which frames each call of the
+     * evaluation loop ran (a reader without this record keeps Python
+     * frames first). */
+    unsigned char marks[PYSTACK_MAX_FRAMES];
+    for (size_t i = 0; i < n; i++)
+        marks[i] = fr[i].entry;
+    uint32_t mhead[2] = {id, shim_pystack_flags(id)};
+    shim_tracefile_meta_add(m, TRACE_META_PYMARKS, mhead, sizeof mhead, marks, n);
 }
 
 void shim_tracenames_add(struct trace_meta_buf *m)
 {
     shim_symbolizer *sym = shim_symbolizer_create();
+    struct interp_marks im = {.interp = shim_pystack_interpreter_base()};
+    shim_evalloop_find(shim_pystack_eval_entry(), &im.loop);
     struct seen addrs;
     seen_init(&addrs);
     const uint32_t *ids;
@@ -141,7 +172,7 @@ void shim_tracenames_add(struct trace_meta_buf *m)
         size_t nf = shim_stack_frames(ids[i], &frames);
         for (size_t k = 0; k < nf; k++)
             if (frames[k] && seen_first(&addrs, frames[k]))
-                add_symbol(m, sym, frames[k]);
+                add_symbol(m, sym, &im, frames[k]);
     }
     seen_free(&addrs);
     if (sym)

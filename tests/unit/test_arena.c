@@ -988,3 +988,26 @@ Test(arena, adaptive_regions_are_small_for_a_small_runtime_and_grow_with_use)
         shim_arena_free_node(s.a, b[i].node);
     unmake(s);
 }
+
+/* What trim returns is what it released, keep > 0 included: the merges it
+ * starts with can empty a region and release the older cached one
+ * (KEEP_EMPTY_REGIONS) before its own loop runs (that release went
+ * uncounted). */
+Test(arena, trim_returns_every_byte_it_released_with_keep)
+{
+    blk b[80];
+    setup s = regions_of_four(b, 20);
+    for (int i = 0; i < 4; i++)              /* region 0 empty: cached */
+        shim_arena_free_node(s.a, b[i].node);
+    shim_arena_counters c = counters(s.a);
+    uint64_t before = c.reserved_bytes;
+    size_t got = shim_arena_trim(s.a, 1 * MIB);
+    c = counters(s.a);
+    cr_assert_gt(before - c.reserved_bytes, 0, "this trim released something");
+    cr_assert_eq(got, before - c.reserved_bytes, "returned %zu, released %llu", got,
+                 (unsigned long long)(before - c.reserved_bytes));
+    cr_assert_leq(c.empty_bytes, 1 * MIB);
+    for (int i = 4; i < 76; i++)
+        shim_arena_free_node(s.a, b[i].node);
+    unmake(s);
+}

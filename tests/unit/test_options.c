@@ -50,10 +50,9 @@ static long long field(const shim_options *o, const struct bounded *b)
 
 /* Parses the environment again with NAME=VALUE set; returns the value the
  * option took and whether a warning naming NAME was printed. */
-static long long parse_with(const struct bounded *b, long long value, bool *warned)
+static long long parse_text(const struct bounded *b, const char *text, bool *warned)
 {
-    char text[32], err[4096] = {0};
-    snprintf(text, sizeof text, "%lld", value);
+    char err[4096] = {0};
     setenv(b->name, text, 1);
     char path[] = "/tmp/opts-XXXXXX";
     int fd = mkstemp(path);
@@ -70,6 +69,13 @@ static long long parse_with(const struct bounded *b, long long value, bool *warn
     unsetenv(b->name);
     *warned = n > 0 && strstr(err, b->name) && strstr(err, "invalid");
     return field(shim_opts(), b);
+}
+
+static long long parse_with(const struct bounded *b, long long value, bool *warned)
+{
+    char text[32];
+    snprintf(text, sizeof text, "%lld", value);
+    return parse_text(b, text, warned);
 }
 
 static void expect(const struct bounded *b, long long value, bool accepted)
@@ -184,4 +190,23 @@ Test(options, gc_modes_and_the_old_boolean_values)
     cr_expect_eq(gc_mode_of("sometimes", &warned), SHIM_GC_MODE_AUTO);
     cr_expect(warned, "a bad mode: one warning naming the default");
     cr_expect(shim_opts()->gc);
+}
+
+/* Integers take the shape a size takes: digits, after spaces. A '+', "-0",
+ * a leading tab or newline are refused by both (strtoll alone took them). */
+Test(options, integers_and_sizes_refuse_the_same_odd_forms)
+{
+    unsetenv("SPYRESHIM_LOG");
+    static const char *odd[] = {"+5", "-0", "\t5", "\n5", "5 ", "0x5", ""};
+    const struct bounded *in = &bounded[2];      /* SPYRESHIM_GC_TIMEOUT_MS */
+    const struct bounded *sz = &bounded[sizeof bounded / sizeof bounded[0] - 1];
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        bool warned;
+        cr_expect_eq(parse_text(in, odd[i], &warned), in->def, "%s=\"%s\"", in->name, odd[i]);
+        cr_expect(warned || !odd[i][0], "%s=\"%s\": one warning", in->name, odd[i]);
+        cr_expect_eq(parse_text(sz, odd[i], &warned), sz->def, "%s=\"%s\"", sz->name, odd[i]);
+    }
+    bool warned;
+    cr_expect_eq(parse_text(in, "  5", &warned), 5, "leading spaces, as a size's");
+    cr_expect_not(warned);
 }

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "path.h"
@@ -141,4 +142,46 @@ Test(path, hard_link_is_refused)
     cr_assert_eq(link(other, path), 0);
     cr_assert_null(shim_path_open_write(path));
     cr_assert_eq(errno, EPERM);
+}
+
+/* One parser: `%%p` is a literal `%p`, never the pid (a forked child used
+ * to find "%p" in "x%%p" and reopen, truncating, the parent's trace). */
+Test(path, escaped_percent_p_is_not_the_pid)
+{
+    char out[64];
+    cr_assert_eq(shim_path_expand("x%%p.trace", out, sizeof out), 0);
+    cr_assert_str_eq(out, "x%p.trace");
+    cr_assert_not(shim_path_has_pid("x%%p.trace"));
+    cr_assert_not(shim_path_has_pid("x%%%%p"));
+    cr_assert(shim_path_has_pid("x%%%p"));
+    cr_assert(shim_path_has_pid("t-%p"));
+    cr_assert_not(shim_path_has_pid("t-%"));
+}
+
+/* A file locked by another writer is refused (EBUSY) and left whole: the
+ * lock is taken before the truncation. */
+Test(path, locked_file_is_left_whole)
+{
+    char path[128], buf[16];
+    snprintf(path, sizeof path, "%s/t.trace", dir);
+    FILE *a = shim_path_open_write_locked(path, true);
+    cr_assert_not_null(a);
+    fputs("first", a);
+    fflush(a);
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* Another process: the lock is on the open file, a fork shares
+         * it, so a separate open is what another process does. */
+        FILE *b = shim_path_open_write_locked(path, true);
+        _exit(b == NULL && errno == EBUSY ? 0 : 1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the second writer must get EBUSY");
+    slurp(path, buf, sizeof buf);
+    cr_assert_str_eq(buf, "first");
+    fclose(a);
+    FILE *c = shim_path_open_write_locked(path, true);
+    cr_assert_not_null(c, "free again once the first writer closed it");
+    fclose(c);
 }

@@ -11,13 +11,18 @@ never a traceback.
 import argparse
 import os
 import re
+import struct
 import sys
 
+from . import escape
 from . import report as rpt
 
 PROG = "spyreshim"
 LIBNAME = "libspyreshim.so"
 LOG_LEVELS = ("debug", "info", "warn", "off")
+# `run --trace` without a file: one file per process (%p), so that a forked
+# or exec'd child never finds its parent's file in use (README, "Traces").
+DEFAULT_TRACE = "spyreshim-%p.trace"
 
 # Set by the launcher script (scripts/spyreshim): where to look for the
 # library after $SPYRESHIM_LIB, and the directory holding this package.
@@ -102,9 +107,11 @@ def _parser():
     r.add_argument("--stack-depth", type=_positive, metavar="N",
                    help="native frames recorded per allocation (default 32)")
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
-    r.add_argument("--trace", metavar="FILE",
+    r.add_argument("--trace", metavar="FILE", nargs="?", const=DEFAULT_TRACE,
                    help="record every allocation, free, pressure event and collection with "
-                        "stacks to FILE (%%p: the pid); read it with `report`")
+                        "stacks to FILE (%%p: the pid; without FILE: " +
+                        DEFAULT_TRACE.replace("%", "%%") + ", a file per process); "
+                        "read it with `report`")
     r.add_argument("--log", choices=LOG_LEVELS, metavar="LEVEL",
                    help="shim diagnostics: " + ", ".join(LOG_LEVELS))
     r.add_argument("--preset", action="append", choices=("torch", "cupy", "numba", "jax", "rmm"),
@@ -121,11 +128,26 @@ def _parser():
                     "with identical stacks are summed and list their pids.")
     rep.add_argument("files", nargs="+", metavar="FILE",
                      help="leak reports (JSON), or one trace (SPYRESHIM_TRACE, found by its magic)")
-    rep.add_argument("--view", choices=("peak", "timeline", "stats"), default=None,
+    rep.add_argument("--view", choices=("peak", "timeline", "stats", "gc"), default=None,
                      help="for a trace: peak (default; what was live at the peak), timeline "
-                          "(an HTML page, needs --html) or stats (text)")
+                          "(an HTML page, needs --html), stats (text) or gc (what each collection "
+                          "freed, by allocation site)")
     rep.add_argument("--memory-viz", metavar="OUT.pickle",
                      help="for a trace: write the snapshot PyTorch's memory_viz page reads")
+    rep.add_argument("--diff", action="store_true",
+                     help="what grew between two moments and is still live: two reports or "
+                          "snapshots (A B), or one trace with --at T1 --at T2")
+    rep.add_argument("--at", action="append", metavar="T",
+                     help="with --diff and a trace: a moment (\"2.5s\" or an event number); twice")
+    rep.add_argument("--json", metavar="OUT.json", help="with --diff: write the growth as JSON")
+    rep.add_argument("--pprof", metavar="OUT.pb.gz",
+                     help="for a trace: live bytes and counts by stack as a pprof profile, at the "
+                          "peak, or at --at T (\"end\", \"2.5s\" or an event number)")
+    rep.add_argument("--from", dest="first", metavar="T",
+                     help="with --memory-viz: the page starts at T (\"2.5s\" since the trace "
+                          "began, or an event number)")
+    rep.add_argument("--to", dest="last", metavar="T",
+                     help="with --memory-viz: the page ends at T (seconds or event number)")
     rep.add_argument("--html", metavar="OUT.html",
                      help="write a self-contained page with a flame graph instead of text")
     rep.add_argument("--top", type=_positive, metavar="N", default=0,
@@ -203,19 +225,43 @@ def cmd_trace_report(args):
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
+    if args.pprof:
+        from . import pprof
+        if len(args.at or ()) > 1:
+            raise UsageError("report --pprof: one --at at most")
+        try:
+            words, live = pprof.write(t, args.pprof, (args.at or [None])[0])
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.pprof, e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %s live in %d block(s) at %s (go tool pprof "
+                         "-top %s)\n" % (PROG, args.pprof,
+                                          rpt.format_size(sum(v[0] for v in live.values())),
+                                          len(live), words, args.pprof))
+        if not args.view and not args.html and not args.memory_viz:
+            return 0
+    if (args.first is not None or args.last is not None) and not args.memory_viz:
+        raise UsageError("report: --from and --to cut the --memory-viz export")
     if args.memory_viz:
         from . import memoryviz
+        first = memoryviz.parse_bound(args.first) if args.first is not None else None
+        last = memoryviz.parse_bound(args.last) if args.last is not None else None
         try:
-            memoryviz.write(t, args.memory_viz)
+            snap = memoryviz.write(t, args.memory_viz, first, last)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.memory_viz, e.strerror or e))
-        sys.stderr.write("%s report: wrote %s (drop it on https://pytorch.org/memory_viz)\n" % (
-            PROG, args.memory_viz))
+        nev = sum(len(d) for d in snap["device_traces"])
+        sys.stderr.write("%s report: wrote %s: %d events, %d segments (drop it on "
+                         "https://pytorch.org/memory_viz)\n" % (
+                             PROG, args.memory_viz, nev, len(snap["segments"])))
         if not args.view and not args.html:
             return 0
     view = args.view or "peak"
+    if view == "gc":
+        from . import gcview
+        sys.stdout.write(gcview.text(t, top=args.top or 10))
+        return 0
     if view == "stats":
-        sys.stdout.write(tracepeak.stats_text(t, top=args.top or 5))
+        sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5)))
         return 0
     if view == "timeline" and not args.html:
         raise UsageError("report: --view timeline draws a page: give --html OUT.html")
@@ -226,18 +272,61 @@ def cmd_trace_report(args):
         else:
             page = tracepeak.peak_html(t, top=args.top)
         try:
-            with open(args.html, "w", encoding="utf-8") as f:
+            with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
         sys.stderr.write("%s report: wrote %s (%s of %d events)\n" % (PROG, args.html, view, len(t)))
         return 0
-    sys.stdout.write(tracepeak.peak_text(t, top=args.top))
+    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top)))
+    return 0
+
+
+def _write(path, text):
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError("report: cannot write %s: %s" % (path, e.strerror or e))
+
+
+def cmd_diff(args):
+    from . import diff
+    from . import trace as tr
+    traces = [p for p in args.files if tr.is_trace(p)]
+    if traces:
+        if len(args.files) != 1 or len(args.at or ()) != 2:
+            raise UsageError("report --diff: one trace with --at T1 --at T2")
+        t = tr.load(args.files[0])
+        i1, i2 = (diff.at_index(t, v) for v in args.at)
+        r = diff.of_trace(t, i1, i2)
+        title = "in %s from event %d to event %d" % (args.files[0], min(i1, i2) + 1,
+                                                    max(i1, i2) + 1)
+    else:
+        if len(args.files) != 2 or args.at:
+            raise UsageError("report --diff: two reports or snapshots (A B), or one trace with "
+                             "--at T1 --at T2")
+        a, b = (rpt.load(p) for p in args.files)
+        r = diff.of_reports(a, b)
+        title = "from %s to %s" % tuple(args.files)
+    if args.json:
+        _write(args.json, diff.to_json(r, title))
+    if args.html:
+        _write(args.html, diff.html(r, title))
+        sys.stderr.write("%s report: wrote %s (%s grew at %d site%s)\n" % (
+            PROG, args.html, rpt.format_size(r["reported_bytes"]), len(r["groups"]),
+            "" if len(r["groups"]) == 1 else "s"))
+    if not args.html and not args.json:
+        sys.stdout.write(diff.text(r, title))
     return 0
 
 
 def cmd_report(args):
     from . import trace as tr
+    if args.diff:
+        return cmd_diff(args)
+    if args.json or (args.at and not args.pprof):
+        raise UsageError("report: --at and --json go with --diff (--at also with --pprof)")
     if any(tr.is_trace(path) for path in args.files):
         return cmd_trace_report(args)
     if args.view or args.memory_viz:
@@ -249,7 +338,7 @@ def cmd_report(args):
         page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top,
                                native_frames=args.native_frames)
         try:
-            with open(args.html, "w", encoding="utf-8") as f:
+            with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
@@ -258,8 +347,9 @@ def cmd_report(args):
             PROG, args.html, rpt.format_size(merged["reported_bytes"]),
             ngroups, "" if ngroups == 1 else "s", len(reports), "" if len(reports) == 1 else "s"))
     else:
-        sys.stdout.write(rpt.text(merged, top=args.top, show_suppressed=args.show_suppressed,
-                                  native_frames=args.native_frames))
+        sys.stdout.write(escape.text_out(rpt.text(merged, top=args.top,
+                                                  show_suppressed=args.show_suppressed,
+                                                  native_frames=args.native_frames)))
         sys.stdout.flush()
     if args.fail_on_leaks and merged["reported_allocations"]:
         return 1
@@ -278,7 +368,7 @@ def main(argv=None):
         parser.print_help(sys.stderr)
         return 2
     except (UsageError, rpt.ReportError) as e:
-        sys.stderr.write("%s: %s\n" % (PROG, e))
+        sys.stderr.write("%s: %s\n" % (PROG, escape.terminal(str(e))))
         return getattr(e, "status", 2)
     except BrokenPipeError:
         # `spyreshim report ... | head`: not an error of ours.
@@ -290,3 +380,23 @@ def main(argv=None):
         return 0
     except KeyboardInterrupt:
         return 130
+    except MemoryError:
+        sys.stderr.write("%s: %s: out of memory reading %s\n" % (
+            PROG, args.command, escape.terminal(" ".join(getattr(args, "files", [])))))
+        return 2
+    except RecursionError:
+        sys.stderr.write("%s: %s: %s: nested too deeply\n" % (
+            PROG, args.command, escape.terminal(" ".join(getattr(args, "files", [])))))
+        return 2
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, AttributeError,
+            ZeroDivisionError, struct.error) as e:
+        # The last line of defence: the readers raise ReportError naming the
+        # offset or field for every bad input they know of; anything else
+        # a crafted file reaches is still one line and status 2, never a
+        # traceback (tests/integration/test_trace_hostile.py fuzzes this).
+        if args.command != "report":
+            raise
+        sys.stderr.write("%s: %s: not a readable report or trace (%s: %s)\n" % (
+            PROG, escape.terminal(" ".join(args.files)), type(e).__name__,
+            escape.terminal(str(e))[:200]))
+        return 2

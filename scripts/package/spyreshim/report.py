@@ -9,6 +9,8 @@ with a ReportError naming the file and the field, never a traceback.
 
 import json
 
+from .escape import terminal as _t
+
 FORMAT = "spyreshim-report"
 VERSION = 1
 
@@ -60,8 +62,11 @@ def parse_size(text):
 
 # ---------------------------------------------------------------- validation
 
+_INT_MAX = (1 << 64) - 1   # what the shim writes (uint64_t); 10**400 is not a count
+
+
 def _is_int(v):
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool) and -_INT_MAX <= v <= _INT_MAX
 
 
 def _opt_str(where, d, key):
@@ -234,38 +239,39 @@ def visible_frames(g, native_frames="folded"):
 
 
 def frame_label(f):
-    """Short name for a flame-graph box."""
+    """Short name for a flame-graph box (control characters escaped)."""
     if f["kind"] == "python":
-        name = f["function"] or "<unknown>"
+        name = _t(f["function"]) or "<unknown>"
         if f["file"]:
-            base = f["file"].rsplit("/", 1)[-1]
+            base = _t(f["file"].rsplit("/", 1)[-1])
             return "%s (%s:%s)" % (name, base, f["line"] or "?")
         return name
     if f["function"]:
-        return f["function"]
+        return _t(f["function"])
     if f["object"]:
-        return "%s+%s" % (f["object"].rsplit("/", 1)[-1], f["offset"] or "?")
-    return f["address"] or "??"
+        return "%s+%s" % (_t(f["object"].rsplit("/", 1)[-1]), _t(f["offset"]) or "?")
+    return _t(f["address"]) or "??"
 
 
 def frame_text(f, address=True):
     """One frame as the shim prints it (LeakSanitizer's layout), without the
-    '#n' prefix. `address` False leaves out the load address (meaningless
-    for a group merged from several processes)."""
+    '#n' prefix; names with control characters escaped (escape.py).
+    `address` False leaves out the load address (meaningless for a group
+    merged from several processes)."""
     if f["kind"] == "python":
-        where = f["file"] or "<unknown>"
+        where = _t(f["file"]) or "<unknown>"
         if f["line"]:
             where += ":%d" % f["line"]
-        return "in %s %s [python]" % (f["function"] or "<unknown>", where)
+        return "in %s %s [python]" % (_t(f["function"]) or "<unknown>", where)
     parts = []
     if f["address"] and address:
-        parts.append(f["address"])
+        parts.append(_t(f["address"]))
     if f["function"]:
-        parts.append("in %s" % f["function"])
+        parts.append("in %s" % _t(f["function"]))
     if f["file"]:
-        parts.append("%s:%d" % (f["file"], f["line"]) if f["line"] else f["file"])
+        parts.append("%s:%d" % (_t(f["file"]), f["line"]) if f["line"] else _t(f["file"]))
     if f["object"]:
-        parts.append("(%s+%s)" % (f["object"], f["offset"] or "?"))
+        parts.append("(%s+%s)" % (_t(f["object"]), _t(f["offset"]) or "?"))
     return " ".join(parts) or "<unknown frame>"
 
 
@@ -285,7 +291,7 @@ def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
     else:
         what = "Leak of" if leaks else "Live:"
     head = "%s %d byte(s) (%s) in %d allocation(s) of %s memory" % (
-        what, g["bytes"], format_size(g["bytes"]), g["count"], g["runtime"])
+        what, g["bytes"], format_size(g["bytes"]), g["count"], _t(g["runtime"]))
     if show_pids and g.get("pids"):
         head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
                                   ", ".join(str(p) for p in g["pids"]))
@@ -301,7 +307,7 @@ def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
         lines.append("    (%d interpreter frame%s folded; --native-frames=all shows them)"
                      % (folded, "" if folded == 1 else "s"))
     if g.get("order") == "python-first":
-        lines.append("    (unspliced, Python frames first: %s)" % (g.get("unspliced") or "?"))
+        lines.append("    (unspliced, Python frames first: %s)" % (_t(g.get("unspliced")) or "?"))
     return "\n".join(lines)
 
 
@@ -317,15 +323,15 @@ def text(merged, top=0, show_suppressed=False, native_frames="folded"):
         headline = "spyreshim: no device memory leaks"
     else:
         reasons = sorted(set(REASONS.get(r["reason"], "(%s)" % r["reason"]) for r in reports))
-        headline = "spyreshim: live device memory %s" % " / ".join(reasons)
+        headline = "spyreshim: live device memory %s" % _t(" / ".join(reasons))
     pids = [str(r["pid"]) for r in reports if r["pid"] is not None]
     out = ["=" * 65, "==%s==%s" % (",".join(pids) or "?", headline)]
     if len(reports) > 1:
         out.append("(merged from %d reports: identical stacks summed)" % len(reports))
     elif reports[0]["exe"]:
-        out.append("(%s)" % reports[0]["exe"])
+        out.append("(%s)" % _t(reports[0]["exe"]))
     for note in sorted(set(r["python_note"] for r in reports if r.get("python_note"))):
-        out.append("(%s)" % note)
+        out.append("(%s)" % _t(note))
     shown = groups[:top] if top and top > 0 else groups
     for g in shown:
         out.append("")

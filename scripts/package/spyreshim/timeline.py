@@ -16,6 +16,7 @@ goes through html.escape or json.dumps (program-controlled text).
 import html
 import json
 
+from . import callorder
 from . import report as rpt
 from . import trace as tr
 
@@ -118,10 +119,11 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
 
 
 def _site_frames(t, s):
-    """Frame labels, outermost first (the flame graph's root side)."""
+    """Frame labels, outermost first (the flame graph's root side), in call
+    order with the interpreter's frames folded (callorder.py)."""
     if s == -1:
         return ["(smaller sites)"]
-    return [rpt.frame_label(f) for f in reversed(t.frames(s))] or ["[no stack recorded]"]
+    return [rpt.frame_label(f) for f in reversed(callorder.visible(t, s))] or ["[no stack recorded]"]
 
 
 _CSS = """
@@ -149,9 +151,11 @@ function show(b){
   var snap=D.snaps[b], total=0; for(var i=0;i<snap.length;i++) total+=snap[i][1];
   at.textContent='Live at '+(D.times[b]/1e9).toFixed(6)+' s: '+fmt(total)+
     (b===D.peak_bucket?' (the peak)':'')+' — outermost frame at the top, width is bytes';
-  var root={n:'all live device memory',v:0,c:{}};
+  // Children by name in prototype-free maps: a frame named constructor,
+  // __proto__ or toString is a name like any other.
+  var root={n:'all live device memory',v:0,c:Object.create(null)};
   for(var i=0;i<snap.length;i++){var fr=D.sites[snap[i][0]]||['?'],node=root;node.v+=snap[i][1];
-    for(var j=0;j<fr.length;j++){var k=fr[j];node=node.c[k]||(node.c[k]={n:k,v:0,c:{}});node.v+=snap[i][1];}}
+    for(var j=0;j<fr.length;j++){var k=fr[j];node=node.c[k]||(node.c[k]={n:k,v:0,c:Object.create(null)});node.v+=snap[i][1];}}
   fl.innerHTML=''; var depth=0;
   function draw(node,x,w,d){ if(w<0.05) return; depth=Math.max(depth,d);
     var e=document.createElement('div'); e.className='b'+(/\(.*\.py:/.test(node.n)?' py':'');
@@ -220,7 +224,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             bot_pts += ["%.1f,%.1f" % (xa, y(base[b])), "%.1f,%.1f" % (xb, y(base[b]))]
             base[b] += v
         colour = OTHER if layer == nl - 1 else COLOURS[layer % len(COLOURS)]
-        name = "other sites" if layer == nl - 1 else t.site_label(d["top_sites"][layer])
+        name = "other sites" if layer == nl - 1 else callorder.label(t, d["top_sites"][layer])
         w("<polygon class=\"layer\" data-site=\"%s\" fill=\"%s\" points=\"%s\"><title>%s</title></polygon>\n" % (
             _esc(d["top_sites"][layer] if layer < nl - 1 else "other"), colour,
             " ".join(top_pts + list(reversed(bot_pts))), _esc(name)))
@@ -242,7 +246,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     w("<div id=\"legend\">")
     for j, s in enumerate(d["top_sites"]):
         w("<span><i style=\"background:%s\"></i>%s</span>" % (COLOURS[j % len(COLOURS)],
-                                                             _esc(t.site_label(s))))
+                                                             _esc(callorder.label(t, s))))
     w("<span><i style=\"background:%s\"></i>other sites</span>" % OTHER)
     for k in (tr.PRESSURE_BEGIN, tr.GC, tr.OOM):
         w("<span><i style=\"background:%s;width:2px\"></i>%s</span>" % (MARK_COLOURS[k], MARK_NAMES[k]))

@@ -8,7 +8,9 @@ memoryviz.py (PyTorch's memory_viz snapshot). Stdlib only. A trace cut by
 a crash ends with an incomplete chunk: it is dropped and `truncated` says so.
 """
 
+import itertools
 import operator
+import os
 import struct
 from array import array
 
@@ -21,13 +23,16 @@ CHUNK = struct.Struct("<IIIIQQ")
 META = struct.Struct("<II")
 
 ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
+SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
-              PRESSURE_END: "pressure end", GC: "collection"}
+              PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
+              SEGMENT_FREE: "segment free"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
+MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
 SIZE_MASK = (1 << 48) - 1
 
-(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK) = range(1, 7)
+(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS) = range(1, 8)
 
 
 def is_trace(path):
@@ -38,12 +43,20 @@ def is_trace(path):
         return False
 
 
+class _Bad(Exception):
+    """A record that does not follow the format: what is wrong with it."""
+
+
 def _cstrings(b, n):
     out = []
     pos = 0
     for _ in range(n):
-        end = b.index(b"\0", pos)
-        out.append(b[pos:end].decode("utf-8", "replace"))
+        end = b.find(b"\0", pos)
+        if end < 0:
+            raise _Bad("a string without its terminating NUL")
+        # surrogateescape: a path's non-UTF-8 bytes stay bytes (os.fsencode
+        # gives them back); escape.terminal shows them as \xNN.
+        out.append(b[pos:end].decode("utf-8", "surrogateescape"))
         pos = end + 1
     return out, pos
 
@@ -70,8 +83,12 @@ class Trace(object):
         self.nstacks = {}    # id -> [return addresses], innermost first
         self.pystacks = {}   # id -> [(function, file, line)], innermost first
         self.symbols = {}    # address -> (function, file, line, object)
+        self.symbol_flags = {}  # address -> TRACE_SYMBOL_* bits (callorder.py reads them)
+        self.pymarks = {}    # Python stack id -> (SHIM_PYSTACK_* flags, [entry per frame])
         self.devices = {}    # index -> runtime name
         self.maps = []       # (start, end, offset, path) of executable mappings
+        self.foreign_frees = 0   # frees of blocks allocated before fork() (not counted)
+        self.foreign_bytes = 0
         self._frames = {}
 
     def __len__(self):
@@ -134,89 +151,173 @@ class Trace(object):
         return self.devices.get(d, "device %d" % d)
 
 
-def _parse_meta(t, b):
+def _need(p, n, what):
+    if len(p) < n:
+        raise _Bad("%s: %d bytes, needs %d" % (what, len(p), n))
+
+
+def _parse_meta(t, b, base, path):
+    """The metadata records of one chunk; base is their offset in the file."""
     pos = 0
     n = len(b)
     while pos + 8 <= n:
         tag, ln = META.unpack_from(b, pos)
+        at = base + pos
         pos += 8
+        if pos + ln > n:
+            raise rpt.ReportError("%s: offset %d: metadata record (tag %d) of %d bytes runs past "
+                                  "its chunk" % (path, at, tag, ln))
         p = b[pos:pos + ln]
         pos += (ln + 7) & ~7
-        if tag == T_SITE:
-            site, ns, ps, _ = struct.unpack_from("<IIII", p)
-            t.sites[site] = (ns, ps)
-        elif tag == T_NSTACK:
-            sid, nf = struct.unpack_from("<II", p)
-            t.nstacks[sid] = list(struct.unpack_from("<%dQ" % nf, p, 8))
-        elif tag == T_DEVICE:
-            idx, _ = struct.unpack_from("<II", p)
-            t.devices[idx] = p[8:].split(b"\0", 1)[0].decode("utf-8", "replace")
-        elif tag == T_MAPS:
-            maps = []
-            for line in p.decode("utf-8", "replace").splitlines():
-                parts = line.split(None, 5)
-                if len(parts) < 6:
-                    continue
+        try:
+            _parse_record(t, tag, p)
+        except _Bad as e:
+            raise rpt.ReportError("%s: offset %d: %s record: %s" % (
+                path, at, _TAG_NAMES.get(tag, "tag %d" % tag), e))
+        except (struct.error, ValueError, IndexError) as e:
+            raise rpt.ReportError("%s: offset %d: %s record: malformed (%s)" % (
+                path, at, _TAG_NAMES.get(tag, "tag %d" % tag), e))
+
+
+_TAG_NAMES = {T_SITE: "site", T_NSTACK: "native stack", T_DEVICE: "device", T_MAPS: "maps",
+              T_SYMBOL: "symbol", T_PYSTACK: "python stack",
+              T_PYMARKS: "python stack marks"}
+
+
+def _parse_record(t, tag, p):
+    if tag == T_SITE:
+        _need(p, 16, "record")
+        site, ns, ps, _ = struct.unpack_from("<IIII", p)
+        t.sites[site] = (ns, ps)
+    elif tag == T_NSTACK:
+        _need(p, 8, "record")
+        sid, nf = struct.unpack_from("<II", p)
+        _need(p, 8 + 8 * nf, "%d frames" % nf)
+        t.nstacks[sid] = list(struct.unpack_from("<%dQ" % nf, p, 8))
+    elif tag == T_DEVICE:
+        _need(p, 8, "record")
+        idx, _ = struct.unpack_from("<II", p)
+        if idx >= MAX_DEVICES:
+            raise _Bad("device index %d out of range (0 to %d)" % (idx, MAX_DEVICES - 1))
+        t.devices[idx] = p[8:].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    elif tag == T_MAPS:
+        maps = []
+        for line in p.decode("utf-8", "surrogateescape").splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            try:
                 lo, hi = parts[0].split("-")
                 maps.append((int(lo, 16), int(hi, 16), int(parts[2], 16), parts[5]))
-            t.maps = maps
-        elif tag == T_SYMBOL:
-            a, line, _ = struct.unpack_from("<QiI", p)
-            (fn, file, obj), _ = _cstrings(p[16:], 3)
-            t.symbols[a] = (fn, file, line, obj)
-        elif tag == T_PYSTACK:
-            sid, nf = struct.unpack_from("<II", p)
-            body = p[8:]
-            q = 0
-            frames = []
-            for _ in range(nf):
-                (line,) = struct.unpack_from("<i", body, q)
-                (fn, file), used = _cstrings(body[q + 4:], 2)
-                q += 4 + used
-                frames.append((fn, file, line))
-            t.pystacks[sid] = frames
+            except ValueError:
+                raise _Bad("line %r is not a mapping" % line[:80])
+        t.maps = maps
+    elif tag == T_SYMBOL:
+        _need(p, 16, "record")
+        a, line, flags = struct.unpack_from("<QiI", p)
+        (fn, file, obj), _ = _cstrings(p[16:], 3)
+        t.symbols[a] = (fn, file, line, obj)
+        if flags:
+            t.symbol_flags[a] = flags
+    elif tag == T_PYMARKS:
+        _need(p, 8, "record")
+        sid, flags = struct.unpack_from("<II", p)
+        t.pymarks[sid] = (flags, [bool(c) for c in p[8:]])
+    elif tag == T_PYSTACK:
+        _need(p, 8, "record")
+        sid, nf = struct.unpack_from("<II", p)
+        body = p[8:]
+        _need(body, 6 * nf, "%d frames" % nf)   # a line and two NULs each at least
+        q = 0
+        frames = []
+        for _ in range(nf):
+            _need(body[q:], 4, "frame")
+            (line,) = struct.unpack_from("<i", body, q)
+            (fn, file), used = _cstrings(body[q + 4:], 2)
+            q += 4 + used
+            frames.append((fn, file, line))
+        t.pystacks[sid] = frames
 
 
 def load(path):
-    """Reads a whole trace; raises report.ReportError when it is not one."""
+    """Reads a whole trace; raises report.ReportError (one line naming the
+    file and the offset or field) when it is not one or is malformed."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        f = open(path, "rb")
     except OSError as e:
         raise rpt.ReportError("cannot read %s: %s" % (path, e.strerror or e))
-    if len(data) < HEADER.size or data[:8] != MAGIC:
+    with f:
+        try:
+            return _load(f, path)
+        except OSError as e:
+            raise rpt.ReportError("cannot read %s: %s" % (path, e.strerror or e))
+
+
+def _load(f, path):
+    n = os.fstat(f.fileno()).st_size
+    head = f.read(HEADER.size)
+    if len(head) < HEADER.size or head[:8] != MAGIC:
         raise rpt.ReportError("%s: not a spyreshim trace" % path)
-    magic, version, pid, real, mono = HEADER.unpack_from(data, 0)
+    magic, version, pid, real, mono = HEADER.unpack_from(head, 0)
     if version != 1:
         raise rpt.ReportError("%s: trace version %d is not understood (1)" % (path, version))
     t = Trace()
-    t.path, t.pid, t.start_realtime_ns, t.file_bytes = path, pid, real, len(data)
+    t.path, t.pid, t.start_realtime_ns, t.file_bytes = path, pid, real, n
     pos = HEADER.size
-    n = len(data)
-    parts = []
-    bases = []   # (first event index, event count, seq_base)
+    # Read chunk by chunk, each chunk's events decoded into the columns at
+    # once (no copy of the file, nor of all its events, beside them); a
+    # chunk whose sizes run past the end of the file is the incomplete last
+    # one of a crash, never an allocation of its size.
+    cols = [array("Q"), array("Q"), array("Q"), array("B"), array("B"), array("Q"), array("I")]
     count = 0
     while pos + CHUNK.size <= n:
-        cm, nev, meta_bytes, _, base, _ = CHUNK.unpack_from(data, pos)
+        ch = f.read(CHUNK.size)
+        if len(ch) < CHUNK.size:
+            break
+        cm, nev, meta_bytes, _, base, _ = CHUNK.unpack_from(ch, 0)
         end = pos + CHUNK.size + nev * 32 + meta_bytes
         if cm != CHUNK_MAGIC or end > n:
             t.truncated = True
             break
         if nev:
-            parts.append(data[pos + CHUNK.size:pos + CHUNK.size + nev * 32])
-            bases.append((count, nev, base))
+            body = f.read(nev * 32)
+            if len(body) < nev * 32:
+                t.truncated = True
+                break
+            for c, part in zip(cols, _decode(body, nev, base)):
+                c.extend(part)
+            del body
             count += nev
-        _parse_meta(t, data[pos + CHUNK.size + nev * 32:end])
+        meta = f.read(meta_bytes)
+        if len(meta) < meta_bytes:
+            t.truncated = True
+            break
+        _parse_meta(t, meta, pos + CHUNK.size + nev * 32, path)
         t.chunks += 1
         pos = end
     if pos < n and not t.truncated:
         t.truncated = True
-    del data
-    ev = b"".join(parts)
-    del parts
-    # Fields by strided byte slices (C speed; 10 million events in a few
-    # seconds): an event is addr u64, size|kind|dev u64, time u64,
-    # seq_lo u32, site u32, little-endian like the host (array's order).
+    seq, addr, size, kind, dev, times, site = cols
+    del cols
+    # One thread's chunk is in order; several threads' chunks interleave.
+    sorted_already = count < 2 or all(map(operator.lt, seq, itertools.islice(seq, 1, None)))
+    if not sorted_already:
+        order = sorted(range(count), key=seq.__getitem__)
+        pick = [a.__getitem__ for a in (seq, addr, size, kind, dev, times, site)]
+        seq, addr, size, kind, dev, times, site = (
+            array(a.typecode, map(g, order))
+            for a, g in zip((seq, addr, size, kind, dev, times, site), pick))
+    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = seq, addr, size, kind, dev, times, site
+    _validate_events(t)
+    _drop_foreign_frees(t)
+    return t
+
+
+def _decode(ev, count, base):
+    """One chunk's events as columns: seq, addr, size, kind, dev, time,
+    site. Fields by strided byte slices (C speed): an event is addr u64,
+    size|kind|dev u64, time u64, seq_lo u32, site u32, little-endian like
+    the host (array's order)."""
     words = array("Q")
     words.frombytes(ev)
     addr = words[0::4]
@@ -235,26 +336,58 @@ def load(path):
     kind = array("B", ev[14::32])
     dev = array("B", ev[15::32])
     site = field(28, 4, 4)
-    seq = field(24, 8, 4)   # the low 32 bits; the rest from each chunk's base
-    del ev
-    for lo, m, base in bases:
-        blo = base & 0xFFFFFFFF
-        bhi = base - blo
-        if bhi == 0 and min(seq[lo:lo + m]) >= blo:
-            continue         # seq = seq_lo (fewer than 2^32 events, no wrap)
-        for i in range(lo, lo + m):
+    seq = field(24, 8, 4)   # the low 32 bits; the rest from the chunk's base
+    # Events of one chunk lie within 2^31 of its base (tracefile.c).
+    blo = base & 0xFFFFFFFF
+    bhi = base - blo
+    if not (bhi == 0 and min(seq) >= blo):   # else seq = seq_lo: no wrap
+        for i in range(count):
             s = seq[i]
             seq[i] = bhi + s if s >= blo else bhi + (1 << 32) + s
-    # One thread's chunk is in order; several threads' chunks interleave.
-    sorted_already = count < 2 or all(map(operator.lt, seq[:-1], seq[1:]))
-    if not sorted_already:
-        order = sorted(range(count), key=seq.__getitem__)
-        pick = [a.__getitem__ for a in (seq, addr, size, kind, dev, times, site)]
-        seq, addr, size, kind, dev, times, site = (
-            array(a.typecode, map(g, order))
-            for a, g in zip((seq, addr, size, kind, dev, times, site), pick))
-    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = seq, addr, size, kind, dev, times, site
-    return t
+    return seq, addr, size, kind, dev, times, site
+
+
+def _validate_events(t):
+    """Every index an event carries, against what the file declares. A kind
+    this reader does not know is kept and skipped by the views (the version
+    rules: new kinds keep version 1); a device index is below 255 by its
+    byte, and one without its record is shown as "device N"."""
+    for d in set(t.dev):
+        if d != DEVICE_NONE and d not in t.devices:
+            t.devices.setdefault(d, "device %d" % d)
+
+
+def _drop_foreign_frees(t):
+    """Fork-aware accounting: a free of a block this trace never saw
+    allocated (its parent process allocated it before fork(); this process,
+    the child, freed it) is not subtracted from this process's live bytes:
+    each process's file accounts what it allocated, and its peaks are its
+    own. The frees are counted in t.foreign_frees / t.foreign_bytes. Memory
+    proportional to the live set."""
+    live = set()
+    add, remove = live.add, live.remove
+    drop = None
+    for i, k, d, a in zip(itertools.count(), t.kind, t.dev, t.addr):
+        if k == ALLOC:
+            add(d << 64 | a)
+        elif k == FREE:
+            key = d << 64 | a
+            if key in live:
+                remove(key)
+            else:
+                if drop is None:
+                    drop = []
+                drop.append(i)
+    t.foreign_frees = len(drop) if drop else 0
+    t.foreign_bytes = sum(t.size[i] for i in drop) if drop else 0
+    if not drop:
+        return
+    keep = bytearray(b"\1") * len(t.kind)
+    for i in drop:
+        keep[i] = 0
+    for name in ("seq", "addr", "size", "kind", "dev", "time", "site"):
+        a = getattr(t, name)
+        setattr(t, name, array(a.typecode, itertools.compress(a, keep)))
 
 
 # ------------------------------------------------------------------ replay

@@ -1,7 +1,11 @@
 """Two views of a trace (trace.py): what was live at the peak (text, and
 HTML through the leak reports' flame graph, flamegraph.page), and summary
-statistics in the shape of `memray stats`. Owns these views only."""
+statistics in the shape of `memray stats`. Owns these views only; stacks
+are in call order (callorder.py)."""
 
+from array import array
+
+from . import callorder
 from . import flamegraph
 from . import report as rpt
 from . import trace as tr
@@ -12,11 +16,11 @@ def peak_reports(t):
     p = tr.peaks(t)
     out = []
     out.append(("peak of all devices: %s after event %d" % (rpt.format_size(p.bytes), p.index + 1),
-                tr.live_report(t, tr.live_at(t, p.index), "peak")))
+                callorder.live_report(t, tr.live_at(t, p.index), "peak")))
     if len(p.per_device) > 1:
         for d, (b, i) in sorted(p.per_device.items()):
             out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
-                        tr.live_report(t, tr.live_at(t, i, device=d), "peak")))
+                        callorder.live_report(t, tr.live_at(t, i, device=d), "peak")))
     return p, out
 
 
@@ -49,8 +53,9 @@ def _hist(sizes):
 
 def stats_text(t, top=5):
     kind, size, site, time = t.kind, t.size, t.site, t.time
-    allocs = [i for i in range(len(kind)) if kind[i] == tr.ALLOC]
-    asizes = [size[i] for i in allocs]
+    # A packed array (8 bytes a size), not lists of indices and sizes (80
+    # bytes an allocation: 788 MB of peak RSS on 10M events).
+    asizes = array("Q", (size[i] for i in range(len(kind)) if kind[i] == tr.ALLOC))
     total = sum(asizes)
     p = tr.peaks(t)
     by_count, by_bytes = {}, {}
@@ -71,7 +76,7 @@ def stats_text(t, top=5):
     w.append("Trace: %s (pid %s)%s" % (t.path, t.pid, ", truncated (the process did not exit)"
                                        if t.truncated else ""))
     w.append("")
-    w.append("Total allocations:\n\t%d" % len(allocs))
+    w.append("Total allocations:\n\t%d" % len(asizes))
     w.append("Total frees:\n\t%d" % sum(1 for k in kind if k == tr.FREE))
     w.append("Total memory allocated:\n\t%s" % rpt.format_size(total))
     w.append("Peak memory usage (all devices):\n\t%s (%d bytes)" % (rpt.format_size(p.bytes), p.bytes))
@@ -91,10 +96,10 @@ def stats_text(t, top=5):
             w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
     for s, v in sorted(site_peak.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %s" % (t.site_label(s), rpt.format_size(v)))
+        w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))
     w.append("Top %d largest allocating locations (by number of allocations):" % top)
     for s, v in sorted(by_count.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %d (%s in all)" % (t.site_label(s), v, rpt.format_size(by_bytes[s])))
+        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v, rpt.format_size(by_bytes[s])))
     marks = [(time[i], kind[i], size[i], t.addr[i]) for i in range(len(kind)) if kind[i] in
              (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)]
     npress = sum(1 for m in marks if m[1] == tr.PRESSURE_BEGIN)

@@ -1,0 +1,178 @@
+"""A trace's stacks in true call order, as the leak report shows them
+(shim/leak/report.c, resolve_frames and fold): each native frame of the
+interpreter's evaluation loop stands for the Python frames one call of it
+ran, so the Python frames go where that frame is; the interpreter's own
+native frames (between the extension and the innermost Python frame,
+between Python frames, below the outermost one down to the program's start)
+are marked folded, which report.visible_frames leaves out.
+
+Owns this splice for the views of a trace (tracepeak.py, timeline.py,
+memoryviz.py, gcview.py, pprof.py); reads what trace.py parsed: the symbol
+records' flags (evaluation loop, interpreter's object) and the Python
+stacks' entry marks (record 7). A trace without them (written before they
+existed, or by a killed process, which has no names) keeps Python frames
+first, with the reason in the group's "unspliced", as the leak report does.
+"""
+
+from . import report as rpt
+
+SYMBOL_EVAL_LOOP = 1
+SYMBOL_INTERPRETER = 2
+PYSTACK_TRUNCATED = 1
+PYSTACK_UNSURE = 2
+
+EVAL_LOOP = "_PyEval_EvalFrameDefault"
+PROGRAM_START = frozenset(("_start", "__libc_start_main", "__libc_start_main_impl",
+                           "__libc_start_main_alias_2", "__libc_start_call_main",
+                           "start_thread", "clone", "clone3", "thread_start"))
+
+
+def is_eval_loop(name):
+    """_PyEval_EvalFrameDefault, or one of its parts GCC split out (.cold)."""
+    return bool(name) and name.startswith(EVAL_LOOP) and (
+        len(name) == len(EVAL_LOOP) or name[len(EVAL_LOOP)] == ".")
+
+
+def _libc_unnamed(f):
+    if f["function"] or not f["object"]:
+        return False
+    return f["object"].rsplit("/", 1)[-1].startswith("libc.so")
+
+
+def _python(fn, file, line):
+    return {"kind": "python", "function": fn or None, "file": file or None, "line": line or None,
+            "object": None, "address": None, "offset": None}
+
+
+def _refusal(marks, npy, calls_native):
+    if marks is None:
+        return "the trace has no entry marks for this Python stack"
+    flags, entry = marks
+    if flags & PYSTACK_TRUNCATED:
+        return "the Python stack was cut at the recorded depth"
+    if (flags & PYSTACK_UNSURE) or len(entry) != npy or not entry[npy - 1]:
+        return "which interpreter call ran which Python frame is not known"
+    if sum(1 for e in entry if e) != calls_native:
+        return ("the native stack does not hold one evaluation-loop frame per call entered "
+                "from C (cut at SPYRESHIM_STACK_DEPTH?)")
+    return None
+
+
+def group(t, site):
+    """{"frames", "order", "unspliced"} of a site: frames innermost first,
+    each a report frame with "interpreter" and "folded"."""
+    cache = t.__dict__.setdefault("_callorder", {})
+    got = cache.get(site)
+    if got is not None:
+        return got
+    ns, ps = t.sites.get(site, (0, 0))
+    py = t.pystacks.get(ps)
+    pyframes = [_python(fn, file, line) for fn, file, line in py] if py else []
+    if ps and py is None:
+        pyframes = [_python("<python stack %d: not resolved>" % ps, None, None)]
+    native = []
+    calls = 0
+    loop_objects = set()
+    flags = t.symbol_flags
+    for a in t.nstacks.get(ns, ()):
+        f = dict(t.native_frame(a))
+        fl = flags.get(a, 0)
+        if fl & SYMBOL_EVAL_LOOP and not is_eval_loop(f["function"]):
+            f["function"] = EVAL_LOOP
+        if is_eval_loop(f["function"]):
+            calls += 1
+            if f["object"]:
+                loop_objects.add(f["object"])
+        f["_interp"] = bool(fl & SYMBOL_INTERPRETER)
+        native.append(f)
+    for f in native:
+        f["interpreter"] = f.pop("_interp") or (f["object"] in loop_objects if f["object"] else False)
+        f["folded"] = False
+    order = ("hybrid" if native else "python") if pyframes else "native"
+    unspliced = None
+    if pyframes and native:
+        unspliced = _refusal(t.pymarks.get(ps) if py else None, len(pyframes), calls)
+        if unspliced:
+            order = "python-first"
+    for f in pyframes:
+        f["interpreter"] = False
+        f["folded"] = False
+    if order != "hybrid":
+        frames = pyframes + native
+    else:
+        entry = t.pymarks[ps][1]
+        frames = []
+        nxt = 0
+        for f in native:
+            if is_eval_loop(f["function"]):
+                while nxt < len(pyframes):
+                    frames.append(pyframes[nxt])
+                    nxt += 1
+                    if entry[nxt - 1]:
+                        break
+            frames.append(f)
+        _fold(frames)
+    got = {"frames": frames, "order": order, "unspliced": unspliced}
+    cache[site] = got
+    return got
+
+
+def _fold(frames):
+    pys = [i for i, f in enumerate(frames) if f["kind"] == "python"]
+    if not pys:
+        return
+    outer = pys[-1]
+    for i, f in enumerate(frames):
+        if f["kind"] == "python":
+            continue
+        f["folded"] = f["interpreter"] or (i > outer and (f["function"] in PROGRAM_START or
+                                                          _libc_unnamed(f)))
+
+
+def frames(t, site):
+    """Every frame of the site, innermost first (folded ones included)."""
+    return group(t, site)["frames"]
+
+
+def visible(t, site):
+    """The frames a reader sees, innermost first (folded ones left out)."""
+    return [f for f in frames(t, site) if not f["folded"]]
+
+
+def label(t, site):
+    """One line naming a site: its innermost visible frame with a name and,
+    when that is native, the innermost Python frame that led to it
+    ("Tensor_new, from forward (train.py:40)")."""
+    fr = visible(t, site)
+    if not fr:
+        return "[no stack recorded]"
+    first = next((f for f in fr if f["function"]), fr[0])
+    out = rpt.frame_label(first)
+    if first["kind"] != "python":
+        py = next((f for f in fr if f["kind"] == "python"), None)
+        if py is not None:
+            out += ", from " + rpt.frame_label(py)
+    return out
+
+
+def live_report(t, live, reason, name=None):
+    """trace.live_report's report, with each group's frames in call order
+    (and its "order"/"unspliced" as the leak report's JSON has them)."""
+    groups = {}
+    for (d, _a), (sz, site, _i) in live.items():
+        key = (d, site)
+        g = groups.get(key)
+        if g is None:
+            sg = group(t, site)
+            g = groups[key] = {"bytes": 0, "count": 0, "runtime": t.device_name(d),
+                               "suppressed": False, "frames": sg["frames"],
+                               "order": sg["order"], "unspliced": sg["unspliced"]}
+        g["bytes"] += sz
+        g["count"] += 1
+    gl = sorted(groups.values(), key=lambda g: (-g["bytes"], -g["count"]))
+    return {"name": name or t.path, "pid": t.pid, "exe": None, "reason": reason, "groups": gl,
+            "live_bytes": sum(g["bytes"] for g in gl),
+            "live_allocations": sum(g["count"] for g in gl),
+            "reported_bytes": sum(g["bytes"] for g in gl),
+            "reported_allocations": sum(g["count"] for g in gl),
+            "suppressed_bytes": 0, "suppressed_allocations": 0}
