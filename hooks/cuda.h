@@ -106,6 +106,14 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
       (unsigned, CUpointer_attribute *, void **, CUdeviceptr))                                   \
     X(mem_free_async, cuMemFreeAsync, 1, CUresult, (CUdeviceptr, CUstream))                      \
     X(mem_free_async_ptsz, cuMemFreeAsync_ptsz, 1, CUresult, (CUdeviceptr, CUstream)) \
+    X(mem_alloc_managed, cuMemAllocManaged, 1, CUresult, (CUdeviceptr *, size_t, unsigned))   \
+    X(mem_host_alloc, cuMemHostAlloc, 1, CUresult, (void **, size_t, unsigned))                \
+    X(mem_alloc_host, cuMemAllocHost_v2, 1, CUresult, (void **, size_t))                       \
+    X(mem_alloc_host_v1, cuMemAllocHost, 1, CUresult, (void **, unsigned))                     \
+    X(mem_free_host, cuMemFreeHost, 1, CUresult, (void *))                                     \
+    X(mem_host_register, cuMemHostRegister_v2, 1, CUresult, (void *, size_t, unsigned))        \
+    X(mem_host_register_v1, cuMemHostRegister, 1, CUresult, (void *, size_t, unsigned))        \
+    X(mem_host_unregister, cuMemHostUnregister, 1, CUresult, (void *))                         \
     X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0, CUresult, (CUstreamCaptureMode *)) \
     X(stream_get_capture_info, cuStreamGetCaptureInfo, 0, CUresult,                              \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *))

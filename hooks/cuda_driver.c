@@ -14,7 +14,11 @@
  * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocPitch_v2,
  * cuMemFreeAsync of a served block; cuMemGetAddressRange_v2 and
  * cuPointerGetAttribute(s) answer for the shim's addresses,
- * cuIpcGetMemHandle refuses them. Watched: the context teardowns
+ * cuIpcGetMemHandle refuses them. Passed through and recorded
+ * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
+ * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
+ * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister). Watched: the
+ * context teardowns
  * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
  * regions before the driver frees them. Everything else goes to the
@@ -36,6 +40,7 @@
 #include "hooks.h"
 #include "loader.h"
 #include "log.h"
+#include "passthrough.h"
 #include "pressure.h"
 
 /* cuMemAllocPitch's pitch: the driver rounds the width up to its pitch
@@ -271,6 +276,15 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr ptr)
         return CUDA_ERROR_NOT_INITIALIZED;
     if (shim_device_in_backend())
         return drv->mem_free(ptr);
+    /* Managed memory is freed with cuMemFree: the driver's, then the
+     * record (one relaxed load while none is live). */
+    if (shim_passthrough_any(SHIM_PT_MANAGED) &&
+        shim_passthrough_contains(SHIM_PT_MANAGED, (uintptr_t)ptr)) {
+        CUresult rc = drv->mem_free(ptr);
+        if (rc == CUDA_SUCCESS)
+            shim_passthrough_remove(SHIM_PT_MANAGED, (uintptr_t)ptr);
+        return rc;
+    }
     return shim_device_free_any(&driver_rt, NULL, (void *)(uintptr_t)ptr);
 }
 
@@ -435,6 +449,103 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
     return free_async(drv->mem_free_async_ptsz, ptr, stream);
 }
 
+/* ---- managed and host-pinned memory: passed through, watched ------- */
+
+/* The driver allocates, registers and frees; the shim records what it
+ * accepted (shim/alloc/passthrough.c: statistics per family, leak
+ * records with stacks) and forgets what it freed. Host-pinned memory is
+ * host memory: no device limit applies. A free the shim has no record of
+ * goes to the driver unchanged, with its answer. */
+
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_alloc_managed)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_alloc_managed(dptr, size, flags);
+    if (rc == CUDA_SUCCESS && dptr) {
+        CUdevice dev = -1; /* -1: no current context to attach it to */
+        if (drv->ctx_get_device && drv->ctx_get_device(&dev) != CUDA_SUCCESS)
+            dev = -1;
+        shim_passthrough_add(SHIM_PT_MANAGED, dev, (uintptr_t)*dptr, size);
+    }
+    return rc;
+}
+
+static CUresult host_allocated(CUresult rc, void **pp, size_t size)
+{
+    if (rc == CUDA_SUCCESS && pp)
+        shim_passthrough_add(SHIM_PT_HOST_PINNED, -1, (uintptr_t)*pp, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_host_alloc)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return host_allocated(drv->mem_host_alloc(pp, size, flags), pp, size);
+}
+
+EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_alloc_host)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return host_allocated(drv->mem_alloc_host(pp, size), pp, size);
+}
+
+EXPORT CUresult cuMemAllocHost(void **pp, unsigned size)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->mem_alloc_host_v1 && !drv->mem_alloc_host))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_alloc_host_v1 ? drv->mem_alloc_host_v1(pp, size)
+                                         : drv->mem_alloc_host(pp, size);
+    return host_allocated(rc, pp, size);
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_host_register)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return host_allocated(drv->mem_host_register(p, size, flags), &p, size);
+}
+
+EXPORT CUresult cuMemHostRegister(void *p, size_t size, unsigned flags)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->mem_host_register_v1 && !drv->mem_host_register))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_host_register_v1 ? drv->mem_host_register_v1(p, size, flags)
+                                            : drv->mem_host_register(p, size, flags);
+    return host_allocated(rc, &p, size);
+}
+
+static CUresult host_freed(CUresult rc, void *p)
+{
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_remove(SHIM_PT_HOST_PINNED, (uintptr_t)p);
+    return rc;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_free_host)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return host_freed(drv->mem_free_host(p), p);
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_host_unregister)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return host_freed(drv->mem_host_unregister(p), p);
+}
+
 /* ---- context teardown ----------------------------------------------- */
 
 /* The primary context of each device as retained through the shim, and
@@ -597,6 +708,14 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuPointerGetAttributes", 7000, 0, "cuPointerGetAttributes", cuPointerGetAttributes) \
     X("cuMemFreeAsync", 11020, 0, "cuMemFreeAsync", cuMemFreeAsync)                  \
     X("cuMemFreeAsync", 11020, 0, "cuMemFreeAsync_ptsz", cuMemFreeAsync_ptsz)        \
+    X("cuMemAllocManaged", 6000, 0, "cuMemAllocManaged", cuMemAllocManaged)          \
+    X("cuMemHostAlloc", 2020, 0, "cuMemHostAlloc", cuMemHostAlloc)                   \
+    X("cuMemAllocHost", 2000, 3020, "cuMemAllocHost", cuMemAllocHost)                \
+    X("cuMemAllocHost", 3020, 0, "cuMemAllocHost_v2", cuMemAllocHost_v2)             \
+    X("cuMemFreeHost", 2000, 0, "cuMemFreeHost", cuMemFreeHost)                      \
+    X("cuMemHostRegister", 4000, 6050, "cuMemHostRegister", cuMemHostRegister)       \
+    X("cuMemHostRegister", 6050, 0, "cuMemHostRegister_v2", cuMemHostRegister_v2)    \
+    X("cuMemHostUnregister", 4000, 0, "cuMemHostUnregister", cuMemHostUnregister)    \
     X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
     X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
     X("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \

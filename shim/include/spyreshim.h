@@ -85,7 +85,13 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(pressure_wait_timeouts, "requests that stopped waiting for another thread's pressure event") \
     X(arenas, "arenas serving allocations now, all devices (SPYRESHIM_ARENAS)")     \
     X(context_teardown_blocks, "live blocks freed by their context's teardown")     \
-    X(context_teardown_bytes, "bytes of those blocks")
+    X(context_teardown_bytes, "bytes of those blocks")                             \
+    X(managed_bytes, "managed memory live now (passed through, all devices)")      \
+    X(managed_allocs, "managed allocations (cuMemAllocManaged)")                   \
+    X(managed_frees, "frees of managed allocations")                               \
+    X(host_pinned_bytes, "host-pinned memory live now (allocated or registered)")  \
+    X(host_pinned_allocs, "host-pinned allocations and registrations")             \
+    X(host_pinned_frees, "frees and unregistrations of host-pinned memory")
 
 typedef struct spyreshim_stats {
     size_t size;
@@ -108,7 +114,7 @@ typedef struct spyreshim_alloc_info {
     uint64_t seq;            /* allocation sequence number (marks compare with it) */
     uint32_t native_stack;   /* 0: none recorded */
     uint32_t python_stack;   /* 0: none recorded */
-    const char *runtime;     /* "simdev", "cuda" */
+    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned" (watched) */
 } spyreshim_alloc_info;
 
 typedef struct spyreshim_snapshot spyreshim_snapshot;

@@ -27,6 +27,7 @@
 #include "log.h"
 #include "mutex.h"
 #include "options.h"
+#include "passthrough.h"
 #include "pystack.h"
 #include "report.h"
 #include "path.h"
@@ -74,6 +75,7 @@ void shim_leak_init(void)
     if (o->leak_check)
         atomic_store_explicit(&g_enabled, true, memory_order_release);
     shim_device_set_leak_hooks(shim_leak_capture, shim_leak_on_oom);
+    shim_passthrough_set_capture(shim_leak_capture);
 }
 
 bool shim_leak_enabled(void)
@@ -306,7 +308,7 @@ void shim_leak_at_exit(void)
      * a fixed SPYRESHIM_REPORT path its empty report would replace the one
      * of the child that leaked (a shell running the program). The stats
      * file follows the same rule (shim/process/stats.c). */
-    if (shim_device_count() == 0)
+    if (shim_device_count() == 0 && !shim_passthrough_used())
         return;
     const shim_options *o = shim_opts();
     spyreshim_snapshot *s = spyreshim_snapshot_take(0);

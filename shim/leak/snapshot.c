@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "passthrough.h"
 #include "path.h"
 #include "report.h"
 #include "spyreshim.h"
@@ -65,6 +66,34 @@ SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
             s->bytes += recs[i].size;
         }
         free(recs);
+    }
+    /* Memory passed through and watched (managed, host-pinned): its
+     * family is its runtime's name in the reports. */
+    size_t k = 0;
+    shim_pt_record *pt = shim_passthrough_live(since, &k);
+    if (!pt && k) {
+        spyreshim_snapshot_free(s);
+        return NULL;
+    }
+    if (k) {
+        spyreshim_alloc_info *na = realloc(s->allocs, (s->n + k) * sizeof *na);
+        if (!na) {
+            free(pt);
+            spyreshim_snapshot_free(s);
+            return NULL;
+        }
+        s->allocs = na;
+        for (size_t i = 0; i < k; i++) {
+            spyreshim_alloc_info *a = &s->allocs[s->n++];
+            a->ptr = pt[i].ptr;
+            a->size = (size_t)pt[i].size;
+            a->seq = pt[i].seq;
+            a->native_stack = pt[i].native_stack;
+            a->python_stack = pt[i].python_stack;
+            a->runtime = shim_passthrough_family_name(pt[i].family);
+            s->bytes += pt[i].size;
+        }
+        free(pt);
     }
     return s;
 }

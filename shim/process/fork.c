@@ -53,6 +53,7 @@
 #include "fork.h"
 #include "forkgate.h"
 #include "pressure.h"
+#include "passthrough.h"
 #include "pygc.h"
 #include "pystack.h"
 #include "stack.h"
@@ -62,6 +63,7 @@ static void prepare(void)
 {
     shim_fork_gate_prepare();
     shim_device_publish_atfork_prepare();
+    shim_passthrough_atfork_prepare();
     shim_pressure_atfork_prepare();
     shim_stack_atfork_prepare();
     shim_pystack_atfork_prepare();
@@ -74,6 +76,7 @@ static void parent(void)
     shim_pystack_atfork_parent();
     shim_stack_atfork_parent();
     shim_pressure_atfork_parent();
+    shim_passthrough_atfork_parent();
     shim_device_publish_atfork_parent();
     shim_fork_gate_parent();
 }
@@ -87,6 +90,7 @@ static void child(void)
     /* Runs before the devices' own child handlers (registered later). */
     shim_device_atfork_child_early();
     shim_pygc_atfork_child();
+    shim_passthrough_atfork_child();
     shim_device_publish_atfork_child();
     shim_fork_gate_child();
 }

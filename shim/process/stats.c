@@ -11,6 +11,7 @@
 #include "device.h"
 #include "log.h"
 #include "options.h"
+#include "passthrough.h"
 #include "path.h"
 #include "pygc.h"
 #include "stats.h"
@@ -34,10 +35,37 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
     }
     s.peak_used_bytes = peak > s.used_bytes ? peak : s.used_bytes;
     shim_pygc_add_stats(&s);
+    shim_pt_counters c;
+    shim_passthrough_totals(SHIM_PT_MANAGED, &c);
+    s.managed_bytes = c.bytes;
+    s.managed_allocs = c.allocs;
+    s.managed_frees = c.frees;
+    shim_passthrough_totals(SHIM_PT_HOST_PINNED, &c);
+    s.host_pinned_bytes = c.bytes;
+    s.host_pinned_allocs = c.allocs;
+    s.host_pinned_frees = c.frees;
     size_t len = out->size < sizeof s ? out->size : sizeof s;
     s.size = len;
     memcpy(out, &s, len);
     return 0;
+}
+
+/* One entry of the "passthrough" list: a family on a device (-1: host
+ * memory, or managed memory allocated with no current context). */
+struct family_out {
+    FILE *f;
+    bool first_done;
+};
+
+static void write_family(void *arg, enum shim_pt_family fam, int ordinal,
+                         const shim_pt_counters *c)
+{
+    struct family_out *o = arg;
+    fprintf(o->f, "%s\n    {\"family\": \"%s\", \"device\": %d, \"bytes\": %" PRIu64
+               ", \"peak_bytes\": %" PRIu64 ", \"allocs\": %" PRIu64 ", \"frees\": %" PRIu64 "}",
+            o->first_done ? "," : "", shim_passthrough_family_name(fam), ordinal, c->bytes,
+            c->peak_bytes, c->allocs, c->frees);
+    o->first_done = true;
 }
 
 static void write_json(FILE *f, const spyreshim_stats *s)
@@ -65,13 +93,16 @@ static void write_json(FILE *f, const spyreshim_stats *s)
                 one.peak_reserved_bytes, one.peak_used_bytes, one.allocs, one.frees,
                 one.pressure_events, one.arenas);
     }
-    fprintf(f, "%s]\n}\n", n ? "\n  " : "");
+    fprintf(f, "%s],\n  \"passthrough\": [", n ? "\n  " : "");
+    struct family_out o = {f, false};
+    shim_passthrough_each(write_family, &o);
+    fprintf(f, "%s]\n}\n", o.first_done ? "\n  " : "");
 }
 
 void shim_stats_at_exit(void)
 {
     const shim_options *o = shim_opts();
-    if (shim_device_count() == 0)
+    if (shim_device_count() == 0 && !shim_passthrough_used())
         return; /* never touched a runtime: stay silent, write nothing */
 
     spyreshim_stats s = {.size = sizeof s};

@@ -18,6 +18,7 @@
  * is the allocator's peak. */
 #include "device.h"
 #include "options.h"
+#include "passthrough.h"
 #include "pressure.h"
 #include "pygc.h"
 #include "trace.h"
@@ -36,6 +37,14 @@ static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, u
                  : kind == SHIM_EVENT_SEGMENT_FREE  ? TRACE_SEGMENT_FREE
                                                     : TRACE_OOM;
     shim_tracebuf_append(k, device, seq, addr, size, native_stack, python_stack);
+}
+
+static void on_passthrough(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t addr,
+                           size_t size, uint32_t native_stack, uint32_t python_stack)
+{
+    shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE,
+                         f == SHIM_PT_MANAGED ? TRACE_DEVICE_MANAGED : TRACE_DEVICE_HOST_PINNED,
+                         seq, addr, size, native_stack, python_stack);
 }
 
 static void on_pressure(bool begin, size_t bytes)
@@ -62,6 +71,7 @@ void shim_trace_init(void)
     shim_tracewriter_init(o->trace_flush_ms);
     shim_tracebuf_init(shim_tracewriter_start);
     shim_device_set_event_hook(on_event);
+    shim_passthrough_set_event_hook(on_passthrough);
     shim_pressure_set_event_hook(on_pressure);
     shim_pygc_set_collection_hook(on_collection);
 }

@@ -20,6 +20,7 @@
 
 #include "device.h"
 #include "log.h"
+#include "passthrough.h"
 #include "path.h"
 #include "stack.h"
 #include "tracebuf.h"
@@ -33,6 +34,7 @@ static int g_fd = -1;
 static bool g_failed;
 static uint32_t sites_written;
 static size_t devices_written;
+static bool families_written; /* the pass-through families' device records */
 static uint8_t *nstack_seen;    /* bitmap by native stack id */
 static size_t nstack_seen_bytes;
 static uint32_t *nstacks;       /* native stack ids written, in order */
@@ -186,6 +188,20 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
         const char *name = shim_device_name(shim_device_at(devices_written));
         shim_tracefile_meta_add(m, TRACE_META_DEVICE, d, sizeof d, name, strlen(name) + 1);
     }
+    /* The pass-through families' pseudo-devices, named once when any
+     * such memory was seen. */
+    if (!families_written && shim_passthrough_used()) {
+        families_written = true;
+        static const struct { uint32_t dev; enum shim_pt_family f; } fam[] = {
+            {TRACE_DEVICE_MANAGED, SHIM_PT_MANAGED},
+            {TRACE_DEVICE_HOST_PINNED, SHIM_PT_HOST_PINNED},
+        };
+        for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
+            uint32_t d[2] = {fam[i].dev, 0};
+            const char *name = shim_passthrough_family_name(fam[i].f);
+            shim_tracefile_meta_add(m, TRACE_META_DEVICE, d, sizeof d, name, strlen(name) + 1);
+        }
+    }
     bool new_stacks = false;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t rec[4] = {first + i, news[i].nstack, news[i].pystack, 0};
@@ -328,6 +344,7 @@ void shim_tracefile_atfork_child(void)
      * written again to the child's file. */
     sites_written = 0;
     devices_written = 0;
+    families_written = false;
     n_nstacks = 0;
     if (nstack_seen)
         memset(nstack_seen, 0, nstack_seen_bytes);

@@ -54,6 +54,11 @@ _Static_assert(sizeof(trace_chunk) == 32, "chunk layout");
 _Static_assert(sizeof(trace_event) == 32, "event layout");
 
 #define TRACE_DEVICE_NONE 0xff  /* markers that belong to no one device */
+/* Memory the shim passes through and watches, one pseudo-device per
+ * family (named by a device record like the others): not device memory
+ * the shim serves, so readers leave it out of the devices' peaks. */
+#define TRACE_DEVICE_MANAGED 0xfd
+#define TRACE_DEVICE_HOST_PINNED 0xfe
 #define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
 
 /* Metadata records: tag, payload length, payload padded to 8 bytes. */

@@ -241,3 +241,62 @@ def test_numba_device_arrays_in_cycles_complete_under_the_shim(driver, shim_lib,
     s = stats(tmp_path)
     assert s["gc_collections"] > 0 and s["allocs"] >= 300, s
     assert [d["name"] for d in s["runtimes"]] == ["cuda:0"]
+
+
+def _trace_module():
+    sys.path.insert(0, str(HERE.parent.parent / "scripts" / "package"))
+    from spyreshim import trace
+    return trace
+
+
+def test_managed_and_host_pinned_memory_are_passed_through_and_counted(shim_lib, tmp_path):
+    """cuMemAllocManaged on each device, cuMemHostAlloc, cuMemAllocHost,
+    cuMemHostRegister_v2, and cuMemAllocHost_v2 fetched through
+    cuGetProcAddress and through dlsym on the driver's handle: the driver
+    serves them (no region of the shim), the statistics count each family
+    (managed per device, host-pinned as host memory: 4 MiB of it under a
+    1 MiB device limit), the trace shows every allocation and free with its
+    site, and the frees take them off. Frees of pointers the shim has no
+    record of get the driver's answer (the program checks the codes)."""
+    tr = tmp_path / "t.trace"
+    r, s = run_check("hostmem", tmp_path, SPYRESHIM_LIMIT="1M", SPYRESHIM_TRACE=tr)
+    assert (s["managed_allocs"], s["managed_frees"], s["managed_bytes"]) == (2, 2, 0), s
+    assert (s["host_pinned_allocs"], s["host_pinned_frees"], s["host_pinned_bytes"]) == \
+        (5, 5, 0), s
+    assert s["allocs"] == 0 and s["foreign_frees"] == 0 and s["runtimes"] == [], s
+    fam = {(f["family"], f["device"]): f for f in s["passthrough"]}
+    assert sorted(fam) == [("cuda-host-pinned", -1), ("cuda-managed", 0),
+                           ("cuda-managed", 1)], s["passthrough"]
+    assert fam[("cuda-managed", 0)]["peak_bytes"] == 1 << 20
+    assert fam[("cuda-managed", 1)]["peak_bytes"] == 2 << 20
+    assert fam[("cuda-host-pinned", -1)]["peak_bytes"] == (4 << 20) + 8192 + 65536 + 16384 + 32768
+
+    trace = _trace_module()
+    t = trace.load(str(tr))
+    names = {t.device_name(t.dev[i]) for i in range(len(t))}
+    assert names == {"cuda-managed", "cuda-host-pinned"}, names
+    kinds = [t.kind[i] for i in range(len(t))]
+    assert kinds.count(trace.ALLOC) == 7 and kinds.count(trace.FREE) == 7, kinds
+    assert all("hostmem_leaked_here" in t.site_label(t.site[i]) for i in range(len(t)))
+    p = trace.peaks(t)
+    assert p.bytes == 0  # watched memory is not in the devices' overall peak
+    assert p.per_device[0xfe][0] == fam[("cuda-host-pinned", -1)]["peak_bytes"]
+
+
+def test_leaked_managed_and_host_pinned_memory_reported_with_family_and_stack(
+        shim_lib, tmp_path):
+    """One allocation of each family left live at exit: each is in the leak
+    report, named by its family, with the stack of the call that made it."""
+    report = tmp_path / "leaks.json"
+    r = run([built_tests() / "cuda_checks", "hostleak"],
+            shim_env(tmp_path, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=report))
+    assert "hostleak ok" in r.stdout, r.stdout + r.stderr
+    assert r.returncode != 0 and "detected device memory leaks" in r.stderr, r.stderr
+    groups = json.loads(report.read_text())["groups"]
+    by_family = {}
+    for g in groups:
+        assert g["frames"][0]["function"] == "hostmem_leaked_here", g
+        by_family.setdefault(g["runtime"], []).append(g["bytes"])
+    assert sorted(by_family["cuda-managed"]) == [1 << 20, 2 << 20], by_family
+    assert sorted(by_family["cuda-host-pinned"]) == [8192, 16384, 32768, 65536, 4 << 20], \
+        by_family

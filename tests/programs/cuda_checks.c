@@ -456,6 +456,73 @@ static void check_procaddr(void)
     printf("procaddr ok\n");
 }
 
+/* Managed and host-pinned memory through the three routes (link time,
+ * cuGetProcAddress, dlsym on the driver's handle): the driver serves it,
+ * the shim counts it per family (the test reads the statistics). Freed
+ * unless `keep`: then one of each family is left for the leak check. */
+typedef CUresult (*host_alloc_fn)(void **, size_t);
+typedef CUresult (*host_free_fn)(void *);
+
+__attribute__((noinline)) void hostmem_leaked_here(int keep)
+{
+    CUdeviceptr m0, m1;
+    void *pinned, *old, *viaproc, *viadlsym;
+    static char registered[65536] __attribute__((aligned(4096)));
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS &&
+          cuMemAllocManaged(&m0, 1 << 20, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS,
+          "managed on device 0");
+    CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS &&
+          cuMemAllocManaged(&m1, 2 << 20, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS,
+          "managed on device 1");
+    /* 4 MiB pinned under a 1 MiB device limit: host memory. */
+    CHECK(cuMemHostAlloc(&pinned, 4 << 20, 0) == CUDA_SUCCESS, "cuMemHostAlloc");
+    CHECK(cuMemAllocHost(&old, 8192) == CUDA_SUCCESS, "cuMemAllocHost (v1)");
+    CHECK(cuMemHostRegister_v2(registered, sizeof registered, 0) == CUDA_SUCCESS,
+          "cuMemHostRegister_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    CHECK(cuGetProcAddress_v2("cuMemAllocHost", &fn, 3020, 0, &st) == CUDA_SUCCESS && fn,
+          "cuGetProcAddress(cuMemAllocHost, 3020)");
+    CHECK(((host_alloc_fn)fn)(&viaproc, 16384) == CUDA_SUCCESS, "cuMemAllocHost_v2 by proc");
+    void *lib = dlopen("libcuda.so", RTLD_LAZY | RTLD_NOLOAD);
+    CHECK(lib, "the driver's handle");
+    host_alloc_fn by_dlsym = (host_alloc_fn)dlsym(lib, "cuMemAllocHost_v2");
+    CHECK(by_dlsym && by_dlsym(&viadlsym, 32768) == CUDA_SUCCESS, "cuMemAllocHost_v2 by dlsym");
+    if (keep) {
+        printf("%s ok\n", check_name);
+        return;
+    }
+    host_free_fn free_by_dlsym = (host_free_fn)dlsym(lib, "cuMemFreeHost");
+    CHECK(free_by_dlsym && free_by_dlsym(viadlsym) == CUDA_SUCCESS, "cuMemFreeHost by dlsym");
+    fn = NULL;
+    CHECK(cuGetProcAddress_v2("cuMemFreeHost", &fn, 2000, 0, &st) == CUDA_SUCCESS && fn &&
+              ((host_free_fn)fn)(viaproc) == CUDA_SUCCESS,
+          "cuMemFreeHost by proc");
+    CHECK(cuMemFreeHost(pinned) == CUDA_SUCCESS && cuMemFreeHost(old) == CUDA_SUCCESS,
+          "cuMemFreeHost");
+    CHECK(cuMemHostUnregister(registered) == CUDA_SUCCESS, "cuMemHostUnregister");
+    CHECK(cuMemFree_v2(m0) == CUDA_SUCCESS && cuMemFree_v2(m1) == CUDA_SUCCESS,
+          "cuMemFree of managed memory");
+    /* Unknown pointers: the driver's own answers, unchanged. */
+    CUresult rc = cuMemFreeHost(pinned);
+    CHECK(rc == CUDA_ERROR_INVALID_VALUE, "second cuMemFreeHost: %d", rc);
+    rc = cuMemHostUnregister(registered);
+    CHECK(rc == 713, "second cuMemHostUnregister: %d", rc);
+    rc = cuMemFree_v2(m1);
+    CHECK(rc == CUDA_ERROR_INVALID_VALUE, "second cuMemFree of managed memory: %d", rc);
+    printf("%s ok\n", check_name);
+}
+
+static void check_hostmem(void)
+{
+    hostmem_leaked_here(0);
+}
+
+static void check_hostleak(void)
+{
+    hostmem_leaked_here(1);
+}
+
 int main(int argc, char **argv)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -472,7 +539,7 @@ int main(int argc, char **argv)
         {"ipc", check_ipc}, {"pitch", check_pitch}, {"reset", check_reset},
         {"destroy", check_destroy}, {"stale", check_stale}, {"cross", check_cross},
         {"attrs", check_attrs}, {"freeasync", check_freeasync}, {"peak", check_peak},
-        {"procaddr", check_procaddr},
+        {"procaddr", check_procaddr}, {"hostmem", check_hostmem}, {"hostleak", check_hostleak},
     };
     for (int i = 1; i < argc; i++) {
         size_t k = 0;

@@ -50,6 +50,8 @@ _STATS_FIELDS = [
     "gc_collections", "gc_time_ns", "gc_recovered_bytes", "gc_timeouts",
     "gc_skipped", "gc_backoff_skips", "device_waits", "pressure_wait_timeouts",
     "arenas", "context_teardown_blocks", "context_teardown_bytes",
+    "managed_bytes", "managed_allocs", "managed_frees",
+    "host_pinned_bytes", "host_pinned_allocs", "host_pinned_frees",
 ]
 
 

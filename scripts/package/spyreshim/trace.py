@@ -392,6 +392,11 @@ def _drop_foreign_frees(t):
 
 # ------------------------------------------------------------------ replay
 
+# Pseudo-devices of memory the shim passes through and watches (managed,
+# host-pinned: tracefmt.h): their own peaks, never in the overall one.
+PASSTHROUGH_DEVICES = (0xfd, 0xfe)
+
+
 class Peak(object):
     """Where live bytes were highest: overall (all devices together) and
     per device, with the event index at which each was reached."""
@@ -414,16 +419,18 @@ def peaks(t):
         k = kind[i]
         if k == ALLOC:
             d = dev[i]
-            total += size[i]
             v = per.get(d, 0) + size[i]
             per[d] = v
             if v > live.get(d, (0, -1))[0]:
                 live[d] = (v, i)
-            if total > p.bytes:
-                p.bytes, p.index = total, i
+            if d not in PASSTHROUGH_DEVICES:
+                total += size[i]
+                if total > p.bytes:
+                    p.bytes, p.index = total, i
         elif k == FREE:
             d = dev[i]
-            total -= size[i]
+            if d not in PASSTHROUGH_DEVICES:
+                total -= size[i]
             per[d] = per.get(d, 0) - size[i]
     p.per_device = live
     return p

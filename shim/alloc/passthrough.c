@@ -1,0 +1,227 @@
+/* Pass-through allocations: memory the shim never serves from its regions
+ * but watches, so that statistics, leak reports and the out-of-memory
+ * report see it (docs/cuda.md's table). Today: CUDA managed memory
+ * (counted on the device it was allocated on) and host-pinned memory
+ * (a family of its own, host memory, under no device limit).
+ *
+ * Owns the live records (pointer -> size, family, device, stacks,
+ * sequence) in a chained hash table, and the counters per family and
+ * device. One mutex, pt_mu, guards both; it is a leaf: nothing is called
+ * with it held but malloc-free bookkeeping (docs/locking.md). Stacks are
+ * captured before it is taken, on the allocating thread.
+ *
+ * Never calls the runtime (the hooks do, and record only what it
+ * accepted) and never dereferences a recorded pointer. */
+#include "passthrough.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "device.h"
+#include "mutex.h"
+
+#define BUCKETS 1024u
+#define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
+
+typedef struct node {
+    struct node *next;
+    shim_pt_record r;
+} node;
+
+static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
+static node *table[BUCKETS];
+static shim_pt_counters counters[SHIM_PT_FAMILIES][ORDINALS + 1];
+static bool seen[SHIM_PT_FAMILIES][ORDINALS + 1];
+_Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
+static atomic_bool used;
+static _Atomic(shim_pt_capture_fn) capture;
+static _Atomic(shim_pt_event_fn) event_hook;
+
+const char *shim_passthrough_family_name(enum shim_pt_family f)
+{
+    return f == SHIM_PT_MANAGED ? "cuda-managed" : "cuda-host-pinned";
+}
+
+void shim_passthrough_set_capture(shim_pt_capture_fn fn)
+{
+    atomic_store(&capture, fn);
+}
+
+void shim_passthrough_set_event_hook(shim_pt_event_fn fn)
+{
+    atomic_store(&event_hook, fn);
+}
+
+static unsigned bucket(uintptr_t ptr)
+{
+    return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> 54) % BUCKETS;
+}
+
+/* Ordinals past ORDINALS share the last slot: counted, not told apart. */
+static unsigned slot(int ordinal)
+{
+    if (ordinal < 0)
+        return 0;
+    return ordinal < ORDINALS ? (unsigned)ordinal + 1 : ORDINALS;
+}
+
+void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES)
+        return;
+    node *n = calloc(1, sizeof *n);
+    shim_pt_capture_fn cap = atomic_load(&capture);
+    uint32_t ns = 0, ps = 0;
+    if (cap)
+        cap(&ns, &ps);
+    atomic_store(&used, true);
+    shim_mutex_lock(&pt_mu);
+    shim_pt_counters *c = &counters[f][slot(ordinal)];
+    seen[f][slot(ordinal)] = true;
+    c->allocs++;
+    c->bytes += size;
+    if (c->bytes > c->peak_bytes)
+        c->peak_bytes = c->bytes;
+    uint64_t seq = shim_device_seq_next();
+    if (n) {
+        /* Without a node the bytes are still counted; the free of an
+         * unrecorded pointer then cannot take them off: counted as live
+         * until exit, the safe side for a limit-free family. */
+        n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
+                                .native_stack = ns, .python_stack = ps, .family = f,
+                                .ordinal = ordinal};
+        unsigned b = bucket(ptr);
+        n->next = table[b];
+        table[b] = n;
+        atomic_fetch_add_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
+    }
+    shim_mutex_unlock(&pt_mu);
+    shim_pt_event_fn ev = atomic_load(&event_hook);
+    if (ev)
+        ev(true, f, seq, ptr, size, ns, ps);
+}
+
+bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return false;
+    node *gone = NULL;
+    uint64_t seq = 0;
+    shim_mutex_lock(&pt_mu);
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
+        if ((*p)->r.ptr == ptr && (*p)->r.family == f) {
+            gone = *p;
+            *p = gone->next;
+            shim_pt_counters *c = &counters[f][slot(gone->r.ordinal)];
+            c->frees++;
+            c->bytes -= gone->r.size;
+            atomic_fetch_sub_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
+            seq = shim_device_seq_next();
+            break;
+        }
+    }
+    shim_mutex_unlock(&pt_mu);
+    if (!gone)
+        return false;
+    shim_pt_event_fn ev = atomic_load(&event_hook);
+    if (ev)
+        ev(false, f, seq, ptr, gone->r.size, gone->r.native_stack, gone->r.python_stack);
+    free(gone);
+    return true;
+}
+
+bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return false;
+    bool found = false;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        found = p->r.ptr == ptr && p->r.family == f;
+    shim_mutex_unlock(&pt_mu);
+    return found;
+}
+
+bool shim_passthrough_used(void)
+{
+    return atomic_load(&used);
+}
+
+void shim_passthrough_totals(enum shim_pt_family f, shim_pt_counters *out)
+{
+    *out = (shim_pt_counters){0};
+    if ((unsigned)f >= SHIM_PT_FAMILIES)
+        return;
+    shim_mutex_lock(&pt_mu);
+    for (unsigned i = 0; i <= ORDINALS; i++) {
+        out->bytes += counters[f][i].bytes;
+        out->peak_bytes += counters[f][i].peak_bytes; /* the sum of each device's peak */
+        out->allocs += counters[f][i].allocs;
+        out->frees += counters[f][i].frees;
+    }
+    shim_mutex_unlock(&pt_mu);
+}
+
+void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordinal,
+                                      const shim_pt_counters *c),
+                           void *arg)
+{
+    shim_pt_counters copy[SHIM_PT_FAMILIES][ORDINALS + 1];
+    bool had[SHIM_PT_FAMILIES][ORDINALS + 1];
+    shim_mutex_lock(&pt_mu);
+    for (unsigned f = 0; f < SHIM_PT_FAMILIES; f++)
+        for (unsigned i = 0; i <= ORDINALS; i++) {
+            copy[f][i] = counters[f][i];
+            had[f][i] = seen[f][i];
+        }
+    shim_mutex_unlock(&pt_mu);
+    for (unsigned f = 0; f < SHIM_PT_FAMILIES; f++)
+        for (unsigned i = 0; i <= ORDINALS; i++)
+            if (had[f][i])
+                fn(arg, (enum shim_pt_family)f, (int)i - 1, &copy[f][i]);
+}
+
+shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n)
+{
+    *n = 0;
+    size_t cap = 0;
+    for (unsigned f = 0; f < SHIM_PT_FAMILIES; f++)
+        cap += atomic_load(&shim_pt_live_count[f]);
+    if (cap == 0)
+        return NULL;
+    cap += 64; /* records added while copying beyond this are left out */
+    shim_pt_record *out = malloc(cap * sizeof *out);
+    if (!out) {
+        *n = cap;
+        return NULL;
+    }
+    size_t k = 0;
+    shim_mutex_lock(&pt_mu);
+    for (unsigned b = 0; b < BUCKETS && k < cap; b++)
+        for (node *p = table[b]; p && k < cap; p = p->next)
+            if (p->r.seq > since)
+                out[k++] = p->r;
+    shim_mutex_unlock(&pt_mu);
+    *n = k;
+    if (k == 0) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+void shim_passthrough_atfork_prepare(void)
+{
+    shim_mutex_lock(&pt_mu);
+}
+
+void shim_passthrough_atfork_parent(void)
+{
+    shim_mutex_unlock(&pt_mu);
+}
+
+void shim_passthrough_atfork_child(void)
+{
+    shim_mutex_unlock(&pt_mu);
+}

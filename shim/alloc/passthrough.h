@@ -1,0 +1,79 @@
+/* Allocations the shim passes through to the runtime and only watches
+ * (passthrough.c): CUDA managed memory and host-pinned memory. */
+#ifndef SHIM_PASSTHROUGH_H
+#define SHIM_PASSTHROUGH_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum shim_pt_family {
+    SHIM_PT_MANAGED,     /* cuMemAllocManaged: counted on its device */
+    SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
+    SHIM_PT_FAMILIES
+};
+
+/* The family's name in statistics and leak reports: "cuda-managed",
+ * "cuda-host-pinned". */
+const char *shim_passthrough_family_name(enum shim_pt_family f);
+
+/* The leak room's stack capture (set by shim_leak_init; NULL: no stacks). */
+typedef void (*shim_pt_capture_fn)(uint32_t *native_stack, uint32_t *python_stack);
+void shim_passthrough_set_capture(shim_pt_capture_fn fn);
+
+/* The trace's hook (set by shim_trace_init): each allocation (alloc true)
+ * and free, with the sequence number taken under the table's lock and the
+ * allocation's stacks. Called with no shim lock held. */
+typedef void (*shim_pt_event_fn)(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t ptr,
+                                 size_t size, uint32_t native_stack, uint32_t python_stack);
+void shim_passthrough_set_event_hook(shim_pt_event_fn fn);
+
+/* The runtime returned `ptr` (`size` bytes, on device `ordinal`, -1 for
+ * host memory): record it with the caller's stack. No shim lock may be
+ * held by the caller. */
+void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size);
+/* The runtime freed `ptr` of family `f`: forget it. False when it was not
+ * recorded (then nothing changes). */
+bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
+/* Whether `ptr` is a live record of `f`. */
+bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr);
+/* Whether any record of `f` is live: one relaxed load, inline, for hot
+ * paths (cuMemFree_v2) that must not look further when none is. */
+extern _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
+static inline bool shim_passthrough_any(enum shim_pt_family f)
+{
+    return atomic_load_explicit(&shim_pt_live_count[f], memory_order_relaxed) != 0;
+}
+
+/* Counters of one family on one device (ordinal -1: host). */
+typedef struct shim_pt_counters {
+    uint64_t bytes, peak_bytes, allocs, frees;
+} shim_pt_counters;
+/* Totals of family `f` over all devices. */
+void shim_passthrough_totals(enum shim_pt_family f, shim_pt_counters *out);
+/* Calls `fn` for each (family, device) that ever had an allocation. */
+void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordinal,
+                                      const shim_pt_counters *c),
+                           void *arg);
+
+/* A live record, as copied by shim_passthrough_live. */
+typedef struct shim_pt_record {
+    uintptr_t ptr;
+    uint64_t size, seq;
+    uint32_t native_stack, python_stack;
+    enum shim_pt_family family;
+    int ordinal;
+} shim_pt_record;
+/* A malloc'd copy of the live records allocated after `since` (their
+ * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0
+ * when out of host memory. */
+shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n);
+/* Whether anything was ever recorded (the at-exit reports' "touched"). */
+bool shim_passthrough_used(void);
+
+void shim_passthrough_atfork_prepare(void);
+void shim_passthrough_atfork_parent(void);
+void shim_passthrough_atfork_child(void);
+
+#endif
