@@ -140,8 +140,10 @@ static bool report_path(const char *suffix, char *out, size_t n)
     return true;
 }
 
-static void write_json_oom(const shim_report *r, const char *suffix, const char *reason,
-                           const char *oom)
+/* Writes the JSON report next to the text one; `key`/`extra` (may be NULL)
+ * add one member of raw JSON (the out-of-memory's "oom" object). */
+static void write_json(const shim_report *r, const char *suffix, const char *reason,
+                       const char *key, const char *extra)
 {
     char path[4096];
     if (!report_path(suffix, path, sizeof path))
@@ -151,27 +153,7 @@ static void write_json_oom(const shim_report *r, const char *suffix, const char 
         shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
         return;
     }
-    int rc = shim_report_write_json_extra(r, f, reason, "oom", oom);
-    int err = errno;
-    if (fclose(f) != 0 && rc == 0) {
-        rc = -1;
-        err = errno;
-    }
-    if (rc != 0)
-        shim_warn("writing report %s failed: %s", path, strerror(err));
-}
-
-static void write_json(const shim_report *r, const char *suffix, const char *reason)
-{
-    char path[4096];
-    if (!report_path(suffix, path, sizeof path))
-        return;
-    FILE *f = shim_path_open_write(path);
-    if (!f) {
-        shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
-        return;
-    }
-    int rc = shim_report_write_json(r, f, reason);
+    int rc = shim_report_write_json_extra(r, f, reason, key, extra);
     int err = errno;
     if (fclose(f) != 0 && rc == 0) {
         rc = -1;
@@ -276,7 +258,7 @@ void shim_leak_oom_at_exit(void)
                  name, f->request, f->largest_hole, f->free_in_regions,
                  f->device_known ? f->device_free : 0, f->reserved, f->used, f->limit,
                  f->device_free, f->device_total);
-        write_json_oom(r, ".oom", "oom", oom_json);
+        write_json(r, ".oom", "oom", "oom", oom_json);
         shim_report_free(r);
     }
     oom_state_free(st);
@@ -330,7 +312,7 @@ void shim_leak_at_exit(void)
     if (leaked)
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
                           "ERROR: spyreshim: detected device memory leaks", 0);
-    write_json(r, "", "exit");
+    write_json(r, "", "exit", NULL, NULL);
     shim_report_free(r);
     if (leaked && o->exitcode != 0) {
         /* As LeakSanitizer: the verdict replaces the exit status. Flush

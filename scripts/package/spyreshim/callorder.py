@@ -156,8 +156,10 @@ def label(t, site):
 
 
 def live_report(t, live, reason, name=None):
-    """trace.live_report's report, with each group's frames in call order
-    (and its "order"/"unspliced" as the leak report's JSON has them)."""
+    """A report (report.parse's shape) of a live set, grouped by site, so
+    that report.text and flamegraph.page draw it as they draw leaks; each
+    group's frames in call order (and its "order"/"unspliced" as the leak
+    report's JSON has them)."""
     groups = {}
     for (d, _a), (sz, site, _i) in live.items():
         key = (d, site)

@@ -448,24 +448,3 @@ def live_at(t, index, device=None):
         elif k == FREE:
             live.pop((dev[i], addr[i]), None)
     return live
-
-
-def live_report(t, live, reason, name=None):
-    """A report (report.parse's shape) of a live set, grouped by site, so
-    that report.text and flamegraph.page draw it as they draw leaks."""
-    groups = {}
-    for (d, _a), (sz, site, _i) in live.items():
-        key = (d, site)
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = {"bytes": 0, "count": 0, "runtime": t.device_name(d),
-                               "suppressed": False, "frames": t.frames(site)}
-        g["bytes"] += sz
-        g["count"] += 1
-    gl = sorted(groups.values(), key=lambda g: (-g["bytes"], -g["count"]))
-    return {"name": name or t.path, "pid": t.pid, "exe": None, "reason": reason, "groups": gl,
-            "live_bytes": sum(g["bytes"] for g in gl),
-            "live_allocations": sum(g["count"] for g in gl),
-            "reported_bytes": sum(g["bytes"] for g in gl),
-            "reported_allocations": sum(g["count"] for g in gl),
-            "suppressed_bytes": 0, "suppressed_allocations": 0}
