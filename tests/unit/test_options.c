@@ -48,12 +48,11 @@ static long long field(const shim_options *o, const struct bounded *b)
     return v;
 }
 
-/* Parses the environment again with NAME=VALUE set; returns the value the
- * option took and whether a warning naming NAME was printed. */
-static long long parse_text(const struct bounded *b, const char *text, bool *warned)
+/* Parses the environment again with NAME=VALUE set; the warnings printed
+ * meanwhile go to err (NUL-terminated). */
+static void reload_with(const char *name, const char *text, char *err, size_t cap)
 {
-    char err[4096] = {0};
-    setenv(b->name, text, 1);
+    setenv(name, text, 1);
     char path[] = "/tmp/opts-XXXXXX";
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
@@ -64,10 +63,19 @@ static long long parse_text(const struct bounded *b, const char *text, bool *war
     shim_options_reload();
     dup2(saved, STDERR_FILENO);
     close(saved);
-    ssize_t n = pread(fd, err, sizeof err - 1, 0);
+    ssize_t n = pread(fd, err, cap - 1, 0);
+    err[n > 0 ? n : 0] = '\0';
     close(fd);
-    unsetenv(b->name);
-    *warned = n > 0 && strstr(err, b->name) && strstr(err, "invalid");
+    unsetenv(name);
+}
+
+/* The value a bounded option took from NAME=VALUE, and whether a warning
+ * naming NAME was printed. */
+static long long parse_text(const struct bounded *b, const char *text, bool *warned)
+{
+    char err[4096];
+    reload_with(b->name, text, err, sizeof err);
+    *warned = strstr(err, b->name) && strstr(err, "invalid");
     return field(shim_opts(), b);
 }
 
@@ -154,22 +162,9 @@ Test(options, zero_pressure_rounds_does_not_disable_the_rescue)
 /* SPYRESHIM_GC=VALUE parsed: the mode, and whether one warning was printed. */
 static unsigned gc_mode_of(const char *value, bool *warned)
 {
-    char err[4096] = {0};
-    setenv("SPYRESHIM_GC", value, 1);
-    char path[] = "/tmp/opts-XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    unlink(path);
-    fflush(stderr);
-    int saved = dup(STDERR_FILENO);
-    dup2(fd, STDERR_FILENO);
-    shim_options_reload();
-    dup2(saved, STDERR_FILENO);
-    close(saved);
-    ssize_t n = pread(fd, err, sizeof err - 1, 0);
-    close(fd);
-    unsetenv("SPYRESHIM_GC");
-    *warned = n > 0 && strstr(err, "SPYRESHIM_GC=") && strstr(err, "using the default auto");
+    char err[4096];
+    reload_with("SPYRESHIM_GC", value, err, sizeof err);
+    *warned = strstr(err, "SPYRESHIM_GC=") && strstr(err, "using the default auto");
     return shim_opts()->gc_mode;
 }
 
