@@ -10,6 +10,7 @@ pkgs=(
   chromium heaptrack
   patchelf
   python3-torch libtorch-dev
+  golang-go   # go tool pprof reads `spyreshim report --pprof` (tests/integration/test_pprof.py)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -149,3 +149,13 @@ def test_go_tool_pprof_reads_it(demo):
                        timeout=300)
     assert r.returncode == 0, r.stderr
     assert "Tensor_new" in r.stdout and "inuse_space" in (r.stdout + r.stderr)
+    # Two moments diffed by the tool people use: the peak against the end
+    # (nothing live) is the whole peak, all of it Tensor_new's.
+    end = tmp / "end.pb.gz"
+    subprocess.run([sys.executable, CLI, "report", "--pprof", end, "--at", "end", trace],
+                   check=True, capture_output=True)
+    r = subprocess.run([go, "tool", "pprof", "-top", "-diff_base", str(end), str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    top = [l.split() for l in r.stdout.splitlines() if l.strip().endswith("Tensor_new")]
+    assert top and top[0][1] == "100%", r.stdout
