@@ -198,17 +198,11 @@ CUresult cd_memory_free(CUdeviceptr ptr)
 
     /* The real cuMemFree waits for the device: work queued before the free
      * may still use the block, and it must not be handed out again before
-     * that work ran. Waiting outside the lock lets the workers finish. */
+     * that work ran. Waiting outside the lock lets the workers finish.
+     * Another thread may free it meanwhile: then cd_memory_free_now answers
+     * a double free, as the driver sees it. */
     cd_device_synchronize(d);
-
-    pthread_mutex_lock(&h->lock);
-    i = find_le(h, off);
-    live = i >= 0 && h->blocks[i].off == off;
-    if (live)
-        remove_block(h, (size_t)i);
-    pthread_mutex_unlock(&h->lock);
-    /* Another thread freed it meanwhile: a double free, as the driver sees it. */
-    return live ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    return cd_memory_free_now(ptr);
 }
 
 CUresult cd_memory_free_now(CUdeviceptr ptr)
