@@ -51,6 +51,35 @@ size_t cd_memory_capacity(CUdevice dev);
  * free, run by the stream's worker once the stream got there). */
 CUresult cd_memory_free_now(CUdeviceptr ptr);
 
+/* Buffer ids: unique, never reused (imports take theirs here too). */
+unsigned long long cd_memory_next_id(void);
+/* What an importer needs to find an allocation's bytes (ipc.c makes the
+ * handle from it): the device's memfd in the exporter (its descriptor
+ * number there and the process's token, part of the file's name), the
+ * allocation's offset in it, its size and buffer id. */
+struct cd_export {
+    int dev;
+    int fd;
+    unsigned long long token;
+    size_t off;
+    size_t size;
+    unsigned long long id;
+    size_t slot;       /* where its export slot lies in the file */
+};
+/* Marks the allocation that holds ptr exported. CUDA_ERROR_INVALID_VALUE
+ * when ptr is in no live allocation; CUDA_ERROR_NOT_SUPPORTED when its
+ * bytes cannot be shared (a forked child's copy). */
+CUresult cd_memory_export(CUdeviceptr ptr, struct cd_export *out);
+size_t cd_memory_page_size(void);
+
+/* ---- ipc.c: the importer's side of IPC ---------------------------------- */
+/* An opened handle's range (cd_memory_find falls back to it). */
+bool cd_ipc_find(CUdeviceptr ptr, size_t len, struct cd_block *out);
+/* [a, e) touches an opened handle's range. */
+bool cd_ipc_is_device(uintptr_t a, uintptr_t e);
+/* The context goes: its opened handles are closed. */
+void cd_ipc_drop_context(CUcontext ctx);
+
 /* ---- host.c: pinned, registered and managed host memory ----------------- */
 enum cd_host_kind { CD_HOST_PINNED, CD_HOST_REGISTERED, CD_HOST_MANAGED };
 struct cd_host {

@@ -2,10 +2,24 @@
  *
  * Every device has its own anonymous PROT_NONE reservation, so a host load
  * or store through a device pointer faults and the devices' ranges never
- * overlap. The bytes live at the same offsets in a second, private
- * read-write mapping that only the stream workers' copies touch (through
- * cd_block.rw). Both are MAP_NORESERVE: nothing is committed until written,
- * and a free gives whole pages back.
+ * overlap. The bytes live at the same offsets in a second, read-write
+ * mapping that only the stream workers' copies touch (through
+ * cd_block.rw): a shared mapping of one memfd per device, so that another
+ * process can map an exported allocation's bytes (ipc.c). Nothing is
+ * committed until written, and a free punches whole pages out of the file.
+ *
+ * IPC (the exporter's side; ipc.c has the importer's): the memfd holds,
+ * past the device's bytes, one 8-byte slot per 512-byte unit: the buffer
+ * id of the exported allocation that starts there, 0 when none. An
+ * importer takes a read lock (an open-file-description lock) on the
+ * allocation's byte range of the file, then checks the slot, so that an
+ * allocation freed in the meantime is never opened. The real driver keeps
+ * an allocation's memory while another process has it mapped (freeing it
+ * first is undefined behaviour by the documentation): so a freed exported
+ * block whose range some importer still locks stays here as a zombie (not
+ * found, not reusable, counted as used) until no importer holds it; a
+ * later allocation reaps zombies. Its bytes are never handed to another
+ * owner while a peer can read them.
  *
  * The allocator keeps its metadata in host memory only: a sorted array of
  * live blocks per device, first fit over the gaps. Linear, which is plenty
@@ -14,6 +28,7 @@
  * ranges themselves are fixed after cuInit and read without a lock. */
 #include "internal.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +46,8 @@ struct block {
     size_t asked;
     CUcontext ctx;
     unsigned long long id;
+    bool exported;     /* an IPC handle was made for it */
+    bool zombie;       /* freed, but an importer still maps it */
 };
 
 /* Buffer ids: one counter for every device, never reused. */
@@ -39,19 +56,66 @@ static unsigned long long next_id;
 static struct heap {
     pthread_mutex_t lock;
     char *base;        /* PROT_NONE: the device addresses */
-    char *rw;          /* read-write, same offsets */
+    char *rw;          /* read-write, same offsets: the memfd, shared */
     size_t capacity;   /* cuMemGetInfo's total */
     size_t map_len;
-    size_t used;       /* rounded bytes of live blocks */
+    size_t used;       /* rounded bytes of live blocks (and zombies) */
     struct block *blocks;
     size_t n, cap;
+    int fd;            /* the memfd; -1 when it could not be made */
+    bool forked;       /* this is a child's copy: no IPC, private bytes */
+    size_t zombies;
 } heaps[CD_MAX_DEVICES];
 
+/* A random token per process, in the memfds' names: a handle names it,
+ * so that an importer never maps a file of an unrelated process that
+ * happens to reuse the exporter's pid and descriptor number. */
+static unsigned long long token;
+
 static size_t page_size;
+
+static void reap_zombies(struct heap *h);
+
+/* A memfd of `len` bytes (sparse), named after the device and the
+ * process's token. Closed on exec: a program the process runs is another
+ * process, which must import. */
+static int make_memfd(int dev, size_t len)
+{
+    char name[64];
+    snprintf(name, sizeof name, "cudastandin-%016llx-%d", token, dev);
+    int fd = memfd_create(name, MFD_CLOEXEC);
+    if (fd >= 0 && ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* A child of fork gets the parent's descriptors and shared mappings: its
+ * writes and frees would change the parent's device memory. A real
+ * driver's state does not survive fork at all; here the child keeps a
+ * private copy-on-write view of the bytes and may not export them. */
+static void child_after_fork(void)
+{
+    for (int d = 0; d < cd_opts.devices; d++) {
+        struct heap *h = &heaps[d];
+        if (h->fd < 0 || !h->rw)
+            continue;
+        mmap(h->rw, h->map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE,
+             h->fd, 0);
+        h->forked = true;
+    }
+}
 
 bool cd_memory_init(void)
 {
     page_size = (size_t)sysconf(_SC_PAGESIZE);
+    int ur = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (ur < 0 || read(ur, &token, sizeof token) != (ssize_t)sizeof token)
+        token = (unsigned long long)getpid() * 0x9e3779b97f4a7c15ull ^ (uintptr_t)&token;
+    if (ur >= 0)
+        close(ur);
+    pthread_atfork(NULL, NULL, child_after_fork);
     for (int d = 0; d < cd_opts.devices; d++) {
         struct heap *h = &heaps[d];
         pthread_mutex_init(&h->lock, NULL);
@@ -59,8 +123,11 @@ bool cd_memory_init(void)
         h->map_len = (h->capacity + page_size - 1) & ~(page_size - 1);
         void *a = mmap(NULL, h->map_len, PROT_NONE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        void *w = mmap(NULL, h->map_len, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        void *w = MAP_FAILED;
+        h->fd = make_memfd(d, h->map_len + h->map_len / ALIGN * 8);
+        if (h->fd >= 0)
+            w = mmap(NULL, h->map_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE,
+                     h->fd, 0);
         if (a == MAP_FAILED || w == MAP_FAILED) {
             fprintf(stderr, "cudastandin: cannot reserve %zu bytes for device %d\n",
                     h->capacity, d);
@@ -103,7 +170,7 @@ bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out)
 {
     int d = device_of(ptr);
     if (d < 0)
-        return false;
+        return cd_ipc_find(ptr, len, out);
     struct heap *h = &heaps[d];
     size_t off = ptr - (uintptr_t)h->base;
     bool ok = false;
@@ -112,7 +179,7 @@ bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out)
     if (i >= 0) {
         const struct block *b = &h->blocks[i];
         size_t in = off - b->off;
-        if (in < b->asked && len <= b->asked - in) {
+        if (!b->zombie && in < b->asked && len <= b->asked - in) {
             out->dev = d;
             out->base = (uintptr_t)h->base + b->off;
             out->size = b->asked;
@@ -137,6 +204,8 @@ CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out)
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
 
     pthread_mutex_lock(&h->lock);
+    if (h->zombies)
+        reap_zombies(h);
     if (h->n == h->cap) {
         size_t ncap = h->cap ? 2 * h->cap : 64;
         struct block *nb = realloc(h->blocks, ncap * sizeof *nb);
@@ -157,7 +226,7 @@ CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out)
         goto out;
     memmove(&h->blocks[i + 1], &h->blocks[i], (h->n - i) * sizeof *h->blocks);
     h->blocks[i] = (struct block){ .off = at, .size = need, .asked = size, .ctx = ctx,
-                                   .id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED) };
+                                   .id = cd_memory_next_id() };
     h->n++;
     h->used += need;
     *out = (uintptr_t)h->base + at;
@@ -167,18 +236,74 @@ out:
     return rc;
 }
 
-/* Lock held. Gives back the pages that lie wholly inside the block: the
- * boundary pages may be shared with neighbours. */
-static void remove_block(struct heap *h, size_t i)
+/* Lock held. Gives back the pages that lie wholly inside [off, off+size):
+ * the boundary pages may be shared with neighbours. Punched out of the
+ * file (a shared mapping's MADV_DONTNEED would keep the bytes); a forked
+ * child's private view just drops its copies. */
+static void give_back(struct heap *h, size_t off, size_t size)
+{
+    size_t start = (off + page_size - 1) & ~(page_size - 1);
+    size_t end = (off + size) & ~(page_size - 1);
+    if (end > start)
+        madvise(h->rw + start, end - start, h->forked ? MADV_DONTNEED : MADV_REMOVE);
+}
+
+/* The export slot of the block at `off` (see the top of the file). */
+static off_t slot_of(const struct heap *h, size_t off)
+{
+    return (off_t)(h->map_len + off / ALIGN * 8);
+}
+
+static void slot_write(struct heap *h, size_t off, unsigned long long id)
+{
+    if (pwrite(h->fd, &id, sizeof id, slot_of(h, off)) != (ssize_t)sizeof id)
+        fprintf(stderr, "cudastandin: cannot write an IPC slot\n");
+}
+
+/* Whether some importer still holds [off, off+size) of the device's file. */
+static bool imported(const struct heap *h, size_t off, size_t size)
+{
+    struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = (off_t)off,
+                        .l_len = (off_t)size };
+    if (fcntl(h->fd, F_OFD_GETLK, &fl) != 0)
+        return false;
+    return fl.l_type != F_UNLCK;
+}
+
+/* Lock held. */
+static void drop_block(struct heap *h, size_t i)
 {
     struct block b = h->blocks[i];
     memmove(&h->blocks[i], &h->blocks[i + 1], (h->n - i - 1) * sizeof *h->blocks);
     h->n--;
     h->used -= b.size;
-    size_t start = (b.off + page_size - 1) & ~(page_size - 1);
-    size_t end = (b.off + b.size) & ~(page_size - 1);
-    if (end > start)
-        madvise(h->rw + start, end - start, MADV_DONTNEED);
+    if (b.zombie)
+        h->zombies--;
+    give_back(h, b.off, b.size);
+}
+
+/* Lock held. An exported block first leaves its slot, so that no import
+ * starts on it; one that an importer still maps stays as a zombie. */
+static void remove_block(struct heap *h, size_t i)
+{
+    struct block *b = &h->blocks[i];
+    if (b->exported) {
+        slot_write(h, b->off, 0);
+        if (imported(h, b->off, b->asked)) {
+            b->zombie = true;
+            h->zombies++;
+            return;
+        }
+    }
+    drop_block(h, i);
+}
+
+/* Lock held. Drops the zombies no importer maps any more. */
+static void reap_zombies(struct heap *h)
+{
+    for (size_t i = h->n; h->zombies && i-- > 0;)
+        if (h->blocks[i].zombie && !imported(h, h->blocks[i].off, h->blocks[i].asked))
+            drop_block(h, i);
 }
 
 CUresult cd_memory_free(CUdeviceptr ptr)
@@ -191,7 +316,7 @@ CUresult cd_memory_free(CUdeviceptr ptr)
 
     pthread_mutex_lock(&h->lock);
     ptrdiff_t i = find_le(h, off);
-    bool live = i >= 0 && h->blocks[i].off == off;
+    bool live = i >= 0 && h->blocks[i].off == off && !h->blocks[i].zombie;
     pthread_mutex_unlock(&h->lock);
     if (!live)
         return CUDA_ERROR_INVALID_VALUE;
@@ -214,7 +339,7 @@ CUresult cd_memory_free_now(CUdeviceptr ptr)
     size_t off = ptr - (uintptr_t)h->base;
     pthread_mutex_lock(&h->lock);
     ptrdiff_t i = find_le(h, off);
-    bool live = i >= 0 && h->blocks[i].off == off;
+    bool live = i >= 0 && h->blocks[i].off == off && !h->blocks[i].zombie;
     if (live)
         remove_block(h, (size_t)i);
     pthread_mutex_unlock(&h->lock);
@@ -226,9 +351,10 @@ void cd_memory_free_context(CUcontext ctx)
     struct heap *h = &heaps[cd_context_device(ctx)];
     pthread_mutex_lock(&h->lock);
     for (size_t i = h->n; i-- > 0;)
-        if (h->blocks[i].ctx == ctx)
+        if (h->blocks[i].ctx == ctx && !h->blocks[i].zombie)
             remove_block(h, i);
     pthread_mutex_unlock(&h->lock);
+    cd_ipc_drop_context(ctx);
 }
 
 void cd_memory_info(CUdevice dev, size_t *free_bytes, size_t *total)
@@ -257,8 +383,47 @@ bool cd_memory_is_device(const void *p, size_t len)
         if (a < b + heaps[d].map_len && e > b)
             return true;
     }
-    return false;
+    return cd_ipc_is_device(a, e);
 }
+
+unsigned long long cd_memory_next_id(void)
+{
+    return __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
+}
+
+CUresult cd_memory_export(CUdeviceptr ptr, struct cd_export *out)
+{
+    int d = device_of(ptr);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct heap *h = &heaps[d];
+    size_t off = ptr - (uintptr_t)h->base;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&h->lock);
+    ptrdiff_t i = find_le(h, off);
+    if (i >= 0 && !h->blocks[i].zombie && off - h->blocks[i].off < h->blocks[i].asked) {
+        struct block *b = &h->blocks[i];
+        if (h->fd < 0 || h->forked) {
+            rc = CUDA_ERROR_NOT_SUPPORTED;
+        } else {
+            if (!b->exported)
+                slot_write(h, b->off, b->id);
+            b->exported = true;
+            *out = (struct cd_export){ .dev = d, .fd = h->fd, .token = token, .off = b->off,
+                                       .size = b->asked, .id = b->id,
+                                       .slot = (size_t)slot_of(h, b->off) };
+            rc = CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&h->lock);
+    return rc;
+}
+
+size_t cd_memory_page_size(void)
+{
+    return page_size;
+}
+
 
 /* ---- the API ------------------------------------------------------------- */
 

@@ -1,5 +1,5 @@
 /* pointer: what the driver tells about an address it allocated: the
- * allocation's range, pointer attributes, and an IPC handle.
+ * allocation's range and pointer attributes (IPC handles: ipc.c).
  *
  * No lock of its own: everything comes from one locked lookup in memory.c.
  * All of these describe the whole driver allocation that contains the
@@ -157,69 +157,4 @@ CUresult cuPointerGetAttributes(unsigned int numAttributes, int *attributes, voi
         }
     }
     return CUDA_SUCCESS;
-}
-
-/* The handle is opaque to programs; ours holds a tag, the device, the
- * allocation's base and size, enough for a test to check that it names the
- * whole allocation (an importer maps it at its base). */
-#define IPC_TAG "cudastandin-ipc"
-
-struct ipc {
-    char tag[16];
-    int dev;
-    unsigned long long base;
-    unsigned long long size;
-};
-_Static_assert(sizeof(struct ipc) <= sizeof(CUipcMemHandle), "IPC handle fits in 64 bytes");
-
-CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
-{
-    CD_REQUIRE_INIT();
-    if (!cd_context_current())
-        return CUDA_ERROR_INVALID_CONTEXT;
-    struct cd_block b;
-    if (!pHandle || !cd_memory_find(dptr, 1, &b))
-        return CUDA_ERROR_INVALID_VALUE;
-    struct ipc h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.tag, IPC_TAG, sizeof IPC_TAG);
-    h.dev = b.dev;
-    h.base = b.base;
-    h.size = b.size;
-    memset(pHandle, 0, sizeof *pHandle);
-    memcpy(pHandle->reserved, &h, sizeof h);
-    return CUDA_SUCCESS;
-}
-
-/* Only this process's own handles can be opened (there is no shared
- * device memory between processes here), and they open at the
- * allocation's base, where an importer maps it. */
-CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
-{
-    CD_REQUIRE_INIT();
-    if (!cd_context_current())
-        return CUDA_ERROR_INVALID_CONTEXT;
-    struct ipc h;
-    memcpy(&h, handle.reserved, sizeof h);
-    struct cd_block b;
-    if (!pdptr || Flags > 1 || memcmp(h.tag, IPC_TAG, sizeof IPC_TAG) != 0
-        || !cd_memory_find(h.base, 1, &b) || b.base != h.base || b.size != h.size)
-        return CUDA_ERROR_INVALID_VALUE;
-    *pdptr = h.base;
-    return CUDA_SUCCESS;
-}
-
-CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
-{
-    return cuIpcOpenMemHandle_v2(pdptr, handle, Flags);
-}
-
-CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
-{
-    CD_REQUIRE_INIT();
-    if (!cd_context_current())
-        return CUDA_ERROR_INVALID_CONTEXT;
-    struct cd_block b;
-    return cd_memory_find(dptr, 1, &b) && b.base == dptr ? CUDA_SUCCESS
-                                                          : CUDA_ERROR_INVALID_VALUE;
 }

@@ -140,11 +140,31 @@ Test(cudadrv, address_range_names_the_whole_allocation)
     cr_assert_eq(owner, c);
     OK(cuPointerGetAttribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, p + 5));
     cr_assert_eq(base, p);
-    CUipcMemHandle h;
+}
+
+/* Across processes: tests/integration/test_cuda_ipc.py. Here what one
+ * process sees: a handle of any address inside an allocation, refused in
+ * the process that made it, bad flags and handles refused. */
+Test(cudadrv, ipc_handles_in_the_exporting_process)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUdeviceptr p, opened;
+    OK(cuMemAlloc_v2(&p, 10000));
+    CUipcMemHandle h, h2;
     OK(cuIpcGetMemHandle(&h, p + 5));
-    CUdeviceptr opened;
-    OK(cuIpcOpenMemHandle_v2(&opened, h, 1));
-    cr_assert_eq(opened, p, "an IPC handle maps the allocation at its base");
+    OK(cuIpcGetMemHandle(&h2, p));
+    cr_assert(memcmp(&h, &h2, sizeof h) == 0, "a handle names the allocation, not the address");
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&opened, h, 1), CUDA_ERROR_INVALID_CONTEXT,
+                 "the driver refuses a handle in the process that made it");
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&opened, h, 2), CUDA_ERROR_INVALID_VALUE);
+    CUipcMemHandle junk;
+    memset(&junk, 0x5a, sizeof junk);
+    cr_assert_eq(cuIpcOpenMemHandle_v2(&opened, junk, 0), CUDA_ERROR_INVALID_HANDLE);
+    cr_assert_eq(cuIpcGetMemHandle(&h, p + 10000), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuIpcCloseMemHandle(p), CUDA_ERROR_INVALID_VALUE, "not an opened handle");
+    OK(cuMemFree_v2(p));
+    cr_assert_eq(cuIpcGetMemHandle(&h, p), CUDA_ERROR_INVALID_VALUE);
 }
 
 Test(cudadrv, context_stack_pushes_and_pops)
