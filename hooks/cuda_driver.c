@@ -14,7 +14,8 @@
  * Served: cuMemAlloc_v2, cuMemFree_v2, cuMemGetInfo_v2, cuMemAllocPitch_v2,
  * cuMemFreeAsync of a served block; cuMemGetAddressRange_v2 and
  * cuPointerGetAttribute(s) answer for the shim's addresses,
- * cuIpcGetMemHandle refuses them. Passed through and recorded
+ * cuIpcGetMemHandle exports a block alone in its region and refuses one
+ * that shares it. Passed through and recorded
  * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
  * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
  * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister). Watched: the
@@ -247,6 +248,11 @@ static const shim_runtime driver_rt = {
     .sync_device = drv_sync,
 };
 
+/* Requests of at least this size are served from a region of their own
+ * (SPYRESHIM_CUDA_IPC_MIN; SIZE_MAX: none). Set before any program code
+ * runs (register_driver_lookup), read without a lock. */
+static size_t own_from = SIZE_MAX;
+
 /* ---- served entry points --------------------------------------------- */
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
@@ -263,7 +269,9 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     if (rc != 0)
         return rc;
     void *p = NULL;
-    rc = shim_device_malloc(d, &p, size);
+    /* A request of SPYRESHIM_CUDA_IPC_MIN or more gets a region of its
+     * own, which an IPC handle can name ("IPC" in docs/cuda.md). */
+    rc = size >= own_from ? shim_device_malloc_own(d, &p, size) : shim_device_malloc(d, &p, size);
     if (rc == 0)
         *dptr = (CUdeviceptr)(uintptr_t)p;
     return rc;
@@ -667,6 +675,14 @@ EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
                                                    : drv->primary_ctx_reset, dev);
 }
 
+/* IPC: a handle names a whole driver allocation, and the importing process
+ * maps it at its base. A served block can be exported when it is alone in
+ * its region and starts it (a request of SPYRESHIM_CUDA_IPC_MIN or more
+ * always is; a larger one often is): the region is the block, the
+ * driver's handle of it is right, and the region is marked so that it goes
+ * back to the driver once the block is freed, never to another block. A
+ * block carved out of a shared region is refused: a handle of the region
+ * would let the other process read every other block in it. */
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
 {
     driver *drv = get_driver();
@@ -676,17 +692,24 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     enum shim_block_state st = block_info(ptr, &bi);
     if (st == SHIM_BLOCK_DEAD)
         return CUDA_ERROR_INVALID_VALUE; /* not an allocation: nothing to export */
-    if (st == SHIM_BLOCK_LIVE) {
-        /* A handle describes a whole driver allocation: the importing
-         * process would map the region's base, not this block. */
+    if (st == SHIM_BLOCK_NONE)
+        return drv->ipc_get_mem_handle(handle, ptr);
+    uintptr_t base;
+    switch (shim_device_block_export(&driver_rt, (uintptr_t)ptr, &base)) {
+    case 0:
+        return drv->ipc_get_mem_handle(handle, (CUdeviceptr)base);
+    case -1: {
         static _Atomic unsigned warned;
         if (atomic_fetch_add(&warned, 1) < 3)
-            shim_warn("cuda: cuIpcGetMemHandle on %#lx, a block the shim carved out of a larger "
-                      "allocation: refused (not supported), since another process would map "
-                      "the wrong address", (unsigned long)ptr);
+            shim_warn("cuda: cuIpcGetMemHandle on %#lx: a block of %zu bytes that shares its "
+                      "region with other blocks cannot be exported (refused: not supported); "
+                      "blocks of SPYRESHIM_CUDA_IPC_MIN (%zu) bytes or more can",
+                      (unsigned long)ptr, bi.size, own_from == SIZE_MAX ? (size_t)0 : own_from);
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    return drv->ipc_get_mem_handle(handle, ptr);
+    default:
+        return CUDA_ERROR_INVALID_VALUE; /* freed meanwhile */
+    }
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------- */
@@ -852,4 +875,6 @@ __attribute__((constructor)) static void register_driver_lookup(void)
 {
     shim_dlsym_set_lookup(driver_lookup);
     shim_pressure_set_capture_query(drv_may_be_capturing);
+    size_t min = shim_opts()->cuda_ipc_min;
+    own_from = min ? min : SIZE_MAX;
 }

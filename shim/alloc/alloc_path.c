@@ -24,15 +24,16 @@
  * than out-of-memory (0 otherwise). *seq is the allocation's sequence
  * number. */
 static inline __attribute__((always_inline)) bool
-serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack,
+serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint32_t nstack,
       uint32_t pystack, uintptr_t *out, uint64_t *seq, int *rt_err)
 {
     shim_lock_assert_held(&s->lock);
     uintptr_t addr;
     uint32_t node;
     size_t block;
-    int rc = shim_arena_alloc_fit(s->arena, size, &addr, &node, &block);
-    if (rc != 0) {
+    int rc = own ? shim_arena_alloc_own(s->arena, size, may_grow, &addr, &node, &block)
+                 : shim_arena_alloc_fit(s->arena, size, &addr, &node, &block);
+    if (rc != 0 && !own) {
         /* A block the last frees left for later may be what fits, and
          * must be, before a new region is reserved. */
         finish_prefetched_frees(d, s);
@@ -71,8 +72,9 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, uint32_t nstack
  * the order). `steal`: from the free blocks of shards not busy now, the
  * caller's excepted, reserving nothing (room in a busy shard is not worth
  * a wait: the caller moved away from it for that); otherwise growing. */
-static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, uint32_t nstack,
-                      uint32_t pystack, uintptr_t *out, uint64_t *seq, int *rt_err)
+static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, bool own,
+                      uint32_t nstack, uint32_t pystack, uintptr_t *out, uint64_t *seq,
+                      int *rt_err)
 {
     unsigned n = shard_count(d), home = home_index(d);
     int first_err = 0;
@@ -84,7 +86,7 @@ static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, u
             continue;
         if (taken && !steal)
             shim_lock_acquire(&s->lock);
-        bool ok = serve(d, s, size, !steal, nstack, pystack, out, seq, rt_err);
+        bool ok = serve(d, s, size, !steal, own, nstack, pystack, out, seq, rt_err);
         if (taken)
             shim_lock_release(&s->lock);
         if (ok)
@@ -158,7 +160,7 @@ static int fail_other(shim_device *d, size_t size, int rt_err)
 /* The caller's shard could not serve the request: the other shards, then,
  * under the device lock, everything that makes room. No shard lock is
  * held on entry. Returns 0 with *addr and *seq, or the runtime's error. */
-static int malloc_slow(shim_device *d, size_t size, bool home_grew, uint32_t nstack,
+static int malloc_slow(shim_device *d, size_t size, bool home_grew, bool own, uint32_t nstack,
                        uint32_t pystack, uintptr_t *addr, uint64_t *seq)
 {
     int rt_err;
@@ -166,9 +168,9 @@ static int malloc_slow(shim_device *d, size_t size, bool home_grew, uint32_t nst
      * for this one: threads that moved leave space behind in the shard
      * they left. Then every shard, growing; the caller's only if its try
      * did not (the runtime has just refused it). */
-    if (serve_any(d, size, true, true, nstack, pystack, addr, seq, &rt_err))
+    if (serve_any(d, size, true, true, own, nstack, pystack, addr, seq, &rt_err))
         return 0;
-    if (serve_any(d, size, false, home_grew, nstack, pystack, addr, seq, &rt_err))
+    if (serve_any(d, size, false, home_grew, own, nstack, pystack, addr, seq, &rt_err))
         return 0;
     if (rt_err)
         return fail_other(d, size, rt_err);
@@ -180,7 +182,7 @@ static int malloc_slow(shim_device *d, size_t size, bool home_grew, uint32_t nst
     for (;;) {
         if (!taken || !shim_device_make_room(d, size, &budget))
             return fail(d, size, taken);
-        if (serve_any(d, size, false, false, nstack, pystack, addr, seq, &rt_err))
+        if (serve_any(d, size, false, false, own, nstack, pystack, addr, seq, &rt_err))
             break;
         if (rt_err) {
             shim_lock_release(&d->lock);
@@ -191,7 +193,7 @@ static int malloc_slow(shim_device *d, size_t size, bool home_grew, uint32_t nst
     return 0;
 }
 
-static int malloc_general(shim_device *d, void **ptr, size_t size);
+static int malloc_general(shim_device *d, void **ptr, size_t size, bool own);
 
 int shim_device_malloc(shim_device *d, void **ptr, size_t size)
 {
@@ -208,12 +210,12 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
             uint64_t seq;
             int rt_err;
             bool grow = shard_count(d) == 1;
-            bool ok = serve(d, s, size, grow, 0, 0, &addr, &seq, &rt_err);
+            bool ok = serve(d, s, size, grow, false, 0, 0, &addr, &seq, &rt_err);
             shim_lock_release(&s->lock);
             if (!ok) {
                 if (rt_err)
                     return fail_other(d, size, rt_err);
-                int rc = malloc_slow(d, size, grow, 0, 0, &addr, &seq);
+                int rc = malloc_slow(d, size, grow, false, 0, 0, &addr, &seq);
                 if (rc != 0)
                     return rc;
             }
@@ -221,10 +223,16 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
             return 0;
         }
     }
-    return malloc_general(d, ptr, size);
+    return malloc_general(d, ptr, size, false);
 }
 
-__attribute__((noinline)) static int malloc_general(shim_device *d, void **ptr, size_t size)
+int shim_device_malloc_own(shim_device *d, void **ptr, size_t size)
+{
+    return malloc_general(d, ptr, size, true);
+}
+
+__attribute__((noinline)) static int malloc_general(shim_device *d, void **ptr, size_t size,
+                                                    bool own)
 {
     const shim_runtime *rt = d->rt;
     if (!ptr)
@@ -250,13 +258,13 @@ __attribute__((noinline)) static int malloc_general(shim_device *d, void **ptr, 
     /* With one shard, as ever; with several, this shard's free blocks
      * first, then the others' (malloc_slow), then a new region. */
     bool grow = shard_count(d) == 1;
-    bool ok = serve(d, s, size, grow, nstack, pystack, &addr, &seq, &rt_err);
+    bool ok = serve(d, s, size, grow, own, nstack, pystack, &addr, &seq, &rt_err);
     if (taken)
         shim_lock_release(&s->lock);
     if (!ok) {
         if (rt_err)
             return fail_other(d, size, rt_err);
-        int rc = malloc_slow(d, size, grow, nstack, pystack, &addr, &seq);
+        int rc = malloc_slow(d, size, grow, own, nstack, pystack, &addr, &seq);
         if (rc != 0)
             return rc;
     }

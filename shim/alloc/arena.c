@@ -252,6 +252,71 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, block_bytes);
 }
 
+/* A block in a region of its own, of the request's exact aligned size
+ * (a block that may be exported: an IPC handle names a whole region).
+ * Never carved from a shared region; a cached empty region of exactly that
+ * size is taken first (a loop that frees and allocates the same large
+ * block then costs no runtime call), else a new one when `may_grow`. Off
+ * the common path: the hooks call it for requests they chose. */
+int shim_arena_alloc_own(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
+                         uint32_t *node_out, size_t *block_bytes)
+{
+    uint64_t u = (size >> a->shift) + ((size & (((size_t)1 << a->shift) - 1)) != 0);
+    if (u == 0)
+        u = 1;
+    if (u > MAX_UNITS || ((size_t)u << a->shift) - size > UINT32_MAX)
+        return -1;
+    if (!nodes_reserve(a, 1))
+        return -1;
+    merge_last_free(a);
+    size_t exact = (size_t)u << a->shift;
+    uint32_t i = NIL;
+    for (uint32_t r = a->empty_head; r != NIL; r = a->regions[r].empty_next) {
+        if (a->regions[r].size == exact) {
+            i = a->regions[r].first;
+            bin_remove(a, i);
+            shim_region_set_empty(a, r, false);
+            break;
+        }
+    }
+    if (i == NIL) {
+        if (!may_grow)
+            return -1;
+        a->reserve_error = 0;
+        a->grow_own = true;
+        i = shim_region_grow(a, exact, exact);
+        if (i == NIL && a->c.empty_bytes && !a->reserve_error) {
+            shim_arena_trim(a, 0);
+            i = shim_region_grow(a, exact, exact);
+        }
+        a->grow_own = false;
+        if (i == NIL)
+            return a->reserve_error ? a->reserve_error : -1;
+    }
+    carve(a, i, a->nodes[i].units);
+    hand_out(a, i, size, addr, node_out, block_bytes);
+    return 0;
+}
+
+bool shim_arena_export(shim_arena *a, uintptr_t addr)
+{
+    merge_last_free(a);
+    uint32_t pos = shim_region_upper(a, addr);
+    if (pos == 0)
+        return false;
+    region *g = &a->regions[a->sorted[pos - 1]];
+    if (addr != g->base || g->first == NIL)
+        return false;
+    node *n = &a->nodes[g->first];
+    if (!is_live(a, g->first) || n->addr_prev != NIL || n->addr_next != NIL)
+        return false;
+    /* Dedicated: its block never waits on a quick list when freed
+     * (quick_put), so the free merges and releases it (merge_freed). */
+    g->exported = true;
+    g->dedicated = true;
+    return true;
+}
+
 /* Releases cached empty region r (its one node is in a bin); returns bytes. */
 static size_t release_cached(shim_arena *a, uint32_t r)
 {
@@ -343,11 +408,17 @@ static void merge_freed(shim_arena *a, uint32_t i)
         }
     }
     if (n->addr_prev == NIL && n->addr_next == NIL) {
+        uint32_t r = node_region(n);
+        if (a->regions[r].exported) {
+            /* Another process may still map it: never another owner's. */
+            shim_region_release(a, r, i);
+            return;
+        }
         /* The region is empty: it stays cached, and older empty regions
          * beyond the cache's size go back to the runtime. */
         while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
             release_cached(a, a->empty_head);
-        shim_region_set_empty(a, node_region(n), true);
+        shim_region_set_empty(a, r, true);
     }
     bin_insert(a, i);
 }

@@ -61,6 +61,16 @@ int shim_arena_alloc(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node
  * reserved, when none fits. */
 int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *node,
                          size_t *block_bytes);
+/* The same in a region of its own, of the request's exact aligned size (a
+ * cached empty region of that size, else a new one when `may_grow`): the
+ * block can be exported (shim_arena_export). */
+int shim_arena_alloc_own(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
+                         uint32_t *node, size_t *block_bytes);
+/* Whether the live block starting at `addr` is alone in its region, which
+ * starts there: then the region is marked exported (an IPC handle names
+ * it: once the block is freed the region goes back to the runtime, never
+ * to another block) and true. */
+bool shim_arena_export(shim_arena *a, uintptr_t addr);
 /* Frees a block by handle. Returns bytes it occupied. */
 size_t shim_arena_free_node(shim_arena *a, uint32_t node);
 /* The same, setting *requested to the size it was asked for (0 when

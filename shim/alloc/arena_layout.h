@@ -99,6 +99,10 @@ typedef struct region {
     uint32_t first;                /* node at base: merges keep the lower node */
     uint32_t empty_prev, empty_next; /* list of cached empty regions */
     bool dedicated, empty, in_use;
+    /* An IPC handle names it (shim_arena_export): its one block is alone
+     * in it, and once that block is freed it goes back to the runtime at
+     * once, never to another owner. */
+    bool exported;
 } region;
 
 struct shim_arena {
@@ -138,6 +142,7 @@ struct shim_arena {
 
     shim_arena_counters c;
     int reserve_error;             /* set by shim_region_grow: the backend's non-OOM error */
+    bool grow_own;                 /* shim_region_grow: a region of the request's exact size */
 };
 
 /* Node `i` is a live block: NODE_LIVE, and not the last free's block

@@ -117,6 +117,10 @@ shim_device *shim_device_get(const shim_runtime *rt);
  * runtime's own error when it refused a region for another reason (no
  * driver, a stub library), at once and without pressure events. */
 int shim_device_malloc(shim_device *d, void **ptr, size_t size);
+/* The same in a region of its own, of the request's exact aligned size
+ * (shim_arena_alloc_own): a block another process can map through an IPC
+ * handle (shim_device_block_export). Counted, limited, tracked as any. */
+int shim_device_malloc_own(shim_device *d, void **ptr, size_t size);
 int shim_device_free(shim_device *d, void *ptr);
 /* The same on the device current on the calling thread
  * (shim_device_for_caller's errors): the hooks of runtimes with a current
@@ -147,6 +151,12 @@ enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t a
  * and the size the program asked for, or -1 when no device served it. */
 int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base,
                             size_t *size);
+/* For an IPC handle: 0 when `addr` lies in a live block of `rt`'s
+ * runtime that is alone in its region and starts it, *base its start (the
+ * region is marked exported: once the block is freed it goes back to the
+ * runtime, never to another block); -1 when the block shares its region
+ * (or starts past its base), -2 when no live block holds `addr`. */
+int shim_device_block_export(const shim_runtime *rt, uintptr_t addr, uintptr_t *base);
 int shim_device_mem_info(shim_device *d, size_t *free, size_t *total);
 
 /* "simdev" for a runtime with one device, "cuda:1" otherwise. */

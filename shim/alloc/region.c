@@ -20,7 +20,9 @@
  *   leave, as long as the request still fits.
  * - A request above half the next region size, when no free block fits it,
  *   gets a dedicated region of its size class (its exact aligned size when
- *   that is all the limit leaves).
+ *   that is all the limit leaves). A request for a region of its own
+ *   (shim_arena_alloc_own, grow_own: a block that may be exported) gets
+ *   its exact aligned size.
  * - When the runtime refuses a region, smaller ones (halving, down to the
  *   request itself) are tried before giving up.
  * - The region that became empty last, shared or dedicated, stays cached
@@ -171,7 +173,7 @@ uint32_t shim_region_grow(shim_arena *a, size_t need, size_t exact)
     /* A dedicated region has the request's bin size, so that the same
      * request finds it again once it is freed and cached; near the limit,
      * the request's exact size. */
-    bool dedicated = exact > rs / 2 || need > room;
+    bool dedicated = a->grow_own || exact > rs / 2 || need > room;
     if (dedicated) {
         rs = need > room ? exact : need;
     } else {

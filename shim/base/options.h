@@ -36,6 +36,7 @@ typedef struct shim_options {
     const char *trace_path;  /* SPYRESHIM_TRACE (%p = pid) */
     unsigned trace_flush_ms; /* SPYRESHIM_TRACE_FLUSH_MS */
     bool secure;             /* AT_SECURE: paths from the environment are ignored */
+    size_t cuda_ipc_min;     /* SPYRESHIM_CUDA_IPC_MIN: 0 = none */
 } shim_options;
 
 /* Parses the environment on first call; thread-safe; never fails. */

@@ -7,7 +7,17 @@
  * tests can tell what reached the runtime and what the shim served.
  * CUDA_STANDIN_FAIL=N makes every cudaMalloc of a nonzero size return N
  * (e.g. 35, cudaErrorInsufficientDriver), read on each call so that a test
- * can switch it on and off. */
+ * can switch it on and off.
+ *
+ * cudaIpcGetMemHandle, cudaIpcOpenMemHandle and cudaIpcCloseMemHandle reach
+ * the driver the way the real runtime does: dlopen("libcuda.so.1"), one
+ * dlsym of cuGetProcAddress_v2, then each function through it at its
+ * per-symbol ABI version (cuIpcOpenMemHandle at 11000 is the _v2). They
+ * work on driver memory (cuMemAlloc's), which is what the real runtime's
+ * cudaMalloc returns; this file's own cudaMalloc memory has no bytes and
+ * no driver behind it. The driver's error numbers are the runtime's for
+ * every code these return (1, 101, 201, 205, 217, 400, 801). */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -111,4 +121,59 @@ API int cudaMemGetInfo(size_t *free, size_t *total)
 API int standinRawMalloc(void **ptr, size_t size)
 {
     return do_malloc(ptr, size);
+}
+
+/* ---- IPC, through the driver ----------------------------------------- */
+
+typedef struct { char reserved[64]; } cudaIpcMemHandle_t;
+typedef int (*get_proc_fn)(const char *, void **, int, unsigned long long, int *);
+
+static struct {
+    int (*get)(cudaIpcMemHandle_t *, unsigned long long);
+    int (*open)(unsigned long long *, cudaIpcMemHandle_t, unsigned);
+    int (*close)(unsigned long long);
+} ipc;
+static pthread_once_t ipc_once = PTHREAD_ONCE_INIT;
+
+static void ipc_resolve(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    get_proc_fn gpa = h ? (get_proc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!gpa)
+        return;
+    int st;
+    if (gpa("cuIpcGetMemHandle", (void **)&ipc.get, 4010, 0, &st) != 0)
+        ipc.get = NULL;
+    if (gpa("cuIpcOpenMemHandle", (void **)&ipc.open, 11000, 0, &st) != 0)
+        ipc.open = NULL;
+    if (gpa("cuIpcCloseMemHandle", (void **)&ipc.close, 4010, 0, &st) != 0)
+        ipc.close = NULL;
+}
+
+#define INSUFFICIENT_DRIVER 35
+
+API int cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
+{
+    pthread_once(&ipc_once, ipc_resolve);
+    return ipc.get ? ipc.get(handle, (uintptr_t)devPtr) : INSUFFICIENT_DRIVER;
+}
+
+API int cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags)
+{
+    pthread_once(&ipc_once, ipc_resolve);
+    if (!ipc.open)
+        return INSUFFICIENT_DRIVER;
+    if (!devPtr)
+        return 1;
+    unsigned long long p = 0;
+    int rc = ipc.open(&p, handle, flags);
+    if (rc == 0)
+        *devPtr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaIpcCloseMemHandle(void *devPtr)
+{
+    pthread_once(&ipc_once, ipc_resolve);
+    return ipc.close ? ipc.close((uintptr_t)devPtr) : INSUFFICIENT_DRIVER;
 }
