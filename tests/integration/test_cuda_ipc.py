@@ -1,0 +1,159 @@
+"""IPC across two real processes on the CUDA stand-in driver (docs/cuda.md,
+"IPC"): tests/programs/cuda_ipc runs a pattern as the exporter and itself
+again (fork + exec) as the peer, passing the handles over a pipe. Each
+pattern runs without the shim (the stand-in's own IPC) and with it (the
+exporter and the peer both preloaded)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pythons  # noqa: E402
+
+# 64 MiB devices: regions of 2 MiB (docs/allocator.md), so a small block
+# shares its region and the six sizes of the offset pattern straddle the
+# SPYRESHIM_CUDA_IPC_MIN default (2 MiB).
+MEMORY = "64M"
+
+
+def program():
+    return pythons.builddir() / "tests" / "cuda_ipc"
+
+
+def env_for(shim, tmp_path=None, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if k != "LD_PRELOAD" and not k.startswith(("SPYRESHIM_", "CUDASTANDIN_"))}
+    env.update(CUDASTANDIN_DEVICES="1", CUDASTANDIN_MEMORY=MEMORY)
+    if shim:
+        env["LD_PRELOAD"] = str(pythons.shim_lib())
+        if tmp_path is not None:
+            env["SPYRESHIM_STATS"] = str(tmp_path / "stats.%p.json")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run(pattern, shim, tmp_path=None, **extra):
+    r = subprocess.run([str(program()), pattern], env=env_for(shim, tmp_path, **extra),
+                       capture_output=True, text=True, timeout=120)
+    return r, r.stdout + r.stderr
+
+
+def all_stats(tmp_path):
+    return [json.loads(p.read_text()) for p in sorted(tmp_path.glob("stats.*.json"))]
+
+
+@pytest.fixture(params=[False, True], ids=["standin", "shim"])
+def shim(request, shim_lib):
+    return request.param
+
+
+def test_nccl_pattern_peer_reads_and_writes_the_buffer(shim):
+    """cuMemAlloc_v2 of a 4 MiB buffer, cuIpcGetMemHandle, the peer opens
+    it with CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS and reads the exporter's
+    bytes, then writes and the exporter reads the peer's."""
+    r, out = run("nccl", shim)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    assert "peer read 4194304 at +0: ok" in r.stdout, out
+    assert "exporter read the peer's bytes: ok" in r.stdout, out
+
+
+def test_offset_pattern_six_tensors_read_through_their_segment(shim):
+    """Mooncake #1622: base from cuMemGetAddressRange_v2(ptr) (a caching
+    allocator's segment), export base, send ptr - base; the peer adds the
+    offset. Six tensors, 64 B to 4 MiB."""
+    r, out = run("offset", shim)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    assert r.stdout.count("peer read") == 6 and "wrong" not in r.stdout, out
+
+
+def test_torch_pattern_through_the_runtime(shim):
+    """torch.multiprocessing: the segment's base exported through the
+    runtime's cudaIpcGetMemHandle (which reaches the driver through
+    cuGetProcAddress), the storage's offset sent, the peer's
+    cudaIpcOpenMemHandle + offset reads the storage."""
+    r, out = run("torch", shim)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    assert "peer read 1048576 at +3146240: ok" in r.stdout, out
+
+
+def test_a_peer_cannot_read_a_neighbouring_block(shim):
+    """The handle's range in the peer is the exported block's size exactly:
+    none of the neighbour's bytes, and a read one byte past it fails. A
+    small block that the shim carved out of a shared region is refused with
+    one warning line and 801 (never a handle to the region); the stand-in
+    alone exports it and the same holds."""
+    r, out = run("neighbour", shim)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    assert "peer neighbour 4194304: range 4194304, neighbour unreadable, past the end refused" \
+        in r.stdout, out
+    if shim:
+        assert "refused C rc=801" in r.stdout, out
+        warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("spyreshim:")]
+        assert len(warnings) == 1 and "cuIpcGetMemHandle" in warnings[0] \
+            and "shares its region" in warnings[0], r.stderr
+    else:
+        assert "peer neighbour 65536: range 65536, neighbour unreadable" in r.stdout, out
+
+
+def test_what_a_program_sees_exporting_blocks_of_every_size(shim):
+    """Six blocks of 64 B to 4 MiB, each its own cuMemAlloc_v2, exported
+    directly: under the shim the blocks below SPYRESHIM_CUDA_IPC_MIN (which
+    share their region) are refused with 801 and a warning, the others are
+    read right by the peer; without it, every one is."""
+    r, out = run("direct", shim)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    sizes = [64, 4096, 65536, 1 << 20, 2 << 20, 4 << 20]
+    for n in sizes:
+        refused = shim and n < (2 << 20)
+        assert (f"refused {n} rc=801" if refused else f"exported {n}") in r.stdout, out
+    assert "wrong" not in r.stdout, out
+    if shim:
+        assert r.stderr.count("cannot be exported") == 3, r.stderr  # at most three a process
+
+
+def test_smaller_threshold_exports_every_size(shim_lib):
+    """SPYRESHIM_CUDA_IPC_MIN=64: every request gets a region of its own,
+    so every block is exported and read right."""
+    r, out = run("direct", True, SPYRESHIM_CUDA_IPC_MIN="64")
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    assert "refused" not in r.stdout and r.stdout.count("peer read") == 6, out
+
+
+def test_freeing_an_exported_block_never_hands_it_to_another_owner(shim):
+    """The exporter frees a block the peer has open and allocates the same
+    size again with other bytes: the peer still reads the old bytes (the
+    driver keeps the memory while it is mapped; the shim gives an exported
+    region back to the driver, never to the next block)."""
+    r, out = run("reuse", shim)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    assert "peer after the exporter's free: old bytes" in r.stdout, out
+
+
+def test_standin_refuses_a_handle_of_a_freed_allocation(shim_lib):
+    r, out = run("freed", False)
+    assert r.returncode == 0 and "peer open of a freed allocation: 400" in r.stdout, out
+
+
+def test_exported_block_stays_counted_and_leak_tracked(shim_lib, tmp_path):
+    """Under SPYRESHIM_LIMIT and the leak check: the exporter's exported
+    block is its allocation (counted, in the leak report with its stack);
+    the peer's opened mapping is not the peer's allocation (nothing
+    counted, no leak)."""
+    report = tmp_path / "leaks.%p.json"
+    r, out = run("keep", True, tmp_path, SPYRESHIM_LIMIT="32M", SPYRESHIM_LEAK_CHECK=1,
+                 SPYRESHIM_REPORT=report)
+    assert "peer read 4194304 at +0: ok" in r.stdout, out
+    assert r.returncode != 0 and "detected device memory leaks" in r.stderr, out
+    stats = all_stats(tmp_path)
+    exporter = [s for s in stats if s["allocs"] > 0]
+    assert len(exporter) == 1, stats
+    assert exporter[0]["allocs"] == 1 and exporter[0]["frees"] == 0, exporter
+    assert all(s["allocs"] == 0 for s in stats if s is not exporter[0]), stats
+    reports = [json.loads(p.read_text()) for p in tmp_path.glob("leaks.*.json")]
+    groups = [g for rep in reports for g in rep["groups"]]
+    assert [g["bytes"] for g in groups] == [4 << 20], groups
+    assert any(f.get("function") == "keep" for f in groups[0]["frames"]), groups[0]
