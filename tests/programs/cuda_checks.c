@@ -12,7 +12,9 @@
  *             queued on it is not handed out again before that work ran
  *   range     cuMemGetAddressRange of an interior pointer of a served block
  *             describes the block, not the region it was carved from
- *   ipc       cuIpcGetMemHandle of a served block is refused
+ *   ipc       cuIpcGetMemHandle of a served block that shares its region is
+ *             refused (801; tests/integration/test_cuda_ipc.py: the blocks
+ *             that can be exported)
  *   pitch     cuMemAllocPitch rounds to 512 and checks the element size
  *   reset     after cuDevicePrimaryCtxReset (the driver freed the context's
  *             memory), new blocks are live driver memory and keep their bytes
@@ -174,7 +176,7 @@ static void check_ipc(void)
     CUipcMemHandle h;
     CHECK(cuMemAlloc_v2(&a, 1 << 20) == CUDA_SUCCESS, "alloc");
     CUresult rc = cuIpcGetMemHandle(&h, a);
-    CHECK(rc == CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetMemHandle of a served block returned %d", rc);
+    CHECK(rc == CUDA_ERROR_NOT_SUPPORTED, "cuIpcGetMemHandle of a block sharing its region returned %d", rc);
     cuMemFree_v2(a);
     printf("ipc ok\n");
 }
