@@ -50,8 +50,6 @@
 #include <unistd.h>
 
 #define CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS 1u
-#define CUDA_ERROR_MAP_FAILED 205
-#define CUDA_ERROR_PEER_ACCESS_UNSUPPORTED 217
 
 #define IPC_TAG "cdipc1"
 

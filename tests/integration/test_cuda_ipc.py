@@ -138,6 +138,11 @@ def test_standin_refuses_a_handle_of_a_freed_allocation(shim_lib):
     assert r.returncode == 0 and "peer open of a freed allocation: 400" in r.stdout, out
 
 
+def test_standin_refuses_a_handle_of_an_exporter_that_exited(shim_lib):
+    r, out = run("gone", False)
+    assert r.returncode == 0 and "peer open after the exporter exited: 205" in r.stdout, out
+
+
 def test_exported_block_stays_counted_and_leak_tracked(shim_lib, tmp_path):
     """Under SPYRESHIM_LIMIT and the leak check: the exporter's exported
     block is its allocation (counted, in the leak report with its stack);

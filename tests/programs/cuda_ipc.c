@@ -40,6 +40,8 @@
  *              before the peer opened it is refused
  *   keep       exports a 4 MiB block, the peer reads it, and the exporter
  *              exits without freeing it (a leak for the leak check)
+ *   gone       (the stand-in alone) the exporter exits; the peer's open of
+ *              its handle afterwards is refused (CUDA_ERROR_MAP_FAILED)
  *
  * Prints one line per check; exits 0 when every check passed. */
 #include <dlfcn.h>
@@ -73,7 +75,7 @@ static const char *who = "exporter";
 
 /* What the exporter asks of the peer. */
 enum op { OP_END, OP_READ, OP_READ_RUNTIME, OP_NEIGHBOUR, OP_WRITE, OP_OPEN_FAILS, OP_KEEP_OPEN,
-          OP_REREAD_CLOSE };
+          OP_REREAD_CLOSE, OP_HOLD };
 
 struct msg {
     int op;
@@ -222,9 +224,17 @@ static void peer_read(const struct msg *m, bool rt)
     size_t bad = rc ? m->size : mismatches(buf, m->size, m->seed);
     CHECK(bad == 0, "%zu of %llu bytes at +%llu differ", bad, m->size, m->offset);
     printf("peer read %llu at +%llu: %s\n", m->size, m->offset, bad ? "wrong" : "ok");
-    free(buf);
+    /* Opened again in this context: the same address, one more close. */
+    CUresult rc2;
+    CUdeviceptr again = open_handle(m, rt, &rc2);
+    CHECK(rc2 == CUDA_SUCCESS && again == p, "second open: %d, %#llx (first %#llx)", rc2, again, p);
     rc = rt ? (CUresult)rt_close((void *)(uintptr_t)p) : cuIpcCloseMemHandle(p);
     CHECK(rc == CUDA_SUCCESS, "close: %d", rc);
+    CHECK(cuMemcpyDtoH_v2(buf, p, 1) == CUDA_SUCCESS, "still mapped after one of two closes");
+    rc = rt ? (CUresult)rt_close((void *)(uintptr_t)p) : cuIpcCloseMemHandle(p);
+    CHECK(rc == CUDA_SUCCESS, "close: %d", rc);
+    CHECK(cuMemcpyDtoH_v2(buf, p, 1) != CUDA_SUCCESS, "readable after the last close");
+    free(buf);
 }
 
 /* The whole range the handle maps: A's bytes, none of the neighbour's,
@@ -278,9 +288,13 @@ static int peer(int in, int out)
 {
     who = "peer";
     context();
-    struct msg m;
-    while (read_all(in, &m, sizeof m) && m.op != OP_END) {
+    struct msg m, held = {.op = OP_END};
+    bool ended = false;
+    while ((ended = read_all(in, &m, sizeof m)) && m.op != OP_END) {
         switch (m.op) {
+        case OP_HOLD:
+            held = m;
+            break;
         case OP_READ:
             peer_read(&m, false);
             break;
@@ -325,6 +339,13 @@ static int peer(int in, int out)
         }
         char ack = failures ? 'F' : 'k';
         write_all(out, &ack, 1);
+    }
+    if (!ended && held.op == OP_HOLD) {
+        /* The exporter is gone (the pipe's end): its handle cannot map. */
+        CUdeviceptr p;
+        CUresult rc = cuIpcOpenMemHandle_v2(&p, held.h, 0);
+        CHECK(rc == CUDA_ERROR_MAP_FAILED, "open after the exporter exited: %d", rc);
+        printf("peer open after the exporter exited: %d\n", rc);
     }
     return failures ? 1 : 0;
 }
@@ -535,6 +556,16 @@ static void freed(void)
     ask(&m);
 }
 
+/* Exits without waiting for the peer, which then opens the handle. */
+static void gone(void)
+{
+    CUdeviceptr a = alloc(4 * MIB);
+    struct msg m = {.op = OP_HOLD};
+    CHECK(cuIpcGetMemHandle(&m.h, a) == CUDA_SUCCESS, "handle");
+    ask(&m);
+    exit(failures ? 1 : 0);
+}
+
 static void keep(void)
 {
     CUdeviceptr a = alloc(4 * MIB);
@@ -551,7 +582,7 @@ int main(int argc, char **argv)
         void (*run)(void);
     } patterns[] = {{"nccl", nccl}, {"offset", offset}, {"direct", direct}, {"torch", torch},
                     {"neighbour", neighbour}, {"reuse", reuse}, {"freed", freed},
-                    {"keep", keep}};
+                    {"keep", keep}, {"gone", gone}};
     for (size_t i = 0; argc == 2 && i < sizeof patterns / sizeof *patterns; i++) {
         if (strcmp(argv[1], patterns[i].name) == 0) {
             context();
@@ -560,6 +591,6 @@ int main(int argc, char **argv)
             return finish();
         }
     }
-    fprintf(stderr, "usage: cuda_ipc nccl|offset|direct|torch|neighbour|reuse|freed|keep\n");
+    fprintf(stderr, "usage: cuda_ipc nccl|offset|direct|torch|neighbour|reuse|freed|keep|gone\n");
     return 2;
 }
