@@ -292,6 +292,11 @@ static void free_when_reached(void *arg)
     cd_memory_free_now((CUdeviceptr)(uintptr_t)arg);
 }
 
+static void free_managed_when_reached(void *arg)
+{
+    cd_host_free_managed((CUdeviceptr)(uintptr_t)arg);
+}
+
 /* Stream-ordered: the block is freed when the stream gets there. */
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
@@ -299,6 +304,10 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     CUresult rc = cd_context_require(&ctx);
     if (rc)
         return rc;
+    /* Managed memory too, freed when the stream gets there. */
+    if (cd_host_is_managed(dptr))
+        return cd_stream_enqueue(hStream, free_managed_when_reached, (void *)(uintptr_t)dptr,
+                                 NULL, NULL);
     struct cd_block b;
     if (!cd_memory_find(dptr, 1, &b) || b.base != dptr)
         return CUDA_ERROR_INVALID_VALUE;
