@@ -79,3 +79,36 @@ def test_free_async_of_managed_memory_drops_its_record(shim_lib, tmp_path):
     r, s = run_pt("freeasync", tmp_path, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=report)
     assert json.loads(report.read_text())["groups"] == [], r.stderr
     assert (s["managed_allocs"], s["managed_frees"], s["managed_bytes"]) == (1, 1, 0), s
+
+
+def cudart_env(tmp_path, **extra):
+    env = shim_env(tmp_path, CUDASTANDIN_DEVICES="1", SPYRESHIM_LIMIT="4M", **extra)
+    env["LD_LIBRARY_PATH"] = str(built_tests() / "cudadrv")
+    return env
+
+
+def test_the_runtimes_host_and_managed_memory_reach_the_hooks_through_the_driver(
+        shim_lib, tmp_path):
+    """The stand-in runtime (tests/cuda_standin) fetches the driver's
+    functions through cuGetProcAddress, as the real runtime does: its
+    cudaHostAlloc, cudaMallocHost, cudaMallocManaged are counted, freed by
+    cudaFreeHost and cudaFree, and managed memory is under the limit."""
+    r = run([built_tests() / "cudart_hostmem"], cudart_env(tmp_path))
+    assert r.returncode == 0 and "cudart ok" in r.stdout, r.stdout + r.stderr
+    s = stats(tmp_path)
+    assert (s["managed_allocs"], s["managed_frees"], s["managed_bytes"]) == (1, 1, 0), s
+    assert (s["host_pinned_allocs"], s["host_pinned_frees"], s["host_pinned_bytes"]) == \
+        (2, 2, 0), s
+
+
+def test_the_runtimes_leaked_host_and_managed_memory_is_reported(shim_lib, tmp_path):
+    report = tmp_path / "leaks.json"
+    r = run([built_tests() / "cudart_hostmem", "leak"],
+            cudart_env(tmp_path, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=report))
+    assert "cudart ok" in r.stdout, r.stdout + r.stderr
+    groups = json.loads(report.read_text())["groups"]
+    got = sorted((g["runtime"], g["bytes"]) for g in groups)
+    assert got == [("cuda-host-pinned", 65536), ("cuda-host-pinned", 1 << 20),
+                   ("cuda-managed", 2 << 20)], got
+    for g in groups:
+        assert any(f["function"] == "cudart_allocated_here" for f in g["frames"]), g
