@@ -120,6 +120,11 @@ uint64_t shim_passthrough_host_failed(void)
     return atomic_load_explicit(&host_failed, memory_order_relaxed);
 }
 
+int shim_passthrough_ordinal(const shim_device *d)
+{
+    return d->ordinal;
+}
+
 void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,
                                   size_t size)
 {
