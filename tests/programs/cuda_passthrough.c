@@ -33,9 +33,18 @@
 #include <string.h>
 
 #include "cudadrv.h"
+#include "spyreshim.h"
 
-typedef struct spyreshim_lock spyreshim_lock;
 typedef void (*pressure_fn)(spyreshim_lock *lock, size_t want, void *user);
+
+/* The shim's VMM bytes live now; UINT64_MAX without the shim. */
+static uint64_t shim_vmm_bytes(void)
+{
+    int (*get)(spyreshim_stats *);
+    *(void **)&get = dlsym(RTLD_DEFAULT, "spyreshim_get_stats");
+    spyreshim_stats s = {.size = sizeof s};
+    return get && get(&s) == 0 ? s.vmm_bytes : UINT64_MAX;
+}
 
 static int failures;
 static const char *check_name;
@@ -237,6 +246,9 @@ __attribute__((noinline)) static void check_vmm(void)
               got.location.id == 0, "properties");
     /* Released while mapped: the memory lives until it is unmapped. */
     CHECK(cuMemRelease(h) == CUDA_SUCCESS, "release while mapped");
+    uint64_t live = shim_vmm_bytes();
+    CHECK(live == UINT64_MAX || live == 2 * MiB, "the shim forgot it at the release: %llu",
+          (unsigned long long)live);
     rc = cuMemRelease(h);
     CHECK(rc == CUDA_ERROR_INVALID_VALUE, "second release: %d", rc);
     memset(back, 0, sizeof back);
@@ -249,6 +261,9 @@ __attribute__((noinline)) static void check_vmm(void)
     CHECK(cuMemUnmap(va + 2 * MiB, 2 * MiB) == CUDA_SUCCESS, "unmap");
     CHECK(cuMemGetInfo_v2(&free1, &total) == CUDA_SUCCESS && free1 == free0,
           "the memory is back after the unmap");
+    live = shim_vmm_bytes();
+    CHECK(live == UINT64_MAX || live == 0, "the shim kept it after the unmap: %llu",
+          (unsigned long long)live);
     rc = cuMemcpyDtoH_v2(back, va + 2 * MiB + 100, sizeof back);
     CHECK(rc == CUDA_ERROR_INVALID_VALUE, "copy from an unmapped range: %d", rc);
     CHECK(cuMemAddressFree(va, 8 * MiB) == CUDA_SUCCESS, "address free");
