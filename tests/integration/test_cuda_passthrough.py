@@ -63,6 +63,14 @@ def test_a_bad_host_limit_falls_back_to_none_with_a_warning(shim_lib, tmp_path):
     assert NO_LIMIT in r.stdout, r.stdout + r.stderr
 
 
+def test_a_pressure_callbacks_own_requests_past_the_limits_fail_at_once(shim_lib, tmp_path):
+    """Managed and host-pinned requests made by a pressure callback (a
+    finalizer during a collection) past SPYRESHIM_LIMIT and
+    SPYRESHIM_HOST_LIMIT: out-of-memory at once, no pressure event of
+    their own, no wait for the account's lock."""
+    run_pt("nested", tmp_path, SPYRESHIM_LIMIT="4M", SPYRESHIM_HOST_LIMIT="4M")
+
+
 def test_context_teardown_drops_its_managed_memory(shim_lib, tmp_path):
     """Managed memory of a destroyed context and of a reset primary context
     is freed by the driver: not a leak at exit, counted as freed, its

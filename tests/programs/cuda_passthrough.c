@@ -11,6 +11,8 @@
  *                 a callback run that frees nothing
  *   hostlimit     the same with cuMemHostAlloc under SPYRESHIM_HOST_LIMIT=4M
  *                 (and no device limit in the way: 1M)
+ *   nested        a pressure callback's own managed and host-pinned requests
+ *                 past the limits (4M each) fail at once, without an event
  *   teardown      managed memory of a created context, then cuCtxDestroy;
  *                 managed memory of the primary context, then its reset
  *   freeasync     cuMemFreeAsync of managed memory frees it
@@ -27,6 +29,7 @@
  *                 driver's handle; prints "<route>:<name> <object>"
  * Prints "callbacks <n>" after each limit check (the pressure runs). */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,10 +71,24 @@ static CUdeviceptr garbage_managed;
 static void *garbage_host;
 static CUmemGenericAllocationHandle garbage_vmm;
 
+/* With `nested`, the callback itself asks for managed and host-pinned
+ * memory past the limits first (a finalizer's allocation during a
+ * collection): those must fail at once, with no pressure event of their
+ * own (the runs would count more than one per event). */
+static bool nested;
+static CUresult nested_managed = -1, nested_host = -1;
+
 static void on_pressure(spyreshim_lock *lock, size_t want, void *user)
 {
     (void)lock, (void)want, (void)user;
     callback_runs++;
+    if (nested) {
+        CUdeviceptr m;
+        void *h;
+        nested_managed = cuMemAllocManaged(&m, 8 << 20, CU_MEM_ATTACH_GLOBAL);
+        nested_host = cuMemHostAlloc(&h, 8 << 20, 0);
+        nested = false;
+    }
     if (garbage_managed) {
         cuMemFree_v2(garbage_managed);
         garbage_managed = 0;
@@ -140,6 +157,22 @@ __attribute__((noinline)) static void check_hostlimit(void)
     CHECK(cuMemHostRegister_v2(reg, sizeof reg, 0) == CUDA_SUCCESS, "registered after the free");
     CHECK(cuMemHostUnregister(reg) == CUDA_SUCCESS, "unregister");
     printf("callbacks %d\n", callback_runs);
+    printf("%s ok\n", check_name);
+}
+
+__attribute__((noinline)) static void check_nested(void)
+{
+    CHECK(register_callback() == 0, "the shim's pressure API (preloaded?)");
+    CUdeviceptr a, b;
+    CHECK(cuMemAllocManaged(&a, 3 << 20, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS, "3 MiB");
+    garbage_managed = a;
+    nested = true;
+    CUresult rc = cuMemAllocManaged(&b, 2 << 20, CU_MEM_ATTACH_GLOBAL);
+    CHECK(rc == CUDA_SUCCESS, "2 MiB more after the callback freed 3: %d", rc);
+    CHECK(callback_runs == 1, "one callback run, not nested ones: %d", callback_runs);
+    CHECK(nested_managed == CUDA_ERROR_OUT_OF_MEMORY && nested_host == CUDA_ERROR_OUT_OF_MEMORY,
+          "the callback's own requests: %d %d", nested_managed, nested_host);
+    CHECK(cuMemFree_v2(b) == CUDA_SUCCESS, "free");
     printf("%s ok\n", check_name);
 }
 
@@ -338,7 +371,7 @@ int main(int argc, char **argv)
     }
     static const struct { const char *name; void (*fn)(void); } checks[] = {
         {"managedlimit", check_managedlimit}, {"hostlimit", check_hostlimit},
-        {"teardown", check_teardown}, {"freeasync", check_freeasync}, {"vmm", check_vmm},
+        {"nested", check_nested}, {"teardown", check_teardown}, {"freeasync", check_freeasync}, {"vmm", check_vmm},
         {"vmmlimit", check_vmmlimit}, {"vmmleak", check_vmmleak},
         {"vmmroutes", check_vmmroutes},
     };
