@@ -29,6 +29,9 @@ def test_managed_memory_is_under_the_device_limit_after_the_pressure_event(shim_
     block shares the same limit (the program checks the codes)."""
     r, s = run_pt("managedlimit", tmp_path, SPYRESHIM_LIMIT="4M")
     assert callbacks(r) >= 2, r.stdout
+    # The served request that failed next to the managed memory: the limit
+    # stopped it, managed bytes included.
+    assert "(verdict: limit)" in r.stderr, r.stderr
     assert (s["managed_allocs"], s["managed_frees"], s["managed_bytes"]) == (3, 3, 0), s
     fam = {(f["family"], f["device"]): f for f in s["passthrough"]}
     assert fam[("cuda-managed", 0)]["peak_bytes"] == 3 << 20, s["passthrough"]
