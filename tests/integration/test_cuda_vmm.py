@@ -67,6 +67,15 @@ def test_leaked_vmm_memory_is_reported_with_its_stack_and_mapped_range(shim_lib,
     assert "of cuda-vmm mapped at %#x+0x400000 memory" % va in r.stderr, r.stderr
 
 
+def test_an_exported_vmm_allocation_is_the_same_bytes_in_another_process(shim_lib, tmp_path):
+    """cuMemExportToShareableHandle's POSIX fd, imported in a second
+    process (exec'd): it maps and reads what the exporter wrote, writes
+    back, and the exporter reads that. The import is the exporter's memory:
+    counted once, in the exporter."""
+    r, s = run_pt("vmmshare", tmp_path)
+    assert (s["vmm_allocs"], s["vmm_frees"], s["vmm_bytes"]) == (1, 1, 0), s
+
+
 def test_vmm_entry_points_reach_the_shim_by_every_route(shim_lib, tmp_path):
     r = run([built_tests() / "cuda_passthrough", "vmmroutes"], shim_env(tmp_path))
     assert r.returncode == 0 and "vmmroutes ok" in r.stdout, r.stdout + r.stderr

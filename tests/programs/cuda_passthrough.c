@@ -24,6 +24,9 @@
  *                 pressure callback released the first; 2 MiB more fails
  *                 with CUDA_ERROR_OUT_OF_MEMORY after the callback
  *   vmmleak       one handle mapped, one not, both left live (leak report)
+ *   vmmshare      export a mapped allocation's POSIX fd to a second process
+ *                 (this program, exec'd with "vmmimport FD"), which imports,
+ *                 maps and reads the bytes this one wrote, and writes back
  *   vmmroutes     cuMemCreate, cuMemRelease, cuMemMap, cuMemUnmap fetched
  *                 through cuGetProcAddress_v2 at 10020 and dlsym on the
  *                 driver's handle; prints "<route>:<name> <object>"
@@ -34,6 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "cudadrv.h"
 #include "spyreshim.h"
@@ -338,6 +344,62 @@ __attribute__((noinline)) static void check_vmmleak(void)
     printf("%s ok\n", check_name);
 }
 
+static const char share_msg[32] = "written by the exporter";
+static const char reply_msg[32] = "written by the importer";
+static const char *self_path;
+
+__attribute__((noinline)) static void check_vmmshare(void)
+{
+    CUmemAllocationProp prop = vmm_prop(0);
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    CHECK(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) == CUDA_SUCCESS &&
+              cuMemCreate(&h, 2 * MiB, &prop, 0) == CUDA_SUCCESS &&
+              cuMemMap(va, 2 * MiB, 0, h, 0) == CUDA_SUCCESS &&
+              vmm_access(va, 2 * MiB, 0) == CUDA_SUCCESS, "reserve, create, map, access");
+    CHECK(cuMemcpyHtoD_v2(va + 4096, share_msg, sizeof share_msg) == CUDA_SUCCESS, "write");
+    int fd = -1;
+    CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+              CUDA_SUCCESS, "export");
+    fcntl(fd, F_SETFD, 0); /* handed to the child (a socket would do it too) */
+    pid_t pid = fork();
+    if (pid == 0) {
+        char arg[16];
+        snprintf(arg, sizeof arg, "%d", fd);
+        execl(self_path, self_path, "vmmimport", arg, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0;
+    CHECK(pid > 0 && waitpid(pid, &st, 0) == pid, "the importing process");
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the importer failed: %d", st);
+    char back[32] = {0};
+    CHECK(cuMemcpyDtoH_v2(back, va + 8192, sizeof back) == CUDA_SUCCESS &&
+              memcmp(back, reply_msg, sizeof back) == 0, "the importer's bytes");
+    close(fd);
+    CHECK(cuMemUnmap(va, 2 * MiB) == CUDA_SUCCESS && cuMemRelease(h) == CUDA_SUCCESS &&
+              cuMemAddressFree(va, 2 * MiB) == CUDA_SUCCESS, "unmap, release, free");
+    printf("%s ok\n", check_name);
+}
+
+/* The second process of vmmshare: argv[2] is the exported fd. */
+static int vmmimport(const char *fdarg)
+{
+    int fd = atoi(fdarg);
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h;
+    char back[32] = {0};
+    if (cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd,
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != CUDA_SUCCESS ||
+        cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) != CUDA_SUCCESS ||
+        cuMemMap(va, 2 * MiB, 0, h, 0) != CUDA_SUCCESS || vmm_access(va, 2 * MiB, 0) != 0 ||
+        cuMemcpyDtoH_v2(back, va + 4096, sizeof back) != CUDA_SUCCESS ||
+        memcmp(back, share_msg, sizeof back) != 0 ||
+        cuMemcpyHtoD_v2(va + 8192, reply_msg, sizeof reply_msg) != CUDA_SUCCESS ||
+        cuMemUnmap(va, 2 * MiB) != CUDA_SUCCESS || cuMemRelease(h) != CUDA_SUCCESS)
+        return 1;
+    return 0;
+}
+
 static void print_object(const char *route, const char *name, void *fn)
 {
     Dl_info di;
@@ -369,11 +431,14 @@ int main(int argc, char **argv)
         printf("no device\n");
         return 100;
     }
+    self_path = argv[0];
+    if (argc == 3 && strcmp(argv[1], "vmmimport") == 0)
+        return vmmimport(argv[2]);
     static const struct { const char *name; void (*fn)(void); } checks[] = {
         {"managedlimit", check_managedlimit}, {"hostlimit", check_hostlimit},
         {"nested", check_nested}, {"teardown", check_teardown}, {"freeasync", check_freeasync}, {"vmm", check_vmm},
         {"vmmlimit", check_vmmlimit}, {"vmmleak", check_vmmleak},
-        {"vmmroutes", check_vmmroutes},
+        {"vmmroutes", check_vmmroutes}, {"vmmshare", check_vmmshare},
     };
     for (int i = 1; i < argc; i++) {
         size_t k = 0;
