@@ -9,14 +9,20 @@
  * (e.g. 35, cudaErrorInsufficientDriver), read on each call so that a test
  * can switch it on and off.
  *
- * cudaIpcGetMemHandle, cudaIpcOpenMemHandle and cudaIpcCloseMemHandle reach
- * the driver the way the real runtime does: dlopen("libcuda.so.1"), one
- * dlsym of cuGetProcAddress_v2, then each function through it at its
- * per-symbol ABI version (cuIpcOpenMemHandle at 11000 is the _v2). They
- * work on driver memory (cuMemAlloc's), which is what the real runtime's
- * cudaMalloc returns; this file's own cudaMalloc memory has no bytes and
- * no driver behind it. The driver's error numbers are the runtime's for
- * every code these return (1, 101, 201, 205, 217, 400, 801). */
+ * Host-pinned and managed memory (cudaHostAlloc, cudaMallocHost,
+ * cudaFreeHost, cudaMallocManaged, and cudaFree of managed memory) come
+ * from a driver, as the real runtime's do: it loads libcuda.so.1 by soname,
+ * looks up cuGetProcAddress_v2 alone, fetches each driver function through
+ * it at its ABI version, and makes the device's primary context current
+ * first (cudaSetDevice's implicit initialization). Without a driver those
+ * calls return 35 (cudaErrorInsufficientDriver), as the real runtime's do;
+ * driver errors map to the runtime's (1, 2 are the same numbers).
+ * cudaIpcGetMemHandle, cudaIpcOpenMemHandle and cudaIpcCloseMemHandle come
+ * from the driver the same way (cuIpcOpenMemHandle at 11000 is the _v2):
+ * they work on driver memory (cuMemAlloc's), which is what the real
+ * runtime's cudaMalloc returns; this file's own cudaMalloc memory has no
+ * bytes behind it. The driver's numbers are the runtime's for every code
+ * they return (1, 101, 201, 205, 217, 400, 801). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -82,6 +88,106 @@ API int cudaMalloc(void **ptr, size_t size)
     return do_malloc(ptr, size);
 }
 
+/* ---- through the driver, as the real runtime ------------------------- */
+
+typedef int (*get_proc_fn)(const char *, void **, int, unsigned long long, int *);
+typedef struct { char reserved[64]; } cudaIpcMemHandle_t; /* CUipcMemHandle's layout */
+static struct {
+    int (*init)(unsigned);
+    int (*primary_retain)(void **, int);
+    int (*get_current)(void **);
+    int (*set_current)(void *);
+    int (*host_alloc)(void **, size_t, unsigned);
+    int (*alloc_host)(void **, size_t);
+    int (*free_host)(void *);
+    int (*alloc_managed)(unsigned long long *, size_t, unsigned);
+    int (*mem_free)(unsigned long long);
+    /* Optional: the cudaIpc* functions answer 35 without them. */
+    int (*ipc_get)(cudaIpcMemHandle_t *, unsigned long long);
+    int (*ipc_open)(unsigned long long *, cudaIpcMemHandle_t, unsigned);
+    int (*ipc_close)(unsigned long long);
+    int err; /* 0, or why the runtime has no driver */
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void *fetch(get_proc_fn gpa, const char *name, int version)
+{
+    void *fn = NULL;
+    int status = 0;
+    return gpa(name, &fn, version, 0, &status) == 0 ? fn : NULL;
+}
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    get_proc_fn gpa = h ? (get_proc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!gpa) {
+        drv.err = 35; /* cudaErrorInsufficientDriver */
+        return;
+    }
+    *(void **)&drv.init = fetch(gpa, "cuInit", 2000);
+    *(void **)&drv.primary_retain = fetch(gpa, "cuDevicePrimaryCtxRetain", 7000);
+    *(void **)&drv.get_current = fetch(gpa, "cuCtxGetCurrent", 4000);
+    *(void **)&drv.set_current = fetch(gpa, "cuCtxSetCurrent", 4000);
+    *(void **)&drv.host_alloc = fetch(gpa, "cuMemHostAlloc", 2020);
+    *(void **)&drv.alloc_host = fetch(gpa, "cuMemAllocHost", 3020);
+    *(void **)&drv.free_host = fetch(gpa, "cuMemFreeHost", 2000);
+    *(void **)&drv.alloc_managed = fetch(gpa, "cuMemAllocManaged", 6000);
+    *(void **)&drv.mem_free = fetch(gpa, "cuMemFree", 3020);
+    *(void **)&drv.ipc_get = fetch(gpa, "cuIpcGetMemHandle", 4010);
+    *(void **)&drv.ipc_open = fetch(gpa, "cuIpcOpenMemHandle", 11000);
+    *(void **)&drv.ipc_close = fetch(gpa, "cuIpcCloseMemHandle", 4010);
+    if (!drv.init || !drv.primary_retain || !drv.get_current || !drv.set_current ||
+        !drv.host_alloc || !drv.alloc_host || !drv.free_host || !drv.alloc_managed ||
+        !drv.mem_free || drv.init(0) != 0)
+        drv.err = 35;
+}
+
+/* The driver, with a context current on the calling thread (device 0's
+ * primary context when none is): 0 or the runtime's error. */
+static int driver_ready(void)
+{
+    pthread_once(&drv_once, load_driver);
+    if (drv.err)
+        return drv.err;
+    void *ctx = NULL;
+    if (drv.get_current(&ctx) == 0 && ctx)
+        return 0;
+    if (drv.primary_retain(&ctx, 0) != 0 || drv.set_current(ctx) != 0)
+        return 3; /* cudaErrorInitializationError */
+    return 0;
+}
+
+API int cudaHostAlloc(void **ptr, size_t size, unsigned flags)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.host_alloc(ptr, size, flags);
+}
+
+API int cudaMallocHost(void **ptr, size_t size)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.alloc_host(ptr, size);
+}
+
+API int cudaFreeHost(void *ptr)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.free_host(ptr);
+}
+
+API int cudaMallocManaged(void **ptr, size_t size, unsigned flags)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_managed(ptr ? &p : NULL, size, flags);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
 API int cudaFree(void *ptr)
 {
     pthread_mutex_lock(&mu);
@@ -100,6 +206,9 @@ API int cudaFree(void *ptr)
         }
     }
     pthread_mutex_unlock(&mu);
+    /* Not one of its blocks: managed memory is the driver's. */
+    if (rc != 0 && driver_ready() == 0)
+        rc = drv.mem_free((uintptr_t)ptr);
     return rc;
 }
 
@@ -123,50 +232,27 @@ API int standinRawMalloc(void **ptr, size_t size)
     return do_malloc(ptr, size);
 }
 
-/* ---- IPC, through the driver ----------------------------------------- */
-
-typedef struct { char reserved[64]; } cudaIpcMemHandle_t;
-typedef int (*get_proc_fn)(const char *, void **, int, unsigned long long, int *);
-
-static struct {
-    int (*get)(cudaIpcMemHandle_t *, unsigned long long);
-    int (*open)(unsigned long long *, cudaIpcMemHandle_t, unsigned);
-    int (*close)(unsigned long long);
-} ipc;
-static pthread_once_t ipc_once = PTHREAD_ONCE_INIT;
-
-static void ipc_resolve(void)
-{
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    get_proc_fn gpa = h ? (get_proc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
-    if (!gpa)
-        return;
-    int st;
-    if (gpa("cuIpcGetMemHandle", (void **)&ipc.get, 4010, 0, &st) != 0)
-        ipc.get = NULL;
-    if (gpa("cuIpcOpenMemHandle", (void **)&ipc.open, 11000, 0, &st) != 0)
-        ipc.open = NULL;
-    if (gpa("cuIpcCloseMemHandle", (void **)&ipc.close, 4010, 0, &st) != 0)
-        ipc.close = NULL;
-}
-
-#define INSUFFICIENT_DRIVER 35
+/* ---- IPC, through the driver ------------------------------------------ */
 
 API int cudaIpcGetMemHandle(cudaIpcMemHandle_t *handle, void *devPtr)
 {
-    pthread_once(&ipc_once, ipc_resolve);
-    return ipc.get ? ipc.get(handle, (uintptr_t)devPtr) : INSUFFICIENT_DRIVER;
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    return drv.ipc_get ? drv.ipc_get(handle, (uintptr_t)devPtr) : 35;
 }
 
 API int cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned int flags)
 {
-    pthread_once(&ipc_once, ipc_resolve);
-    if (!ipc.open)
-        return INSUFFICIENT_DRIVER;
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    if (!drv.ipc_open)
+        return 35;
     if (!devPtr)
         return 1;
     unsigned long long p = 0;
-    int rc = ipc.open(&p, handle, flags);
+    rc = drv.ipc_open(&p, handle, flags);
     if (rc == 0)
         *devPtr = (void *)(uintptr_t)p;
     return rc;
@@ -174,6 +260,8 @@ API int cudaIpcOpenMemHandle(void **devPtr, cudaIpcMemHandle_t handle, unsigned 
 
 API int cudaIpcCloseMemHandle(void *devPtr)
 {
-    pthread_once(&ipc_once, ipc_resolve);
-    return ipc.close ? ipc.close((uintptr_t)devPtr) : INSUFFICIENT_DRIVER;
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    return drv.ipc_close ? drv.ipc_close((uintptr_t)devPtr) : 35;
 }
