@@ -86,7 +86,8 @@ static void send_line(int fd, const char *line)
 }
 
 /* One line of at most REQUEST_MAX bytes, within the receive timeout.
- * Returns its length (without the newline), -1 when none came. */
+ * Returns its length (without the newline), -1 when none came, -2 when
+ * it is longer. */
 static int read_request(int fd, char *buf)
 {
     size_t n = 0;
@@ -103,7 +104,7 @@ static int read_request(int fd, char *buf)
             return (int)(nl - buf);
         }
     }
-    return -1;
+    return -2;
 }
 
 static void serve_snapshot(int fd)
@@ -163,6 +164,10 @@ static void serve(int fd)
     }
     char req[REQUEST_MAX + 1];
     int n = read_request(fd, req);
+    if (n == -2) {
+        send_line(fd, "error: expected one request line (\"snapshot\") of at most 64 bytes\n");
+        return;
+    }
     if (n < 0) {
         send_line(fd, "error: expected one request line (\"snapshot\") within 1 s\n");
         return;
@@ -193,6 +198,13 @@ static void *control_main(void *arg)
             return NULL;   /* the socket is gone */
         }
         serve(c);
+        /* The answer first, then what the client sent beyond the request
+         * (a bounded drain): closing with unread input would reset the
+         * connection and could drop the answer's last line. */
+        shutdown(c, SHUT_WR);
+        char sink[4096];
+        for (int k = 0; k < 16 && recv(c, sink, sizeof sink, 0) > 0; k++)
+            ;
         close(c);
     }
 }
