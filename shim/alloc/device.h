@@ -159,6 +159,12 @@ shim_device *shim_device_at(size_t i);
 /* Copies the records of live allocations with seq > since, under the lock.
  * Returns a malloc'ed array (caller frees) and its length in *n. */
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n);
+/* The same, setting *held_ns to the time its locks were held (each arena
+ * lock in turn, summed) and *longest_ns to the longest one hold (the most
+ * an allocating thread can have been stopped by it), for `spyreshim
+ * snapshot`. The copy is sized with no lock held. */
+shim_record *shim_device_live_timed(shim_device *d, uint64_t since, size_t *n,
+                                    uint64_t *held_ns, uint64_t *longest_ns);
 /* Adds this device's counters to *s. Its peak_used_bytes is the device's
  * own peak: the process's is shim_device_peak_all's, not their sum. */
 void shim_device_add_stats(shim_device *d, spyreshim_stats *s);

@@ -189,12 +189,12 @@ def cmd_snapshot(args):
     except control.SnapshotError as e:
         raise UsageError(str(e))
     gil = figures.get("gil_ns", 0)
-    sys.stderr.write("%s snapshot: wrote %s: %d live allocation%s, %s; the program was stopped "
-                     "%.3f ms (allocator locks)%s\n" % (
+    sys.stderr.write("%s snapshot: wrote %s: %d live allocation%s, %s; its allocating threads "
+                     "were stopped at most %.3f ms (allocator locks held %.3f ms in all)%s\n" % (
                          PROG, escape.terminal(out), figures.get("blocks", 0),
                          "" if figures.get("blocks", 0) == 1 else "s",
                          rpt.format_size(figures.get("bytes", 0)),
-                         figures.get("held_ns", 0) / 1e6,
+                         figures.get("longest_ns", 0) / 1e6, figures.get("held_ns", 0) / 1e6,
                          ", its Python threads %.3f ms (naming frames)" % (gil / 1e6) if gil
                          else ""))
     return 0
