@@ -3,11 +3,11 @@
 #ifndef SHIM_COLLECTIONS_H
 #define SHIM_COLLECTIONS_H
 
-/* From shim_leak_init, leak checking on: registers the collection watch
- * with the pressure event. */
+/* From shim_leak_init (the constructor), only when leak checking is on:
+ * registers the collection watch with the pressure event. */
 void shim_collections_init(void);
-/* The section's JSON object (malloc'ed text), or NULL when leak checking
- * is off or out of host memory. No shim lock held; resolves names. */
+/* The section's JSON object (malloc'ed text), or NULL when it was never
+ * initialized (leak checking off) or out of host memory. No shim lock held; resolves names. */
 char *shim_collections_json(void);
 /* fork (shim/process/fork.c): the books' leaf lock. */
 void shim_collections_atfork_prepare(void);

@@ -45,7 +45,6 @@
 
 #include "clock.h"
 #include "collections.h"
-#include "leak.h"
 #include "log.h"
 #include "options.h"
 #include "pystack.h"
