@@ -214,6 +214,15 @@ def test_bad_requests_get_one_line_and_the_target_keeps_serving(builddir, tmp_pa
         assert ask(t.pid, b"x" * 5000).startswith(b"error: expected one request line (\"snapshot\") of at most")
         assert ask(t.pid, b"", shut=True).startswith(b"error: expected one request line")
         assert ask(t.pid, b"\xff\x00\n").startswith(b"error: unknown request")
+        if os.geteuid() == 0:
+            # Another user is refused, whatever it asks.
+            code = ("import socket; s = socket.socket(socket.AF_UNIX); "
+                    "s.connect('\\0spyreshim-control.%d'); s.sendall(b'snapshot\\n'); "
+                    "print(s.recv(4096).decode(), end='')" % t.pid)
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               user=65534, group=65534, timeout=60)
+            assert p.stdout == ("error: permission denied: only the process's own user may "
+                                "ask\n"), (p.stdout, p.stderr)
         got = ask(t.pid, b"snapshot\n")
         head, _, body = got.partition(b"\n")
         assert head.startswith(b"ok spyreshim-snapshot 1 blocks=4 ")
