@@ -14,7 +14,9 @@ copies walk). A benchmark: it prints numbers and asserts nothing.
         [--live 0 100000] [--repeat 15]
 
 Each run's own figure, from its exit report (`collections.runs[].cost_ns`),
-is printed as `section` (median per collection; absent before the section).
+is printed as `section` (median per collection, wall time) and `cpu` (the
+collecting thread's CPU time on it, which a busy machine does not inflate;
+both absent before the section).
 """
 import argparse
 import gc
@@ -70,8 +72,8 @@ def main():
     if a.child is not None:
         return child(a.child, a.repeat)
     print("gc_collections_cost: leak checking on, median of %d events (ms)" % a.repeat)
-    print("%-40s %8s %9s %9s %9s %9s" % ("library", "live", "event", "collect", "overhead",
-                                          "section"))
+    print("%-40s %8s %9s %9s %9s %9s %9s" % ("library", "live", "event", "collect",
+                                              "overhead", "section", "cpu"))
     for lib in a.lib:
         for live in a.live:
             with tempfile.TemporaryDirectory() as tmp:
@@ -91,10 +93,12 @@ def main():
                 print("%-40s %8d  (no clean measurement)" % (lib[-40:], live))
                 continue
             ms = lambda v: "%9.3f" % (statistics.median(v) / 1e6)  # noqa: E731
-            section = ms([r["cost_ns"] for r in c["runs"]]) if c and c["runs"] else "%9s" % "-"
-            print("%-40s %8d %s %s %s %s" % (lib[-40:], live, ms([r[0] for r in rows]),
-                                            ms([r[1] for r in rows]),
-                                            ms([r[0] - r[1] for r in rows]), section))
+            have = c and c["runs"]
+            section = ms([r["cost_ns"] for r in c["runs"]]) if have else "%9s" % "-"
+            cpu = ms([r["cost_cpu_ns"] for r in c["runs"]]) if have else "%9s" % "-"
+            print("%-40s %8d %s %s %s %s %s" % (lib[-40:], live, ms([r[0] for r in rows]),
+                                               ms([r[1] for r in rows]),
+                                               ms([r[0] - r[1] for r in rows]), section, cpu))
 
 
 if __name__ == "__main__":

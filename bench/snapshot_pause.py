@@ -8,6 +8,8 @@ CLI's client (spyreshim.control) and timed three ways:
           time one arena lock was held while the live records were copied
           (they are copied one arena at a time); an allocating thread can
           be stopped only inside such a hold
+  cpu     the same hold in the copying thread's CPU time (longest_cpu_ns),
+          which a busy machine's preemption does not inflate
   pair    the longest allocation+free pair of the allocating thread during
           the snapshot, against the longest in as long a time without one
           (baseline): what the program saw
@@ -50,7 +52,7 @@ def main():
         p.stdin.flush()
         return p.stdout.readline().strip()
 
-    held, pair, base, total = [], [], [], []
+    held, cpu, pair, base, total = [], [], [], [], []
     for _ in range(a.repeat):
         cmd("reset")
         t0 = time.monotonic()
@@ -59,6 +61,7 @@ def main():
         pair.append(int(cmd("max")))
         assert figures["blocks"] >= a.blocks, figures
         held.append(figures["longest_ns"])
+        cpu.append(figures["longest_cpu_ns"])
         total.append(dt * 1e9)
         cmd("reset")
         time.sleep(dt)
@@ -72,6 +75,7 @@ def main():
     print("snapshot of %d live blocks, %d times (report of %d bytes):" % (
         a.blocks, a.repeat, len(text)))
     print("  held  (longest allocator lock hold, the shim's): %s" % ms(held))
+    print("  cpu   (the same hold, CPU time):                 %s" % ms(cpu))
     print("  pair  (longest alloc+free during the snapshot):  %s" % ms(pair))
     print("  base  (longest alloc+free, as long without one): %s" % ms(base))
     print("  total (the request, as the CLI waits for it):    %s" % ms(total))

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "clock.h"
 #include "mutex.h"
@@ -50,7 +51,7 @@ typedef struct run_site {
 } run_site;
 
 typedef struct run {
-    uint64_t at_ns, ns, cost_ns, freed, attributed, blocks;
+    uint64_t at_ns, ns, cost_ns, cost_cpu_ns, freed, attributed, blocks;
     long objects;
     run_site *sites;
     size_t nsites;
@@ -61,13 +62,23 @@ static site *g_sites;
 static size_t g_nsites, g_capsites;
 static run *g_runs;
 static size_t g_nruns;
-static uint64_t g_total_runs, g_freed, g_attributed, g_blocks, g_cost_ns;
+static uint64_t g_total_runs, g_freed, g_attributed, g_blocks, g_cost_ns, g_cost_cpu_ns;
 static uint64_t g_start_ns;
 static bool g_on;   /* set once by shim_collections_init (leak checking on) */
 
 /* The collecting thread's copy at the start, and what that copy cost. */
 static _Thread_local spyreshim_snapshot *tls_before;
-static _Thread_local uint64_t tls_cost_ns, tls_at_ns;
+static _Thread_local uint64_t tls_cost_ns, tls_cost_cpu_ns, tls_at_ns;
+
+/* This thread's CPU time: the cost without the time a busy machine took
+ * the CPU away (wall times are reported too). */
+static uint64_t cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static int key_cmp(const spyreshim_alloc_info *a, const spyreshim_alloc_info *b)
 {
@@ -154,10 +165,11 @@ static void on_begin(void)
 {
     if (tls_before)
         return;   /* a collection inside a collection's finalizer: the outer one counts */
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_now_ns(), c0 = cpu_ns();
     tls_at_ns = t0;
     tls_before = spyreshim_snapshot_take(0);
     tls_cost_ns = shim_now_ns() - t0;
+    tls_cost_cpu_ns = cpu_ns() - c0;
 }
 
 static void on_end(uint64_t ns, uint64_t freed, long objects)
@@ -166,7 +178,7 @@ static void on_end(uint64_t ns, uint64_t freed, long objects)
     if (!before)
         return;
     tls_before = NULL;
-    uint64_t t0 = shim_now_ns();
+    uint64_t t0 = shim_now_ns(), c0 = cpu_ns();
     spyreshim_snapshot *after = spyreshim_snapshot_take(0);
     size_t n = 0;
     spyreshim_alloc_info *gone = after ? freed_blocks(before, after, &n) : NULL;
@@ -200,11 +212,13 @@ static void on_end(uint64_t ns, uint64_t freed, long objects)
         i = j;
     }
     uint64_t cost = tls_cost_ns + (shim_now_ns() - t0);
+    uint64_t cost_cpu = tls_cost_cpu_ns + (cpu_ns() - c0);
     g_total_runs++;
     g_freed += freed;
     g_attributed += attributed;
     g_blocks += n;
     g_cost_ns += cost;
+    g_cost_cpu_ns += cost_cpu;
     run *r = NULL;
     if (g_nruns < MAX_RUNS) {
         run *nr = realloc(g_runs, (g_nruns + 1) * sizeof *nr);
@@ -214,7 +228,8 @@ static void on_end(uint64_t ns, uint64_t freed, long objects)
         }
     }
     if (r) {
-        *r = (run){.at_ns = tls_at_ns - g_start_ns, .ns = ns, .cost_ns = cost, .freed = freed,
+        *r = (run){.at_ns = tls_at_ns - g_start_ns, .ns = ns, .cost_ns = cost,
+                   .cost_cpu_ns = cost_cpu, .freed = freed,
                    .attributed = attributed, .blocks = n, .objects = objects, .sites = rs,
                    .nsites = k};
         rs = NULL;
@@ -255,7 +270,7 @@ char *shim_collections_json(void)
     shim_mutex_lock(&coll_mu);
     size_t ns = g_nsites, nr = g_nruns;
     uint64_t total = g_total_runs, freed = g_freed, attributed = g_attributed,
-             blocks = g_blocks, cost = g_cost_ns;
+             blocks = g_blocks, cost = g_cost_ns, cost_cpu = g_cost_cpu_ns;
     site *sites = malloc((ns ? ns : 1) * sizeof *sites);
     run *runs = malloc((nr ? nr : 1) * sizeof *runs);
     size_t nrs = 0;
@@ -300,16 +315,17 @@ char *shim_collections_json(void)
         goto out;
     fprintf(f, "{\n    \"count\": %" PRIu64 ",\n    \"freed\": %" PRIu64
                ",\n    \"attributed\": %" PRIu64 ",\n    \"blocks\": %" PRIu64
-               ",\n    \"cost_ns\": %" PRIu64 ",\n    \"runs_dropped\": %" PRIu64
-               ",\n    \"runs\": [",
-            total, freed, attributed, blocks, cost, total - nr);
+               ",\n    \"cost_ns\": %" PRIu64 ",\n    \"cost_cpu_ns\": %" PRIu64
+               ",\n    \"runs_dropped\": %" PRIu64 ",\n    \"runs\": [",
+            total, freed, attributed, blocks, cost, cost_cpu, total - nr);
     for (size_t i = 0; i < nr; i++) {
         const run *r = &runs[i];
         fprintf(f, "%s\n      {\"at_ns\": %" PRIu64 ", \"duration_ns\": %" PRIu64
-                   ", \"cost_ns\": %" PRIu64 ", \"objects\": %ld, \"freed\": %" PRIu64
-                   ", \"attributed\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"sites\": [",
-                i ? "," : "", r->at_ns, r->ns, r->cost_ns, r->objects, r->freed,
-                r->attributed, r->blocks);
+                   ", \"cost_ns\": %" PRIu64 ", \"cost_cpu_ns\": %" PRIu64
+                   ", \"objects\": %ld, \"freed\": %" PRIu64 ", \"attributed\": %" PRIu64
+                   ", \"blocks\": %" PRIu64 ", \"sites\": [",
+                i ? "," : "", r->at_ns, r->ns, r->cost_ns, r->cost_cpu_ns, r->objects,
+                r->freed, r->attributed, r->blocks);
         for (size_t k = 0; k < r->nsites; k++)
             fprintf(f, "%s{\"site\": %" PRIu32 ", \"bytes\": %" PRIu64 ", \"count\": %" PRIu64 "}",
                     k ? ", " : "", rank[r->sites[k].site], r->sites[k].bytes,

@@ -109,8 +109,8 @@ static int read_request(int fd, char *buf)
 
 static void serve_snapshot(int fd)
 {
-    uint64_t held_ns = 0, longest_ns = 0;
-    spyreshim_snapshot *s = shim_snapshot_take_timed(0, &held_ns, &longest_ns);
+    shim_live_timing t;
+    spyreshim_snapshot *s = shim_snapshot_take_timed(0, &t);
     if (!s) {
         send_line(fd, "error: out of host memory\n");
         return;
@@ -141,13 +141,14 @@ static void serve_snapshot(int fd)
     char head[200];
     snprintf(head, sizeof head,
              "ok spyreshim-snapshot 1 blocks=%zu bytes=%" PRIu64 " held_ns=%" PRIu64
-             " longest_ns=%" PRIu64 " gil_ns=%" PRIu64 " length=%zu\n",
-             n, bytes, held_ns, longest_ns, gil_ns, len);
+             " longest_ns=%" PRIu64 " longest_cpu_ns=%" PRIu64 " gil_ns=%" PRIu64
+             " length=%zu\n",
+             n, bytes, t.held_ns, t.longest_ns, t.longest_cpu_ns, gil_ns, len);
     if (send_all(fd, head, strlen(head)) == 0)
         (void)send_all(fd, json, len);
     free(json);
     shim_debug("control: snapshot of %zu block(s): allocator locks %.3f ms (longest hold "
-               "%.3f ms), GIL %.3f ms", n, held_ns / 1e6, longest_ns / 1e6, gil_ns / 1e6);
+               "%.3f ms), GIL %.3f ms", n, t.held_ns / 1e6, t.longest_ns / 1e6, gil_ns / 1e6);
 }
 
 static void serve(int fd)

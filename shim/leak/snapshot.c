@@ -31,16 +31,13 @@ SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void)
 
 SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
 {
-    return shim_snapshot_take_timed(since, NULL, NULL);
+    return shim_snapshot_take_timed(since, NULL);
 }
 
-spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, uint64_t *held_ns,
-                                             uint64_t *longest_ns)
+spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_timing *t)
 {
-    if (held_ns)
-        *held_ns = 0;
-    if (longest_ns)
-        *longest_ns = 0;
+    if (t)
+        memset(t, 0, sizeof *t);
     spyreshim_snapshot *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -50,13 +47,7 @@ spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, uint64_t *hel
         if (!dev)
             continue;
         size_t k = 0;
-        uint64_t held = 0, longest = 0;
-        shim_record *recs = shim_device_live_timed(dev, since, &k, held_ns ? &held : NULL,
-                                                   &longest);
-        if (held_ns)
-            *held_ns += held;
-        if (longest_ns && longest > *longest_ns)
-            *longest_ns = longest;
+        shim_record *recs = shim_device_live_timed(dev, since, &k, t);
         if (!recs && k) {
             spyreshim_snapshot_free(s);
             return NULL;

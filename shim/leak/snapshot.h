@@ -5,13 +5,13 @@
 
 #include <stdint.h>
 
+#include "device.h"
 #include "spyreshim.h"
 
-/* spyreshim_snapshot_take, also giving the time the allocator locks were
- * held while the live records were copied: in all (*held_ns) and the
- * longest one hold (*longest_ns), which bounds how long an allocating
- * thread was stopped (`spyreshim snapshot PID`, shim/leak/control.c). */
-spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, uint64_t *held_ns,
-                                             uint64_t *longest_ns);
+/* spyreshim_snapshot_take, also giving (when `t` is not NULL) the time
+ * the allocator locks were held while the live records were copied, in all
+ * and the longest one hold, which bounds how long an allocating thread was
+ * stopped (`spyreshim snapshot PID`, shim/leak/control.c). */
+spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_timing *t);
 
 #endif

@@ -135,7 +135,7 @@ def _collections(where, c):
     if not isinstance(sites, list) or not isinstance(runs, list):
         raise ReportError("%s: \"sites\" and \"runs\": expected lists" % where)
     out = {k: _nonneg(where, c, k) for k in ("count", "freed", "attributed", "blocks", "cost_ns",
-                                            "runs_dropped")}
+                                            "cost_cpu_ns", "runs_dropped")}
     out["sites"] = []
     for i, g in enumerate(sites):
         w = "%s.sites[%d]" % (where, i)
