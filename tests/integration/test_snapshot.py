@@ -214,6 +214,64 @@ def test_a_process_not_under_the_shim_or_not_listening_or_gone(builddir, tmp_pat
     assert not list(tmp_path.glob("spyreshim-snapshot-*.json"))
 
 
+def test_a_process_that_does_not_answer_times_out_and_goes_on(builddir, tmp_path):
+    """Stopped (SIGSTOP), the target's kernel still accepts the connection
+    but nothing answers: the command says so within its timeout, and the
+    target, continued, serves the next request and exits normally."""
+    import signal
+    t = Target(tmp_path)
+    try:
+        os.kill(t.pid, signal.SIGSTOP)
+        try:
+            err = one_line_status_2(snapshot(t.pid, "--timeout", "1", "-o", tmp_path / "x.json"))
+        finally:
+            os.kill(t.pid, signal.SIGCONT)
+        assert "process %d did not answer within 1 s" % t.pid in err
+        assert not (tmp_path / "x.json").exists()
+        p = snapshot(t.pid, "-o", tmp_path / "y.json")
+        assert p.returncode == 0, p.stderr
+        rc, out, err = t.finish()
+        assert rc == 0 and out == "done\n", err
+    finally:
+        t.kill()
+
+
+def test_a_forked_child_does_not_listen_and_the_parent_still_does(builddir, tmp_path):
+    interp = pythons.get("cpython3.11-static").require()
+    code = """import os, signal, sys, time, simdev
+keep = simdev.Tensor(1000)
+pid = os.fork()
+if pid == 0:
+    while True:
+        time.sleep(1)
+print(os.getpid(), pid, flush=True)
+sys.stdin.readline()
+os.kill(pid, signal.SIGKILL)
+os.waitpid(pid, 0)
+"""
+    env = pythons.module_env(interp, simdev_memory="64M")
+    env.update(LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_CONTROL="1",
+               SPYRESHIM_LEAK_CHECK="1", SPYRESHIM_EXITCODE="0")
+    proc = subprocess.Popen([interp.exe, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        parent, child = (int(x) for x in proc.stdout.readline().split())
+        assert parent == proc.pid and child != parent
+        err = one_line_status_2(snapshot(child))
+        assert "process %d runs under the shim but is not listening" % child in err
+        p = snapshot(parent, "-o", tmp_path / "parent.json")
+        assert p.returncode == 0, p.stderr
+        assert json.loads((tmp_path / "parent.json").read_text())["live_allocations"] == 1
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        _out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def ask(pid, data, shut=False):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(30)
