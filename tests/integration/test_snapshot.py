@@ -353,3 +353,29 @@ def test_collections_section_attributes_what_each_collection_freed(builddir, tmp
     assert "(100.0%)" in p.stdout
     cyc = p.stdout.split("The cycles that held device memory")[1]
     assert "in Tensor_new " in cyc and "in forward " in cyc
+
+
+def test_a_bad_collections_section_is_one_line(tmp_path):
+    base = {"format": "spyreshim-report", "version": 1, "pid": 1, "reason": "exit",
+            "groups": []}
+    good = {"count": 1, "freed": 10, "attributed": 10, "blocks": 1, "cost_ns": 5,
+            "cost_cpu_ns": 4, "runs_dropped": 0,
+            "runs": [{"at_ns": 1, "duration_ns": 2, "cost_ns": 3, "objects": 1, "freed": 10,
+                      "attributed": 10, "blocks": 1,
+                      "sites": [{"site": 0, "bytes": 10, "count": 1}]}],
+            "sites": [{"bytes": 10, "count": 1, "collections": 1, "runtime": "sim\x1bdev",
+                       "order": "native",
+                       "frames": [{"kind": "native", "function": "f\nake", "object": "/o"}]}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(dict(base, collections=good)))
+    p = report(path)
+    assert p.returncode == 0, p.stderr
+    assert "Collections run under memory pressure: 1;" in p.stdout
+    # Names are escaped: no raw control character reaches the terminal.
+    assert "\x1b" not in p.stdout and "f\\nake" in p.stdout
+    for bad, field in ((dict(good, sites=[]), "runs[0].sites[0].site"),
+                       (dict(good, count=-1), "count"),
+                       (dict(good, runs="x"), "\"runs\"")):
+        path.write_text(json.dumps(dict(base, collections=bad)))
+        err = one_line_status_2(report(path))
+        assert "collections" in err and field in err, err
