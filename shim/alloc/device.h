@@ -171,6 +171,13 @@ typedef struct shim_live_timing {
  * for `spyreshim snapshot`. The copy is sized with no lock held. */
 shim_record *shim_device_live_timed(shim_device *d, uint64_t since, size_t *n,
                                     shim_live_timing *t);
+/* The sequence numbers of the live allocations only (no size, no stacks:
+ * the table's slots and fields are read, not the blocks' nodes), appended
+ * to the malloc'ed array *seqs of *n (grown as needed, *cap its capacity),
+ * each arena's lock held for its part. -1 when out of host memory (the
+ * array stays the caller's to free). What a collection left live
+ * (shim/leak/collections.c). */
+int shim_device_live_seqs(shim_device *d, uint64_t **seqs, size_t *n, size_t *cap);
 /* Adds this device's counters to *s. Its peak_used_bytes is the device's
  * own peak: the process's is shim_device_peak_all's, not their sum. */
 void shim_device_add_stats(shim_device *d, spyreshim_stats *s);

@@ -5,13 +5,14 @@
  * event (shim_pressure_set_collection_watch; the collector calls it, the
  * allocator core knows neither side). At a collection's start the live
  * records are copied (stack ids only: spyreshim_snapshot_take, each arena
- * lock held for its copy); at its end they are copied again, and every
- * block of the first copy missing from the second (by its allocation
- * sequence number) was freed during the collection: its size goes to its
+ * lock held for its copy); at its end only the sequence numbers of the
+ * live allocations are (shim_device_live_seqs), and every block of the
+ * first copy whose number is no longer among them was freed during the
+ * collection: its size goes to its
  * site, (runtime, Python stack, native stack), the report's grouping key.
- * Nothing is added to the allocation or free path; the cost is two copies
- * per collection, outside the collection's own time, measured per run
- * (`cost_ns`).
+ * Nothing is added to the allocation or free path; the cost is the two
+ * walks per collection, outside the collection's own time, in proportion
+ * to the live blocks, measured per run (`cost_ns`, `cost_cpu_ns`).
  *
  * Owns the runs and the sites over the run, guarded by `coll_mu`, a leaf
  * taken for the merge of one collection's result only (no other lock, no
@@ -31,7 +32,9 @@
 #include <time.h>
 
 #include "clock.h"
+#include "device.h"
 #include "mutex.h"
+#include "passthrough.h"
 #include "pressure.h"
 #include "report.h"
 #include "spyreshim.h"
@@ -101,14 +104,49 @@ static uint64_t mix(uint64_t x)
     return x;
 }
 
-/* The blocks of `before` that `after` no longer has, into a malloc'ed
- * array (*n set); NULL when out of host memory. Sequence numbers are
- * unique per allocation, so a freed block whose address was reused meanwhile
- * still counts as freed. */
-static spyreshim_alloc_info *freed_blocks(const spyreshim_snapshot *before,
-                                          const spyreshim_snapshot *after, size_t *n)
+/* The sequence numbers of every live allocation now, devices and memory
+ * passed through; malloc'ed, NULL when out of host memory. */
+static uint64_t *live_seqs(size_t *n)
 {
-    size_t na = spyreshim_snapshot_count(after), nb = spyreshim_snapshot_count(before);
+    uint64_t *seqs = NULL;
+    size_t cap = 0;
+    *n = 0;
+    for (size_t d = 0; d < shim_device_count(); d++) {
+        shim_device *dev = shim_device_at(d);
+        if (dev && shim_device_live_seqs(dev, &seqs, n, &cap) != 0) {
+            free(seqs);
+            return NULL;
+        }
+    }
+    size_t k = 0;
+    shim_pt_record *pt = shim_passthrough_live(0, &k);
+    if (!pt && k) {
+        free(seqs);
+        return NULL;
+    }
+    if (k) {
+        uint64_t *o = realloc(seqs, (*n + k) * sizeof *o);
+        if (!o) {
+            free(pt);
+            free(seqs);
+            return NULL;
+        }
+        seqs = o;
+        for (size_t i = 0; i < k; i++)
+            seqs[(*n)++] = pt[i].seq;
+        free(pt);
+    }
+    return seqs ? seqs : malloc(sizeof *seqs);
+}
+
+/* The blocks of `before` whose sequence numbers `after` (na of them) no
+ * longer has, into a malloc'ed array (*n set); NULL when out of host
+ * memory. Sequence numbers are unique per allocation, so a freed block
+ * whose address was reused meanwhile still counts as freed. */
+static spyreshim_alloc_info *freed_blocks(const spyreshim_snapshot *before,
+                                          const uint64_t *after, size_t na, size_t *n)
+{
+    size_t nb = spyreshim_snapshot_count(before);
     size_t cap = 16;
     while (cap < 2 * na)
         cap <<= 1;
@@ -120,7 +158,7 @@ static spyreshim_alloc_info *freed_blocks(const spyreshim_snapshot *before,
         return NULL;
     }
     for (size_t i = 0; i < na; i++) {
-        uint64_t k = spyreshim_snapshot_get(after, i)->seq + 1;
+        uint64_t k = after[i] + 1;
         size_t h = (size_t)mix(k) & (cap - 1);
         while (set[h] && set[h] != k)
             h = (h + 1) & (cap - 1);
@@ -179,11 +217,11 @@ static void on_end(uint64_t ns, uint64_t freed, long objects)
         return;
     tls_before = NULL;
     uint64_t t0 = shim_now_ns(), c0 = cpu_ns();
-    spyreshim_snapshot *after = spyreshim_snapshot_take(0);
-    size_t n = 0;
-    spyreshim_alloc_info *gone = after ? freed_blocks(before, after, &n) : NULL;
+    size_t na = 0, n = 0;
+    uint64_t *after = live_seqs(&na);
+    spyreshim_alloc_info *gone = after ? freed_blocks(before, after, na, &n) : NULL;
     spyreshim_snapshot_free(before);
-    spyreshim_snapshot_free(after);
+    free(after);
     if (!gone)
         return;   /* out of host memory: this collection is not recorded */
     qsort(gone, n, sizeof *gone, info_cmp);
