@@ -16,9 +16,10 @@
  * Owns: the listening socket and the control thread, which blocks every
  * signal and does all the work; no lock (the thread alone uses the
  * socket). A request is served on that thread: the live records copied
- * (spyreshim_snapshot_take: each arena lock held for its copy only, the
- * one moment allocating threads can be stopped), Python frames still
- * unresolved resolved with the GIL (shim_pystack_resolve_detached), then,
+ * (shim_snapshot_take_timed: each arena lock held for its copy only, the
+ * one moment allocating threads can be stopped, and timed), Python frames
+ * still unresolved resolved with the GIL (shim_pystack_resolve_detached:
+ * the moment Python threads are stopped), then,
  * with no lock held, the report built and written into memory and sent.
  * The answer is one line ("ok ..." with the figures, or "error: ...")
  * followed, for a snapshot, by the JSON of docs/report-format.md.
@@ -43,7 +44,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "clock.h"
 #include "collections.h"
 #include "log.h"
 #include "options.h"
