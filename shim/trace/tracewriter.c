@@ -12,6 +12,7 @@
  * taken before the buffer and site locks. Never does I/O with the buffer
  * or site lock held, never calls into the allocator or Python. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,11 +21,13 @@
 #include "log.h"
 #include "mutex.h"
 #include "tracebuf.h"
+#include "tracecodec.h"
 #include "tracefile.h"
 #include "tracenames.h"
 #include "tracewriter.h"
 
 static unsigned g_flush_ms = 1000;
+static atomic_bool g_started;  /* the first event came: there are events to encode */
 
 /* Guarded by write_mu. */
 static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -69,7 +72,7 @@ static void flush_locked(void)
                 continue;
             shim_tracefile_write_chunk(c->ev + c->written, end - c->written,
                                        atomic_load_explicit(&c->last_seq, memory_order_relaxed),
-                                       meta_done ? NULL : &m);
+                                       c->thread, meta_done ? NULL : &m);
             meta_done = true;
             c->written = end;
         }
@@ -77,12 +80,12 @@ static void flush_locked(void)
             struct trace_buf_chunk *c = spans[i].c;
             shim_tracefile_write_chunk(c->ev + c->written, spans[i].end - c->written,
                                        atomic_load_explicit(&c->last_seq, memory_order_relaxed),
-                                       meta_done ? NULL : &m);
+                                       c->thread, meta_done ? NULL : &m);
             meta_done = true;
             c->written = spans[i].end;
         }
         if (!meta_done && m.len && !shim_tracefile_failed())
-            shim_tracefile_write_chunk(NULL, 0, 0, &m);
+            shim_tracefile_write_chunk(NULL, 0, 0, 0, &m);
         free(m.p);
     }
     shim_tracebuf_recycle(list);
@@ -91,6 +94,7 @@ static void flush_locked(void)
 static void *writer_main(void *arg)
 {
     (void)arg;
+    shim_tracecodec_load(); /* a loader call: before any lock of ours */
     for (;;) {
         struct timespec deadline;
         shim_deadline_after_ms(&deadline, g_flush_ms);
@@ -104,6 +108,7 @@ static void *writer_main(void *arg)
 
 void shim_tracewriter_start(void)
 {
+    atomic_store(&g_started, true);
     /* The writer must never take a signal meant for the program. */
     sigset_t all, old;
     sigfillset(&all);
@@ -122,6 +127,10 @@ void shim_tracewriter_start(void)
 
 void shim_tracewriter_close(void)
 {
+    /* Loaded by the writer thread already, unless it never ran; not at
+     * all in a process that recorded no event. */
+    if (atomic_load(&g_started))
+        shim_tracecodec_load();
     shim_mutex_lock(&write_mu);
     uint64_t lost;
     if (shim_tracebuf_close(&lost)) {
@@ -135,7 +144,7 @@ void shim_tracewriter_close(void)
             shim_tracenames_add(&m);
             shim_mutex_lock(&write_mu);
             if (!m.oom && !shim_tracefile_failed())
-                shim_tracefile_write_chunk(NULL, 0, 0, &m);
+                shim_tracefile_write_chunk(NULL, 0, 0, 0, &m);
             free(m.p);
         }
         if (lost)
