@@ -129,7 +129,7 @@ static size_t planes(const trace_event *ev, uint32_t n, const uint64_t *seq)
     return (size_t)(out - raw);
 }
 
-void shim_tracecodec_encode(const trace_event *ev, uint32_t n, uint64_t ref,
+void shim_tracecodec_encode(const trace_event *ev, uint32_t n, uint64_t ref, bool compress,
                             struct trace_encoded *out)
 {
     static uint64_t seq[TRACE_EV_PER_CHUNK];
@@ -148,7 +148,7 @@ void shim_tracecodec_encode(const trace_event *ev, uint32_t n, uint64_t ref,
     out->body = raw;
     out->body_bytes = (uint32_t)len;
     out->flags = 0;
-    if (!len || !z_ready())
+    if (!len || !compress || !z_ready())
         return;
     z.next_in = raw;
     z.avail_in = (uInt)len;

@@ -8,6 +8,7 @@
 #ifndef SHIM_TRACECODEC_H
 #define SHIM_TRACECODEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -26,10 +27,12 @@ struct trace_encoded {
     uint64_t seq_base;   /* the smallest whole sequence number of the events */
 };
 
-/* Encodes ev[0..n) (n <= TRACE_V2_MAX_EVENTS); `ref` is the whole
+/* Encodes ev[0..n) (n <= TRACE_EV_PER_CHUNK); `ref` is the whole
  * sequence number of one event of their buffer (each event carries the
- * low 32 bits: tracebuf.h). Trace write lock held. */
-void shim_tracecodec_encode(const trace_event *ev, uint32_t n, uint64_t ref,
+ * low 32 bits: tracebuf.h). Compressed only when `compress` (the writer
+ * is not behind), zlib loaded, and that is smaller. Trace write lock
+ * held. */
+void shim_tracecodec_encode(const trace_event *ev, uint32_t n, uint64_t ref, bool compress,
                             struct trace_encoded *out);
 
 #endif

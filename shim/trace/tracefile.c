@@ -308,7 +308,7 @@ bool shim_tracefile_ready(void)
 }
 
 void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,
-                                const struct trace_meta_buf *m)
+                                bool compress, const struct trace_meta_buf *m)
 {
     /* A record holds at most a buffer's chunk (the codec's scratch); the
      * writer never passes more, but a longer run is split, not cut. */
@@ -317,7 +317,7 @@ void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
         struct trace_encoded enc;
         /* Encoded on this thread (the writer's), never while appending:
          * the allocating threads' cost stays a 32-byte store. */
-        shim_tracecodec_encode(ev, k, ref, &enc);
+        shim_tracecodec_encode(ev, k, ref, compress, &enc);
         trace_chunk h = {.magic = TRACE_CHUNK_MAGIC, .nevents = k,
                          .meta_bytes = m ? (uint32_t)m->len : 0, .body_bytes = enc.body_bytes,
                          .seq_base = enc.seq_base, .thread = k ? thread : 0, .flags = enc.flags};

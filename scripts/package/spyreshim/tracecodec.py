@@ -142,11 +142,18 @@ def _decode_v2(body, count, flags):
                          % (V2_TABLE_BYTES, len(raw)))
     stored = 0
     pos = 0
-    for _, w, _ in V2_COLUMNS:
+    for name, w, _ in V2_COLUMNS:
         mask = raw[pos]
         if mask >> w:
-            raise ChunkError("a column of %d bytes with plane mask 0x%02x" % (w, mask))
-        stored += bin(mask).count("1")
+            raise ChunkError("%s column of %d byte(s): plane mask 0x%02x" % (name, w, mask))
+        planes = bin(mask).count("1")
+        # Every event has a sequence number of its own: a chunk stores the
+        # planes to tell its events apart. That bounds what a few bytes of
+        # a hostile file expand to (deflate's own ratio: about 1000).
+        if name == "seq" and count > 256 ** planes:
+            raise ChunkError("%d events in %d byte plane(s) of sequence numbers: they "
+                             "cannot all differ" % (count, planes))
+        stored += planes
         pos += 1 + w
     if len(raw) != V2_TABLE_BYTES + stored * count:
         raise ChunkError("the columns hold %d bytes, %d events of %d stored planes need %d"
