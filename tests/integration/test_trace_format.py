@@ -146,7 +146,7 @@ def check_program_trace(trace, s):
     """The file's chunks, their threads, and the peak of the statistics."""
     version, recs = records(trace)
     assert version == 2
-    threads, seqs = set(), []
+    threads, seqs = {}, []
     for _off, h, body in recs:
         if not h.nevents:
             assert h.thread == 0 and not h.body_bytes
@@ -154,14 +154,22 @@ def check_program_trace(trace, s):
         assert h.thread >= 1
         seq = tracecodec.decode_chunk(2, h, body)[0]
         assert min(seq) == h.seq_base
-        threads.add(h.thread)
+        threads.setdefault(h.thread, []).append(seq)
         seqs += seq
     # The main thread and the four workers, each numbered; every event in
-    # one chunk, once. (A thread's chunk is in the order it appended, not
-    # always sequence order: an allocation's number is taken before the
-    # frees of the collection it set off are appended.)
-    assert len(threads) >= 4 and max(threads) <= 8
+    # one chunk, once.
+    assert 4 <= len(threads) <= 8 and max(threads) <= 8
     assert sorted(seqs) == list(range(1, len(seqs) + 1))
+    # A number names one thread: the chunks of one number (its buffers,
+    # one after the other) barely overlap in sequence numbers, where two
+    # threads' interleave. (Not always sequence order within one thread:
+    # an allocation's number is taken before the frees of the collection it
+    # set off are appended.)
+    for chunks in threads.values():
+        chunks.sort(key=min)
+        overlap = sum(sum(1 for x in b if x < max(a)) for a, b in zip(chunks, chunks[1:]))
+        events = sum(len(c) for c in chunks)
+        assert overlap <= max(50, events // 100), (overlap, events)
     t = tr.load(str(trace))
     assert not t.truncated
     assert list(t.seq) == list(range(1, len(t) + 1))
@@ -171,8 +179,10 @@ def check_program_trace(trace, s):
 
 
 def test_a_traced_program_writes_version_2_that_gives_its_peak(tmp_path, builddir):
-    trace, s, _r = traced_stress(tmp_path, builddir, 4, 3000)
+    # Each worker fills several buffers of 8192 events.
+    trace, s, _r = traced_stress(tmp_path, builddir, 4, 15000)
     recs, t = check_program_trace(trace, s)
+    assert len(t) > 5 * 8192
     assert all(h.flags == tracecodec.FLAG_ZLIB for _o, h, _b in recs if h.nevents > 100)
     per = trace.stat().st_size / len(t)
     print("pressure_stress 4 threads: %d events, %.2f bytes an event" % (len(t), per))
