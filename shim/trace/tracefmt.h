@@ -1,8 +1,11 @@
 /* The trace file's layout (docs/trace-format.md is its description; the
- * reader is scripts/package/spyreshim/trace.py). Little-endian, as written
- * by the host. A file is a header followed by chunks, one per flushed
- * buffer; a chunk is complete or it is the last one (a crash or SIGKILL
- * cut it) and readers drop an incomplete last chunk. */
+ * reader is scripts/package/spyreshim/trace.py, a chunk's events
+ * tracecodec.py). Little-endian, as written by the host. A file is a
+ * header followed by chunks, one per flushed buffer; a chunk is complete
+ * or it is the last one (a crash or SIGKILL cut it) and readers drop an
+ * incomplete last chunk. Version 2's events are columns (below, encoded by
+ * tracecodec.c); trace_event is what a thread appends, and version 1's
+ * event on disk. */
 #ifndef SHIM_TRACEFMT_H
 #define SHIM_TRACEFMT_H
 
