@@ -68,6 +68,8 @@ static const struct row rows[] = {
      "file of leak:<pattern> lines; matching leaks are not reported"},
     {"SPYRESHIM_OOM_REPORT", K_UINT, OFF(oom_report_top), "10", 0, 1000,
      "stack groups printed at exit when the last failed request was never followed by a successful one (one line at the failure itself); 0 = none"},
+    {"SPYRESHIM_CONTROL", K_BOOL, OFF(control), "0", 0, 0,
+     "open a control socket (abstract, this process's pid in its name) on which `spyreshim snapshot PID` asks for the live allocations; same user only, ignored in secure mode"},
     {"SPYRESHIM_TRACE", K_PATH, OFF(trace_path), "", 0, 0,
      "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid; docs/trace-format.md)"},
     {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,

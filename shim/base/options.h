@@ -34,6 +34,7 @@ typedef struct shim_options {
     int exitcode;            /* SPYRESHIM_EXITCODE */
     const char *suppressions;/* SPYRESHIM_SUPPRESSIONS */
     unsigned oom_report_top; /* SPYRESHIM_OOM_REPORT: groups printed on a final OOM, 0 = off */
+    bool control;            /* SPYRESHIM_CONTROL: the control socket (shim/leak/control.c) */
     const char *trace_path;  /* SPYRESHIM_TRACE (%p = pid) */
     unsigned trace_flush_ms; /* SPYRESHIM_TRACE_FLUSH_MS */
     bool secure;             /* AT_SECURE: paths from the environment are ignored */

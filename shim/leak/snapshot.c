@@ -19,6 +19,7 @@
 #include "passthrough.h"
 #include "path.h"
 #include "report.h"
+#include "snapshot.h"
 #include "spyreshim.h"
 #include "suppress.h"
 
@@ -64,6 +65,13 @@ SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void)
 
 SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
 {
+    return shim_snapshot_take_timed(since, NULL);
+}
+
+spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_timing *t)
+{
+    if (t)
+        memset(t, 0, sizeof *t);
     spyreshim_snapshot *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -73,7 +81,7 @@ SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
         if (!dev)
             continue;
         size_t k = 0;
-        shim_record *recs = shim_device_live(dev, since, &k);
+        shim_record *recs = shim_device_live_timed(dev, since, &k, t);
         if (!recs && k) {
             spyreshim_snapshot_free(s);
             return NULL;

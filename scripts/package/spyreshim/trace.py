@@ -15,6 +15,7 @@ import struct
 from array import array
 
 from . import report as rpt
+from . import tracecodec
 
 MAGIC = b"SPYTRACE"
 CHUNK_MAGIC = 0x4B4E4843
@@ -259,8 +260,9 @@ def _load(f, path):
     if len(head) < HEADER.size or head[:8] != MAGIC:
         raise rpt.ReportError("%s: not a spyreshim trace" % path)
     magic, version, pid, real, mono = HEADER.unpack_from(head, 0)
-    if version != 1:
-        raise rpt.ReportError("%s: trace version %d is not understood (1)" % (path, version))
+    if version not in tracecodec.VERSIONS:
+        raise rpt.ReportError("%s: trace version %d is not understood (%s)" % (
+            path, version, ", ".join(map(str, tracecodec.VERSIONS))))
     t = Trace()
     t.path, t.pid, t.start_realtime_ns, t.file_bytes = path, pid, real, n
     pos = HEADER.size
@@ -274,25 +276,33 @@ def _load(f, path):
         ch = f.read(CHUNK.size)
         if len(ch) < CHUNK.size:
             break
-        cm, nev, meta_bytes, _, base, _ = CHUNK.unpack_from(ch, 0)
-        end = pos + CHUNK.size + nev * 32 + meta_bytes
-        if cm != CHUNK_MAGIC or end > n:
+        try:
+            head = tracecodec.chunk_header(version, ch)
+        except tracecodec.ChunkError as e:
+            raise rpt.ReportError("%s: offset %d: chunk: %s" % (path, pos, e))
+        nev, body_bytes, meta_bytes = head.nevents, head.body_bytes, head.meta_bytes
+        end = pos + CHUNK.size + body_bytes + meta_bytes
+        if not head.magic_ok or end > n:
             t.truncated = True
             break
         if nev:
-            body = f.read(nev * 32)
-            if len(body) < nev * 32:
+            body = f.read(body_bytes)
+            if len(body) < body_bytes:
                 t.truncated = True
                 break
-            for c, part in zip(cols, _decode(body, nev, base)):
-                c.extend(part)
-            del body
+            try:
+                part = tracecodec.decode_chunk(version, head, body)
+            except tracecodec.ChunkError as e:
+                raise rpt.ReportError("%s: offset %d: chunk: %s" % (path, pos, e))
+            for c, p in zip(cols, part):
+                c.extend(p)
+            del body, part
             count += nev
         meta = f.read(meta_bytes)
         if len(meta) < meta_bytes:
             t.truncated = True
             break
-        _parse_meta(t, meta, pos + CHUNK.size + nev * 32, path)
+        _parse_meta(t, meta, pos + CHUNK.size + body_bytes, path)
         t.chunks += 1
         pos = end
     if pos < n and not t.truncated:
@@ -311,40 +321,6 @@ def _load(f, path):
     _validate_events(t)
     _drop_foreign_frees(t)
     return t
-
-
-def _decode(ev, count, base):
-    """One chunk's events as columns: seq, addr, size, kind, dev, time,
-    site. Fields by strided byte slices (C speed): an event is addr u64,
-    size|kind|dev u64, time u64, seq_lo u32, site u32, little-endian like
-    the host (array's order)."""
-    words = array("Q")
-    words.frombytes(ev)
-    addr = words[0::4]
-    times = words[2::4]
-    del words
-
-    def field(offset, width, nbytes):
-        out = bytearray(width * count)
-        for b in range(nbytes):
-            out[b::width] = ev[offset + b::32]
-        a = array("Q" if width == 8 else "I")
-        a.frombytes(out)
-        return a
-
-    size = field(8, 8, 6)
-    kind = array("B", ev[14::32])
-    dev = array("B", ev[15::32])
-    site = field(28, 4, 4)
-    seq = field(24, 8, 4)   # the low 32 bits; the rest from the chunk's base
-    # Events of one chunk lie within 2^31 of its base (tracefile.c).
-    blo = base & 0xFFFFFFFF
-    bhi = base - blo
-    if not (bhi == 0 and min(seq) >= blo):   # else seq = seq_lo: no wrap
-        for i in range(count):
-            s = seq[i]
-            seq[i] = bhi + s if s >= blo else bhi + (1 << 32) + s
-    return seq, addr, size, kind, dev, times, site
 
 
 def _validate_events(t):
