@@ -78,6 +78,9 @@ def test_torch_pattern_through_the_runtime(shim):
     r, out = run("torch", shim)
     assert r.returncode == 0 and "all ok" in r.stdout, out
     assert "peer read 1048576 at +3146240: ok" in r.stdout, out
+    # The runtime's call reaches the shim's cuIpcGetMemHandle: a block
+    # sharing its region is refused there as on the driver route.
+    assert f"runtime export of a 64 KiB block: rc={801 if shim else 0}" in r.stdout, out
 
 
 def test_a_peer_cannot_read_a_neighbouring_block(shim):

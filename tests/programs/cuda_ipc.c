@@ -503,6 +503,12 @@ static void torch(void)
         ask(&m);
     }
     CHECK(cuMemFree_v2(segment) == CUDA_SUCCESS, "free");
+    /* Through the runtime too, a block that shares its region is not
+     * exported: the runtime's call reached the shim's cuIpcGetMemHandle. */
+    CUdeviceptr small = alloc(65536), next = alloc(65536);
+    rc = rt_get(&h, (void *)(uintptr_t)small);
+    printf("runtime export of a 64 KiB block: rc=%d\n", rc);
+    CHECK(cuMemFree_v2(small) == CUDA_SUCCESS && cuMemFree_v2(next) == CUDA_SUCCESS, "free");
 }
 
 static void neighbour(void)
