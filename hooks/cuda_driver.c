@@ -806,7 +806,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev)
 /* IPC: a handle names a whole driver allocation, and the importing process
  * maps it at its base. A served block can be exported when it is alone in
  * its region and starts it (a request of SPYRESHIM_CUDA_IPC_MIN or more
- * always is; a larger one often is): the region is the block, the
+ * always is; one above half the region size usually is): the region is the block, the
  * driver's handle of it is right, and the region is marked so that it goes
  * back to the driver once the block is freed, never to another block. A
  * block carved out of a shared region is refused: a handle of the region
@@ -828,11 +828,18 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
         return drv->ipc_get_mem_handle(handle, (CUdeviceptr)base);
     case -1: {
         static _Atomic unsigned warned;
-        if (atomic_fetch_add(&warned, 1) < 3)
+        if (atomic_fetch_add(&warned, 1) >= 3) {
+        } else if (own_from != SIZE_MAX) {
             shim_warn("cuda: cuIpcGetMemHandle on %#lx: a block of %zu bytes that shares its "
                       "region with other blocks cannot be exported (refused: not supported); "
                       "blocks of SPYRESHIM_CUDA_IPC_MIN (%zu) bytes or more can",
-                      (unsigned long)ptr, bi.size, own_from == SIZE_MAX ? (size_t)0 : own_from);
+                      (unsigned long)ptr, bi.size, own_from);
+        } else {
+            shim_warn("cuda: cuIpcGetMemHandle on %#lx: a block of %zu bytes that shares its "
+                      "region with other blocks cannot be exported (refused: not supported); "
+                      "SPYRESHIM_CUDA_IPC_MIN=0 gives no block a region of its own",
+                      (unsigned long)ptr, bi.size);
+        }
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     default:
