@@ -251,9 +251,19 @@ static const shim_runtime driver_rt = {
 };
 
 /* Requests of at least this size are served from a region of their own
- * (SPYRESHIM_CUDA_IPC_MIN; SIZE_MAX: none). Set before any program code
- * runs (register_driver_lookup), read without a lock. */
-static size_t own_from = SIZE_MAX;
+ * (SPYRESHIM_CUDA_IPC_MIN; SIZE_MAX: none), and so are all requests of the
+ * objects SPYRESHIM_CUDA_IPC_CALLERS names. own_gate is what the common
+ * path compares with: own_from, or 0 when objects are named (every request
+ * then asks own_request). Set before any program code runs
+ * (register_driver_lookup), read without a lock. */
+static size_t own_from = SIZE_MAX, own_gate = SIZE_MAX;
+
+/* Off the common path: whether a request past own_gate gets a region of
+ * its own. */
+static __attribute__((noinline)) bool own_request(size_t size, const void *ret)
+{
+    return size >= own_from || shim_cuda_caller_exports(ret);
+}
 
 /* ---- served entry points --------------------------------------------- */
 
@@ -273,7 +283,9 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
     void *p = NULL;
     /* A request of SPYRESHIM_CUDA_IPC_MIN or more gets a region of its
      * own, which an IPC handle can name ("IPC" in docs/cuda.md). */
-    rc = size >= own_from ? shim_device_malloc_own(d, &p, size) : shim_device_malloc(d, &p, size);
+    rc = size >= own_gate && own_request(size, __builtin_return_address(0))
+             ? shim_device_malloc_own(d, &p, size)
+             : shim_device_malloc(d, &p, size);
     if (rc == 0)
         *dptr = (CUdeviceptr)(uintptr_t)p;
     return rc;
@@ -1016,4 +1028,5 @@ __attribute__((constructor)) static void register_driver_lookup(void)
     shim_pressure_set_capture_query(drv_may_be_capturing);
     size_t min = shim_opts()->cuda_ipc_min;
     own_from = min ? min : SIZE_MAX;
+    own_gate = shim_cuda_exporters_init() ? 0 : own_from;
 }

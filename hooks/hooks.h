@@ -36,6 +36,11 @@ typedef void *(*shim_dlsym_lookup_fn)(void *handle, const char *name);
 void shim_dlsym_set_lookup(shim_dlsym_lookup_fn fn);
 /* True when `addr` lies inside the shim's own object (self.c). */
 bool shim_is_own_address(const void *addr);
+/* SPYRESHIM_CUDA_IPC_CALLERS (cuda_exporters.c): parses the names once,
+ * true when some are set; then whether the object holding the return
+ * address `ret` is one of them (its CUDA allocations may be exported). */
+bool shim_cuda_exporters_init(void);
+bool shim_cuda_caller_exports(const void *ret);
 
 enum { SHIM_ROLE_MALLOC, SHIM_ROLE_FREE, SHIM_ROLE_MEMINFO, SHIM_ROLES };
 

@@ -76,6 +76,8 @@ static const struct row rows[] = {
      "longest time a recorded event waits in memory before it is written to the trace"},
     {"SPYRESHIM_CUDA_IPC_MIN", K_SIZE, OFF(cuda_ipc_min), "2M", 0, 0,
      "CUDA: cuMemAlloc requests of at least this size get a region of their own, so that an IPC handle (cuIpcGetMemHandle) can name them; 0 = none (only blocks alone in their region by chance can be exported)"},
+    {"SPYRESHIM_CUDA_IPC_CALLERS", K_PATH, OFF(cuda_ipc_callers), "", 0, 0,
+     "CUDA: comma-separated names (substrings of the file name) of shared objects whose cuMemAlloc_v2 requests all get a region of their own, so that they can be exported (e.g. libnccl)"},
 };
 #undef OFF
 

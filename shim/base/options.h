@@ -39,6 +39,7 @@ typedef struct shim_options {
     unsigned trace_flush_ms; /* SPYRESHIM_TRACE_FLUSH_MS */
     bool secure;             /* AT_SECURE: paths from the environment are ignored */
     size_t cuda_ipc_min;     /* SPYRESHIM_CUDA_IPC_MIN: 0 = none */
+    const char *cuda_ipc_callers; /* SPYRESHIM_CUDA_IPC_CALLERS: comma-separated object names */
 } shim_options;
 
 /* Parses the environment on first call; thread-safe; never fails. */

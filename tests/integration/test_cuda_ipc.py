@@ -126,6 +126,21 @@ def test_smaller_threshold_exports_every_size(shim_lib):
     assert "refused" not in r.stdout and r.stdout.count("peer read") == 6, out
 
 
+@pytest.mark.parametrize("callers", ["", "libnothing,libipccaller"])
+def test_blocks_of_a_named_calling_object_get_a_region_of_their_own(shim_lib, callers):
+    """SPYRESHIM_CUDA_IPC_CALLERS: a library's small buffers (NCCL's
+    connection structures) are exported when it names the library, the
+    peer reads them and nothing of the block next to them; else refused."""
+    r, out = run("caller", True, SPYRESHIM_CUDA_IPC_CALLERS=callers)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    if callers:
+        assert "the library's block: exported rc=0" in r.stdout, out
+        assert "peer neighbour 65536: range 65536, neighbour unreadable, past the end refused" \
+            in r.stdout, out
+    else:
+        assert "the library's block: refused rc=801" in r.stdout, out
+
+
 def test_freeing_an_exported_block_never_hands_it_to_another_owner(shim):
     """The exporter frees a block the peer has open and allocates the same
     size again with other bytes: the peer still reads the old bytes (the

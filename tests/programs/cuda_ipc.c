@@ -40,6 +40,10 @@
  *              before the peer opened it is refused
  *   keep       exports a 4 MiB block, the peer reads it, and the exporter
  *              exits without freeing it (a leak for the leak check)
+ *   caller     a 64 KiB block allocated by libipccaller.so (a library that
+ *              exports, as libnccl does) next to one of the program's own:
+ *              exported (the peer reads it) when SPYRESHIM_CUDA_IPC_CALLERS
+ *              names the library, else refused like any small block
  *   gone       (the stand-in alone) the exporter exits; the peer's open of
  *              its handle afterwards is refused (CUDA_ERROR_MAP_FAILED)
  *
@@ -562,6 +566,27 @@ static void freed(void)
     ask(&m);
 }
 
+static void caller(void)
+{
+    void *lib = dlopen("libipccaller.so", RTLD_NOW);
+    CUresult (*lib_alloc)(CUdeviceptr *, size_t) =
+        lib ? (CUresult(*)(CUdeviceptr *, size_t))dlsym(lib, "ipc_caller_alloc") : NULL;
+    if (!lib_alloc) {
+        fprintf(stderr, "exporter: no libipccaller.so\n");
+        exit(2);
+    }
+    CUdeviceptr mine = alloc(65536), theirs = 0;
+    CHECK(lib_alloc(&theirs, 65536) == CUDA_SUCCESS, "the library's allocation");
+    put(mine, 65536, 71);
+    put(theirs, 65536, 72);
+    struct msg m = {.op = OP_NEIGHBOUR, .seed = 72, .marker = 71, .size = 65536};
+    CUresult rc = cuIpcGetMemHandle(&m.h, theirs);
+    printf("the library's block: %s rc=%d\n", rc ? "refused" : "exported", rc);
+    if (rc == CUDA_SUCCESS)
+        ask(&m);
+    CHECK(cuMemFree_v2(mine) == CUDA_SUCCESS && cuMemFree_v2(theirs) == CUDA_SUCCESS, "free");
+}
+
 /* Exits without waiting for the peer, which then opens the handle. */
 static void gone(void)
 {
@@ -588,7 +613,7 @@ int main(int argc, char **argv)
         void (*run)(void);
     } patterns[] = {{"nccl", nccl}, {"offset", offset}, {"direct", direct}, {"torch", torch},
                     {"neighbour", neighbour}, {"reuse", reuse}, {"freed", freed},
-                    {"keep", keep}, {"gone", gone}};
+                    {"keep", keep}, {"gone", gone}, {"caller", caller}};
     for (size_t i = 0; argc == 2 && i < sizeof patterns / sizeof *patterns; i++) {
         if (strcmp(argv[1], patterns[i].name) == 0) {
             context();
@@ -597,6 +622,6 @@ int main(int argc, char **argv)
             return finish();
         }
     }
-    fprintf(stderr, "usage: cuda_ipc nccl|offset|direct|torch|neighbour|reuse|freed|keep|gone\n");
+    fprintf(stderr, "usage: cuda_ipc nccl|offset|direct|torch|neighbour|reuse|freed|keep|gone|caller\n");
     return 2;
 }
