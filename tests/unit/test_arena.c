@@ -1011,3 +1011,55 @@ Test(arena, trim_returns_every_byte_it_released_with_keep)
         shim_arena_free_node(s.a, b[i].node);
     unmake(s);
 }
+
+/* ---- regions of their own and exported regions (IPC) ---------------- */
+
+/* A block of its own region: the region is its exact aligned size, never
+ * carved for another request; exporting it marks the region, and its free
+ * gives the region back at once (never cached for the next block). A
+ * block sharing its region is not exportable. */
+Test(arena, own_regions_and_exported_regions)
+{
+    fake *f = fake_new(256 * MIB);
+    shim_region_backend be = backend_of(f, 256);
+    shim_arena *a = shim_arena_create(&be, 0, 2 * MIB);
+    blk small = must_alloc(a, 4 * KIB), small2 = must_alloc(a, 4 * KIB);
+    cr_assert_not(shim_arena_export(a, small.addr), "a block sharing its region was exported");
+
+    blk own = { .size = 1000 };
+    cr_assert_eq(shim_arena_alloc_own(a, 1000, true, &own.addr, &own.node, &own.block_bytes), 0);
+    const range *r = fake_find(f, own.addr);
+    cr_assert(r && r->base == own.addr && r->size == 1024,
+              "a region of its own is the request's aligned size at the block's address");
+    cr_assert_eq(own.block_bytes, 1024);
+    /* Nothing else is carved from it. */
+    blk other = must_alloc(a, 256);
+    cr_assert(other.addr - own.addr >= 1024, "a block was carved from a region of its own");
+
+    /* Freed without export: cached, and taken again by the same size. */
+    uint64_t released = counters(a).regions_released;
+    shim_arena_free_node(a, own.node);
+    blk again = { .size = 1000 };
+    cr_assert_eq(shim_arena_alloc_own(a, 1000, false, &again.addr, &again.node,
+                                      &again.block_bytes), 0, "the cached region was not reused");
+    cr_assert_eq(again.addr, own.addr);
+    cr_assert_eq(counters(a).regions_released, released);
+
+    /* Exported: its free gives the region back. */
+    cr_assert(shim_arena_export(a, again.addr));
+    cr_assert_not(shim_arena_export(a, again.addr + 256), "an export past the block's start");
+    size_t reserves = f->reserves;
+    shim_arena_free_node(a, again.node);
+    blk next = must_alloc(a, 512); /* the arena's next call merges the free */
+    cr_assert_eq(counters(a).regions_released, released + 1, "an exported region was kept");
+    cr_assert_null(fake_find(f, again.addr), "the exported region is still reserved");
+    cr_assert_eq(f->reserves, reserves);
+    cr_assert_null(shim_arena_check(a));
+    shim_arena_free_node(a, next.node);
+    shim_arena_free_node(a, other.node);
+    shim_arena_free_node(a, small.node);
+    shim_arena_free_node(a, small2.node);
+    cr_assert_null(shim_arena_check(a));
+    shim_arena_destroy(a);
+    free(f);
+}
