@@ -141,6 +141,13 @@ def test_blocks_of_a_named_calling_object_get_a_region_of_their_own(shim_lib, ca
         assert "the library's block: refused rc=801" in r.stdout, out
 
 
+def test_regions_of_their_own_are_under_the_limit(shim_lib):
+    """SPYRESHIM_LIMIT=10M: two 4 MiB blocks (regions of their own), the
+    third fails with out-of-memory (2), as any request past the limit."""
+    r, out = run("limit", True, SPYRESHIM_LIMIT="10M", SPYRESHIM_OOM_REPORT=0)
+    assert r.returncode == 0 and "4 MiB blocks: 2, then rc=2" in r.stdout, out
+
+
 def test_freeing_an_exported_block_never_hands_it_to_another_owner(shim):
     """The exporter frees a block the peer has open and allocates the same
     size again with other bytes: the peer still reads the old bytes (the

@@ -44,6 +44,8 @@
  *              exports, as libnccl does) next to one of the program's own:
  *              exported (the peer reads it) when SPYRESHIM_CUDA_IPC_CALLERS
  *              names the library, else refused like any small block
+ *   limit      4 MiB blocks (regions of their own) until one fails: under
+ *              SPYRESHIM_LIMIT, with out-of-memory (2)
  *   gone       (the stand-in alone) the exporter exits; the peer's open of
  *              its handle afterwards is refused (CUDA_ERROR_MAP_FAILED)
  *
@@ -587,6 +589,20 @@ static void caller(void)
     CHECK(cuMemFree_v2(mine) == CUDA_SUCCESS && cuMemFree_v2(theirs) == CUDA_SUCCESS, "free");
 }
 
+/* Regions of their own are under the limit like any: 4 MiB blocks until
+ * the driver's answer is not success. */
+static void limit(void)
+{
+    CUdeviceptr p[8];
+    CUresult rc = CUDA_SUCCESS;
+    int n = 0;
+    while (n < 8 && (rc = cuMemAlloc_v2(&p[n], 4 * MIB)) == CUDA_SUCCESS)
+        n++;
+    printf("4 MiB blocks: %d, then rc=%d\n", n, rc);
+    while (n > 0)
+        CHECK(cuMemFree_v2(p[--n]) == CUDA_SUCCESS, "free");
+}
+
 /* Exits without waiting for the peer, which then opens the handle. */
 static void gone(void)
 {
@@ -613,7 +629,7 @@ int main(int argc, char **argv)
         void (*run)(void);
     } patterns[] = {{"nccl", nccl}, {"offset", offset}, {"direct", direct}, {"torch", torch},
                     {"neighbour", neighbour}, {"reuse", reuse}, {"freed", freed},
-                    {"keep", keep}, {"gone", gone}, {"caller", caller}};
+                    {"keep", keep}, {"gone", gone}, {"caller", caller}, {"limit", limit}};
     for (size_t i = 0; argc == 2 && i < sizeof patterns / sizeof *patterns; i++) {
         if (strcmp(argv[1], patterns[i].name) == 0) {
             context();
@@ -622,6 +638,6 @@ int main(int argc, char **argv)
             return finish();
         }
     }
-    fprintf(stderr, "usage: cuda_ipc nccl|offset|direct|torch|neighbour|reuse|freed|keep|gone|caller\n");
+    fprintf(stderr, "usage: cuda_ipc nccl|offset|direct|torch|neighbour|reuse|freed|keep|gone|caller|limit\n");
     return 2;
 }
