@@ -43,6 +43,18 @@ typedef int CUdriverProcAddressQueryResult;
 typedef int CUstreamCaptureMode;
 typedef int CUstreamCaptureStatus;
 typedef struct cd_graph *CUgraph;
+typedef struct cd_mempool *CUmemoryPool;
+typedef int CUmemPool_attribute;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int allocType;                  /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    int handleTypes;                /* CU_MEM_HANDLE_TYPE_NONE */
+    CUmemLocation location;         /* CU_MEM_LOCATION_TYPE_DEVICE, ordinal */
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct { char reserved[64]; } CUipcMemHandle;
 
@@ -92,6 +104,8 @@ enum { CU_POINTER_ATTRIBUTE_CONTEXT = 1, CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11, CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12 };
 enum { CU_MEMORYTYPE_HOST = 1, CU_MEMORYTYPE_DEVICE = 2 };
 enum { CU_MEM_ATTACH_GLOBAL = 1, CU_MEM_ATTACH_HOST = 2 };
+enum { CU_MEM_ALLOCATION_TYPE_PINNED = 1, CU_MEM_LOCATION_TYPE_DEVICE = 1,
+       CU_MEM_HANDLE_TYPE_NONE = 0 };
 enum { CU_MEMHOSTALLOC_PORTABLE = 1, CU_MEMHOSTALLOC_DEVICEMAP = 2,
        CU_MEMHOSTALLOC_WRITECOMBINED = 4 };
 enum { CU_MEMHOSTREGISTER_PORTABLE = 1, CU_MEMHOSTREGISTER_DEVICEMAP = 2,
@@ -253,7 +267,23 @@ enum {
                                  CUdevice dev)) \
     X(CUresult, cuCtxGetStreamPriorityRange, (int *leastPriority, int *greatestPriority)) \
     X(CUresult, cuProfilerStart, (void)) \
-    X(CUresult, cuProfilerStop, (void))
+    X(CUresult, cuProfilerStop, (void)) \
+    X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream)) \
+    X(CUresult, cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, \
+                                          CUstream hStream)) \
+    X(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, \
+                                               CUmemoryPool pool, CUstream hStream)) \
+    X(CUresult, cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps)) \
+    X(CUresult, cuMemPoolDestroy, (CUmemoryPool pool)) \
+    X(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep)) \
+    X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(CUresult, cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *pool_out, CUdevice dev)) \
+    X(CUresult, cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev)) \
+    X(CUresult, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool)) \
+    X(unsigned long long, cudastandinSyncsDuringCapture, (void))
 
 #define CUDADRV_DECLARE(ret, name, params) CUAPI ret name params;
 CUDADRV_FUNCTIONS(CUDADRV_DECLARE)
