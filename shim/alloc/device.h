@@ -49,6 +49,12 @@ typedef struct shim_runtime {
      * the block out again before then). NULL: the runtime runs nothing
      * asynchronously, frees take effect at once. */
     int (*sync_device)(int ordinal, uintptr_t context);
+    /* Optional: whether the calling thread may be inside a stream capture
+     * (CUDA graphs), where a wait for the device or a region given back
+     * would be captured or invalidate the capture: the allocator then
+     * makes room only by a pressure event, which refuses on its own
+     * (docs/cuda.md, "Stream capture"). Slow paths only. */
+    bool (*in_capture)(void);
 } shim_runtime;
 
 /* sync_device: the context is gone (destroyed, reset): its memory with it. */

@@ -1,8 +1,10 @@
 /* Pass-through allocations: memory the shim never serves from its regions
  * but watches, so that statistics, leak reports and the out-of-memory
  * report see it (docs/cuda.md's table). Today: CUDA managed memory
- * (counted on the device it was allocated on) and host-pinned memory
- * (a family of its own, host memory, under no device limit).
+ * (counted on the device it was allocated on), host-pinned memory
+ * (a family of its own, host memory, under no device limit) and
+ * stream-ordered allocations (cuda-async: what the program holds from
+ * the driver's pools, on the device of the calling context).
  *
  * Owns the live records (pointer -> size, family, device, stacks,
  * sequence) in a chained hash table, and the counters per family and
@@ -37,10 +39,32 @@ _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
 static atomic_bool used;
 static _Atomic(shim_pt_capture_fn) capture;
 static _Atomic(shim_pt_event_fn) event_hook;
+static _Atomic(shim_pt_trim_fn) trim_hook;
 
 const char *shim_passthrough_family_name(enum shim_pt_family f)
 {
-    return f == SHIM_PT_MANAGED ? "cuda-managed" : "cuda-host-pinned";
+    switch (f) {
+    case SHIM_PT_MANAGED:
+        return "cuda-managed";
+    case SHIM_PT_HOST_PINNED:
+        return "cuda-host-pinned";
+    case SHIM_PT_ASYNC:
+        return "cuda-async";
+    default:
+        return "?";
+    }
+}
+
+void shim_passthrough_set_trim_hook(shim_pt_trim_fn fn)
+{
+    atomic_store(&trim_hook, fn);
+}
+
+void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released)
+{
+    shim_pt_trim_fn fn = atomic_load(&trim_hook);
+    if (fn)
+        fn(shim_device_seq_next(), pool, released);
 }
 
 void shim_passthrough_set_capture(shim_pt_capture_fn fn)

@@ -91,7 +91,10 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(managed_frees, "frees of managed allocations")                               \
     X(host_pinned_bytes, "host-pinned memory live now (allocated or registered)")  \
     X(host_pinned_allocs, "host-pinned allocations and registrations")             \
-    X(host_pinned_frees, "frees and unregistrations of host-pinned memory")
+    X(host_pinned_frees, "frees and unregistrations of host-pinned memory")        \
+    X(async_bytes, "stream-ordered memory the program holds now (cuMemAllocAsync)") \
+    X(async_allocs, "stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync)") \
+    X(async_frees, "stream-ordered frees of them (cuMemFreeAsync)")
 
 typedef struct spyreshim_stats {
     size_t size;
