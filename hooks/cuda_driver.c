@@ -656,29 +656,61 @@ EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
 
 /* The driver allocates, registers and frees; the shim records what it
  * accepted (shim/alloc/passthrough.c: statistics per family, leak
- * records with stacks) and forgets what it freed. Host-pinned memory is
- * host memory: no device limit applies. A free the shim has no record of
+ * records with stacks) and forgets what it freed. Managed memory is
+ * under the device's SPYRESHIM_LIMIT; host-pinned memory is host memory,
+ * under SPYRESHIM_HOST_LIMIT (shim/alloc/charge.c). A free the shim has no record of
  * goes to the driver unchanged, with its answer. */
 
+/* cuMemAllocManaged's flags: CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST. */
+#define ATTACH_GLOBAL 1u
+#define ATTACH_HOST 2u
+
+/* Charged to the device of the calling thread's context (the one it is
+ * attached to, whose teardown frees it) before the driver is asked: over
+ * SPYRESHIM_LIMIT, out-of-memory after the pressure event. A request the
+ * driver refuses for its arguments or for want of a context is its
+ * answer alone. */
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags)
 {
     driver *drv = get_driver();
     if (!drv || !drv->mem_alloc_managed)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = drv->mem_alloc_managed(dptr, size, flags);
-    if (rc == CUDA_SUCCESS && dptr) {
-        CUdevice dev = -1; /* -1: no current context to attach it to */
-        if (drv->ctx_get_device && drv->ctx_get_device(&dev) != CUDA_SUCCESS)
-            dev = -1;
-        shim_passthrough_add(SHIM_PT_MANAGED, dev, (uintptr_t)*dptr, size);
+    shim_device *d = NULL;
+    if (!dptr || size == 0 || (flags != ATTACH_GLOBAL && flags != ATTACH_HOST) ||
+        shim_device_in_backend() || shim_device_for_caller(&driver_rt, &d) != 0)
+        d = NULL;
+    if (d) {
+        CUresult rc = shim_passthrough_charge(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
     }
+    CUresult rc = drv->mem_alloc_managed(dptr, size, flags);
+    if (rc != CUDA_SUCCESS) {
+        if (d)
+            shim_passthrough_uncharge(d, size);
+        return rc;
+    }
+    if (d)
+        shim_passthrough_add_charged(SHIM_PT_MANAGED, d, (uintptr_t)*dptr, size);
+    else if (dptr)
+        shim_passthrough_add(SHIM_PT_MANAGED, -1, (uintptr_t)*dptr, size);
     return rc;
+}
+
+/* Host-pinned requests are charged to SPYRESHIM_HOST_LIMIT before the
+ * driver is asked (nothing for a request it refuses for its arguments:
+ * no pointer, no bytes). */
+static bool host_charge(const void *p, size_t size)
+{
+    return !p || size == 0 || shim_passthrough_charge_host(size);
 }
 
 static CUresult host_allocated(CUresult rc, void **pp, size_t size)
 {
     if (rc == CUDA_SUCCESS && pp)
-        shim_passthrough_add(SHIM_PT_HOST_PINNED, -1, (uintptr_t)*pp, size);
+        shim_passthrough_add_charged(SHIM_PT_HOST_PINNED, NULL, (uintptr_t)*pp, size);
+    else if (pp && size != 0)
+        shim_passthrough_uncharge_host(size);
     return rc;
 }
 
@@ -687,6 +719,8 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags)
     driver *drv = get_driver();
     if (!drv || !drv->mem_host_alloc)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(pp, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return host_allocated(drv->mem_host_alloc(pp, size, flags), pp, size);
 }
 
@@ -695,6 +729,8 @@ EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
     driver *drv = get_driver();
     if (!drv || !drv->mem_alloc_host)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(pp, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return host_allocated(drv->mem_alloc_host(pp, size), pp, size);
 }
 
@@ -703,6 +739,8 @@ EXPORT CUresult cuMemAllocHost(void **pp, unsigned size)
     driver *drv = get_driver();
     if (!drv || (!drv->mem_alloc_host_v1 && !drv->mem_alloc_host))
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(pp, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = drv->mem_alloc_host_v1 ? drv->mem_alloc_host_v1(pp, size)
                                          : drv->mem_alloc_host(pp, size);
     return host_allocated(rc, pp, size);
@@ -713,7 +751,9 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
     driver *drv = get_driver();
     if (!drv || !drv->mem_host_register)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return host_allocated(drv->mem_host_register(p, size, flags), &p, size);
+    if (!host_charge(p, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return host_allocated(drv->mem_host_register(p, size, flags), p ? &p : NULL, size);
 }
 
 EXPORT CUresult cuMemHostRegister(void *p, size_t size, unsigned flags)
@@ -721,9 +761,11 @@ EXPORT CUresult cuMemHostRegister(void *p, size_t size, unsigned flags)
     driver *drv = get_driver();
     if (!drv || (!drv->mem_host_register_v1 && !drv->mem_host_register))
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(p, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = drv->mem_host_register_v1 ? drv->mem_host_register_v1(p, size, flags)
                                             : drv->mem_host_register(p, size, flags);
-    return host_allocated(rc, &p, size);
+    return host_allocated(rc, p ? &p : NULL, size);
 }
 
 static CUresult host_freed(CUresult rc, void *p)

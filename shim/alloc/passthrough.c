@@ -22,6 +22,7 @@
 
 #include "device.h"
 #include "mutex.h"
+#include "pool.h"
 
 #define BUCKETS 1024u
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
@@ -90,10 +91,9 @@ static unsigned slot(int ordinal)
     return ordinal < ORDINALS ? (unsigned)ordinal + 1 : ORDINALS;
 }
 
-void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
+static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size,
+                       shim_arena_pool *charged)
 {
-    if ((unsigned)f >= SHIM_PT_FAMILIES)
-        return;
     node *n = calloc(1, sizeof *n);
     shim_pt_capture_fn cap = atomic_load(&capture);
     uint32_t ns = 0, ps = 0;
@@ -114,7 +114,7 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
          * until exit, the safe side for a limit-free family. */
         n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
                                 .native_stack = ns, .python_stack = ps, .family = f,
-                                .ordinal = ordinal};
+                                .ordinal = ordinal, .charged = charged};
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
@@ -124,6 +124,41 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
         ev(true, f, seq, ptr, size, ns, ps);
+}
+
+void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
+{
+    if ((unsigned)f < SHIM_PT_FAMILIES)
+        add_record(f, ordinal, ptr, size, NULL);
+}
+
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, shim_arena_pool *pool,
+                                 uintptr_t ptr, size_t size)
+{
+    if ((unsigned)f < SHIM_PT_FAMILIES)
+        add_record(f, ordinal, ptr, size, pool);
+}
+
+/* A record gone from the table (pt_mu not held): its charge given back,
+ * the trace told, the node freed. */
+static void gone_record(node *gone, uint64_t seq)
+{
+    const shim_pt_record *r = &gone->r;
+    if (r->charged)
+        shim_pool_give(r->charged, r->size);
+    shim_pt_event_fn ev = atomic_load(&event_hook);
+    if (ev)
+        ev(false, r->family, seq, r->ptr, r->size, r->native_stack, r->python_stack);
+    free(gone);
+}
+
+/* Takes `n` out of the counters; pt_mu held. */
+static void count_free(const node *n)
+{
+    shim_pt_counters *c = &counters[n->r.family][slot(n->r.ordinal)];
+    c->frees++;
+    c->bytes -= n->r.size;
+    atomic_fetch_sub_explicit(&shim_pt_live_count[n->r.family], 1, memory_order_relaxed);
 }
 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
@@ -137,10 +172,7 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
         if ((*p)->r.ptr == ptr && (*p)->r.family == f) {
             gone = *p;
             *p = gone->next;
-            shim_pt_counters *c = &counters[f][slot(gone->r.ordinal)];
-            c->frees++;
-            c->bytes -= gone->r.size;
-            atomic_fetch_sub_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
+            count_free(gone);
             seq = shim_device_seq_next();
             break;
         }
@@ -148,11 +180,41 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     shim_mutex_unlock(&pt_mu);
     if (!gone)
         return false;
-    shim_pt_event_fn ev = atomic_load(&event_hook);
-    if (ev)
-        ev(false, f, seq, ptr, gone->r.size, gone->r.native_stack, gone->r.python_stack);
-    free(gone);
+    gone_record(gone, seq);
     return true;
+}
+
+size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !pool || !shim_passthrough_any(f))
+        return 0;
+    /* Unlinked under the lock into a list of their own (the node's next),
+     * with their sequence numbers in `seq` of the record; told outside. */
+    node *dropped = NULL;
+    size_t n = 0;
+    shim_mutex_lock(&pt_mu);
+    for (unsigned b = 0; b < BUCKETS; b++) {
+        for (node **p = &table[b]; *p;) {
+            node *x = *p;
+            if (x->r.family == f && x->r.charged == pool) {
+                *p = x->next;
+                count_free(x);
+                x->r.seq = shim_device_seq_next();
+                x->next = dropped;
+                dropped = x;
+                n++;
+            } else {
+                p = &x->next;
+            }
+        }
+    }
+    shim_mutex_unlock(&pt_mu);
+    while (dropped) {
+        node *x = dropped;
+        dropped = x->next;
+        gone_record(x, x->r.seq);
+    }
+    return n;
 }
 
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr)

@@ -41,6 +41,42 @@ void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released);
  * host memory): record it with the caller's stack. No shim lock may be
  * held by the caller. */
 void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size);
+/* The limit (charge.c). A family counted on a device is charged to that
+ * device's SPYRESHIM_LIMIT, the pool its served regions share, before the
+ * runtime is asked: 0, or the runtime's out-of-memory error (err_oom) when
+ * the limit has no room even after the device's held blocks, trimmed
+ * regions and a pressure event (room.c, under the capture and gate
+ * policy). The caller holds no shim lock. Given back with uncharge when
+ * the runtime refuses the request (a record made with add_charged gives it
+ * back itself when removed or dropped). */
+typedef struct shim_device shim_device;
+int shim_passthrough_charge(shim_device *d, size_t bytes);
+void shim_passthrough_uncharge(shim_device *d, size_t bytes);
+/* The same for host-pinned memory, under SPYRESHIM_HOST_LIMIT (0: none),
+ * with pressure events of its own: false when out of memory. */
+bool shim_passthrough_charge_host(size_t bytes);
+void shim_passthrough_uncharge_host(size_t bytes);
+/* Host-pinned requests refused by SPYRESHIM_HOST_LIMIT so far. */
+uint64_t shim_passthrough_host_failed(void);
+/* fork(): the host account's lock and pressure state start anew in the
+ * child (shim/process/fork.c). */
+void shim_passthrough_charge_atfork_child(void);
+
+/* shim_passthrough_add of memory charged to `d` (its ordinal), or, with
+ * d NULL, to the host account (charge.c): removing or dropping the record
+ * gives the bytes back. */
+void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,
+                                  size_t size);
+/* What add_charged does with the account's pool (passthrough.c knows
+ * pools, not devices: the records never call back into the device). */
+struct shim_arena_pool;
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal,
+                                 struct shim_arena_pool *pool, uintptr_t ptr, size_t size);
+/* The runtime freed every `f` allocation charged to `pool` (a device's:
+ * its context was torn down): their records go, each told to the trace as
+ * freed, and their bytes are given back. Returns how many there were. */
+size_t shim_passthrough_drop_pool(enum shim_pt_family f, struct shim_arena_pool *pool);
+
 /* The runtime freed `ptr` of family `f`: forget it. False when it was not
  * recorded (then nothing changes). */
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
@@ -72,6 +108,7 @@ typedef struct shim_pt_record {
     uint32_t native_stack, python_stack;
     enum shim_pt_family family;
     int ordinal;
+    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their
  * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0

@@ -40,6 +40,8 @@ static const struct row rows[] = {
      "debug|info|warn|off; info prints a one-line summary at exit"},
     {"SPYRESHIM_LIMIT", K_SIZE, OFF(limit), "0", 0, 0,
      "cap on bytes reserved from the runtime, per device (K/M/G/T suffixes, binary); 0 = the device's capacity"},
+    {"SPYRESHIM_HOST_LIMIT", K_SIZE, OFF(host_limit), "0", 0, 0,
+     "cap on CUDA host-pinned memory (cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister), all of it together (K/M/G/T suffixes, binary); 0 = no limit"},
     {"SPYRESHIM_STATS", K_PATH, OFF(stats_path), "", 0, 0,
      "write statistics as one JSON object to this path at exit (%p = pid); only processes that touched a runtime write it"},
     {"SPYRESHIM_REGION_SIZE", K_SIZE, OFF(region_size), "0", 1 << 20, 0,

@@ -91,6 +91,7 @@ static void child(void)
     shim_device_atfork_child_early();
     shim_pygc_atfork_child();
     shim_passthrough_atfork_child();
+    shim_passthrough_charge_atfork_child();
     shim_device_publish_atfork_child();
     shim_fork_gate_child();
 }

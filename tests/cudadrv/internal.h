@@ -65,6 +65,10 @@ struct cd_host {
 bool cd_host_find(const void *p, struct cd_host *out);
 /* cuMemFree of managed memory: true when ptr was one. */
 bool cd_host_free_managed(CUdeviceptr ptr);
+/* Whether ptr is the start of a managed allocation. */
+bool cd_host_is_managed(CUdeviceptr ptr);
+/* The context is torn down: its managed memory goes with it. */
+void cd_host_free_context(CUcontext ctx);
 
 /* ---- context.c: contexts and the per-thread stack ----------------------- */
 /* The current context if it is alive, else NULL. */

@@ -278,12 +278,21 @@ static void free_when_reached(void *arg)
     cd_memory_free_now((CUdeviceptr)(uintptr_t)arg);
 }
 
+static void free_managed_when_reached(void *arg)
+{
+    cd_host_free_managed((CUdeviceptr)(uintptr_t)arg);
+}
+
 static CUresult free_async(CUdeviceptr dptr, CUstream hStream)
 {
     CUcontext ctx;
     CUresult rc = cd_context_require(&ctx);
     if (rc)
         return rc;
+    /* Managed memory too, freed when the stream gets there. */
+    if (cd_host_is_managed(dptr))
+        return cd_stream_enqueue(hStream, free_managed_when_reached, (void *)(uintptr_t)dptr,
+                                 NULL, NULL);
     if (!cd_mempool_owns(dptr)) {
         /* cuMemAlloc's memory may be freed stream-ordered too: the block
          * goes when the stream gets there. */
