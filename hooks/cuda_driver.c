@@ -499,15 +499,34 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
  * graph node): only the driver can keep those rules, so the shim passes
  * them through and records what the program holds (family cuda-async, on
  * the device of the calling thread's context), docs/cuda.md. */
-static CUresult async_allocated(CUresult rc, CUdeviceptr *dptr, size_t size)
+/* Charged to the calling context's device before the driver is asked
+ * (SPYRESHIM_LIMIT: over it, room is made as for a served request, then
+ * out-of-memory; never a pressure event during a capture), given back when
+ * the driver refuses; recorded when it accepts. `from_pool` NULL: the
+ * device's current pool (cuMemAllocAsync). */
+static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
+                            CUresult (*from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                            CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
 {
-    if (rc == CUDA_SUCCESS && dptr && !shim_device_in_backend()) {
-        driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
-        CUdevice dev = -1;
-        if (drv->ctx_get_device && drv->ctx_get_device(&dev) != CUDA_SUCCESS)
-            dev = -1;
-        shim_passthrough_add(SHIM_PT_ASYNC, dev, (uintptr_t)*dptr, size);
+    shim_device *d = NULL;
+    bool watch = !shim_device_in_backend();
+    if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0)
+        d = NULL;
+    if (d) {
+        CUresult rc = shim_passthrough_charge(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
     }
+    CUresult rc = plain ? plain(dptr, size, stream) : from_pool(dptr, size, pool, stream);
+    if (rc != CUDA_SUCCESS) {
+        if (d)
+            shim_passthrough_uncharge(d, size);
+        return rc;
+    }
+    if (d)
+        shim_passthrough_add_charged(SHIM_PT_ASYNC, d, (uintptr_t)*dptr, size);
+    else if (dptr && watch)
+        shim_passthrough_add(SHIM_PT_ASYNC, -1, (uintptr_t)*dptr, size);
     return rc;
 }
 
@@ -516,7 +535,7 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
     driver *drv = get_driver();
     if (!drv || !drv->mem_alloc_async)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return async_allocated(drv->mem_alloc_async(dptr, size, stream), dptr, size);
+    return alloc_async(drv->mem_alloc_async, NULL, dptr, size, NULL, stream);
 }
 
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
@@ -524,9 +543,9 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream st
     driver *drv = get_driver();
     if (!drv || (!drv->mem_alloc_async_ptsz && !drv->mem_alloc_async))
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = drv->mem_alloc_async_ptsz ? drv->mem_alloc_async_ptsz(dptr, size, stream)
-                                            : drv->mem_alloc_async(dptr, size, stream);
-    return async_allocated(rc, dptr, size);
+    return alloc_async(drv->mem_alloc_async_ptsz ? drv->mem_alloc_async_ptsz
+                                                 : drv->mem_alloc_async,
+                       NULL, dptr, size, NULL, stream);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
@@ -535,7 +554,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemory
     driver *drv = get_driver();
     if (!drv || !drv->mem_alloc_from_pool_async)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return async_allocated(drv->mem_alloc_from_pool_async(dptr, size, pool, stream), dptr, size);
+    return alloc_async(NULL, drv->mem_alloc_from_pool_async, dptr, size, pool, stream);
 }
 
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
@@ -544,10 +563,10 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUm
     driver *drv = get_driver();
     if (!drv || (!drv->mem_alloc_from_pool_async_ptsz && !drv->mem_alloc_from_pool_async))
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = drv->mem_alloc_from_pool_async_ptsz
-                      ? drv->mem_alloc_from_pool_async_ptsz(dptr, size, pool, stream)
-                      : drv->mem_alloc_from_pool_async(dptr, size, pool, stream);
-    return async_allocated(rc, dptr, size);
+    return alloc_async(NULL,
+                       drv->mem_alloc_from_pool_async_ptsz ? drv->mem_alloc_from_pool_async_ptsz
+                                                           : drv->mem_alloc_from_pool_async,
+                       dptr, size, pool, stream);
 }
 
 /* A trim gives the pool's cached memory back to the device: what the
