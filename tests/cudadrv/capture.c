@@ -18,7 +18,7 @@
  *
  * - synchronizing calls (cuCtxSynchronize, cuMemFree) are potentially
  *   unsafe calls too; every synchronizing call made while any capture is
- *   live is counted (cudastandinSyncsDuringCapture: a test's witness that
+ *   live is counted, refused or not (cudastandinSyncsDuringCapture: a test's witness that
  *   an allocator never waited for the device while a capture ran).
  *
  * One mutex, `mu`, guards the list of captures; the mode is thread-local.

@@ -114,8 +114,9 @@ bool cd_stream_describe(CUstream h, CUcontext *ctx, bool *nonblocking);
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
 bool cd_capture_refuses_unsafe_call(void);
 /* A synchronizing call (cuCtxSynchronize, cuStreamSynchronize,
- * cuEventSynchronize, cuMemFree) is about to wait: counted when any
- * capture is live (cudastandinSyncsDuringCapture, for tests). */
+ * cuEventSynchronize, cuMemFree) is called: counted when any capture is
+ * live, whether it then waits or is refused (cudastandinSyncsDuringCapture,
+ * for tests). */
 void cd_capture_note_sync(void);
 
 /* ---- mempool.c: stream-ordered pools ------------------------------------ */

@@ -289,9 +289,9 @@ CUresult cuMemFree_v2(CUdeviceptr dptr)
     CD_REQUIRE_INIT();
     /* It waits for the device: a synchronizing call, refused where the
      * capture rules forbid one. */
+    cd_capture_note_sync();
     if (cd_capture_refuses_unsafe_call())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    cd_capture_note_sync();
     if (cd_host_free_managed(dptr))
         return CUDA_SUCCESS;
     if (cd_mempool_owns(dptr))

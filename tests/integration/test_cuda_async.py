@@ -153,3 +153,39 @@ def test_every_route_reaches_the_watched_functions(shim_lib, tmp_path):
     assert r.returncode == 0 and "routes ok" in r.stdout, r.stdout + r.stderr
     s = stats(tmp_path)
     assert (s["async_allocs"], s["async_frees"], s["async_bytes"]) == (5, 4, 1 << 20), s
+
+
+MODEL_OPS = 100000
+
+
+def test_random_model_of_every_family(shim_lib, tmp_path):
+    """10^5 seeded operations over two devices: served, stream-ordered on
+    three streams, managed and host-pinned allocations and frees, pool
+    trims, synchronizations, captures begun and ended in between, against a
+    model of live bytes per family and device (tests/programs/cuda_model.c
+    checks after every operation that nothing escapes SPYRESHIM_LIMIT or
+    SPYRESHIM_HOST_LIMIT and that the shim's statistics equal the model,
+    and at the end that no synchronizing call was made during a capture).
+    Here: the statistics file per family and device agrees with the
+    model's counts, and no region was given back during a capture."""
+    r = run([built_tests() / "cuda_model", 1, MODEL_OPS, "8M", "8M"],
+            shim_env(tmp_path, SPYRESHIM_LIMIT="8M", SPYRESHIM_HOST_LIMIT="8M"), timeout=300)
+    assert r.returncode == 0 and f"ok after {MODEL_OPS} operations" in r.stdout, \
+        r.stdout[-3000:] + r.stderr[-3000:]
+    assert "refused to free region" not in r.stderr, r.stderr[-3000:]
+    s = stats(tmp_path)
+    model = {}
+    for line in r.stdout.splitlines():
+        if line.startswith("model "):
+            _, fam, dev, allocs, frees = line.split()
+            model[(fam, int(dev))] = (int(allocs), int(frees))
+    assert {k for k in model if k[0] != "served"} == \
+        {("cuda-async", 0), ("cuda-async", 1), ("cuda-managed", 0), ("cuda-managed", 1),
+         ("cuda-host-pinned", -1)}, model
+    for f in s["passthrough"]:
+        assert (f["allocs"], f["frees"]) == model[(f["family"], f["device"])], f
+        assert f["bytes"] == 0, f
+        if f["family"] != "cuda-host-pinned":
+            assert f["peak_bytes"] <= 8 << 20, f
+    served = {int(d["name"].split(":")[1]): (d["allocs"], d["frees"]) for d in s["runtimes"]}
+    assert served == {0: model[("served", 0)], 1: model[("served", 1)]}, (served, model)
