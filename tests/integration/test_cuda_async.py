@@ -6,6 +6,8 @@ driver's answers (tests/programs/cuda_async.c, cuda_model.c); these tests
 check what the shim made of them: statistics, leak report, trace."""
 import json
 import sys
+
+import pytest
 import textwrap
 from pathlib import Path
 
@@ -158,7 +160,8 @@ def test_every_route_reaches_the_watched_functions(shim_lib, tmp_path):
 MODEL_OPS = 100000
 
 
-def test_random_model_of_every_family(shim_lib, tmp_path):
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_random_model_of_every_family(shim_lib, tmp_path, seed):
     """10^5 seeded operations over two devices: served, stream-ordered on
     three streams, managed and host-pinned allocations and frees, pool
     trims, synchronizations, captures begun and ended in between, against a
@@ -168,7 +171,7 @@ def test_random_model_of_every_family(shim_lib, tmp_path):
     and at the end that no synchronizing call was made during a capture).
     Here: the statistics file per family and device agrees with the
     model's counts, and no region was given back during a capture."""
-    r = run([built_tests() / "cuda_model", 1, MODEL_OPS, "8M", "8M"],
+    r = run([built_tests() / "cuda_model", seed, MODEL_OPS, "8M", "8M"],
             shim_env(tmp_path, SPYRESHIM_LIMIT="8M", SPYRESHIM_HOST_LIMIT="8M"), timeout=300)
     assert r.returncode == 0 and f"ok after {MODEL_OPS} operations" in r.stdout, \
         r.stdout[-3000:] + r.stderr[-3000:]
