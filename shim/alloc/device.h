@@ -51,9 +51,11 @@ typedef struct shim_runtime {
     int (*sync_device)(int ordinal, uintptr_t context);
     /* Optional: whether the calling thread may be inside a stream capture
      * (CUDA graphs), where a wait for the device or a region given back
-     * would be captured or invalidate the capture: the allocator then
-     * makes room only by a pressure event, which refuses on its own
-     * (docs/cuda.md, "Stream capture"). Slow paths only. */
+     * would be captured or invalidate the capture: then the wait is
+     * skipped (held.c: the blocks stay held) and cached regions stay
+     * cached (the arena backend's may_release); the pressure event refuses
+     * by its own capture query (docs/cuda.md, "Stream capture"). Slow
+     * paths only. */
     bool (*in_capture)(void);
 } shim_runtime;
 

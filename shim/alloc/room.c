@@ -36,10 +36,7 @@ bool shim_device_make_room(shim_device *d, size_t size, struct relief_budget *b)
     shim_lock_assert_held(&d->lock);
     /* Blocks freed while the device may still use them are the cheapest
      * memory there is: one wait for the device and they are free. */
-    /* During a stream capture neither a wait nor a region given back may
-     * run (both synchronize); the pressure event refuses by itself. */
-    bool capturing = d->rt->in_capture && d->rt->in_capture();
-    if (!capturing && d->rt->sync_device && wait_and_reuse_all_held(d))
+    if (d->rt->sync_device && wait_and_reuse_all_held(d))
         return true;
     if (shim_pressure_in_event())
         return false; /* an allocation made by pressure work itself */
@@ -47,7 +44,7 @@ bool shim_device_make_room(shim_device *d, size_t size, struct relief_budget *b)
      * them back first, so a larger region can be reserved. */
     if (!b->trimmed) {
         b->trimmed = true;
-        if (!capturing && trim_all(d) > 0)
+        if (trim_all(d) > 0)
             return true;
     }
     if (b->rounds >= b->max_rounds || b->waits >= 4 * b->max_rounds)
