@@ -7,7 +7,18 @@
  * tests can tell what reached the runtime and what the shim served.
  * CUDA_STANDIN_FAIL=N makes every cudaMalloc of a nonzero size return N
  * (e.g. 35, cudaErrorInsufficientDriver), read on each call so that a test
- * can switch it on and off. */
+ * can switch it on and off.
+ *
+ * The stream-ordered functions (cudaMallocAsync, cudaFreeAsync,
+ * cudaMallocFromPoolAsync, cudaDeviceGetDefaultMemPool) have no memory of
+ * their own here: they reach the driver as the real runtime does, by
+ * dlopen("libcuda.so.1") (LD_LIBRARY_PATH chooses the file: the stand-in
+ * driver of tests/cudadrv), dlsym of cuGetProcAddress_v2 alone, and every
+ * driver function through it at its ABI version (cuMemAllocAsync 11020),
+ * on device 0's primary context made current on first use. Without a
+ * driver they answer 35 (cudaErrorInsufficientDriver), as the runtime
+ * does. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -111,4 +122,90 @@ API int cudaMemGetInfo(size_t *free, size_t *total)
 API int standinRawMalloc(void **ptr, size_t size)
 {
     return do_malloc(ptr, size);
+}
+
+/* ---- stream-ordered allocation: through the driver ----------------------- */
+
+typedef int (*getproc_fn)(const char *, void **, int, unsigned long long, int *);
+static struct {
+    int (*alloc_async)(unsigned long long *, size_t, void *);
+    int (*free_async)(unsigned long long, void *);
+    int (*alloc_from_pool)(unsigned long long *, size_t, void *, void *);
+    int (*default_pool)(void **, int);
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+static int drv_error = 35; /* cudaErrorInsufficientDriver until the driver is there */
+
+static void *fetch(getproc_fn getproc, const char *name, int version)
+{
+    void *fn = NULL;
+    int status;
+    return getproc(name, &fn, version, 0, &status) == 0 ? fn : NULL;
+}
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    getproc_fn getproc = h ? (getproc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!getproc)
+        return;
+    int (*init)(unsigned) = fetch(getproc, "cuInit", 2000);
+    int (*retain)(void **, int) = fetch(getproc, "cuDevicePrimaryCtxRetain", 7000);
+    int (*get_current)(void **) = fetch(getproc, "cuCtxGetCurrent", 4000);
+    int (*set_current)(void *) = fetch(getproc, "cuCtxSetCurrent", 4000);
+    drv.alloc_async = fetch(getproc, "cuMemAllocAsync", 11020);
+    drv.free_async = fetch(getproc, "cuMemFreeAsync", 11020);
+    drv.alloc_from_pool = fetch(getproc, "cuMemAllocFromPoolAsync", 11020);
+    drv.default_pool = fetch(getproc, "cuDeviceGetDefaultMemPool", 11020);
+    void *ctx = NULL;
+    if (!init || !retain || !get_current || !set_current || !drv.alloc_async ||
+        !drv.free_async || !drv.alloc_from_pool || !drv.default_pool || init(0) != 0 ||
+        get_current(&ctx) != 0)
+        return;
+    if (!ctx && (retain(&ctx, 0) != 0 || set_current(ctx) != 0))
+        return;
+    drv_error = 0;
+}
+
+/* 0 once the driver is loaded, else the runtime's error. */
+static int driver_ready(void)
+{
+    pthread_once(&drv_once, load_driver);
+    return drv_error;
+}
+
+API int cudaMallocAsync(void **ptr, size_t size, void *stream)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_async(&p, size, stream);
+    if (rc == 0 && ptr)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_from_pool(&p, size, pool, stream);
+    if (rc == 0 && ptr)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaFreeAsync(void *ptr, void *stream)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.free_async((unsigned long long)(uintptr_t)ptr, stream);
+}
+
+API int cudaDeviceGetDefaultMemPool(void **pool, int device)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.default_pool(pool, device);
 }

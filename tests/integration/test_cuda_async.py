@@ -6,10 +6,10 @@ driver's answers (tests/programs/cuda_async.c, cuda_model.c); these tests
 check what the shim made of them: statistics, leak report, trace."""
 import json
 import sys
-
-import pytest
 import textwrap
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cuda_driver import _trace_module, built_tests, run, shim_env, stats  # noqa: E402
@@ -192,3 +192,33 @@ def test_random_model_of_every_family(shim_lib, tmp_path, seed):
             assert f["peak_bytes"] <= 8 << 20, f
     served = {int(d["name"].split(":")[1]): (d["allocs"], d["frees"]) for d in s["runtimes"]}
     assert served == {0: model[("served", 0)], 1: model[("served", 1)]}, (served, model)
+
+
+RUNTIME = textwrap.dedent("""
+    import ctypes, sys
+    rt = ctypes.CDLL(sys.argv[1])
+    p, q, pool = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    assert rt.cudaMallocAsync(ctypes.byref(p), ctypes.c_size_t(1 << 20), None) == 0
+    assert rt.cudaDeviceGetDefaultMemPool(ctypes.byref(pool), 0) == 0
+    assert rt.cudaMallocFromPoolAsync(ctypes.byref(q), ctypes.c_size_t(4096), pool, None) == 0
+    assert rt.cudaFreeAsync(p, None) == 0
+    print("runtime ok")
+    """)
+
+
+def test_the_runtime_reaches_the_watched_driver_functions(shim_lib, tmp_path):
+    """The stand-in runtime's cudaMallocAsync, cudaMallocFromPoolAsync and
+    cudaFreeAsync reach the driver as the real runtime does (dlopen of
+    libcuda.so.1, cuGetProcAddress_v2 for everything): the shim counts them
+    and the one left live is a leak of family cuda-async."""
+    prog = tmp_path / "rt.py"
+    prog.write_text(RUNTIME)
+    report = tmp_path / "leaks.json"
+    env = shim_env(tmp_path, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=report,
+                   LD_LIBRARY_PATH=built_tests() / "cudadrv")
+    r = run(["/usr/bin/python3", prog, built_tests() / "libcudart_standin.so"], env)
+    assert "runtime ok" in r.stdout, r.stdout + r.stderr
+    s = stats(tmp_path)
+    assert (s["async_allocs"], s["async_frees"], s["async_bytes"]) == (2, 1, 4096), s
+    groups = json.loads(report.read_text())["groups"]
+    assert [(g["runtime"], g["bytes"]) for g in groups] == [("cuda-async", 4096)], groups
