@@ -459,19 +459,13 @@ static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream), CUdeviceptr 
         return CUDA_ERROR_NOT_SUPPORTED;
     /* Stream-ordered memory, or managed memory freed stream-ordered: the
      * driver's free, then the record (the program no longer holds it; the
-     * pool reuses it in stream order, which is the driver's business). */
-    enum shim_pt_family f = SHIM_PT_FAMILIES;
-    if (!shim_device_in_backend()) {
-        if (shim_passthrough_any(SHIM_PT_ASYNC) &&
-            shim_passthrough_contains(SHIM_PT_ASYNC, (uintptr_t)ptr))
-            f = SHIM_PT_ASYNC;
-        else if (shim_passthrough_any(SHIM_PT_MANAGED) &&
-                 shim_passthrough_contains(SHIM_PT_MANAGED, (uintptr_t)ptr))
-            f = SHIM_PT_MANAGED;
-    }
+     * pool reuses it in stream order, which is the driver's business; a
+     * thread given the address again meanwhile keeps its own record:
+     * shim_passthrough_remove takes the oldest). */
     CUresult rc = real(ptr, stream);
-    if (rc == CUDA_SUCCESS && f != SHIM_PT_FAMILIES)
-        shim_passthrough_remove(f, (uintptr_t)ptr);
+    if (rc == CUDA_SUCCESS && !shim_device_in_backend() && ptr &&
+        !shim_passthrough_remove(SHIM_PT_ASYNC, (uintptr_t)ptr))
+        shim_passthrough_remove(SHIM_PT_MANAGED, (uintptr_t)ptr); /* one load when none */
     return rc;
 }
 

@@ -168,14 +168,20 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     node *gone = NULL;
     uint64_t seq = 0;
     shim_mutex_lock(&pt_mu);
-    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
-        if ((*p)->r.ptr == ptr && (*p)->r.family == f) {
-            gone = *p;
-            *p = gone->next;
-            count_free(gone);
-            seq = shim_device_seq_next();
-            break;
-        }
+    /* The oldest record of ptr (records go in at the head): the free is
+     * told after the driver's, and by then another thread may have been
+     * given the same address again and recorded it (a stream-ordered pool
+     * reuses a block at once); the record that goes is the one the free
+     * ended. */
+    node **at = NULL;
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next)
+        if ((*p)->r.ptr == ptr && (*p)->r.family == f)
+            at = p;
+    if (at) {
+        gone = *at;
+        *at = gone->next;
+        count_free(gone);
+        seq = shim_device_seq_next();
     }
     shim_mutex_unlock(&pt_mu);
     if (!gone)
