@@ -17,9 +17,11 @@
  * cuIpcGetMemHandle refuses them. Passed through and recorded
  * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
  * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
- * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister), stream-ordered
- * memory (cuMemAllocAsync, cuMemAllocFromPoolAsync and _ptsz, freed by
- * cuMemFreeAsync; cuMemPoolTrimTo traced). Watched: stream captures
+ * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister), VMM
+ * physical memory (cuMemCreate, cuMemRelease, with cuMemMap/cuMemUnmap's
+ * ranges) and stream-ordered memory (cuMemAllocAsync,
+ * cuMemAllocFromPoolAsync and _ptsz, freed by cuMemFreeAsync;
+ * cuMemPoolTrimTo traced). Watched: stream captures
  * (cuStreamBeginCapture(_v2)(_ptsz), cuStreamEndCapture(_ptsz):
  * hooks/cuda_capture.c), and the context teardowns
  * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
@@ -804,6 +806,83 @@ EXPORT CUresult cuMemHostUnregister(void *p)
     return host_freed(drv->mem_host_unregister(p), p);
 }
 
+/* ---- virtual memory management: passed through, watched ------------- */
+
+/* cuMemCreate's physical allocations are the family cuda-vmm, keyed by
+ * handle, charged to SPYRESHIM_LIMIT of the device they are created on
+ * (when that is the calling thread's context's device: the shim's devices
+ * are contexts; on another device they are counted, not limited). A
+ * physical allocation lives while its handle is not released or a mapping
+ * uses it (the driver's rule): the record and the charge go when both are
+ * gone. Mappings are recorded on the handle's record, so that a leak
+ * report names the range. Reservations, access and the shareable handles
+ * go to the driver untouched; nothing is served from the shim's regions,
+ * and pointer queries on a mapped address reach the driver (no region of
+ * the shim holds it). */
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_create)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    shim_device *d = NULL;
+    if (!handle || !prop || size == 0 || flags != 0 ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || shim_device_in_backend() ||
+        shim_device_for_caller(&driver_rt, &d) != 0 ||
+        shim_passthrough_ordinal(d) != prop->location.id)
+        d = NULL;
+    if (d) {
+        CUresult rc = shim_passthrough_charge(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    CUresult rc = drv->mem_create(handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS) {
+        if (d)
+            shim_passthrough_uncharge(d, size);
+        return rc;
+    }
+    if (d)
+        shim_passthrough_add_charged(SHIM_PT_VMM, d, (uintptr_t)*handle, size);
+    else if (handle && prop)
+        shim_passthrough_add(SHIM_PT_VMM, prop->location.id, (uintptr_t)*handle, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_release)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_release(handle);
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_release(SHIM_PT_VMM, (uintptr_t)handle);
+    return rc;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_map)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_map(ptr, size, offset, handle, flags);
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_mapped(SHIM_PT_VMM, (uintptr_t)handle, (uintptr_t)ptr, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_unmap)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_unmap(ptr, size);
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_unmapped(SHIM_PT_VMM, (uintptr_t)ptr, size);
+    return rc;
+}
+
 /* ---- context teardown ----------------------------------------------- */
 
 /* The primary context of each device as retained through the shim, and
@@ -974,6 +1053,10 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuMemHostRegister", 4000, 6050, "cuMemHostRegister", cuMemHostRegister)       \
     X("cuMemHostRegister", 6050, 0, "cuMemHostRegister_v2", cuMemHostRegister_v2)    \
     X("cuMemHostUnregister", 4000, 0, "cuMemHostUnregister", cuMemHostUnregister)    \
+    X("cuMemCreate", 10020, 0, "cuMemCreate", cuMemCreate)                            \
+    X("cuMemRelease", 10020, 0, "cuMemRelease", cuMemRelease)                         \
+    X("cuMemMap", 10020, 0, "cuMemMap", cuMemMap)                                     \
+    X("cuMemUnmap", 10020, 0, "cuMemUnmap", cuMemUnmap)                               \
     X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
     X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
     X("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \

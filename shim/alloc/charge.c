@@ -59,9 +59,11 @@ int shim_passthrough_charge(shim_device *d, size_t bytes)
     if (shim_pool_take(&d->pool, limit, bytes))
         return 0;
     /* Over the limit: make room as a served request would, under the
-     * device lock (unless a pressure callback of this thread holds it:
-     * then no pressure work, the request fails). */
-    bool taken = lock_unless_mine(&d->lock);
+     * device lock; not for a request that pressure work itself makes (a
+     * callback's, or a finalizer's during a collection): it fails at once,
+     * without waiting for any account's lock (an event on another thread
+     * may need what this thread holds). */
+    bool taken = !shim_pressure_in_event() && lock_unless_mine(&d->lock);
     bool ok = false;
     struct relief_budget budget = {.max_rounds = shim_opts()->pressure_rounds};
     while (taken && !ok && shim_device_make_room(d, bytes, &budget))
@@ -87,7 +89,7 @@ bool shim_passthrough_charge_host(size_t bytes)
     if (shim_pool_take(&host_pool, limit, bytes))
         return true;
     pthread_once(&host_once, host_init);
-    bool taken = lock_unless_mine(&host_lock);
+    bool taken = !shim_pressure_in_event() && lock_unless_mine(&host_lock);
     bool ok = false;
     unsigned rounds = 0, waits = 0, max = shim_opts()->pressure_rounds;
     while (taken && !ok && rounds < max && waits < 4 * max) {
@@ -118,6 +120,11 @@ void shim_passthrough_uncharge_host(size_t bytes)
 uint64_t shim_passthrough_host_failed(void)
 {
     return atomic_load_explicit(&host_failed, memory_order_relaxed);
+}
+
+int shim_passthrough_ordinal(const shim_device *d)
+{
+    return d->ordinal;
 }
 
 void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,

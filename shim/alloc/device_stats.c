@@ -59,7 +59,11 @@ int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
     uint64_t inside = reserved > used ? reserved - used : 0;
     uint64_t avail = (uint64_t)rfree + inside;
     if (limit) {
-        uint64_t room = limit > used ? limit - used : 0;
+        /* Passed-through memory charged to the limit (charge.c) is in the
+         * pool's shares beyond the regions': not the program's to have. */
+        uint64_t pooled = atomic_load_explicit(&d->pool.reserved, memory_order_relaxed);
+        uint64_t taken = used + (pooled > reserved ? pooled - reserved : 0);
+        uint64_t room = limit > taken ? limit - taken : 0;
         if (avail > room)
             avail = room;
     }

@@ -1,10 +1,12 @@
 /* Pass-through allocations: memory the shim never serves from its regions
  * but watches, so that statistics, leak reports and the out-of-memory
  * report see it (docs/cuda.md's table). Today: CUDA managed memory
- * (counted on the device it was allocated on), host-pinned memory
- * (a family of its own, host memory, under no device limit) and
- * stream-ordered allocations (cuda-async: what the program holds from
- * the driver's pools, on the device of the calling context).
+ * (counted on the device it was allocated on), host-pinned memory (a
+ * family of its own, host memory), VMM physical allocations (by
+ * handle, with the range they are mapped at) and stream-ordered
+ * allocations (cuda-async: what the program holds from the driver's
+ * pools, on the device of the calling context). Their limits are charge.c's:
+ * a record only remembers the pool it was charged to.
  *
  * Owns the live records (pointer -> size, family, device, stacks,
  * sequence) in a chained hash table, and the counters per family and
@@ -44,16 +46,23 @@ static _Atomic(shim_pt_trim_fn) trim_hook;
 
 const char *shim_passthrough_family_name(enum shim_pt_family f)
 {
-    switch (f) {
-    case SHIM_PT_MANAGED:
-        return "cuda-managed";
-    case SHIM_PT_HOST_PINNED:
-        return "cuda-host-pinned";
-    case SHIM_PT_ASYNC:
-        return "cuda-async";
-    default:
-        return "?";
-    }
+    static const char *const names[SHIM_PT_FAMILIES] = {
+        [SHIM_PT_MANAGED] = "cuda-managed",
+        [SHIM_PT_HOST_PINNED] = "cuda-host-pinned",
+        [SHIM_PT_VMM] = "cuda-vmm",
+        [SHIM_PT_ASYNC] = "cuda-async",
+    };
+    return (unsigned)f < SHIM_PT_FAMILIES ? names[f] : "cuda";
+}
+
+void shim_passthrough_set_capture(shim_pt_capture_fn fn)
+{
+    atomic_store(&capture, fn);
+}
+
+void shim_passthrough_set_event_hook(shim_pt_event_fn fn)
+{
+    atomic_store(&event_hook, fn);
 }
 
 void shim_passthrough_set_trim_hook(shim_pt_trim_fn fn)
@@ -66,16 +75,6 @@ void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released)
     shim_pt_trim_fn fn = atomic_load(&trim_hook);
     if (fn)
         fn(shim_device_seq_next(), pool, released);
-}
-
-void shim_passthrough_set_capture(shim_pt_capture_fn fn)
-{
-    atomic_store(&capture, fn);
-}
-
-void shim_passthrough_set_event_hook(shim_pt_event_fn fn)
-{
-    atomic_store(&event_hook, fn);
 }
 
 static unsigned bucket(uintptr_t ptr)
@@ -190,36 +189,115 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     return true;
 }
 
-size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)
+
+void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
-    if ((unsigned)f >= SHIM_PT_FAMILIES || !pool || !shim_passthrough_any(f))
-        return 0;
-    /* Unlinked under the lock into a list of their own (the node's next),
-     * with their sequence numbers in `seq` of the record; told outside. */
-    node *dropped = NULL;
-    size_t n = 0;
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return;
     shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && !p->r.released) {
+            p->r.va = va;
+            p->r.va_size = size;
+            p->r.maps++;
+            break;
+        }
+    shim_mutex_unlock(&pt_mu);
+}
+
+/* Unlinks every record of `f` that `pick` chooses into a list (the node's
+ * next), with its counters taken off and a free's sequence number in its
+ * seq; pt_mu held. */
+static node *unlink_where(enum shim_pt_family f, bool (*pick)(shim_pt_record *r, void *arg),
+                          void *arg, size_t *n)
+{
+    node *out = NULL;
     for (unsigned b = 0; b < BUCKETS; b++) {
         for (node **p = &table[b]; *p;) {
             node *x = *p;
-            if (x->r.family == f && x->r.charged == pool) {
+            if (x->r.family == f && pick(&x->r, arg)) {
                 *p = x->next;
                 count_free(x);
                 x->r.seq = shim_device_seq_next();
-                x->next = dropped;
-                dropped = x;
-                n++;
+                x->next = out;
+                out = x;
+                (*n)++;
             } else {
                 p = &x->next;
             }
         }
     }
-    shim_mutex_unlock(&pt_mu);
-    while (dropped) {
-        node *x = dropped;
-        dropped = x->next;
+    return out;
+}
+
+static void gone_list(node *list)
+{
+    while (list) {
+        node *x = list;
+        list = x->next;
         gone_record(x, x->r.seq);
     }
+}
+
+struct range {
+    uintptr_t va;
+    size_t size;
+};
+
+/* Mappings starting in the range go; the record too once released. */
+static bool unmapped_in(shim_pt_record *r, void *arg)
+{
+    const struct range *g = arg;
+    if (!r->maps || !r->va_size || r->va < g->va || r->va - g->va >= g->size)
+        return false;
+    r->maps--;
+    r->va = 0;
+    r->va_size = 0;
+    return r->released && r->maps == 0;
+}
+
+size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return 0;
+    struct range g = {va, size};
+    size_t n = 0;
+    shim_mutex_lock(&pt_mu);
+    node *dead = unlink_where(f, unmapped_in, &g, &n);
+    shim_mutex_unlock(&pt_mu);
+    gone_list(dead);
+    return n;
+}
+
+bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return false;
+    bool kept = false;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p && !kept; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && !p->r.released && p->r.maps) {
+            p->r.released = true;
+            kept = true;
+        }
+    shim_mutex_unlock(&pt_mu);
+    return kept || shim_passthrough_remove(f, ptr);
+}
+
+static bool charged_to(shim_pt_record *r, void *pool)
+{
+    return r->charged == pool;
+}
+
+size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !pool || !shim_passthrough_any(f))
+        return 0;
+    size_t n = 0;
+    shim_mutex_lock(&pt_mu);
+    node *dropped = unlink_where(f, charged_to, pool, &n);
+    shim_mutex_unlock(&pt_mu);
+    gone_list(dropped);
     return n;
 }
 

@@ -11,12 +11,13 @@
 enum shim_pt_family {
     SHIM_PT_MANAGED,     /* cuMemAllocManaged: counted on its device */
     SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
+    SHIM_PT_VMM,         /* cuMemCreate's physical allocations, keyed by handle */
     SHIM_PT_ASYNC,       /* cuMemAllocAsync, cuMemAllocFromPoolAsync: held by the program */
     SHIM_PT_FAMILIES
 };
 
 /* The family's name in statistics and leak reports: "cuda-managed",
- * "cuda-host-pinned", "cuda-async". */
+ * "cuda-host-pinned", "cuda-vmm", "cuda-async". */
 const char *shim_passthrough_family_name(enum shim_pt_family f);
 
 /* The leak room's stack capture (set by shim_leak_init; NULL: no stacks). */
@@ -58,6 +59,8 @@ bool shim_passthrough_charge_host(size_t bytes);
 void shim_passthrough_uncharge_host(size_t bytes);
 /* Host-pinned requests refused by SPYRESHIM_HOST_LIMIT so far. */
 uint64_t shim_passthrough_host_failed(void);
+/* d's device ordinal. */
+int shim_passthrough_ordinal(const shim_device *d);
 /* fork(): the host account's lock and pressure state start anew in the
  * child (shim/process/fork.c). */
 void shim_passthrough_charge_atfork_child(void);
@@ -80,6 +83,17 @@ size_t shim_passthrough_drop_pool(enum shim_pt_family f, struct shim_arena_pool 
 /* The runtime freed `ptr` of family `f`: forget it. False when it was not
  * recorded (then nothing changes). */
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
+/* Mappings of a record (VMM: a physical allocation lives while its
+ * handle is not released or a mapping uses it). mapped: `ptr` was mapped
+ * at [va, va + size), the range a leak report names (the last one mapped).
+ * unmapped: the mappings starting in [va, va + size) went; records
+ * released before and now unmapped are removed (as by remove); returns how
+ * many were. release: the handle goes: removed at once when unmapped,
+ * else kept (still live, still charged) until its last unmapping; false
+ * when `ptr` is no live record of `f`. */
+void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size);
+size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size);
+bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr);
 /* Whether `ptr` is a live record of `f`. */
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr);
 /* Whether any record of `f` is live: one relaxed load, inline, for hot
@@ -109,6 +123,10 @@ typedef struct shim_pt_record {
     enum shim_pt_family family;
     int ordinal;
     struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
+    uintptr_t va;                    /* where it is mapped (VMM), or 0 */
+    uint64_t va_size;
+    unsigned maps;                   /* live mappings */
+    bool released;                   /* its handle went; it lives while mapped */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their
  * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0

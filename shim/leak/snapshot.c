@@ -4,9 +4,14 @@
  * Owns nothing shared. A snapshot copies the live records of every device
  * (shim_device_live takes and drops each arena's lock in turn);
  * everything after that works on the copy, with no shim lock held, so
- * printing and symbolizing never delay an allocation.
+ * printing and symbolizing never delay an allocation. The interned names
+ * of mapped VMM allocations are atomics (no lock).
  */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +27,35 @@ struct spyreshim_snapshot {
     size_t n;
     uint64_t bytes;
 };
+
+/* A mapped VMM allocation's runtime name says where it is mapped:
+ * "cuda-vmm mapped at 0x7f0000000000+0x200000". Reports keep the runtime
+ * names of a snapshot after freeing it, so the names are interned for the
+ * process's life: at most LABELS of them (past that, the family's name
+ * alone). No lock: a slot is taken with an atomic add and published, once
+ * written, by its ready flag (two threads naming one range at once may
+ * each take a slot: harmless). */
+#define LABEL_LEN 64
+#define LABELS 256
+static char labels[LABELS][LABEL_LEN];
+static _Atomic bool ready[LABELS];
+static _Atomic size_t nlabels;
+
+static const char *mapped_label(const char *family, uintptr_t va, uint64_t size)
+{
+    char want[LABEL_LEN];
+    snprintf(want, sizeof want, "%s mapped at %#" PRIxPTR "+%#" PRIx64, family, va, size);
+    size_t n = atomic_load(&nlabels);
+    for (size_t i = 0; i < n && i < LABELS; i++)
+        if (atomic_load_explicit(&ready[i], memory_order_acquire) && strcmp(labels[i], want) == 0)
+            return labels[i];
+    size_t slot = atomic_fetch_add(&nlabels, 1);
+    if (slot >= LABELS)
+        return family;
+    memcpy(labels[slot], want, sizeof want);
+    atomic_store_explicit(&ready[slot], true, memory_order_release);
+    return labels[slot];
+}
 
 SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void)
 {
@@ -91,6 +125,8 @@ SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
             a->native_stack = pt[i].native_stack;
             a->python_stack = pt[i].python_stack;
             a->runtime = shim_passthrough_family_name(pt[i].family);
+            if (pt[i].va_size)
+                a->runtime = mapped_label(a->runtime, pt[i].va, pt[i].va_size);
             s->bytes += pt[i].size;
         }
         free(pt);

@@ -42,9 +42,10 @@ static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, u
 static void on_passthrough(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t addr,
                            size_t size, uint32_t native_stack, uint32_t python_stack)
 {
-    unsigned dev = f == SHIM_PT_MANAGED ? TRACE_DEVICE_MANAGED
-                   : f == SHIM_PT_ASYNC ? TRACE_DEVICE_ASYNC
-                                        : TRACE_DEVICE_HOST_PINNED;
+    unsigned dev = f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
+                   : f == SHIM_PT_HOST_PINNED ? TRACE_DEVICE_HOST_PINNED
+                   : f == SHIM_PT_ASYNC       ? TRACE_DEVICE_ASYNC
+                                              : TRACE_DEVICE_VMM;
     shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE, dev, seq, addr, size, native_stack,
                          python_stack);
 }

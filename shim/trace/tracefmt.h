@@ -61,6 +61,7 @@ _Static_assert(sizeof(trace_event) == 32, "event layout");
  * the shim serves, so readers leave it out of the devices' peaks. */
 #define TRACE_DEVICE_MANAGED 0xfd
 #define TRACE_DEVICE_HOST_PINNED 0xfe
+#define TRACE_DEVICE_VMM 0xfc
 #define TRACE_DEVICE_ASYNC 0xfb /* stream-ordered allocations (cuda-async) */
 #define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
 

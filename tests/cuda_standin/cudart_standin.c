@@ -9,15 +9,18 @@
  * (e.g. 35, cudaErrorInsufficientDriver), read on each call so that a test
  * can switch it on and off.
  *
- * The stream-ordered functions (cudaMallocAsync, cudaFreeAsync,
- * cudaMallocFromPoolAsync, cudaDeviceGetDefaultMemPool) have no memory of
- * their own here: they reach the driver as the real runtime does, by
- * dlopen("libcuda.so.1") (LD_LIBRARY_PATH chooses the file: the stand-in
- * driver of tests/cudadrv), dlsym of cuGetProcAddress_v2 alone, and every
- * driver function through it at its ABI version (cuMemAllocAsync 11020),
- * on device 0's primary context made current on first use. Without a
- * driver they answer 35 (cudaErrorInsufficientDriver), as the runtime
- * does. */
+ * Host-pinned and managed memory (cudaHostAlloc, cudaMallocHost,
+ * cudaFreeHost, cudaMallocManaged, and cudaFree of managed memory) come
+ * from a driver, as the real runtime's do: it loads libcuda.so.1 by soname,
+ * looks up cuGetProcAddress_v2 alone, fetches each driver function through
+ * it at its ABI version, and makes the device's primary context current
+ * first (cudaSetDevice's implicit initialization). Without a driver those
+ * calls return 35 (cudaErrorInsufficientDriver), as the real runtime's do;
+ * driver errors map to the runtime's (1, 2 are the same numbers). The
+ * stream-ordered functions (cudaMallocAsync, cudaMallocFromPoolAsync,
+ * cudaFreeAsync, cudaDeviceGetDefaultMemPool) come from the driver the
+ * same way (cuMemAllocAsync & co. at 11020); a driver without them
+ * answers 35 for those alone. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -83,6 +86,151 @@ API int cudaMalloc(void **ptr, size_t size)
     return do_malloc(ptr, size);
 }
 
+/* ---- through the driver, as the real runtime ------------------------- */
+
+typedef int (*get_proc_fn)(const char *, void **, int, unsigned long long, int *);
+static struct {
+    int (*init)(unsigned);
+    int (*primary_retain)(void **, int);
+    int (*get_current)(void **);
+    int (*set_current)(void *);
+    int (*host_alloc)(void **, size_t, unsigned);
+    int (*alloc_host)(void **, size_t);
+    int (*free_host)(void *);
+    int (*alloc_managed)(unsigned long long *, size_t, unsigned);
+    int (*mem_free)(unsigned long long);
+    int (*alloc_async)(unsigned long long *, size_t, void *);
+    int (*free_async)(unsigned long long, void *);
+    int (*alloc_from_pool)(unsigned long long *, size_t, void *, void *);
+    int (*default_pool)(void **, int);
+    int err; /* 0, or why the runtime has no driver */
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void *fetch(get_proc_fn gpa, const char *name, int version)
+{
+    void *fn = NULL;
+    int status = 0;
+    return gpa(name, &fn, version, 0, &status) == 0 ? fn : NULL;
+}
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    get_proc_fn gpa = h ? (get_proc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!gpa) {
+        drv.err = 35; /* cudaErrorInsufficientDriver */
+        return;
+    }
+    *(void **)&drv.init = fetch(gpa, "cuInit", 2000);
+    *(void **)&drv.primary_retain = fetch(gpa, "cuDevicePrimaryCtxRetain", 7000);
+    *(void **)&drv.get_current = fetch(gpa, "cuCtxGetCurrent", 4000);
+    *(void **)&drv.set_current = fetch(gpa, "cuCtxSetCurrent", 4000);
+    *(void **)&drv.host_alloc = fetch(gpa, "cuMemHostAlloc", 2020);
+    *(void **)&drv.alloc_host = fetch(gpa, "cuMemAllocHost", 3020);
+    *(void **)&drv.free_host = fetch(gpa, "cuMemFreeHost", 2000);
+    *(void **)&drv.alloc_managed = fetch(gpa, "cuMemAllocManaged", 6000);
+    *(void **)&drv.mem_free = fetch(gpa, "cuMemFree", 3020);
+    *(void **)&drv.alloc_async = fetch(gpa, "cuMemAllocAsync", 11020);
+    *(void **)&drv.free_async = fetch(gpa, "cuMemFreeAsync", 11020);
+    *(void **)&drv.alloc_from_pool = fetch(gpa, "cuMemAllocFromPoolAsync", 11020);
+    *(void **)&drv.default_pool = fetch(gpa, "cuDeviceGetDefaultMemPool", 11020);
+    if (!drv.init || !drv.primary_retain || !drv.get_current || !drv.set_current ||
+        !drv.host_alloc || !drv.alloc_host || !drv.free_host || !drv.alloc_managed ||
+        !drv.mem_free || drv.init(0) != 0)
+        drv.err = 35;
+}
+
+/* The driver, with a context current on the calling thread (device 0's
+ * primary context when none is): 0 or the runtime's error. */
+static int driver_ready(void)
+{
+    pthread_once(&drv_once, load_driver);
+    if (drv.err)
+        return drv.err;
+    void *ctx = NULL;
+    if (drv.get_current(&ctx) == 0 && ctx)
+        return 0;
+    if (drv.primary_retain(&ctx, 0) != 0 || drv.set_current(ctx) != 0)
+        return 3; /* cudaErrorInitializationError */
+    return 0;
+}
+
+API int cudaHostAlloc(void **ptr, size_t size, unsigned flags)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.host_alloc(ptr, size, flags);
+}
+
+API int cudaMallocHost(void **ptr, size_t size)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.alloc_host(ptr, size);
+}
+
+API int cudaFreeHost(void *ptr)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.free_host(ptr);
+}
+
+API int cudaMallocManaged(void **ptr, size_t size, unsigned flags)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_managed(ptr ? &p : NULL, size, flags);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+/* Stream-ordered: 0 when the driver has them, else the runtime's error. */
+static int async_ready(void)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    return drv.alloc_async && drv.free_async && drv.alloc_from_pool && drv.default_pool ? 0 : 35;
+}
+
+API int cudaMallocAsync(void **ptr, size_t size, void *stream)
+{
+    int rc = async_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_async(ptr ? &p : NULL, size, stream);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream)
+{
+    int rc = async_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_from_pool(ptr ? &p : NULL, size, pool, stream);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaFreeAsync(void *ptr, void *stream)
+{
+    int rc = async_ready();
+    return rc ? rc : drv.free_async((uintptr_t)ptr, stream);
+}
+
+API int cudaDeviceGetDefaultMemPool(void **pool, int device)
+{
+    int rc = async_ready();
+    return rc ? rc : drv.default_pool(pool, device);
+}
+
 API int cudaFree(void *ptr)
 {
     pthread_mutex_lock(&mu);
@@ -101,6 +249,9 @@ API int cudaFree(void *ptr)
         }
     }
     pthread_mutex_unlock(&mu);
+    /* Not one of its blocks: managed memory is the driver's. */
+    if (rc != 0 && driver_ready() == 0)
+        rc = drv.mem_free((uintptr_t)ptr);
     return rc;
 }
 
@@ -122,90 +273,4 @@ API int cudaMemGetInfo(size_t *free, size_t *total)
 API int standinRawMalloc(void **ptr, size_t size)
 {
     return do_malloc(ptr, size);
-}
-
-/* ---- stream-ordered allocation: through the driver ----------------------- */
-
-typedef int (*getproc_fn)(const char *, void **, int, unsigned long long, int *);
-static struct {
-    int (*alloc_async)(unsigned long long *, size_t, void *);
-    int (*free_async)(unsigned long long, void *);
-    int (*alloc_from_pool)(unsigned long long *, size_t, void *, void *);
-    int (*default_pool)(void **, int);
-} drv;
-static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
-static int drv_error = 35; /* cudaErrorInsufficientDriver until the driver is there */
-
-static void *fetch(getproc_fn getproc, const char *name, int version)
-{
-    void *fn = NULL;
-    int status;
-    return getproc(name, &fn, version, 0, &status) == 0 ? fn : NULL;
-}
-
-static void load_driver(void)
-{
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
-    getproc_fn getproc = h ? (getproc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
-    if (!getproc)
-        return;
-    int (*init)(unsigned) = fetch(getproc, "cuInit", 2000);
-    int (*retain)(void **, int) = fetch(getproc, "cuDevicePrimaryCtxRetain", 7000);
-    int (*get_current)(void **) = fetch(getproc, "cuCtxGetCurrent", 4000);
-    int (*set_current)(void *) = fetch(getproc, "cuCtxSetCurrent", 4000);
-    drv.alloc_async = fetch(getproc, "cuMemAllocAsync", 11020);
-    drv.free_async = fetch(getproc, "cuMemFreeAsync", 11020);
-    drv.alloc_from_pool = fetch(getproc, "cuMemAllocFromPoolAsync", 11020);
-    drv.default_pool = fetch(getproc, "cuDeviceGetDefaultMemPool", 11020);
-    void *ctx = NULL;
-    if (!init || !retain || !get_current || !set_current || !drv.alloc_async ||
-        !drv.free_async || !drv.alloc_from_pool || !drv.default_pool || init(0) != 0 ||
-        get_current(&ctx) != 0)
-        return;
-    if (!ctx && (retain(&ctx, 0) != 0 || set_current(ctx) != 0))
-        return;
-    drv_error = 0;
-}
-
-/* 0 once the driver is loaded, else the runtime's error. */
-static int driver_ready(void)
-{
-    pthread_once(&drv_once, load_driver);
-    return drv_error;
-}
-
-API int cudaMallocAsync(void **ptr, size_t size, void *stream)
-{
-    int rc = driver_ready();
-    if (rc)
-        return rc;
-    unsigned long long p = 0;
-    rc = drv.alloc_async(&p, size, stream);
-    if (rc == 0 && ptr)
-        *ptr = (void *)(uintptr_t)p;
-    return rc;
-}
-
-API int cudaMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream)
-{
-    int rc = driver_ready();
-    if (rc)
-        return rc;
-    unsigned long long p = 0;
-    rc = drv.alloc_from_pool(&p, size, pool, stream);
-    if (rc == 0 && ptr)
-        *ptr = (void *)(uintptr_t)p;
-    return rc;
-}
-
-API int cudaFreeAsync(void *ptr, void *stream)
-{
-    int rc = driver_ready();
-    return rc ? rc : drv.free_async((unsigned long long)(uintptr_t)ptr, stream);
-}
-
-API int cudaDeviceGetDefaultMemPool(void **pool, int device)
-{
-    int rc = driver_ready();
-    return rc ? rc : drv.default_pool(pool, device);
 }

@@ -103,7 +103,7 @@ bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out)
 {
     int d = device_of(ptr);
     if (d < 0)
-        return false;
+        return cd_vmm_find(ptr, len, out); /* a mapping of a reservation */
     struct heap *h = &heaps[d];
     size_t off = ptr - (uintptr_t)h->base;
     bool ok = false;
@@ -233,6 +233,25 @@ void cd_memory_free_context(CUcontext ctx)
     for (size_t i = h->n; i-- > 0;)
         if (h->blocks[i].ctx == ctx)
             remove_block(h, i);
+    pthread_mutex_unlock(&h->lock);
+}
+
+bool cd_memory_charge(CUdevice dev, size_t size)
+{
+    struct heap *h = &heaps[dev];
+    pthread_mutex_lock(&h->lock);
+    bool ok = size <= h->capacity && h->used <= h->capacity - size;
+    if (ok)
+        h->used += size;
+    pthread_mutex_unlock(&h->lock);
+    return ok;
+}
+
+void cd_memory_uncharge(CUdevice dev, size_t size)
+{
+    struct heap *h = &heaps[dev];
+    pthread_mutex_lock(&h->lock);
+    h->used -= size;
     pthread_mutex_unlock(&h->lock);
 }
 

@@ -392,9 +392,9 @@ def _drop_foreign_frees(t):
 
 # ------------------------------------------------------------------ replay
 
-# Pseudo-devices of memory the shim passes through and watches (managed,
-# host-pinned: tracefmt.h): their own peaks, never in the overall one.
-PASSTHROUGH_DEVICES = (0xfd, 0xfe)
+# Pseudo-devices of memory the shim passes through and watches (VMM,
+# managed, host-pinned: tracefmt.h): their own peaks, never in the overall one.
+PASSTHROUGH_DEVICES = (0xfb, 0xfc, 0xfd, 0xfe)
 
 
 class Peak(object):
