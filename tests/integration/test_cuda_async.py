@@ -163,7 +163,7 @@ MODEL_OPS = 100000
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_model_of_every_family(shim_lib, tmp_path, seed):
     """10^5 seeded operations over two devices: served, stream-ordered on
-    three streams, managed and host-pinned allocations and frees, pool
+    three streams, managed, host-pinned and VMM physical allocations and frees, pool
     trims, synchronizations, captures begun and ended in between, against a
     model of live bytes per family and device (tests/programs/cuda_model.c
     checks after every operation that nothing escapes SPYRESHIM_LIMIT or
@@ -184,7 +184,7 @@ def test_random_model_of_every_family(shim_lib, tmp_path, seed):
             model[(fam, int(dev))] = (int(allocs), int(frees))
     assert {k for k in model if k[0] != "served"} == \
         {("cuda-async", 0), ("cuda-async", 1), ("cuda-managed", 0), ("cuda-managed", 1),
-         ("cuda-host-pinned", -1)}, model
+         ("cuda-host-pinned", -1), ("cuda-vmm", 0), ("cuda-vmm", 1)}, model
     for f in s["passthrough"]:
         assert (f["allocs"], f["frees"]) == model[(f["family"], f["device"])], f
         assert f["bytes"] == 0, f

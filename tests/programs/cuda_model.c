@@ -9,7 +9,8 @@
  * stream-ordered cuMemAllocAsync/cuMemAllocFromPoolAsync/cuMemFreeAsync on
  * three streams (a free on another stream than the allocation's too),
  * managed cuMemAllocManaged/cuMemFree_v2, host-pinned
- * cuMemHostAlloc/cuMemFreeHost, pool trims, synchronizations, and stream
+ * cuMemHostAlloc/cuMemFreeHost, VMM physical cuMemCreate/cuMemRelease
+ * (2 MiB each), pool trims, synchronizations, and stream
  * captures (global or thread-local mode) begun and ended in between,
  * against a model of the live bytes of each family on each device. After
  * every operation:
@@ -28,8 +29,8 @@
  * family and device, for the test to compare with the statistics file.
  *
  * A family is a row of FAMILIES: its allocation and free through the
- * driver, its statistics fields. VMM (cuMemCreate+cuMemMap) or IPC would
- * be one more row and two functions. */
+ * driver, and its statistics fields in check_stats (IPC would be one more
+ * row and two functions). */
 #include <dlfcn.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -80,13 +81,14 @@ static struct live lives[MAXLIVE];
 static size_t nlive;
 
 /* ---- families ------------------------------------------------------------- */
-enum { F_SERVED, F_ASYNC, F_MANAGED, F_HOST, NFAM };
+enum { F_SERVED, F_ASYNC, F_MANAGED, F_HOST, F_VMM, NFAM };
 struct family {
     const char *name;      /* as in the statistics' passthrough list ("served": runtimes) */
     bool device_limited;   /* under SPYRESHIM_LIMIT (else SPYRESHIM_HOST_LIMIT) */
     CUresult (*alloc)(uintptr_t *p, size_t size);
     CUresult (*free)(uintptr_t p);
-    size_t small, large;   /* request sizes: small * (1..64), sometimes large */
+    size_t small, large;   /* request sizes: small * (1..mult), sometimes large (0: never) */
+    unsigned mult;
 };
 
 static CUresult served_alloc(uintptr_t *p, size_t size)
@@ -133,11 +135,29 @@ static CUresult host_free(uintptr_t p)
     return cuMemFreeHost((void *)p);
 }
 
+static CUresult vmm_alloc(uintptr_t *p, size_t size)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = cur;
+    CUmemGenericAllocationHandle h = 0;
+    CUresult rc = cuMemCreate(&h, size, &prop, 0);
+    *p = (uintptr_t)h;
+    return rc;
+}
+static CUresult vmm_free(uintptr_t p)
+{
+    return cuMemRelease((CUmemGenericAllocationHandle)p);
+}
+
 static const struct family FAMILIES[NFAM] = {
-    [F_SERVED] = {"served", true, served_alloc, served_free, 512, 1 << 20},
-    [F_ASYNC] = {"cuda-async", true, async_alloc, async_free, 512, 1 << 20},
-    [F_MANAGED] = {"cuda-managed", true, managed_alloc, served_free, 4096, 1 << 20},
-    [F_HOST] = {"cuda-host-pinned", false, host_alloc, host_free, 4096, 1 << 20},
+    [F_SERVED] = {"served", true, served_alloc, served_free, 512, 1 << 20, 64},
+    [F_ASYNC] = {"cuda-async", true, async_alloc, async_free, 512, 1 << 20, 64},
+    [F_MANAGED] = {"cuda-managed", true, managed_alloc, served_free, 4096, 1 << 20, 64},
+    [F_HOST] = {"cuda-host-pinned", false, host_alloc, host_free, 4096, 1 << 20, 64},
+    [F_VMM] = {"cuda-vmm", true, vmm_alloc, vmm_free, 2 << 20, 0, 1},
 };
 
 /* The model: live bytes, allocations and frees of each family per device
@@ -211,6 +231,9 @@ static void check_stats(void)
         {"host_pinned_bytes", s.host_pinned_bytes, sum(model_bytes, F_HOST)},
         {"host_pinned_allocs", s.host_pinned_allocs, sum(model_allocs, F_HOST)},
         {"host_pinned_frees", s.host_pinned_frees, sum(model_frees, F_HOST)},
+        {"vmm_bytes", s.vmm_bytes, sum(model_bytes, F_VMM)},
+        {"vmm_allocs", s.vmm_allocs, sum(model_allocs, F_VMM)},
+        {"vmm_frees", s.vmm_frees, sum(model_frees, F_VMM)},
     };
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++)
         if (pairs[i].shim != pairs[i].model)
@@ -229,7 +252,8 @@ static void op_alloc(int fam)
     if (nlive == MAXLIVE)
         return;
     const struct family *f = &FAMILIES[fam];
-    size_t size = below(16) == 0 ? f->large * (1 + below(2)) : f->small * (1 + below(64));
+    size_t size = f->large && below(16) == 0 ? f->large * (1 + below(2))
+                                             : f->small * (1 + below(f->mult));
     uintptr_t p = 0;
     CUresult rc = f->alloc(&p, size);
     if (rc == CUDA_SUCCESS) {
@@ -321,17 +345,17 @@ static void op_capture(void)
 static void one_op(void)
 {
     unsigned r = below(100);
-    if (r < 80) {
-        int fam = (int)(r / 20);      /* 20 each: 11 allocations, 9 frees */
-        if (r % 20 < 11)
+    if (r < 85) {
+        int fam = (int)(r / 17);      /* 17 each: 9 allocations, 8 frees */
+        if (r % 17 < 9)
             op_alloc(fam);
         else
             op_free(fam);
-    } else if (r < 88) {
+    } else if (r < 91) {
         op_switch_device();
-    } else if (r < 92) {
-        op_sync();
     } else if (r < 94) {
+        op_sync();
+    } else if (r < 95) {
         op_trim();
     } else {
         op_capture();
