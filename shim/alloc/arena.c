@@ -252,6 +252,12 @@ int shim_arena_alloc_fit(shim_arena *a, size_t size, uintptr_t *addr, uint32_t *
     return alloc_block(a, size, false, addr, node_out, block_bytes);
 }
 
+/* Whether the backend lets a cached region go now (arena.h). */
+static bool may_release(shim_arena *a)
+{
+    return !a->be.may_release || a->be.may_release(a->be.ctx);
+}
+
 /* Releases cached empty region r (its one node is in a bin); returns bytes. */
 static size_t release_cached(shim_arena *a, uint32_t r)
 {
@@ -345,7 +351,8 @@ static void merge_freed(shim_arena *a, uint32_t i)
     if (n->addr_prev == NIL && n->addr_next == NIL) {
         /* The region is empty: it stays cached, and older empty regions
          * beyond the cache's size go back to the runtime. */
-        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
+        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL &&
+               may_release(a))
             release_cached(a, a->empty_head);
         shim_region_set_empty(a, node_region(n), true);
     }
@@ -496,7 +503,7 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
     uint64_t before = a->c.reserved_bytes;
     merge_last_free(a);
     quick_flush(a);
-    while (a->empty_head != NIL && a->c.empty_bytes > keep)
+    while (a->empty_head != NIL && a->c.empty_bytes > keep && may_release(a))
         release_cached(a, a->empty_head);
     return (size_t)(before - a->c.reserved_bytes);
 }

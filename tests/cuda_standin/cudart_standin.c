@@ -16,7 +16,11 @@
  * it at its ABI version, and makes the device's primary context current
  * first (cudaSetDevice's implicit initialization). Without a driver those
  * calls return 35 (cudaErrorInsufficientDriver), as the real runtime's do;
- * driver errors map to the runtime's (1, 2 are the same numbers). */
+ * driver errors map to the runtime's (1, 2 are the same numbers). The
+ * stream-ordered functions (cudaMallocAsync, cudaMallocFromPoolAsync,
+ * cudaFreeAsync, cudaDeviceGetDefaultMemPool) come from the driver the
+ * same way (cuMemAllocAsync & co. at 11020); a driver without them
+ * answers 35 for those alone. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -95,6 +99,10 @@ static struct {
     int (*free_host)(void *);
     int (*alloc_managed)(unsigned long long *, size_t, unsigned);
     int (*mem_free)(unsigned long long);
+    int (*alloc_async)(unsigned long long *, size_t, void *);
+    int (*free_async)(unsigned long long, void *);
+    int (*alloc_from_pool)(unsigned long long *, size_t, void *, void *);
+    int (*default_pool)(void **, int);
     int err; /* 0, or why the runtime has no driver */
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
@@ -123,6 +131,10 @@ static void load_driver(void)
     *(void **)&drv.free_host = fetch(gpa, "cuMemFreeHost", 2000);
     *(void **)&drv.alloc_managed = fetch(gpa, "cuMemAllocManaged", 6000);
     *(void **)&drv.mem_free = fetch(gpa, "cuMemFree", 3020);
+    *(void **)&drv.alloc_async = fetch(gpa, "cuMemAllocAsync", 11020);
+    *(void **)&drv.free_async = fetch(gpa, "cuMemFreeAsync", 11020);
+    *(void **)&drv.alloc_from_pool = fetch(gpa, "cuMemAllocFromPoolAsync", 11020);
+    *(void **)&drv.default_pool = fetch(gpa, "cuDeviceGetDefaultMemPool", 11020);
     if (!drv.init || !drv.primary_retain || !drv.get_current || !drv.set_current ||
         !drv.host_alloc || !drv.alloc_host || !drv.free_host || !drv.alloc_managed ||
         !drv.mem_free || drv.init(0) != 0)
@@ -172,6 +184,51 @@ API int cudaMallocManaged(void **ptr, size_t size, unsigned flags)
     if (rc == 0)
         *ptr = (void *)(uintptr_t)p;
     return rc;
+}
+
+/* Stream-ordered: 0 when the driver has them, else the runtime's error. */
+static int async_ready(void)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    return drv.alloc_async && drv.free_async && drv.alloc_from_pool && drv.default_pool ? 0 : 35;
+}
+
+API int cudaMallocAsync(void **ptr, size_t size, void *stream)
+{
+    int rc = async_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_async(ptr ? &p : NULL, size, stream);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream)
+{
+    int rc = async_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_from_pool(ptr ? &p : NULL, size, pool, stream);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaFreeAsync(void *ptr, void *stream)
+{
+    int rc = async_ready();
+    return rc ? rc : drv.free_async((uintptr_t)ptr, stream);
+}
+
+API int cudaDeviceGetDefaultMemPool(void **pool, int device)
+{
+    int rc = async_ready();
+    return rc ? rc : drv.default_pool(pool, device);
 }
 
 API int cudaFree(void *ptr)

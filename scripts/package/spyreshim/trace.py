@@ -27,7 +27,7 @@ ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
 SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
               PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
-              SEGMENT_FREE: "segment free"}
+              SEGMENT_FREE: "segment free", 9: "pool trim"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
@@ -370,7 +370,7 @@ def _drop_foreign_frees(t):
 
 # Pseudo-devices of memory the shim passes through and watches (VMM,
 # managed, host-pinned: tracefmt.h): their own peaks, never in the overall one.
-PASSTHROUGH_DEVICES = (0xfc, 0xfd, 0xfe)
+PASSTHROUGH_DEVICES = (0xfb, 0xfc, 0xfd, 0xfe)
 
 
 class Peak(object):
