@@ -221,7 +221,7 @@ def cmd_trace_report(args):
     from . import tracepeak
     if len(args.files) != 1:
         raise UsageError("report: one trace at a time")
-    t = tr.load(args.files[0])
+    t = tr.stream(args.files[0])
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
@@ -297,7 +297,7 @@ def cmd_diff(args):
     if traces:
         if len(args.files) != 1 or len(args.at or ()) != 2:
             raise UsageError("report --diff: one trace with --at T1 --at T2")
-        t = tr.load(args.files[0])
+        t = tr.stream(args.files[0])
         i1, i2 = (diff.at_index(t, v) for v in args.at)
         r = diff.of_trace(t, i1, i2)
         title = "in %s from event %d to event %d" % (args.files[0], min(i1, i2) + 1,
