@@ -246,19 +246,17 @@ def cmd_trace_report(args):
         first = memoryviz.parse_bound(args.first) if args.first is not None else None
         last = memoryviz.parse_bound(args.last) if args.last is not None else None
         try:
-            snap = memoryviz.write(t, args.memory_viz, first, last)
+            nev, nseg = memoryviz.write(t, args.memory_viz, first, last)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.memory_viz, e.strerror or e))
-        nev = sum(len(d) for d in snap["device_traces"])
         sys.stderr.write("%s report: wrote %s: %d events, %d segments (drop it on "
-                         "https://pytorch.org/memory_viz)\n" % (
-                             PROG, args.memory_viz, nev, len(snap["segments"])))
+                         "https://pytorch.org/memory_viz)\n" % (PROG, args.memory_viz, nev, nseg))
         if not args.view and not args.html:
             return 0
     view = args.view or "peak"
     if view == "gc":
         from . import gcview
-        sys.stdout.write(gcview.text(t, top=args.top or 10))
+        gcview.write(t, sys.stdout.write, top=args.top or 10)
         return 0
     if view == "stats":
         sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5)))
