@@ -219,3 +219,20 @@ def test_the_big_traces_views_are_right(big):
     assert ev[1]["frames"] is not ev[0]["frames"] and ev[4]["frames"] is ev[0]["frames"]
     assert snap["segments"] and not any(b["state"] == "active_allocated"
                                         for s in snap["segments"] for b in s["blocks"])
+
+
+def test_a_foreign_free_inside_a_batch_is_dropped_and_its_address_reused(tmp_path):
+    # A forked child's file: it frees its parent's block at 0x9000 in the
+    # middle of a chunk, then gets that address again for its own block.
+    A, F = tr.ALLOC, tr.FREE
+    evs = [(1, A, 0, 0x1000, 1 << 20, 1), (2, F, 0, 0x9000, 4 << 20, 2),
+           (3, A, 0, 0x9000, 2 << 20, 2), (4, F, 0, 0x1000, 1 << 20, 1),
+           (5, F, 0, 0x7000, 1 << 10, 3), (6, F, 0, 0x9000, 2 << 20, 2)]
+    path = tmp_path / "child.trace"
+    path.write_bytes(header() + chunk(evs, 1, meta()))
+    t = tr.stream(str(path))
+    kept = [(s, k) for b in t.batches() for s, k in zip(b.seq, b.kind)]
+    assert kept == [(1, A), (3, A), (4, F), (6, F)]
+    assert (t.foreign_frees, t.foreign_bytes) == (2, (4 << 20) + (1 << 10))
+    assert tr.peaks(t).bytes == 3 << 20
+    assert tr.live_at(t, 1) == {(0, 0x1000): (1 << 20, 1, 0), (0, 0x9000): (2 << 20, 2, 1)}
