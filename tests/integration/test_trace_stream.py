@@ -52,8 +52,9 @@ def header():
 
 def test_chunks_of_threads_merge_in_sequence_order(tmp_path):
     # Three threads whose chunks overlap in sequence numbers, written out
-    # of order (the writer flushes each thread's buffer when it fills), and
-    # the metadata only in the last record (names at exit).
+    # of order (the writer flushes each thread's buffer when it fills), one
+    # chunk not in sequence order inside, and the metadata only in the last
+    # record (names at exit).
     A, F = tr.ALLOC, tr.FREE
     seqs = {0: list(range(1, 400, 3)), 1: list(range(2, 400, 3)), 2: list(range(3, 400, 3))}
     events = {}
@@ -63,6 +64,9 @@ def test_chunks_of_threads_merge_in_sequence_order(tmp_path):
             addr = (th << 32) | ((j // 2) << 12)
             evs.append((s, A if j % 2 == 0 else F, 0, addr, 4096 * (th + 1), th + 1))
         events[th] = evs
+    # A thread appends in its own order, not always sequence order: two of
+    # thread 2's events the other way round (seq_base is still its least).
+    events[2][10], events[2][11] = events[2][11], events[2][10]
     data = header()
     pieces = [(1, events[1][:50]), (0, events[0][:70]), (2, events[2]), (0, events[0][70:]),
               (1, events[1][50:])]
