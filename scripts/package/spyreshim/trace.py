@@ -745,26 +745,38 @@ def _curve_max(d, initial):
     return cum[-1], m, i
 
 
-def peaks(t):
-    """Replays the trace once; live bytes after each event, in allocator
-    order. The per-device peak is what the shim's peak_used_bytes counts."""
-    p = Peak()
-    per = {}       # dev -> live bytes now
-    best = {}      # dev -> (peak bytes, index)
-    total = 0
-    for b in t.batches():
-        d = deltas(b)
-        total, m, i = _curve_max(served(b, d), total)
+class PeakTracker(object):
+    """peaks() batch by batch, for a view that makes its own pass."""
+
+    def __init__(self):
+        self.p = Peak()
+        self.per = {}       # dev -> live bytes now
+        self.best = {}      # dev -> (peak bytes, index)
+        self.total = 0
+        self.p.per_device = self.best
+
+    def feed(self, b, d):
+        """Batch b with its deltas d (deltas(b))."""
+        p = self.p
+        self.total, m, i = _curve_max(served(b, d), self.total)
         if i >= 0 and m > p.bytes:
             p.bytes, p.index = m, b.start + i
         devs = devices_of(b)
+        per, best = self.per, self.best
         for dv in devs:
             dd = d if len(devs) == 1 else _only(b, d, dv)
             per[dv], m, i = _curve_max(dd, per.get(dv, 0))
             if i >= 0 and m > best.get(dv, (0, -1))[0]:
                 best[dv] = (m, b.start + i)
-    p.per_device = best
-    return p
+
+
+def peaks(t):
+    """Replays the trace once; live bytes after each event, in allocator
+    order. The per-device peak is what the shim's peak_used_bytes counts."""
+    pt = PeakTracker()
+    for b in t.batches():
+        pt.feed(b, deltas(b))
+    return pt.p
 
 
 def live_sets(t, wants):

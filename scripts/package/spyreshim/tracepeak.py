@@ -71,8 +71,10 @@ class _Stats(object):
 
 def _gather(t):
     st = _Stats()
+    st.peaks = tr.PeakTracker()
     by_bytes, site_live, site_peak = st.by_bytes, st.site_live, st.site_peak
     for b in t.batches():
+        st.peaks.feed(b, tr.deltas(b))
         kind, size, site = b.kind, b.size, b.site
         kb = kind.tobytes()
         st.nfree += kb.count(tr.FREE)
@@ -134,8 +136,8 @@ def _mark_intervals(t, span, n):
 
 
 def stats_text(t, top=5):
-    p = tr.peaks(t)
     st = _gather(t)
+    p = st.peaks.p
     w = []
     w.append("Trace: %s (pid %s)%s" % (t.path, t.pid, ", truncated (the process did not exit)"
                                        if t.truncated else ""))
