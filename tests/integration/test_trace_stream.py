@@ -144,12 +144,15 @@ def write_big(path, n):
 
 
 DRIVER = r"""
-import resource, sys
+import sys
 sys.path.insert(0, sys.argv[1])
 from spyreshim import cli
 rc = cli.main(["report"] + sys.argv[2:])
 sys.stdout.flush()
-sys.stderr.write("maxrss %d\n" % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+# VmHWM: this process's own peak (ru_maxrss also counts the parent's RSS
+# that a vfork()ed child carries to its exec).
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
+sys.stderr.write("maxrss %d\n" % int(hwm.split()[1]))
 sys.exit(rc)
 """
 
