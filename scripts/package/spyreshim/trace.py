@@ -77,8 +77,11 @@ def _cstrings(b, n):
 
 
 class Trace(object):
-    """Events in allocator order (by sequence number), as parallel arrays:
-    kind, dev, size, addr, time (ns since start), site; and the metadata."""
+    """A trace's header and metadata (sites, stacks, names, devices) and
+    its chunk index; its events, in allocator order (by sequence number),
+    come from batches() as parallel arrays: seq, addr, size, kind, dev,
+    time (ns since start), site. After load() the same arrays hold every
+    event (t.kind, t.size, ...)."""
 
     def __init__(self):
         self.path = None
