@@ -4,8 +4,6 @@ the metadata before the events, and every view and export of `spyreshim
 report` in memory that does not grow with the number of events (peak RSS
 of each, on synthetic traces of 98k and 508k events: the old reader held
 38 bytes an event, memory_viz's export about 700)."""
-import json
-import os
 import pickle
 import re
 import struct

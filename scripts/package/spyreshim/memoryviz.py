@@ -43,7 +43,6 @@ file each, copied in after it; then the segments, pickled the same way.
 
 import bisect
 import io
-import itertools
 import os
 import pickle
 import tempfile

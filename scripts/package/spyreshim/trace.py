@@ -22,7 +22,6 @@ cut by a crash ends with an incomplete chunk: it is dropped and
 import bisect
 import builtins
 import collections
-import heapq
 import itertools
 import operator
 import os
