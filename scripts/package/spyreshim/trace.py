@@ -760,14 +760,20 @@ class PeakTracker(object):
     def feed(self, b, d):
         """Batch b with its deltas d (deltas(b))."""
         p = self.p
-        self.total, m, i = _curve_max(served(b, d), self.total)
-        if i >= 0 and m > p.bytes:
-            p.bytes, p.index = m, b.start + i
+        before = self.total
+        sd = served(b, d)
+        self.total, tm, ti = _curve_max(sd, before)
+        if ti >= 0 and tm > p.bytes:
+            p.bytes, p.index = tm, b.start + ti
         devs = devices_of(b)
         per, best = self.per, self.best
         for dv in devs:
-            dd = d if len(devs) == 1 else _only(b, d, dv)
-            per[dv], m, i = _curve_max(dd, per.get(dv, 0))
+            if len(devs) == 1 and sd is d and per.get(dv, 0) == before:
+                # One device holding all that is live: its curve is the total's.
+                per[dv], m, i = self.total, tm, ti
+            else:
+                dd = d if len(devs) == 1 else _only(b, d, dv)
+                per[dv], m, i = _curve_max(dd, per.get(dv, 0))
             if i >= 0 and m > best.get(dv, (0, -1))[0]:
                 best[dv] = (m, b.start + i)
 
