@@ -17,6 +17,7 @@ only (text); reads trace.py's arrays.
 """
 
 import itertools
+import tempfile
 
 from . import callorder
 from . import report as rpt
@@ -93,38 +94,44 @@ def text(t, top=10):
 
 
 def write(t, w, top=10):
-    """The view, line by line to w (two passes: the totals first, then each
-    collection; memory is the sites, not the collections)."""
+    """The view, line by line to w, in one pass: each collection's lines go
+    to a spool file while the totals that head the view are summed (memory
+    is the sites, not the collections)."""
     n = freed = got = 0
     tot = {}
-    for c in each(t):
-        n += 1
-        freed += c["freed"]
-        got += min(c["attributed"], c["freed"])
-        for key, (bb, k) in c["sites"].items():
-            s = tot.setdefault(key, [0, 0, 0])
-            s[0] += bb
-            s[1] += k
-            s[2] += 1
-    w("Collections in %s: %d\n" % (t.path, n))
-    w("Freed by collections: %s, attributed to allocation sites: %s (%.1f%%)\n" % (
-        rpt.format_size(freed), rpt.format_size(got), _pct(got, freed)))
-    if n:
-        for j, c in enumerate(each(t)):
-            w("\n")
-            w("#%d at %.3f s (%.1f ms): freed %s in %d block(s), %.1f%% attributed, "
-              "%d site(s)\n" % (j + 1, c["time_ns"] / 1e9, c["duration_ns"] / 1e6,
-                                rpt.format_size(c["freed"]), c["count"],
-                                _pct(c["attributed"], c["freed"]), len(c["sites"])))
+    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as spool:
+        for c in each(t):
+            n += 1
+            freed += c["freed"]
+            got += min(c["attributed"], c["freed"])
+            for key, (bb, k) in c["sites"].items():
+                s = tot.setdefault(key, [0, 0, 0])
+                s[0] += bb
+                s[1] += k
+                s[2] += 1
+            spool.write("\n")
+            spool.write("#%d at %.3f s (%.1f ms): freed %s in %d block(s), %.1f%% attributed, "
+                        "%d site(s)\n" % (n, c["time_ns"] / 1e9, c["duration_ns"] / 1e6,
+                                          rpt.format_size(c["freed"]), c["count"],
+                                          _pct(c["attributed"], c["freed"]), len(c["sites"])))
             items = sorted(c["sites"].items(), key=lambda kv: -kv[1][0])
             for (d, s), (b, k) in items[:top]:
-                w("    %10s in %5d block(s)  %s\n" % (rpt.format_size(b), k,
-                                                      callorder.label(t, s)))
+                spool.write("    %10s in %5d block(s)  %s\n" % (rpt.format_size(b), k,
+                                                                callorder.label(t, s)))
             if len(items) > top:
                 rest = items[top:]
-                w("    %10s in %5d block(s)  (%d more sites)\n" % (
+                spool.write("    %10s in %5d block(s)  (%d more sites)\n" % (
                     rpt.format_size(sum(v[0] for _k, v in rest)), sum(v[1] for _k, v in rest),
                     len(rest)))
+        w("Collections in %s: %d\n" % (t.path, n))
+        w("Freed by collections: %s, attributed to allocation sites: %s (%.1f%%)\n" % (
+            rpt.format_size(freed), rpt.format_size(got), _pct(got, freed)))
+        spool.seek(0)
+        while True:
+            part = spool.read(1 << 16)
+            if not part:
+                break
+            w(part)
     if tot:
         w("\n")
         w("The cycles that held device memory (sites whose blocks collections freed):\n")
