@@ -146,7 +146,7 @@ class _Out(object):
     def piece(self, obj):
         buf = io.BytesIO()
         p = pickle.Pickler(buf, 3)
-        p.memo = self.memo
+        p.memo = self.memo.copy()      # the table's entries only, every piece
         p.dump(obj)
         return buf.getvalue()[2:-1]
 
