@@ -13,7 +13,8 @@ threads that fall in the window count too: the marker counts them as well).
 
 Over the run, "the cycles that held device memory": the sites whose blocks
 collections freed, with bytes and counts, largest first. Owns this view
-only (text); reads trace.py's arrays.
+only (text); streams trace.py's batches (one pass; memory is a pressure
+event's window and the sites).
 """
 
 import itertools

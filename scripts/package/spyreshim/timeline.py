@@ -4,11 +4,13 @@ as "other"), markers for pressure events, collections and out-of-memory,
 and a time cursor: clicking the chart shows what was live then as a flame
 graph.
 
-Owns this page only (reads trace.py's replay). Usable for 10 million
-events: the chart has BUCKETS columns; each shows the state at the moment
-its interval was highest (so saw-teeth keep their tips), and the bucket
-holding the peak shows the exact peak. The click view is the live set at
-that same moment. The SVG is drawn here, complete without the script; the
+Owns this page only (reads trace.py's stream in one pass). Usable for 10
+million events and more, in memory that does not grow with them: the chart
+has BUCKETS columns; each shows the state at the moment its interval was
+highest (so saw-teeth keep their tips), and the bucket holding the peak
+shows the exact peak. The click view is the live set by site at that same
+moment. Markers are one SVG path per kind (a stroke per distinct
+position), not an element each. The SVG is drawn here, complete without the script; the
 script adds the cursor and the flame graph. Every string from the trace
 goes through html.escape or json.dumps (program-controlled text).
 """
