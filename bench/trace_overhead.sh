@@ -15,6 +15,8 @@
 # elapsed time. The trace goes to $TRACE_DIR (default /dev/shm).
 #   bench/trace_overhead.sh           REPS=5, callgrind on
 #   REPS=9 CALLGRIND=0 PY=python3.12 bench/trace_overhead.sh
+#   TIMINGS=0 bench/trace_overhead.sh  callgrind only (its counts are stable
+#                                      on a busy machine; the timings are not)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD:-$root/build-bench}
@@ -38,6 +40,7 @@ run_native() { # threads trace? -> "wall cpu"
         awk '{ print $6, $8 }'
 }
 d() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%+.0f", a - b }'; }  # per pair = per allocation and its free
+if [[ ${TIMINGS:-1} == 1 ]]; then
 printf '%-44s %10s %10s %14s %14s\n' case wall/pair cpu/pair +wall/alloc +cpu/alloc
 for th in 1 2; do
     read -r w0 c0 <<<"$(run_native "$th" 0)"
@@ -66,6 +69,7 @@ if env PYTHONPATH="$build/tests/simdev" "$py" -c 'import simdev' 2>/dev/null; th
     done
 else
     echo "(python: $py cannot import simdev from $build/tests/simdev: skipped)"
+fi
 fi
 
 if [[ ${CALLGRIND:-1} == 1 ]] && command -v valgrind >/dev/null; then

@@ -39,10 +39,12 @@
     X(CU_GET_PROC_ADDRESS_DEFAULT, 0)                       \
     X(CU_GET_PROC_ADDRESS_LEGACY_STREAM, 1)                 \
     X(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, 2)     \
-    X(CU_IPC_HANDLE_SIZE, 64)
+    X(CU_IPC_HANDLE_SIZE, 64)                               \
+    X(CU_MEM_LOCATION_TYPE_DEVICE, 1)
 
 /* Sizes of the types the shim passes by value or through pointers. */
-#define SHIM_CUDA_SIZES(X) X(CUipcMemHandle, 64) X(CUdeviceptr, 8) X(CUresult, 4) X(CUdevice, 4)
+#define SHIM_CUDA_SIZES(X) X(CUipcMemHandle, 64) X(CUdeviceptr, 8) X(CUresult, 4) X(CUdevice, 4) \
+    X(CUmemLocation, 8) X(CUmemAllocationProp, 32)
 
 /* cuda.h's scalar and handle types: X(name, the type it is). Its enums
  * have no negative values, so GCC gives them unsigned int. */
@@ -55,6 +57,7 @@
     X(CUdevice, int)                                       \
     X(CUdeviceptr, unsigned long long)                     \
     X(cuuint64_t, uint64_t)                                \
+    X(CUmemGenericAllocationHandle, unsigned long long)    \
     X(CUcontext, struct CUctx_st *)                        \
     X(CUstream, struct CUstream_st *)
 
@@ -65,6 +68,23 @@ SHIM_CUDA_TYPES(SHIM_CUDA_TYPEDEF_)
 typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
+/* cuMemCreate's properties: the shim reads location (which device). */
+typedef struct CUmemLocation_st {
+    unsigned type; /* CUmemLocationType */
+    int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    unsigned type;                 /* CUmemAllocationType */
+    unsigned requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
 #define SHIM_CUDA_ENUM_(name, value) name = value,
 enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
 #undef SHIM_CUDA_ENUM_
@@ -114,6 +134,12 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
     X(mem_host_register, cuMemHostRegister_v2, 1, CUresult, (void *, size_t, unsigned))        \
     X(mem_host_register_v1, cuMemHostRegister, 1, CUresult, (void *, size_t, unsigned))        \
     X(mem_host_unregister, cuMemHostUnregister, 1, CUresult, (void *))                         \
+    X(mem_create, cuMemCreate, 1, CUresult,                                                      \
+      (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+    X(mem_release, cuMemRelease, 1, CUresult, (CUmemGenericAllocationHandle))                    \
+    X(mem_map, cuMemMap, 1, CUresult,                                                            \
+      (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))           \
+    X(mem_unmap, cuMemUnmap, 1, CUresult, (CUdeviceptr, size_t))                                 \
     X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0, CUresult, (CUstreamCaptureMode *)) \
     X(stream_get_capture_info, cuStreamGetCaptureInfo, 0, CUresult,                              \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *))

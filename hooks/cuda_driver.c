@@ -17,7 +17,9 @@
  * cuIpcGetMemHandle refuses them. Passed through and recorded
  * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
  * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
- * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister). Watched: the
+ * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister) and VMM
+ * physical memory (cuMemCreate, cuMemRelease, with cuMemMap/cuMemUnmap's
+ * ranges). Watched: the
  * context teardowns
  * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
@@ -430,7 +432,14 @@ static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream), CUdeviceptr 
     shim_block_info bi;
     if (ptr && block_info(ptr, &bi) != SHIM_BLOCK_NONE)
         return shim_device_free_any(&driver_rt, NULL, (void *)(uintptr_t)ptr);
-    return real ? real(ptr, stream) : CUDA_ERROR_NOT_SUPPORTED;
+    if (!real)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    CUresult rc = real(ptr, stream);
+    /* The driver frees managed memory this way too: its record goes (one
+     * relaxed load while none is live). */
+    if (rc == CUDA_SUCCESS && shim_passthrough_any(SHIM_PT_MANAGED))
+        shim_passthrough_remove(SHIM_PT_MANAGED, (uintptr_t)ptr);
+    return rc;
 }
 
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream stream)
@@ -453,29 +462,61 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
 
 /* The driver allocates, registers and frees; the shim records what it
  * accepted (shim/alloc/passthrough.c: statistics per family, leak
- * records with stacks) and forgets what it freed. Host-pinned memory is
- * host memory: no device limit applies. A free the shim has no record of
+ * records with stacks) and forgets what it freed. Managed memory is
+ * under the device's SPYRESHIM_LIMIT; host-pinned memory is host memory,
+ * under SPYRESHIM_HOST_LIMIT (shim/alloc/charge.c). A free the shim has no record of
  * goes to the driver unchanged, with its answer. */
 
+/* cuMemAllocManaged's flags: CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST. */
+#define ATTACH_GLOBAL 1u
+#define ATTACH_HOST 2u
+
+/* Charged to the device of the calling thread's context (the one it is
+ * attached to, whose teardown frees it) before the driver is asked: over
+ * SPYRESHIM_LIMIT, out-of-memory after the pressure event. A request the
+ * driver refuses for its arguments or for want of a context is its
+ * answer alone. */
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned flags)
 {
     driver *drv = get_driver();
     if (!drv || !drv->mem_alloc_managed)
         return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult rc = drv->mem_alloc_managed(dptr, size, flags);
-    if (rc == CUDA_SUCCESS && dptr) {
-        CUdevice dev = -1; /* -1: no current context to attach it to */
-        if (drv->ctx_get_device && drv->ctx_get_device(&dev) != CUDA_SUCCESS)
-            dev = -1;
-        shim_passthrough_add(SHIM_PT_MANAGED, dev, (uintptr_t)*dptr, size);
+    shim_device *d = NULL;
+    if (!dptr || size == 0 || (flags != ATTACH_GLOBAL && flags != ATTACH_HOST) ||
+        shim_device_in_backend() || shim_device_for_caller(&driver_rt, &d) != 0)
+        d = NULL;
+    if (d) {
+        CUresult rc = shim_passthrough_charge(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
     }
+    CUresult rc = drv->mem_alloc_managed(dptr, size, flags);
+    if (rc != CUDA_SUCCESS) {
+        if (d)
+            shim_passthrough_uncharge(d, size);
+        return rc;
+    }
+    if (d)
+        shim_passthrough_add_charged(SHIM_PT_MANAGED, d, (uintptr_t)*dptr, size);
+    else if (dptr)
+        shim_passthrough_add(SHIM_PT_MANAGED, -1, (uintptr_t)*dptr, size);
     return rc;
+}
+
+/* Host-pinned requests are charged to SPYRESHIM_HOST_LIMIT before the
+ * driver is asked (nothing for a request it refuses for its arguments:
+ * no pointer, no bytes). */
+static bool host_charge(const void *p, size_t size)
+{
+    return !p || size == 0 || shim_passthrough_charge_host(size);
 }
 
 static CUresult host_allocated(CUresult rc, void **pp, size_t size)
 {
     if (rc == CUDA_SUCCESS && pp)
-        shim_passthrough_add(SHIM_PT_HOST_PINNED, -1, (uintptr_t)*pp, size);
+        shim_passthrough_add_charged(SHIM_PT_HOST_PINNED, NULL, (uintptr_t)*pp, size);
+    else if (pp && size != 0)
+        shim_passthrough_uncharge_host(size);
     return rc;
 }
 
@@ -484,6 +525,8 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags)
     driver *drv = get_driver();
     if (!drv || !drv->mem_host_alloc)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(pp, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return host_allocated(drv->mem_host_alloc(pp, size, flags), pp, size);
 }
 
@@ -492,6 +535,8 @@ EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size)
     driver *drv = get_driver();
     if (!drv || !drv->mem_alloc_host)
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(pp, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return host_allocated(drv->mem_alloc_host(pp, size), pp, size);
 }
 
@@ -500,6 +545,8 @@ EXPORT CUresult cuMemAllocHost(void **pp, unsigned size)
     driver *drv = get_driver();
     if (!drv || (!drv->mem_alloc_host_v1 && !drv->mem_alloc_host))
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(pp, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = drv->mem_alloc_host_v1 ? drv->mem_alloc_host_v1(pp, size)
                                          : drv->mem_alloc_host(pp, size);
     return host_allocated(rc, pp, size);
@@ -510,7 +557,9 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags)
     driver *drv = get_driver();
     if (!drv || !drv->mem_host_register)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return host_allocated(drv->mem_host_register(p, size, flags), &p, size);
+    if (!host_charge(p, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return host_allocated(drv->mem_host_register(p, size, flags), p ? &p : NULL, size);
 }
 
 EXPORT CUresult cuMemHostRegister(void *p, size_t size, unsigned flags)
@@ -518,9 +567,11 @@ EXPORT CUresult cuMemHostRegister(void *p, size_t size, unsigned flags)
     driver *drv = get_driver();
     if (!drv || (!drv->mem_host_register_v1 && !drv->mem_host_register))
         return CUDA_ERROR_NOT_INITIALIZED;
+    if (!host_charge(p, size))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = drv->mem_host_register_v1 ? drv->mem_host_register_v1(p, size, flags)
                                             : drv->mem_host_register(p, size, flags);
-    return host_allocated(rc, &p, size);
+    return host_allocated(rc, p ? &p : NULL, size);
 }
 
 static CUresult host_freed(CUresult rc, void *p)
@@ -544,6 +595,83 @@ EXPORT CUresult cuMemHostUnregister(void *p)
     if (!drv || !drv->mem_host_unregister)
         return CUDA_ERROR_NOT_INITIALIZED;
     return host_freed(drv->mem_host_unregister(p), p);
+}
+
+/* ---- virtual memory management: passed through, watched ------------- */
+
+/* cuMemCreate's physical allocations are the family cuda-vmm, keyed by
+ * handle, charged to SPYRESHIM_LIMIT of the device they are created on
+ * (when that is the calling thread's context's device: the shim's devices
+ * are contexts; on another device they are counted, not limited). A
+ * physical allocation lives while its handle is not released or a mapping
+ * uses it (the driver's rule): the record and the charge go when both are
+ * gone. Mappings are recorded on the handle's record, so that a leak
+ * report names the range. Reservations, access and the shareable handles
+ * go to the driver untouched; nothing is served from the shim's regions,
+ * and pointer queries on a mapped address reach the driver (no region of
+ * the shim holds it). */
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_create)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    shim_device *d = NULL;
+    if (!handle || !prop || size == 0 || flags != 0 ||
+        prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || shim_device_in_backend() ||
+        shim_device_for_caller(&driver_rt, &d) != 0 ||
+        shim_passthrough_ordinal(d) != prop->location.id)
+        d = NULL;
+    if (d) {
+        CUresult rc = shim_passthrough_charge(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    CUresult rc = drv->mem_create(handle, size, prop, flags);
+    if (rc != CUDA_SUCCESS) {
+        if (d)
+            shim_passthrough_uncharge(d, size);
+        return rc;
+    }
+    if (d)
+        shim_passthrough_add_charged(SHIM_PT_VMM, d, (uintptr_t)*handle, size);
+    else if (handle && prop)
+        shim_passthrough_add(SHIM_PT_VMM, prop->location.id, (uintptr_t)*handle, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_release)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_release(handle);
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_release(SHIM_PT_VMM, (uintptr_t)handle);
+    return rc;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_map)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_map(ptr, size, offset, handle, flags);
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_mapped(SHIM_PT_VMM, (uintptr_t)handle, (uintptr_t)ptr, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_unmap)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_unmap(ptr, size);
+    if (rc == CUDA_SUCCESS)
+        shim_passthrough_unmapped(SHIM_PT_VMM, (uintptr_t)ptr, size);
+    return rc;
 }
 
 /* ---- context teardown ----------------------------------------------- */
@@ -716,6 +844,10 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuMemHostRegister", 4000, 6050, "cuMemHostRegister", cuMemHostRegister)       \
     X("cuMemHostRegister", 6050, 0, "cuMemHostRegister_v2", cuMemHostRegister_v2)    \
     X("cuMemHostUnregister", 4000, 0, "cuMemHostUnregister", cuMemHostUnregister)    \
+    X("cuMemCreate", 10020, 0, "cuMemCreate", cuMemCreate)                            \
+    X("cuMemRelease", 10020, 0, "cuMemRelease", cuMemRelease)                         \
+    X("cuMemMap", 10020, 0, "cuMemMap", cuMemMap)                                     \
+    X("cuMemUnmap", 10020, 0, "cuMemUnmap", cuMemUnmap)                               \
     X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
     X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
     X("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \

@@ -40,6 +40,9 @@ void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r)
 {
     shim_pyobj *t, *v, *tb;
     api->err_fetch(&t, &v, &tb);
+    /* Outside the collection's own time: what the leak layer does at the
+     * boundaries (docs/report-format.md, "collections") is its cost. */
+    shim_pressure_collection_begin();
     uint64_t freed0 = shim_pressure_freed_total();
     uint64_t t0 = shim_now_ns();
     r->objects = gc_collect(api);
@@ -65,5 +68,6 @@ void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r)
     }
     r->ns = shim_now_ns() - t0;
     r->freed = shim_pressure_freed_total() - freed0;
+    shim_pressure_collection_end(r->ns, r->freed, r->objects);
     api->err_restore(t, v, tb);
 }

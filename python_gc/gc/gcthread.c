@@ -1,5 +1,6 @@
-/* The GC thread: a thread the shim owns, the only kind of thread on which
- * the shim ever calls PyGILState_Ensure.
+/* The GC thread: a thread the shim owns, one of the two kinds of thread on
+ * which the shim ever calls PyGILState_Ensure (the other is the control
+ * thread's snapshot, python_gc/stacks/pystack.c's resolve_detached).
  *
  * A thread that hits pressure without holding the GIL (a C++ worker, a
  * Python thread inside Py_BEGIN_ALLOW_THREADS, as every PyTorch op is) must

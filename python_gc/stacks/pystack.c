@@ -40,6 +40,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include "clock.h"
 #include "find.h"
 #include "gate.h"
 #include "hashidx.h"
@@ -665,6 +666,37 @@ void shim_pystack_resolve_all(void)
     if (todo)
         resolve_ids(todo, n);
     free(todo);
+}
+
+uint64_t shim_pystack_resolve_detached(void)
+{
+    if (atomic_load_explicit(&state, memory_order_acquire) != ST_READY || atomic_load(&closed))
+        return 0;
+    size_t n = 0;
+    shim_mutex_lock(&stack_lock);
+    uint32_t *todo = pending_locked(0, &n);
+    shim_mutex_unlock(&stack_lock);
+    free(todo);
+    /* Nothing pending (frames resolved earlier, or none recorded): the
+     * program is not stopped at all. */
+    if (n == 0 || !api->is_initialized() || api->is_finalizing())
+        return 0;
+    /* Inside the lifecycle gate, as the GC thread: refused once
+     * finalization began, and finalization waits (bounded) for it. */
+    enum shim_gate_verdict v = shim_gate_enter(api);
+    if (v == SHIM_GATE_REFUSE)
+        return 0;
+    int g = api->gil_ensure();
+    uint64_t t0 = shim_now_ns();
+    if (!api->is_finalizing()) {
+        if (v == SHIM_GATE_ADMIT_UNARMED)
+            shim_gate_arm(api);
+        shim_pystack_resolve_all();
+    }
+    uint64_t ns = shim_now_ns() - t0;
+    api->gil_release(g);
+    shim_gate_leave();
+    return ns ? ns : 1;
 }
 
 /* The finalization gate (GIL held, before finalization begins): resolve

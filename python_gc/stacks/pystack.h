@@ -37,6 +37,13 @@ size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max);
 /* With the GIL held: resolve every frame seen so far (run at interpreter
  * exit through shim_gate_at_finalize, and by report/snapshot calls). */
 void shim_pystack_resolve_all(void);
+/* From a thread of the shim's own that never runs Python and holds no lock
+ * (the control thread, shim/leak/control.c): when frames wait to be
+ * resolved, takes the GIL (PyGILState_Ensure, inside python_gc's lifecycle
+ * gate, as the GC thread does) and resolves them. Returns the nanoseconds
+ * the GIL was held, the time Python threads were stopped (0: nothing was
+ * pending, or the interpreter is not up or is finalizing). */
+uint64_t shim_pystack_resolve_detached(void);
 /* SHIM_PYSTACK_* flags of stack `id` (0 for an unknown id). */
 unsigned shim_pystack_flags(uint32_t id);
 /* The load address of the object that holds the interpreter (libpython,

@@ -122,6 +122,11 @@ static int fail(shim_device *d, size_t size, bool taken)
         if (mine)
             shim_lock_release(&s->lock);
     }
+    /* Watched memory charged to the limit (charge.c) holds shares of the
+     * pool too: the limit is reached by both. */
+    uint64_t pooled = atomic_load_explicit(&d->pool.reserved, memory_order_relaxed);
+    if (pooled > facts.reserved)
+        facts.reserved = pooled;
     size_t dfree = 0, dtotal = 0;
     facts.device_known = d->rt->real_mem_info &&
                          d->backend.mem_info(d->backend.ctx, &dfree, &dtotal) == 0;

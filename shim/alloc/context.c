@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 
 #include "device_internal.h"
+#include "passthrough.h"
 #include "log.h"
 #include "options.h"
 
@@ -139,7 +140,11 @@ void shim_device_context_gone(const shim_runtime *rt, uintptr_t context)
     for (size_t i = 0; i < n; i++) {
         shim_device *d = devices[i];
         if (same_runtime(d, rt) &&
-            atomic_load_explicit(&d->context, memory_order_acquire) == context)
+            atomic_load_explicit(&d->context, memory_order_acquire) == context) {
             shim_context_forget(d);
+            /* The context's managed memory goes with it (the driver frees
+             * it): records and charges, not leaks at exit. */
+            shim_passthrough_drop_pool(SHIM_PT_MANAGED, &d->pool);
+        }
     }
 }

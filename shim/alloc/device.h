@@ -159,6 +159,25 @@ shim_device *shim_device_at(size_t i);
 /* Copies the records of live allocations with seq > since, under the lock.
  * Returns a malloc'ed array (caller frees) and its length in *n. */
 shim_record *shim_device_live(shim_device *d, uint64_t since, size_t *n);
+/* How long shim_device_live_timed held the arena locks: summed over the
+ * holds and the longest one hold (the most an allocating thread can have
+ * been stopped by it), in wall time and in the copying thread's CPU time
+ * (which a busy machine's preemption does not inflate). */
+typedef struct shim_live_timing {
+    uint64_t held_ns, longest_ns;
+    uint64_t held_cpu_ns, longest_cpu_ns;
+} shim_live_timing;
+/* shim_device_live, adding its holds to *t (sums added, longest kept),
+ * for `spyreshim snapshot`. The copy is sized with no lock held. */
+shim_record *shim_device_live_timed(shim_device *d, uint64_t since, size_t *n,
+                                    shim_live_timing *t);
+/* The sequence numbers of the live allocations only (no size, no stacks:
+ * the table's slots and fields are read, not the blocks' nodes), appended
+ * to the malloc'ed array *seqs of *n (grown as needed, *cap its capacity),
+ * each arena's lock held for its part. -1 when out of host memory (the
+ * array stays the caller's to free). What a collection left live
+ * (shim/leak/collections.c). */
+int shim_device_live_seqs(shim_device *d, uint64_t **seqs, size_t *n, size_t *cap);
 /* Adds this device's counters to *s. Its peak_used_bytes is the device's
  * own peak: the process's is shim_device_peak_all's, not their sum. */
 void shim_device_add_stats(shim_device *d, spyreshim_stats *s);

@@ -1,8 +1,10 @@
 /* Pass-through allocations: memory the shim never serves from its regions
  * but watches, so that statistics, leak reports and the out-of-memory
  * report see it (docs/cuda.md's table). Today: CUDA managed memory
- * (counted on the device it was allocated on) and host-pinned memory
- * (a family of its own, host memory, under no device limit).
+ * (counted on the device it was allocated on), host-pinned memory (a
+ * family of its own, host memory) and VMM physical allocations (by
+ * handle, with the range they are mapped at). Their limits are charge.c's:
+ * a record only remembers the pool it was charged to.
  *
  * Owns the live records (pointer -> size, family, device, stacks,
  * sequence) in a chained hash table, and the counters per family and
@@ -20,6 +22,7 @@
 
 #include "device.h"
 #include "mutex.h"
+#include "pool.h"
 
 #define BUCKETS 1024u
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
@@ -40,7 +43,12 @@ static _Atomic(shim_pt_event_fn) event_hook;
 
 const char *shim_passthrough_family_name(enum shim_pt_family f)
 {
-    return f == SHIM_PT_MANAGED ? "cuda-managed" : "cuda-host-pinned";
+    static const char *const names[SHIM_PT_FAMILIES] = {
+        [SHIM_PT_MANAGED] = "cuda-managed",
+        [SHIM_PT_HOST_PINNED] = "cuda-host-pinned",
+        [SHIM_PT_VMM] = "cuda-vmm",
+    };
+    return (unsigned)f < SHIM_PT_FAMILIES ? names[f] : "cuda";
 }
 
 void shim_passthrough_set_capture(shim_pt_capture_fn fn)
@@ -66,10 +74,9 @@ static unsigned slot(int ordinal)
     return ordinal < ORDINALS ? (unsigned)ordinal + 1 : ORDINALS;
 }
 
-void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
+static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size,
+                       shim_arena_pool *charged)
 {
-    if ((unsigned)f >= SHIM_PT_FAMILIES)
-        return;
     node *n = calloc(1, sizeof *n);
     shim_pt_capture_fn cap = atomic_load(&capture);
     uint32_t ns = 0, ps = 0;
@@ -90,7 +97,7 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
          * until exit, the safe side for a limit-free family. */
         n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
                                 .native_stack = ns, .python_stack = ps, .family = f,
-                                .ordinal = ordinal};
+                                .ordinal = ordinal, .charged = charged};
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
@@ -100,6 +107,41 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
         ev(true, f, seq, ptr, size, ns, ps);
+}
+
+void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
+{
+    if ((unsigned)f < SHIM_PT_FAMILIES)
+        add_record(f, ordinal, ptr, size, NULL);
+}
+
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, shim_arena_pool *pool,
+                                 uintptr_t ptr, size_t size)
+{
+    if ((unsigned)f < SHIM_PT_FAMILIES)
+        add_record(f, ordinal, ptr, size, pool);
+}
+
+/* A record gone from the table (pt_mu not held): its charge given back,
+ * the trace told, the node freed. */
+static void gone_record(node *gone, uint64_t seq)
+{
+    const shim_pt_record *r = &gone->r;
+    if (r->charged)
+        shim_pool_give(r->charged, r->size);
+    shim_pt_event_fn ev = atomic_load(&event_hook);
+    if (ev)
+        ev(false, r->family, seq, r->ptr, r->size, r->native_stack, r->python_stack);
+    free(gone);
+}
+
+/* Takes `n` out of the counters; pt_mu held. */
+static void count_free(const node *n)
+{
+    shim_pt_counters *c = &counters[n->r.family][slot(n->r.ordinal)];
+    c->frees++;
+    c->bytes -= n->r.size;
+    atomic_fetch_sub_explicit(&shim_pt_live_count[n->r.family], 1, memory_order_relaxed);
 }
 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
@@ -113,10 +155,7 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
         if ((*p)->r.ptr == ptr && (*p)->r.family == f) {
             gone = *p;
             *p = gone->next;
-            shim_pt_counters *c = &counters[f][slot(gone->r.ordinal)];
-            c->frees++;
-            c->bytes -= gone->r.size;
-            atomic_fetch_sub_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
+            count_free(gone);
             seq = shim_device_seq_next();
             break;
         }
@@ -124,11 +163,120 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     shim_mutex_unlock(&pt_mu);
     if (!gone)
         return false;
-    shim_pt_event_fn ev = atomic_load(&event_hook);
-    if (ev)
-        ev(false, f, seq, ptr, gone->r.size, gone->r.native_stack, gone->r.python_stack);
-    free(gone);
+    gone_record(gone, seq);
     return true;
+}
+
+
+void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && !p->r.released) {
+            p->r.va = va;
+            p->r.va_size = size;
+            p->r.maps++;
+            break;
+        }
+    shim_mutex_unlock(&pt_mu);
+}
+
+/* Unlinks every record of `f` that `pick` chooses into a list (the node's
+ * next), with its counters taken off and a free's sequence number in its
+ * seq; pt_mu held. */
+static node *unlink_where(enum shim_pt_family f, bool (*pick)(shim_pt_record *r, void *arg),
+                          void *arg, size_t *n)
+{
+    node *out = NULL;
+    for (unsigned b = 0; b < BUCKETS; b++) {
+        for (node **p = &table[b]; *p;) {
+            node *x = *p;
+            if (x->r.family == f && pick(&x->r, arg)) {
+                *p = x->next;
+                count_free(x);
+                x->r.seq = shim_device_seq_next();
+                x->next = out;
+                out = x;
+                (*n)++;
+            } else {
+                p = &x->next;
+            }
+        }
+    }
+    return out;
+}
+
+static void gone_list(node *list)
+{
+    while (list) {
+        node *x = list;
+        list = x->next;
+        gone_record(x, x->r.seq);
+    }
+}
+
+struct range {
+    uintptr_t va;
+    size_t size;
+};
+
+/* Mappings starting in the range go; the record too once released. */
+static bool unmapped_in(shim_pt_record *r, void *arg)
+{
+    const struct range *g = arg;
+    if (!r->maps || !r->va_size || r->va < g->va || r->va - g->va >= g->size)
+        return false;
+    r->maps--;
+    r->va = 0;
+    r->va_size = 0;
+    return r->released && r->maps == 0;
+}
+
+size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return 0;
+    struct range g = {va, size};
+    size_t n = 0;
+    shim_mutex_lock(&pt_mu);
+    node *dead = unlink_where(f, unmapped_in, &g, &n);
+    shim_mutex_unlock(&pt_mu);
+    gone_list(dead);
+    return n;
+}
+
+bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return false;
+    bool kept = false;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p && !kept; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && !p->r.released && p->r.maps) {
+            p->r.released = true;
+            kept = true;
+        }
+    shim_mutex_unlock(&pt_mu);
+    return kept || shim_passthrough_remove(f, ptr);
+}
+
+static bool charged_to(shim_pt_record *r, void *pool)
+{
+    return r->charged == pool;
+}
+
+size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !pool || !shim_passthrough_any(f))
+        return 0;
+    size_t n = 0;
+    shim_mutex_lock(&pt_mu);
+    node *dropped = unlink_where(f, charged_to, pool, &n);
+    shim_mutex_unlock(&pt_mu);
+    gone_list(dropped);
+    return n;
 }
 
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr)

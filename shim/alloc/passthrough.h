@@ -11,11 +11,12 @@
 enum shim_pt_family {
     SHIM_PT_MANAGED,     /* cuMemAllocManaged: counted on its device */
     SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
+    SHIM_PT_VMM,         /* cuMemCreate's physical allocations, keyed by handle */
     SHIM_PT_FAMILIES
 };
 
 /* The family's name in statistics and leak reports: "cuda-managed",
- * "cuda-host-pinned". */
+ * "cuda-host-pinned", "cuda-vmm". */
 const char *shim_passthrough_family_name(enum shim_pt_family f);
 
 /* The leak room's stack capture (set by shim_leak_init; NULL: no stacks). */
@@ -33,9 +34,58 @@ void shim_passthrough_set_event_hook(shim_pt_event_fn fn);
  * host memory): record it with the caller's stack. No shim lock may be
  * held by the caller. */
 void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size);
+/* The limit (charge.c). A family counted on a device is charged to that
+ * device's SPYRESHIM_LIMIT, the pool its served regions share, before the
+ * runtime is asked: 0, or the runtime's out-of-memory error (err_oom) when
+ * the limit has no room even after the device's held blocks, trimmed
+ * regions and a pressure event (room.c, under the capture and gate
+ * policy). The caller holds no shim lock. Given back with uncharge when
+ * the runtime refuses the request (a record made with add_charged gives it
+ * back itself when removed or dropped). */
+typedef struct shim_device shim_device;
+int shim_passthrough_charge(shim_device *d, size_t bytes);
+void shim_passthrough_uncharge(shim_device *d, size_t bytes);
+/* The same for host-pinned memory, under SPYRESHIM_HOST_LIMIT (0: none),
+ * with pressure events of its own: false when out of memory. */
+bool shim_passthrough_charge_host(size_t bytes);
+void shim_passthrough_uncharge_host(size_t bytes);
+/* Host-pinned requests refused by SPYRESHIM_HOST_LIMIT so far. */
+uint64_t shim_passthrough_host_failed(void);
+/* d's device ordinal. */
+int shim_passthrough_ordinal(const shim_device *d);
+/* fork(): the host account's lock and pressure state start anew in the
+ * child (shim/process/fork.c). */
+void shim_passthrough_charge_atfork_child(void);
+
+/* shim_passthrough_add of memory charged to `d` (its ordinal), or, with
+ * d NULL, to the host account (charge.c): removing or dropping the record
+ * gives the bytes back. */
+void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,
+                                  size_t size);
+/* What add_charged does with the account's pool (passthrough.c knows
+ * pools, not devices: the records never call back into the device). */
+struct shim_arena_pool;
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal,
+                                 struct shim_arena_pool *pool, uintptr_t ptr, size_t size);
+/* The runtime freed every `f` allocation charged to `pool` (a device's:
+ * its context was torn down): their records go, each told to the trace as
+ * freed, and their bytes are given back. Returns how many there were. */
+size_t shim_passthrough_drop_pool(enum shim_pt_family f, struct shim_arena_pool *pool);
+
 /* The runtime freed `ptr` of family `f`: forget it. False when it was not
  * recorded (then nothing changes). */
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
+/* Mappings of a record (VMM: a physical allocation lives while its
+ * handle is not released or a mapping uses it). mapped: `ptr` was mapped
+ * at [va, va + size), the range a leak report names (the last one mapped).
+ * unmapped: the mappings starting in [va, va + size) went; records
+ * released before and now unmapped are removed (as by remove); returns how
+ * many were. release: the handle goes: removed at once when unmapped,
+ * else kept (still live, still charged) until its last unmapping; false
+ * when `ptr` is no live record of `f`. */
+void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size);
+size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size);
+bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr);
 /* Whether `ptr` is a live record of `f`. */
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr);
 /* Whether any record of `f` is live: one relaxed load, inline, for hot
@@ -64,6 +114,11 @@ typedef struct shim_pt_record {
     uint32_t native_stack, python_stack;
     enum shim_pt_family family;
     int ordinal;
+    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
+    uintptr_t va;                    /* where it is mapped (VMM), or 0 */
+    uint64_t va_size;
+    unsigned maps;                   /* live mappings */
+    bool released;                   /* its handle went; it lives while mapped */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their
  * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0

@@ -97,6 +97,27 @@ void shim_pressure_set_event_hook(shim_pressure_event_fn fn)
     atomic_store(&event_hook, fn);
 }
 
+static _Atomic(shim_pressure_collection_fn) collection_watch;
+
+void shim_pressure_set_collection_watch(shim_pressure_collection_fn fn)
+{
+    atomic_store(&collection_watch, fn);
+}
+
+void shim_pressure_collection_begin(void)
+{
+    shim_pressure_collection_fn fn = atomic_load_explicit(&collection_watch, memory_order_acquire);
+    if (fn)
+        fn(true, 0, 0, 0);
+}
+
+void shim_pressure_collection_end(uint64_t ns, uint64_t freed, long objects)
+{
+    shim_pressure_collection_fn fn = atomic_load_explicit(&collection_watch, memory_order_acquire);
+    if (fn)
+        fn(false, ns, freed, objects);
+}
+
 /* Depth of pressure work on this thread: running an event's callbacks, or
  * serving one (the GC thread). Non-zero means an allocation must not start
  * another event. */

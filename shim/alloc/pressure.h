@@ -53,6 +53,21 @@ void shim_pressure_set_wait_hooks(shim_pressure_detach_fn detach, shim_pressure_
 typedef void (*shim_pressure_event_fn)(bool begin, size_t bytes);
 void shim_pressure_set_event_hook(shim_pressure_event_fn fn);
 
+/* Collections run for pressure events, as the leak layer sees them: the
+ * collector (python_gc/gc/collect.c) calls shim_pressure_collection_begin
+ * right before it runs the interpreter's collection and
+ * shim_pressure_collection_end right after (GIL held, no shim lock held,
+ * on the collecting thread), and they pass the boundary to the watch the
+ * leak layer registers at init (shim/leak/collections.c): the allocator
+ * core knows neither side. `ns` is the collection's time, `freed` the
+ * bytes the shim saw freed during it, `objects` what the collector
+ * returned. No watch: two relaxed loads. */
+typedef void (*shim_pressure_collection_fn)(bool begin, uint64_t ns, uint64_t freed,
+                                            long objects);
+void shim_pressure_set_collection_watch(shim_pressure_collection_fn fn);
+void shim_pressure_collection_begin(void);
+void shim_pressure_collection_end(uint64_t ns, uint64_t freed, long objects);
+
 /* The policy gate: python_gc registers it at init. Asked once per relief
  * round of a failing request, before it runs or waits for a pressure event,
  * with NO allocator lock held (it may unwind the stack and ask the loader

@@ -371,6 +371,29 @@ void shim_table_foreach(const shim_table *t,
     }
 }
 
+void shim_table_foreach_ahead(const shim_table *t,
+                              void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f,
+                                         void *user),
+                              void (*ahead)(uint32_t id, void *user), void *user)
+{
+    size_t n = t->mask + 1;
+    for (size_t i = 0; i < n; i++) {
+        if (i + SHIM_TABLE_AHEAD < n) {
+            uint64_t a = t->slots[i + SHIM_TABLE_AHEAD];
+            if (a < TOMB) {
+                uint32_t aid = slot_id(t, a);
+                __builtin_prefetch(&t->fields[aid]);
+                ahead(aid, user);
+            }
+        }
+        uint64_t s = t->slots[i];
+        if (s < TOMB) {
+            uint32_t id = slot_id(t, s);
+            fn(slot_ptr(t, s), id, &t->fields[id], user);
+        }
+    }
+}
+
 size_t shim_table_meta_bytes(const shim_table *t)
 {
     return sizeof *t + shim_hostmem_size((t->mask + 1) * sizeof *t->slots) +

@@ -62,6 +62,16 @@ size_t shim_table_count(const shim_table *t);
 void shim_table_foreach(const shim_table *t,
                         void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user),
                         void *user);
+/* The same, for a walk that reads more than the slot (a copy of every
+ * live record): `ahead(id, user)` is called for the entry SHIM_TABLE_AHEAD
+ * slots further on, so that the caller starts loading what it will read
+ * of it (its node), and its fields' line is prefetched here; the misses of
+ * one entry overlap the work on the ones before. */
+#define SHIM_TABLE_AHEAD 16
+void shim_table_foreach_ahead(const shim_table *t,
+                              void (*fn)(uintptr_t ptr, uint32_t id, const shim_live_fields *f,
+                                         void *user),
+                              void (*ahead)(uint32_t id, void *user), void *user);
 /* Host bytes the table's arrays take (mapped, not all resident). */
 size_t shim_table_meta_bytes(const shim_table *t);
 /* The slot array and its size as shim_table_prefetch reads them, without

@@ -18,6 +18,7 @@ enum shim_gc_mode { SHIM_GC_MODE_AUTO = 0, SHIM_GC_MODE_INLINE, SHIM_GC_MODE_THR
 
 typedef struct shim_options {
     size_t limit;            /* SPYRESHIM_LIMIT: bytes the shim may reserve, 0 = no limit */
+    size_t host_limit;       /* SPYRESHIM_HOST_LIMIT: host-pinned bytes, 0 = no limit */
     const char *stats_path;  /* SPYRESHIM_STATS */
     int log_level;           /* SPYRESHIM_LOG: enum shim_log_level */
     bool gc;                 /* SPYRESHIM_GC is not off */
@@ -33,6 +34,7 @@ typedef struct shim_options {
     int exitcode;            /* SPYRESHIM_EXITCODE */
     const char *suppressions;/* SPYRESHIM_SUPPRESSIONS */
     unsigned oom_report_top; /* SPYRESHIM_OOM_REPORT: groups printed on a final OOM, 0 = off */
+    bool control;            /* SPYRESHIM_CONTROL: the control socket (shim/leak/control.c) */
     const char *trace_path;  /* SPYRESHIM_TRACE (%p = pid) */
     unsigned trace_flush_ms; /* SPYRESHIM_TRACE_FLUSH_MS */
     bool secure;             /* AT_SECURE: paths from the environment are ignored */

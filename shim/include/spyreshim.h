@@ -91,7 +91,10 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(managed_frees, "frees of managed allocations")                               \
     X(host_pinned_bytes, "host-pinned memory live now (allocated or registered)")  \
     X(host_pinned_allocs, "host-pinned allocations and registrations")             \
-    X(host_pinned_frees, "frees and unregistrations of host-pinned memory")
+    X(host_pinned_frees, "frees and unregistrations of host-pinned memory")        \
+    X(vmm_bytes, "VMM physical memory live now (cuMemCreate, all devices)")        \
+    X(vmm_allocs, "VMM physical allocations (cuMemCreate)")                        \
+    X(vmm_frees, "VMM physical allocations freed (released and unmapped)")
 
 typedef struct spyreshim_stats {
     size_t size;
@@ -114,7 +117,7 @@ typedef struct spyreshim_alloc_info {
     uint64_t seq;            /* allocation sequence number (marks compare with it) */
     uint32_t native_stack;   /* 0: none recorded */
     uint32_t python_stack;   /* 0: none recorded */
-    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned" (watched) */
+    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned", "cuda-vmm" (watched) */
 } spyreshim_alloc_info;
 
 typedef struct spyreshim_snapshot spyreshim_snapshot;

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collections.h"
 #include "device.h"
 #include "find.h"
 #include "log.h"
@@ -72,8 +73,10 @@ void shim_leak_init(void)
     g_depth = depth;
     shim_stack_init();
     g_python = o->python_stacks;
-    if (o->leak_check)
+    if (o->leak_check) {
         atomic_store_explicit(&g_enabled, true, memory_order_release);
+        shim_collections_init();
+    }
     shim_device_set_leak_hooks(shim_leak_capture, shim_leak_on_oom);
     shim_passthrough_set_capture(shim_leak_capture);
 }
@@ -312,7 +315,9 @@ void shim_leak_at_exit(void)
     if (leaked)
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
                           "ERROR: spyreshim: detected device memory leaks", 0);
-    write_json(r, "", "exit", NULL, NULL);
+    char *coll = shim_collections_json();
+    write_json(r, "", "exit", coll ? "collections" : NULL, coll);
+    free(coll);
     shim_report_free(r);
     if (leaked && o->exitcode != 0) {
         /* As LeakSanitizer: the verdict replaces the exit status. Flush

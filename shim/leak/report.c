@@ -578,6 +578,62 @@ static void json_str(FILE *f, const char *s)
     fputc('"', f);
 }
 
+/* A group's "order" (and "unspliced") and "frames" members, each member
+ * after `sep`, each frame after `fsep`. */
+static void write_order_frames(FILE *f, const shim_report_group *g, const char *sep,
+                               const char *fsep)
+{
+    static const char *const orders[] = {
+        [SHIM_ORDER_NATIVE] = "native", [SHIM_ORDER_PYTHON] = "python",
+        [SHIM_ORDER_HYBRID] = "hybrid", [SHIM_ORDER_PYTHON_FIRST] = "python-first",
+    };
+    fprintf(f, "\"order\": \"%s\"", orders[g->order]);
+    if (g->unspliced) {
+        fprintf(f, ",%s\"unspliced\": ", sep);
+        json_str(f, g->unspliced);
+    }
+    fprintf(f, ",%s\"frames\": [", sep);
+    for (size_t k = 0; k < g->nframes; k++) {
+        const shim_report_frame *fr = &g->frames[k];
+        fprintf(f, "%s%s{\"kind\": \"%s\", \"function\": ", k ? "," : "", fsep,
+                fr->python ? "python" : "native");
+        json_str(f, fr->function);
+        if (fr->raw) {
+            fputs(", \"raw\": ", f);
+            json_str(f, fr->raw);
+        }
+        if (!fr->python) {
+            fputs(", \"object\": ", f);
+            json_str(f, fr->object);
+            fprintf(f, ", \"address\": \"0x%" PRIxPTR "\", \"offset\": \"0x%" PRIxPTR "\"",
+                    fr->address, fr->offset);
+            fprintf(f, ", \"interpreter\": %s", fr->interpreter ? "true" : "false");
+            fprintf(f, ", \"folded\": %s", fr->folded ? "true" : "false");
+            if (fr->python_frames >= 0)
+                fprintf(f, ", \"python_frames\": %d", fr->python_frames);
+        }
+        if (fr->file || fr->python) {
+            fputs(", \"file\": ", f);
+            json_str(f, fr->file);
+            fprintf(f, ", \"line\": %d", fr->line);
+        }
+        fputc('}', f);
+    }
+    fprintf(f, "%s]", g->nframes ? sep : "");
+}
+
+void shim_report_json_site(FILE *f, const shim_report_group *g, const char *runtime)
+{
+    fputs("\"runtime\": ", f);
+    json_str(f, g ? g->runtime : runtime);
+    fputs(", ", f);
+    if (g) {
+        write_order_frames(f, g, " ", " ");
+    } else {
+        fputs("\"order\": \"native\", \"frames\": []", f);
+    }
+}
+
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
 {
     return shim_report_write_json_extra(r, f, reason, NULL, NULL);
@@ -612,44 +668,9 @@ int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reas
                    ",\n      \"runtime\": ",
                 i ? "," : "", g->bytes, g->count);
         json_str(f, g->runtime);
-        static const char *const orders[] = {
-            [SHIM_ORDER_NATIVE] = "native", [SHIM_ORDER_PYTHON] = "python",
-            [SHIM_ORDER_HYBRID] = "hybrid", [SHIM_ORDER_PYTHON_FIRST] = "python-first",
-        };
-        fprintf(f, ",\n      \"suppressed\": %s,\n      \"order\": \"%s\"",
-                g->suppression >= 0 ? "true" : "false", orders[g->order]);
-        if (g->unspliced) {
-            fputs(",\n      \"unspliced\": ", f);
-            json_str(f, g->unspliced);
-        }
-        fputs(",\n      \"frames\": [", f);
-        for (size_t k = 0; k < g->nframes; k++) {
-            const shim_report_frame *fr = &g->frames[k];
-            fprintf(f, "%s\n        {\"kind\": \"%s\", \"function\": ", k ? "," : "",
-                    fr->python ? "python" : "native");
-            json_str(f, fr->function);
-            if (fr->raw) {
-                fputs(", \"raw\": ", f);
-                json_str(f, fr->raw);
-            }
-            if (!fr->python) {
-                fputs(", \"object\": ", f);
-                json_str(f, fr->object);
-                fprintf(f, ", \"address\": \"0x%" PRIxPTR "\", \"offset\": \"0x%" PRIxPTR "\"",
-                        fr->address, fr->offset);
-                fprintf(f, ", \"interpreter\": %s", fr->interpreter ? "true" : "false");
-                fprintf(f, ", \"folded\": %s", fr->folded ? "true" : "false");
-                if (fr->python_frames >= 0)
-                    fprintf(f, ", \"python_frames\": %d", fr->python_frames);
-            }
-            if (fr->file || fr->python) {
-                fputs(", \"file\": ", f);
-                json_str(f, fr->file);
-                fprintf(f, ", \"line\": %d", fr->line);
-            }
-            fputc('}', f);
-        }
-        fprintf(f, "%s]\n    }", g->nframes ? "\n      " : "");
+        fprintf(f, ",\n      \"suppressed\": %s,\n      ", g->suppression >= 0 ? "true" : "false");
+        write_order_frames(f, g, "\n      ", "\n        ");
+        fputs("\n    }", f);
     }
     fprintf(f, "%s]", r->ngroups ? "\n  " : "");
     if (key && value) {

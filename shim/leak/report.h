@@ -77,4 +77,8 @@ int shim_report_write_json(const shim_report *r, FILE *f, const char *reason);
 int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reason,
                                  const char *key, const char *value);
 
+/* One site's "runtime", "order" and "frames" members on one line (the
+ * collections section, shim/leak/collections.c); `g` NULL: no frames. */
+void shim_report_json_site(FILE *f, const shim_report_group *g, const char *runtime);
+
 #endif

@@ -4,9 +4,14 @@
  * Owns nothing shared. A snapshot copies the live records of every device
  * (shim_device_live takes and drops each arena's lock in turn);
  * everything after that works on the copy, with no shim lock held, so
- * printing and symbolizing never delay an allocation.
+ * printing and symbolizing never delay an allocation. The interned names
+ * of mapped VMM allocations are atomics (no lock).
  */
 #include <errno.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +19,7 @@
 #include "passthrough.h"
 #include "path.h"
 #include "report.h"
+#include "snapshot.h"
 #include "spyreshim.h"
 #include "suppress.h"
 
@@ -23,6 +29,35 @@ struct spyreshim_snapshot {
     uint64_t bytes;
 };
 
+/* A mapped VMM allocation's runtime name says where it is mapped:
+ * "cuda-vmm mapped at 0x7f0000000000+0x200000". Reports keep the runtime
+ * names of a snapshot after freeing it, so the names are interned for the
+ * process's life: at most LABELS of them (past that, the family's name
+ * alone). No lock: a slot is taken with an atomic add and published, once
+ * written, by its ready flag (two threads naming one range at once may
+ * each take a slot: harmless). */
+#define LABEL_LEN 64
+#define LABELS 256
+static char labels[LABELS][LABEL_LEN];
+static _Atomic bool ready[LABELS];
+static _Atomic size_t nlabels;
+
+static const char *mapped_label(const char *family, uintptr_t va, uint64_t size)
+{
+    char want[LABEL_LEN];
+    snprintf(want, sizeof want, "%s mapped at %#" PRIxPTR "+%#" PRIx64, family, va, size);
+    size_t n = atomic_load(&nlabels);
+    for (size_t i = 0; i < n && i < LABELS; i++)
+        if (atomic_load_explicit(&ready[i], memory_order_acquire) && strcmp(labels[i], want) == 0)
+            return labels[i];
+    size_t slot = atomic_fetch_add(&nlabels, 1);
+    if (slot >= LABELS)
+        return family;
+    memcpy(labels[slot], want, sizeof want);
+    atomic_store_explicit(&ready[slot], true, memory_order_release);
+    return labels[slot];
+}
+
 SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void)
 {
     return shim_device_seq_now();
@@ -30,6 +65,13 @@ SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void)
 
 SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
 {
+    return shim_snapshot_take_timed(since, NULL);
+}
+
+spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_timing *t)
+{
+    if (t)
+        memset(t, 0, sizeof *t);
     spyreshim_snapshot *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -39,7 +81,7 @@ SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
         if (!dev)
             continue;
         size_t k = 0;
-        shim_record *recs = shim_device_live(dev, since, &k);
+        shim_record *recs = shim_device_live_timed(dev, since, &k, t);
         if (!recs && k) {
             spyreshim_snapshot_free(s);
             return NULL;
@@ -91,6 +133,8 @@ SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
             a->native_stack = pt[i].native_stack;
             a->python_stack = pt[i].python_stack;
             a->runtime = shim_passthrough_family_name(pt[i].family);
+            if (pt[i].va_size)
+                a->runtime = mapped_label(a->runtime, pt[i].va, pt[i].va_size);
             s->bytes += pt[i].size;
         }
         free(pt);

@@ -52,6 +52,8 @@
 #include "device.h"
 #include "fork.h"
 #include "forkgate.h"
+#include "collections.h"
+#include "control.h"
 #include "pressure.h"
 #include "passthrough.h"
 #include "pygc.h"
@@ -67,12 +69,14 @@ static void prepare(void)
     shim_pressure_atfork_prepare();
     shim_stack_atfork_prepare();
     shim_pystack_atfork_prepare();
+    shim_collections_atfork_prepare();
     shim_trace_atfork_prepare();
 }
 
 static void parent(void)
 {
     shim_trace_atfork_parent();
+    shim_collections_atfork_parent();
     shim_pystack_atfork_parent();
     shim_stack_atfork_parent();
     shim_pressure_atfork_parent();
@@ -84,6 +88,8 @@ static void parent(void)
 static void child(void)
 {
     shim_trace_atfork_child();
+    shim_collections_atfork_child();
+    shim_control_atfork_child();
     shim_pystack_atfork_child();
     shim_stack_atfork_child();
     shim_pressure_atfork_child();
@@ -91,6 +97,7 @@ static void child(void)
     shim_device_atfork_child_early();
     shim_pygc_atfork_child();
     shim_passthrough_atfork_child();
+    shim_passthrough_charge_atfork_child();
     shim_device_publish_atfork_child();
     shim_fork_gate_child();
 }

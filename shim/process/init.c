@@ -2,6 +2,7 @@
  * process exits. Loading must cost nothing measurable and print nothing in
  * a process that never touches a device runtime: options are parsed (cheap)
  * and everything else waits for the first intercepted call. */
+#include "control.h"
 #include "fork.h"
 #include "leak.h"
 #include "log.h"
@@ -19,6 +20,7 @@ __attribute__((constructor)) static void shim_init(void)
     shim_pygc_init();
     shim_leak_init();
     shim_trace_init();
+    shim_control_init();
 }
 
 /* Runs after main returned or exit() was called, so after an embedded

@@ -44,6 +44,10 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
     s.host_pinned_bytes = c.bytes;
     s.host_pinned_allocs = c.allocs;
     s.host_pinned_frees = c.frees;
+    shim_passthrough_totals(SHIM_PT_VMM, &c);
+    s.vmm_bytes = c.bytes;
+    s.vmm_allocs = c.allocs;
+    s.vmm_frees = c.frees;
     size_t len = out->size < sizeof s ? out->size : sizeof s;
     s.size = len;
     memcpy(out, &s, len);

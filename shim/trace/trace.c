@@ -43,7 +43,9 @@ static void on_passthrough(bool alloc, enum shim_pt_family f, uint64_t seq, uint
                            size_t size, uint32_t native_stack, uint32_t python_stack)
 {
     shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE,
-                         f == SHIM_PT_MANAGED ? TRACE_DEVICE_MANAGED : TRACE_DEVICE_HOST_PINNED,
+                         f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
+                         : f == SHIM_PT_HOST_PINNED ? TRACE_DEVICE_HOST_PINNED
+                                                    : TRACE_DEVICE_VMM,
                          seq, addr, size, native_stack, python_stack);
 }
 

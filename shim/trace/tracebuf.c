@@ -39,6 +39,7 @@
 struct tbuf {
     struct tbuf *next, *prev;
     struct trace_buf_chunk *cur;
+    uint32_t number;             /* the thread's number in the process, from 1 */
     struct {
         uint64_t key;            /* nstack << 32 | pystack; 0 = empty */
         uint32_t site;
@@ -62,6 +63,7 @@ static pthread_mutex_t buf_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t buf_cv;    /* a chunk is full, or recording closed */
 static struct tbuf *threads;     /* every thread's buffer */
 static size_t nthreads;
+static uint32_t thread_numbers;  /* given so far: each buffer its own (chunk headers) */
 static struct trace_buf_chunk *full_head, *full_tail, *free_list;
 static unsigned free_count;
 static bool closed;
@@ -143,6 +145,7 @@ static struct tbuf *tbuf_new(void)
     chunk_reset(c);
     tb->cur = c;
     shim_mutex_lock(&buf_mu);
+    tb->number = c->thread = ++thread_numbers;
     tb->next = threads;
     if (threads)
         threads->prev = tb;
@@ -191,8 +194,10 @@ static struct trace_buf_chunk *chunk_swap(struct tbuf *tb)
         queue_full(tb->cur);
     /* Reset before it is published: the writer may look at it at once. */
     struct trace_buf_chunk *c = chunk_reuse();
-    if (c)
+    if (c) {
         chunk_reset(c);
+        c->thread = tb->number;
+    }
     tb->cur = c;
     shim_mutex_unlock(&buf_mu);
     pthread_cond_signal(&buf_cv);
@@ -201,6 +206,7 @@ static struct trace_buf_chunk *chunk_swap(struct tbuf *tb)
         if (!c)
             return NULL;
         chunk_reset(c);
+        c->thread = tb->number;
         shim_mutex_lock(&buf_mu);
         tb->cur = c;
         shim_mutex_unlock(&buf_mu);
@@ -354,6 +360,7 @@ void shim_tracebuf_atfork_child(void)
     }
     threads = NULL;
     nthreads = 0;
+    thread_numbers = 0;
     tls_buf = NULL;
     if (g_key_ok)
         pthread_setspecific(g_key, NULL);

@@ -19,6 +19,7 @@ struct trace_buf_chunk {
     struct trace_buf_chunk *next; /* in the full queue or the free list (buffer lock) */
     _Atomic uint32_t n;           /* events published by the owning thread */
     uint32_t written;             /* of those, how many are in the file (the writer's) */
+    uint32_t thread;              /* the owning thread's number (set before it is published) */
     _Atomic uint64_t last_seq;    /* the newest event's whole sequence number: events
                                      carry its low 32 bits, the writer the rest */
     trace_event ev[TRACE_EV_PER_CHUNK];

@@ -24,6 +24,7 @@
 #include "path.h"
 #include "stack.h"
 #include "tracebuf.h"
+#include "tracecodec.h"
 #include "tracefile.h"
 #include "tracesites.h"
 
@@ -195,6 +196,7 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
         static const struct { uint32_t dev; enum shim_pt_family f; } fam[] = {
             {TRACE_DEVICE_MANAGED, SHIM_PT_MANAGED},
             {TRACE_DEVICE_HOST_PINNED, SHIM_PT_HOST_PINNED},
+            {TRACE_DEVICE_VMM, SHIM_PT_VMM},
         };
         for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {
             uint32_t d[2] = {fam[i].dev, 0};
@@ -306,27 +308,31 @@ bool shim_tracefile_ready(void)
     return true;
 }
 
-void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
-                                const struct trace_meta_buf *m)
+void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,
+                                bool compress, const struct trace_meta_buf *m)
 {
-    uint64_t base = UINT64_MAX;
-    /* Events of one buffer lie within 2^31 sequence numbers of each other
-     * (a flush interval's worth at most): each one's whole number is the
-     * reference moved by the signed difference of the low bits. Not
-     * computed while appending: it costs the allocating thread nothing. */
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t s = ref + (uint64_t)(int64_t)(int32_t)(ev[i].seq_lo - (uint32_t)ref);
-        if (s < base)
-            base = s;
-    }
-    trace_chunk h = {.magic = TRACE_CHUNK_MAGIC, .nevents = n,
-                     .meta_bytes = m ? (uint32_t)m->len : 0,
-                     .seq_base = n ? base : 0};
-    if (write_all(&h, sizeof h) != 0 || (n && write_all(ev, n * sizeof ev[0]) != 0) ||
-        (m && m->len && write_all(m->p, m->len) != 0)) {
-        shim_warn("SPYRESHIM_TRACE: write failed: %s; recording stops", strerror(errno));
-        stop();
-    }
+    /* A record holds at most a buffer's chunk (the codec's scratch); the
+     * writer never passes more, but a longer run is split, not cut. */
+    do {
+        uint32_t k = n < TRACE_EV_PER_CHUNK ? n : TRACE_EV_PER_CHUNK;
+        struct trace_encoded enc;
+        /* Encoded on this thread (the writer's), never while appending:
+         * the allocating threads' cost stays a 32-byte store. */
+        shim_tracecodec_encode(ev, k, ref, compress, &enc);
+        trace_chunk h = {.magic = TRACE_CHUNK_MAGIC, .nevents = k,
+                         .meta_bytes = m ? (uint32_t)m->len : 0, .body_bytes = enc.body_bytes,
+                         .seq_base = enc.seq_base, .thread = k ? thread : 0, .flags = enc.flags};
+        if (write_all(&h, sizeof h) != 0 ||
+            (enc.body_bytes && write_all(enc.body, enc.body_bytes) != 0) ||
+            (m && m->len && write_all(m->p, m->len) != 0)) {
+            shim_warn("SPYRESHIM_TRACE: write failed: %s; recording stops", strerror(errno));
+            stop();
+            return;
+        }
+        m = NULL;
+        ev += k;
+        n -= k;
+    } while (n);
 }
 
 void shim_tracefile_close(void)

@@ -44,10 +44,12 @@ bool shim_tracefile_ready(void);
 bool shim_tracefile_failed(void);
 /* Open and not failed: what was written so far can be completed. */
 bool shim_tracefile_writable(void);
-/* One chunk record: events ev[0..n) (`ref` is the whole sequence number
- * of one event of the buffer they come from), then the metadata m. */
-void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
-                                const struct trace_meta_buf *m);
+/* One chunk record: events ev[0..n) of the thread numbered `thread`
+ * (`ref` is the whole sequence number of one event of the buffer they
+ * come from), encoded (tracecodec.c; compressed when `compress` and zlib
+ * is there), then the metadata m. */
+void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,
+                                bool compress, const struct trace_meta_buf *m);
 void shim_tracefile_close(void);
 /* fork() child: the parent's file is closed here, never written; with %p
  * in the path the child writes a file of its own (every site and stack

@@ -1,15 +1,18 @@
 /* The trace file's layout (docs/trace-format.md is its description; the
- * reader is scripts/package/spyreshim/trace.py). Little-endian, as written
- * by the host. A file is a header followed by chunks, one per flushed
- * buffer; a chunk is complete or it is the last one (a crash or SIGKILL
- * cut it) and readers drop an incomplete last chunk. */
+ * reader is scripts/package/spyreshim/trace.py, a chunk's events
+ * tracecodec.py). Little-endian, as written by the host. A file is a
+ * header followed by chunks, one per flushed buffer; a chunk is complete
+ * or it is the last one (a crash or SIGKILL cut it) and readers drop an
+ * incomplete last chunk. Version 2's events are columns (below, encoded by
+ * tracecodec.c); trace_event is what a thread appends, and version 1's
+ * event on disk. */
 #ifndef SHIM_TRACEFMT_H
 #define SHIM_TRACEFMT_H
 
 #include <stdint.h>
 
 #define TRACE_MAGIC "SPYTRACE"
-#define TRACE_VERSION 1
+#define TRACE_VERSION 2           /* 1: 32-byte events; 2: columns (below) */
 #define TRACE_CHUNK_MAGIC 0x4b4e4843u /* "CHNK" */
 
 typedef struct trace_header {     /* 32 bytes */
@@ -20,14 +23,36 @@ typedef struct trace_header {     /* 32 bytes */
     uint64_t start_monotonic_ns;  /* event times are CLOCK_MONOTONIC minus this */
 } trace_header;
 
-typedef struct trace_chunk {      /* 32 bytes, then events, then metadata */
+typedef struct trace_chunk {      /* 32 bytes, then the events, then metadata */
     uint32_t magic;               /* TRACE_CHUNK_MAGIC */
-    uint32_t nevents;             /* 32-byte events that follow */
+    uint32_t nevents;             /* events that follow */
     uint32_t meta_bytes;          /* metadata records after the events */
-    uint32_t reserved;
+    uint32_t body_bytes;          /* the encoded events (version 1: 0, they are 32 * nevents) */
     uint64_t seq_base;            /* the smallest sequence number of its events */
-    uint64_t reserved2;
+    uint32_t thread;              /* the recording thread's number in the process, from 1
+                                     (0: a record of metadata only; version 1: 0) */
+    uint32_t flags;               /* TRACE_CHUNK_* (version 1: 0) */
 } trace_chunk;
+
+/* Version 2's events: seven columns, in this order, each of `width` bytes
+ * an event, little-endian, split into byte planes (plane b: byte b of
+ * every event's value). The body is a table, for each column a mask of
+ * the planes stored (bit b) and the byte of each plane (width bytes; the
+ * value of every event where the plane is not stored, 0 where it is),
+ * then the stored planes, column by column, plane 0 first, nevents bytes
+ * each. TRACE_CHUNK_ZLIB: that body is one zlib stream. */
+#define TRACE_CHUNK_ZLIB 1u
+#define TRACE_V2_MAX_EVENTS 65536u /* in one chunk (the writer's hold 8192) */
+#define TRACE_V2_COLUMNS(X)                                            \
+    X(KIND, 1) /* enum trace_kind */                                   \
+    X(DEV, 1)  /* the device index */                                  \
+    X(SITE, 4)                                                         \
+    X(SIZE, 8)                                                         \
+    X(SEQ, 8)  /* whole sequence numbers */                            \
+    X(TIME, 8) /* ns since the header's start_monotonic_ns */          \
+    X(ADDR, 8)
+#define TRACE_V2_TABLE_BYTES (7 + 1 + 1 + 4 + 8 + 8 + 8 + 8) /* 45 */
+#define TRACE_V2_PLANES 38      /* the widths' sum: the most an event stores */
 
 enum trace_kind {
     TRACE_ALLOC = 1,          /* addr, size, site */
@@ -59,6 +84,7 @@ _Static_assert(sizeof(trace_event) == 32, "event layout");
  * the shim serves, so readers leave it out of the devices' peaks. */
 #define TRACE_DEVICE_MANAGED 0xfd
 #define TRACE_DEVICE_HOST_PINNED 0xfe
+#define TRACE_DEVICE_VMM 0xfc
 #define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
 
 /* Metadata records: tag, payload length, payload padded to 8 bytes. */

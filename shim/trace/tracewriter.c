@@ -12,23 +12,31 @@
  * taken before the buffer and site locks. Never does I/O with the buffer
  * or site lock held, never calls into the allocator or Python. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "clock.h"
 #include "log.h"
 #include "mutex.h"
 #include "tracebuf.h"
+#include "tracecodec.h"
 #include "tracefile.h"
 #include "tracenames.h"
 #include "tracewriter.h"
 
 static unsigned g_flush_ms = 1000;
+static atomic_bool g_started;  /* the first event came: there are events to encode */
+/* Full chunks one flush compresses at most (8192 events each); past that
+ * the writer is behind, and writes them uncompressed. */
+#define BACKLOG_COMPRESSED 4
 
 /* Guarded by write_mu. */
 static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct trace_buf_span *spans;  /* the snapshot of threads' chunks */
+static uint64_t events_written;       /* by this process, for the writer's cost */
 static size_t spans_cap;
 
 void shim_tracewriter_init(unsigned flush_ms)
@@ -63,26 +71,37 @@ static void flush_locked(void)
         struct trace_meta_buf m = {0};
         shim_tracefile_meta_new(&m);
         bool meta_done = false;
+        /* Compressing costs the writer some 1,100 instructions an event:
+         * threads that fill chunks faster than that find it behind, with
+         * full chunks waiting in memory. Then this batch goes uncompressed
+         * (a third of the work, the same file format) and the writer
+         * catches up; the next batches are small again. */
+        size_t queued = 0;
+        for (struct trace_buf_chunk *c = list; c; c = c->next)
+            queued++;
+        bool compress = queued <= BACKLOG_COMPRESSED;
         for (struct trace_buf_chunk *c = list; c && !shim_tracefile_failed(); c = c->next) {
             uint32_t end = atomic_load_explicit(&c->n, memory_order_acquire);
             if (end <= c->written)
                 continue;
+            events_written += end - c->written;
             shim_tracefile_write_chunk(c->ev + c->written, end - c->written,
                                        atomic_load_explicit(&c->last_seq, memory_order_relaxed),
-                                       meta_done ? NULL : &m);
+                                       c->thread, compress, meta_done ? NULL : &m);
             meta_done = true;
             c->written = end;
         }
         for (size_t i = 0; i < nspans && !shim_tracefile_failed(); i++) {
             struct trace_buf_chunk *c = spans[i].c;
+            events_written += spans[i].end - c->written;
             shim_tracefile_write_chunk(c->ev + c->written, spans[i].end - c->written,
                                        atomic_load_explicit(&c->last_seq, memory_order_relaxed),
-                                       meta_done ? NULL : &m);
+                                       c->thread, compress, meta_done ? NULL : &m);
             meta_done = true;
             c->written = spans[i].end;
         }
         if (!meta_done && m.len && !shim_tracefile_failed())
-            shim_tracefile_write_chunk(NULL, 0, 0, &m);
+            shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
         free(m.p);
     }
     shim_tracebuf_recycle(list);
@@ -91,19 +110,36 @@ static void flush_locked(void)
 static void *writer_main(void *arg)
 {
     (void)arg;
+    shim_tracecodec_load(); /* a loader call: before any lock of ours */
+    uint64_t mine = 0;      /* events this thread wrote (the rest: at exit) */
     for (;;) {
         struct timespec deadline;
         shim_deadline_after_ms(&deadline, g_flush_ms);
-        if (!shim_tracebuf_wait(&deadline))
+        if (!shim_tracebuf_wait(&deadline)) {
+            /* What encoding costs (bench/trace_overhead.sh has the
+             * instructions): the thread's own CPU time. */
+            struct timespec cpu;
+            if (shim_log_enabled(SHIM_LOG_DEBUG) &&
+                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+                uint64_t n = mine;
+                double s = (double)cpu.tv_sec + (double)cpu.tv_nsec / 1e9;
+                shim_debug("trace: the writer thread wrote %llu events with %.3f s of CPU "
+                           "(%.0f ns an event)", (unsigned long long)n, s,
+                           n ? s * 1e9 / (double)n : 0.0);
+            }
             return NULL;
+        }
         shim_mutex_lock(&write_mu);
+        uint64_t before = events_written;
         flush_locked();
+        mine += events_written - before;
         shim_mutex_unlock(&write_mu);
     }
 }
 
 void shim_tracewriter_start(void)
 {
+    atomic_store(&g_started, true);
     /* The writer must never take a signal meant for the program. */
     sigset_t all, old;
     sigfillset(&all);
@@ -122,6 +158,10 @@ void shim_tracewriter_start(void)
 
 void shim_tracewriter_close(void)
 {
+    /* Loaded by the writer thread already, unless it never ran; not at
+     * all in a process that recorded no event. */
+    if (atomic_load(&g_started))
+        shim_tracecodec_load();
     shim_mutex_lock(&write_mu);
     uint64_t lost;
     if (shim_tracebuf_close(&lost)) {
@@ -135,7 +175,7 @@ void shim_tracewriter_close(void)
             shim_tracenames_add(&m);
             shim_mutex_lock(&write_mu);
             if (!m.oom && !shim_tracefile_failed())
-                shim_tracefile_write_chunk(NULL, 0, 0, &m);
+                shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
             free(m.p);
         }
         if (lost)

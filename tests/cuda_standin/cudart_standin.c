@@ -7,7 +7,17 @@
  * tests can tell what reached the runtime and what the shim served.
  * CUDA_STANDIN_FAIL=N makes every cudaMalloc of a nonzero size return N
  * (e.g. 35, cudaErrorInsufficientDriver), read on each call so that a test
- * can switch it on and off. */
+ * can switch it on and off.
+ *
+ * Host-pinned and managed memory (cudaHostAlloc, cudaMallocHost,
+ * cudaFreeHost, cudaMallocManaged, and cudaFree of managed memory) come
+ * from a driver, as the real runtime's do: it loads libcuda.so.1 by soname,
+ * looks up cuGetProcAddress_v2 alone, fetches each driver function through
+ * it at its ABI version, and makes the device's primary context current
+ * first (cudaSetDevice's implicit initialization). Without a driver those
+ * calls return 35 (cudaErrorInsufficientDriver), as the real runtime's do;
+ * driver errors map to the runtime's (1, 2 are the same numbers). */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -72,6 +82,98 @@ API int cudaMalloc(void **ptr, size_t size)
     return do_malloc(ptr, size);
 }
 
+/* ---- through the driver, as the real runtime ------------------------- */
+
+typedef int (*get_proc_fn)(const char *, void **, int, unsigned long long, int *);
+static struct {
+    int (*init)(unsigned);
+    int (*primary_retain)(void **, int);
+    int (*get_current)(void **);
+    int (*set_current)(void *);
+    int (*host_alloc)(void **, size_t, unsigned);
+    int (*alloc_host)(void **, size_t);
+    int (*free_host)(void *);
+    int (*alloc_managed)(unsigned long long *, size_t, unsigned);
+    int (*mem_free)(unsigned long long);
+    int err; /* 0, or why the runtime has no driver */
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void *fetch(get_proc_fn gpa, const char *name, int version)
+{
+    void *fn = NULL;
+    int status = 0;
+    return gpa(name, &fn, version, 0, &status) == 0 ? fn : NULL;
+}
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    get_proc_fn gpa = h ? (get_proc_fn)dlsym(h, "cuGetProcAddress_v2") : NULL;
+    if (!gpa) {
+        drv.err = 35; /* cudaErrorInsufficientDriver */
+        return;
+    }
+    *(void **)&drv.init = fetch(gpa, "cuInit", 2000);
+    *(void **)&drv.primary_retain = fetch(gpa, "cuDevicePrimaryCtxRetain", 7000);
+    *(void **)&drv.get_current = fetch(gpa, "cuCtxGetCurrent", 4000);
+    *(void **)&drv.set_current = fetch(gpa, "cuCtxSetCurrent", 4000);
+    *(void **)&drv.host_alloc = fetch(gpa, "cuMemHostAlloc", 2020);
+    *(void **)&drv.alloc_host = fetch(gpa, "cuMemAllocHost", 3020);
+    *(void **)&drv.free_host = fetch(gpa, "cuMemFreeHost", 2000);
+    *(void **)&drv.alloc_managed = fetch(gpa, "cuMemAllocManaged", 6000);
+    *(void **)&drv.mem_free = fetch(gpa, "cuMemFree", 3020);
+    if (!drv.init || !drv.primary_retain || !drv.get_current || !drv.set_current ||
+        !drv.host_alloc || !drv.alloc_host || !drv.free_host || !drv.alloc_managed ||
+        !drv.mem_free || drv.init(0) != 0)
+        drv.err = 35;
+}
+
+/* The driver, with a context current on the calling thread (device 0's
+ * primary context when none is): 0 or the runtime's error. */
+static int driver_ready(void)
+{
+    pthread_once(&drv_once, load_driver);
+    if (drv.err)
+        return drv.err;
+    void *ctx = NULL;
+    if (drv.get_current(&ctx) == 0 && ctx)
+        return 0;
+    if (drv.primary_retain(&ctx, 0) != 0 || drv.set_current(ctx) != 0)
+        return 3; /* cudaErrorInitializationError */
+    return 0;
+}
+
+API int cudaHostAlloc(void **ptr, size_t size, unsigned flags)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.host_alloc(ptr, size, flags);
+}
+
+API int cudaMallocHost(void **ptr, size_t size)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.alloc_host(ptr, size);
+}
+
+API int cudaFreeHost(void *ptr)
+{
+    int rc = driver_ready();
+    return rc ? rc : drv.free_host(ptr);
+}
+
+API int cudaMallocManaged(void **ptr, size_t size, unsigned flags)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_managed(ptr ? &p : NULL, size, flags);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
 API int cudaFree(void *ptr)
 {
     pthread_mutex_lock(&mu);
@@ -90,6 +192,9 @@ API int cudaFree(void *ptr)
         }
     }
     pthread_mutex_unlock(&mu);
+    /* Not one of its blocks: managed memory is the driver's. */
+    if (rc != 0 && driver_ready() == 0)
+        rc = drv.mem_free((uintptr_t)ptr);
     return rc;
 }
 

@@ -81,6 +81,7 @@ static void teardown(CUcontext c)
     cd_context_synchronize(c);
     cd_streams_drop_context(c);
     cd_memory_free_context(c);
+    cd_host_free_context(c);
 }
 
 /* ---- primary contexts ---------------------------------------------------- */

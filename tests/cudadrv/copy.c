@@ -65,7 +65,8 @@ static CUresult device_range(CUcontext ctx, CUdeviceptr p, size_t len, char **rw
         *rw = (char *)(uintptr_t)p;
         return CUDA_SUCCESS;
     }
-    if (!cd_memory_find(p, len, &b) || b.dev != cd_context_device(ctx))
+    if (!cd_memory_find(p, len, &b) || b.dev != cd_context_device(ctx) ||
+        !cd_vmm_accessible(p, len, b.dev))
         return CUDA_ERROR_INVALID_VALUE;
     *rw = b.rw;
     return CUDA_SUCCESS;

@@ -45,6 +45,36 @@ typedef int CUstreamCaptureStatus;
 typedef struct cd_graph *CUgraph;
 typedef struct { char bytes[16]; } CUuuid;
 typedef struct { char reserved[64]; } CUipcMemHandle;
+/* Virtual memory management (vmm.c): cuda.h's types. */
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef int CUmemAllocationHandleType;
+typedef int CUmemAllocationGranularity_flags;
+typedef struct CUmemLocation_st {
+    int type;
+    int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    int type;
+    CUmemAllocationHandleType requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemAccessDesc_st {
+    CUmemLocation location;
+    int flags;
+} CUmemAccessDesc;
+enum { CU_MEM_ALLOCATION_TYPE_INVALID = 0, CU_MEM_ALLOCATION_TYPE_PINNED = 1 };
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 };
+enum { CU_MEM_ACCESS_FLAGS_PROT_NONE = 0, CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+       CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
+enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 };
 
 enum {
     CUDA_SUCCESS = 0,
@@ -247,6 +277,29 @@ enum {
     X(CUresult, cuMemHostGetDevicePointer, (CUdeviceptr_v1 *pdptr, void *p, unsigned int Flags)) \
     X(CUresult, cuMemHostGetDevicePointer_v2, (CUdeviceptr *pdptr, void *p, unsigned int Flags)) \
     X(CUresult, cuMemAllocManaged, (CUdeviceptr *dptr, size_t bytesize, unsigned int flags)) \
+    X(CUresult, cuMemAddressReserve, (CUdeviceptr *ptr, size_t size, size_t alignment, \
+                                      CUdeviceptr addr, unsigned long long flags)) \
+    X(CUresult, cuMemAddressFree, (CUdeviceptr ptr, size_t size)) \
+    X(CUresult, cuMemCreate, (CUmemGenericAllocationHandle *handle, size_t size, \
+                              const CUmemAllocationProp *prop, unsigned long long flags)) \
+    X(CUresult, cuMemRelease, (CUmemGenericAllocationHandle handle)) \
+    X(CUresult, cuMemMap, (CUdeviceptr ptr, size_t size, size_t offset, \
+                           CUmemGenericAllocationHandle handle, unsigned long long flags)) \
+    X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size)) \
+    X(CUresult, cuMemSetAccess, (CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, \
+                                 size_t count)) \
+    X(CUresult, cuMemGetAllocationGranularity, (size_t *granularity, \
+                                                const CUmemAllocationProp *prop, \
+                                                CUmemAllocationGranularity_flags option)) \
+    X(CUresult, cuMemExportToShareableHandle, (void *shareableHandle, \
+                                               CUmemGenericAllocationHandle handle, \
+                                               CUmemAllocationHandleType handleType, \
+                                               unsigned long long flags)) \
+    X(CUresult, cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *handle, \
+                                                 void *osHandle, \
+                                                 CUmemAllocationHandleType shHandleType)) \
+    X(CUresult, cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *prop, \
+                                                         CUmemGenericAllocationHandle handle)) \
     X(CUresult, cuStreamAddCallback, (CUstream hStream, CUstreamCallback callback, \
                                       void *userData, unsigned int flags)) \
     X(CUresult, cuCtxCreate_v4, (CUcontext *pctx, void *ctxCreateParams, unsigned int flags, \

@@ -118,6 +118,17 @@
     X(cuMemHostGetDevicePointer, 2020, cuMemHostGetDevicePointer) \
     X(cuMemHostGetDevicePointer, 3020, cuMemHostGetDevicePointer_v2) \
     X(cuMemAllocManaged, 6000, cuMemAllocManaged) \
+    X(cuMemAddressReserve, 10020, cuMemAddressReserve) \
+    X(cuMemAddressFree, 10020, cuMemAddressFree) \
+    X(cuMemCreate, 10020, cuMemCreate) \
+    X(cuMemRelease, 10020, cuMemRelease) \
+    X(cuMemMap, 10020, cuMemMap) \
+    X(cuMemUnmap, 10020, cuMemUnmap) \
+    X(cuMemSetAccess, 10020, cuMemSetAccess) \
+    X(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity) \
+    X(cuMemExportToShareableHandle, 10020, cuMemExportToShareableHandle) \
+    X(cuMemImportFromShareableHandle, 10020, cuMemImportFromShareableHandle) \
+    X(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle) \
     X(cuStreamAddCallback, 5000, cuStreamAddCallback) \
     X(cuProfilerStart, 4000, cuProfilerStart) \
     X(cuProfilerStop, 4000, cuProfilerStop)

@@ -189,6 +189,29 @@ bool cd_host_free_managed(CUdeviceptr ptr)
     return true;
 }
 
+bool cd_host_is_managed(CUdeviceptr ptr)
+{
+    struct cd_host h;
+    return cd_host_find((const void *)(uintptr_t)ptr, &h) && h.kind == CD_HOST_MANAGED &&
+           (uintptr_t)h.base == ptr;
+}
+
+/* The driver frees a context's managed memory when the context goes. */
+void cd_host_free_context(CUcontext ctx)
+{
+    for (;;) {
+        void *p = NULL;
+        pthread_mutex_lock(&lock);
+        for (struct range *r = ranges; r && !p; r = r->next)
+            if (r->kind == CD_HOST_MANAGED && r->ctx == ctx)
+                p = r->p;
+        pthread_mutex_unlock(&lock);
+        if (!p)
+            return;
+        cd_host_free_managed((CUdeviceptr)(uintptr_t)p);
+    }
+}
+
 /* No profiler: starting and stopping it succeed and do nothing. */
 CUresult cuProfilerStart(void)
 {

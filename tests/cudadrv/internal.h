@@ -38,6 +38,15 @@ struct cd_block {
     unsigned long long id; /* buffer id: unique, never reused */
 };
 bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out);
+/* Physical memory allocated outside the heaps (vmm.c's cuMemCreate):
+ * counted in the device's used bytes; false when it does not fit. */
+bool cd_memory_charge(CUdevice dev, size_t size);
+void cd_memory_uncharge(CUdevice dev, size_t size);
+/* vmm.c: a mapped range of a reservation that holds [ptr, ptr+len) (no
+ * context: ctx NULL), and whether copies from device `dev` may touch it
+ * (true for addresses no mapping covers). */
+bool cd_vmm_find(CUdeviceptr ptr, size_t len, struct cd_block *out);
+bool cd_vmm_accessible(CUdeviceptr ptr, size_t len, CUdevice dev);
 /* [p, p+len) touches some device's address range (allocated or not). */
 bool cd_memory_is_device(const void *p, size_t len);
 CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out);
@@ -62,6 +71,10 @@ struct cd_host {
 bool cd_host_find(const void *p, struct cd_host *out);
 /* cuMemFree of managed memory: true when ptr was one. */
 bool cd_host_free_managed(CUdeviceptr ptr);
+/* Whether ptr is the start of a managed allocation. */
+bool cd_host_is_managed(CUdeviceptr ptr);
+/* The context is torn down: its managed memory goes with it. */
+void cd_host_free_context(CUcontext ctx);
 
 /* ---- context.c: contexts and the per-thread stack ----------------------- */
 /* The current context if it is alive, else NULL. */

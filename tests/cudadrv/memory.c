@@ -103,7 +103,7 @@ bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out)
 {
     int d = device_of(ptr);
     if (d < 0)
-        return false;
+        return cd_vmm_find(ptr, len, out); /* a mapping of a reservation */
     struct heap *h = &heaps[d];
     size_t off = ptr - (uintptr_t)h->base;
     bool ok = false;
@@ -231,6 +231,25 @@ void cd_memory_free_context(CUcontext ctx)
     pthread_mutex_unlock(&h->lock);
 }
 
+bool cd_memory_charge(CUdevice dev, size_t size)
+{
+    struct heap *h = &heaps[dev];
+    pthread_mutex_lock(&h->lock);
+    bool ok = size <= h->capacity && h->used <= h->capacity - size;
+    if (ok)
+        h->used += size;
+    pthread_mutex_unlock(&h->lock);
+    return ok;
+}
+
+void cd_memory_uncharge(CUdevice dev, size_t size)
+{
+    struct heap *h = &heaps[dev];
+    pthread_mutex_lock(&h->lock);
+    h->used -= size;
+    pthread_mutex_unlock(&h->lock);
+}
+
 void cd_memory_info(CUdevice dev, size_t *free_bytes, size_t *total)
 {
     struct heap *h = &heaps[dev];
@@ -292,6 +311,11 @@ static void free_when_reached(void *arg)
     cd_memory_free_now((CUdeviceptr)(uintptr_t)arg);
 }
 
+static void free_managed_when_reached(void *arg)
+{
+    cd_host_free_managed((CUdeviceptr)(uintptr_t)arg);
+}
+
 /* Stream-ordered: the block is freed when the stream gets there. */
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
@@ -299,6 +323,10 @@ CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
     CUresult rc = cd_context_require(&ctx);
     if (rc)
         return rc;
+    /* Managed memory too, freed when the stream gets there. */
+    if (cd_host_is_managed(dptr))
+        return cd_stream_enqueue(hStream, free_managed_when_reached, (void *)(uintptr_t)dptr,
+                                 NULL, NULL);
     struct cd_block b;
     if (!cd_memory_find(dptr, 1, &b) || b.base != dptr)
         return CUDA_ERROR_INVALID_VALUE;

@@ -328,7 +328,8 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     os.chmod(supp, 0o644)
     r, data, reports = run_leaks(prog.parent, shim_lib, ["small"], tmp_path,
                                  program=prog.name, preload=False,
-                                 env={"SPYRESHIM_SUPPRESSIONS": supp, "SPYRESHIM_LOG": "debug"})
+                                 env={"SPYRESHIM_SUPPRESSIONS": supp, "SPYRESHIM_LOG": "debug",
+                                      "SPYRESHIM_CONTROL": "1"})
     if "cannot open shared object" in r.stderr:
         pytest.skip("the setuid user cannot read the build directory: " + r.stderr[-300:])
     # The kernel honoured the setuid bit (checked above, before the run):
@@ -336,6 +337,9 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     # it does not skip.
     assert "secure mode" in r.stderr, "AT_SECURE was set and the shim missed it: " + r.describe()
     assert reports == [], "SPYRESHIM_REPORT must be ignored in secure mode"
+    # No control socket either: `spyreshim snapshot` is not for setuid programs.
+    assert "SPYRESHIM_CONTROL is ignored in secure mode" in r.stderr
+    assert "control: listening" not in r.stderr
     assert r.returncode == 23, "the suppressions file is ignored too: " + r.describe()
     assert "Leak of 3000 byte(s)" in r.stderr
 

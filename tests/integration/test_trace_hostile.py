@@ -13,13 +13,16 @@ import struct
 import subprocess
 import sys
 import time
+from array import array
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
+import trace_synth  # noqa: E402
 from spyreshim import escape, trace as tr  # noqa: E402
 from test_html_report import chromium  # noqa: E402
 
@@ -137,9 +140,11 @@ def rec(tag, body):
     return struct.pack("<II", tag, len(body)) + body
 
 
-def write_trace(path, events, names=("inner_fn", "outer_fn"), device=0, pid=4242):
+def write_trace(path, events, names=("inner_fn", "outer_fn"), device=0, pid=4242, version=1,
+                level=1):
     """events [(kind, dev, addr, size)] at site 1, whose native stack has one
-    frame per name (innermost first)."""
+    frame per name (innermost first); in format version 1, or 2 (columns
+    compressed at zlib `level`, or not with None: bench/trace_synth.py)."""
     addrs = [0x401000 + 0x100 * i for i in range(len(names))]
     meta = rec(1, struct.pack("<IIII", 1, 1, 0, 0))
     meta += rec(2, struct.pack("<II", 1, len(addrs)) + struct.pack("<%dQ" % len(addrs), *addrs))
@@ -149,6 +154,15 @@ def write_trace(path, events, names=("inner_fn", "outer_fn"), device=0, pid=4242
         meta += rec(5, struct.pack("<QiI", a, 7, 0) + fn + b"\0prog.c\0/bin/prog\0")
     ev = b"".join(struct.pack("<QQQII", addr, size | (kind << 48) | (dev << 56), (i + 1) * 1000,
                               i + 1, 1) for i, (kind, dev, addr, size) in enumerate(events))
+    if version == 2:
+        cols = {c: array(trace_synth.TYPECODES[c]) for c in trace_synth.COLUMNS}
+        for i, (kind, dev, addr, size) in enumerate(events):
+            for c, v in zip(("seq", "addr", "size", "kind", "dev", "time", "site"),
+                            (i + 1, addr, size, kind, dev, (i + 1) * 1000, 1)):
+                cols[c].append(v)
+        data = trace_synth.header(2, pid) + trace_synth.chunk_record(2, cols, 1, meta, level)
+        Path(path).write_bytes(data)
+        return data
     data = struct.pack("<8sIIQQ", b"SPYTRACE", 1, pid, 0, 0)
     data += struct.pack("<IIIIQQ", 0x4B4E4843, len(events), len(meta), 0, 1, 0) + ev + meta
     Path(path).write_bytes(data)
@@ -232,7 +246,7 @@ for path, argv in seeds:
 json.dump({"bad": bad, "statuses": statuses}, open(out, "w"))
 """
 
-TRACE_CASES = 1500
+TRACE_CASES = 2400   # 800 of each base: version 1, version 2 compressed and not
 REPORT_CASES = 1500
 
 
@@ -292,13 +306,17 @@ BASE_REPORT = {
 
 def test_fuzz_traces_and_reports_one_line_and_status_0_or_2(tmp_path):
     rnd = random.Random(26)
-    base = write_trace(tmp_path / "base.trace", EVENTS * 4, names=("f", "g"))
+    # Version 1, and version 2 compressed and not (its column table and
+    # planes then lie open to the mutations).
+    bases = [write_trace(tmp_path / ("base%d.trace" % i), EVENTS * 4, names=("f", "g"),
+                         version=v, level=level)
+             for i, (v, level) in enumerate(((1, 1), (2, 1), (2, None)))]
     views = [[], ["--view", "stats"], ["--view", "timeline", "--html", str(tmp_path / "o.html")],
              ["--memory-viz", str(tmp_path / "o.pickle")]]
     cases = []
     for i in range(TRACE_CASES):
         p = tmp_path / ("t%d.trace" % i)
-        p.write_bytes(mutate(rnd, base))
+        p.write_bytes(mutate(rnd, bases[i % len(bases)]))
         cases.append([str(p), rnd.choice(views)])
     for i in range(REPORT_CASES):
         p = tmp_path / ("r%d.json" % i)
@@ -442,19 +460,21 @@ sys.path.insert(0, sys.argv[1])
 from spyreshim import cli
 rc = cli.main(["report", sys.argv[2]])
 sys.stdout.flush()
-# VmHWM: this process's own peak (ru_maxrss also counts the parent's RSS
-# that a vfork()ed child carries to its exec).
-hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")][0]
-sys.stderr.write("maxrss %d\n" % int(hwm.split()[1]))
+# VmHWM, this process's own peak: ru_maxrss would carry the pytest
+# process's high-water mark across exec.
+import re
+sys.stderr.write("maxrss %s\n" % re.search(r"VmHWM:\s+(\d+)", open("/proc/self/status").read()).group(1))
 sys.exit(rc)
 """
 
 
 def test_reading_a_million_events_stays_in_bounded_memory(tmp_path):
     # A peak-RSS check, not a timing: the reader streams (one chunk decoded
-    # at a time, memory the live set and the sites). 30 MiB measured on 1M
-    # events; the chunked reader that kept every event's columns took 66,
-    # the whole-file reader 102. (test_trace_stream.py checks every view.)
+    # at a time, memory the live set and the sites), whatever the threads'
+    # chunks' interleaving (trace_synth's four threads). 29 MiB measured on
+    # 1M events; the chunked reader that kept every event's columns took
+    # 66 (134 with four threads), the whole-file reader 102.
+    # (test_trace_stream.py checks every view.)
     sys.path.insert(0, str(REPO / "bench"))
     import trace_synth
     path = tmp_path / "1m.trace"

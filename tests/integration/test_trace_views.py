@@ -37,7 +37,7 @@ VIZ_OPCODES = {"PROTO", "APPEND", "APPENDS", "LIST", "TUPLE", "NEWFALSE", "NEWTR
 @pytest.fixture(scope="module")
 def synth(tmp_path_factory):
     path = tmp_path_factory.mktemp("synth") / "s.trace"
-    trace_synth.write(str(path), 60000)
+    trace_synth.write(str(path), 60000, sites=4)
     return tr.load(str(path))
 
 

@@ -474,7 +474,7 @@ __attribute__((noinline)) void hostmem_leaked_here(int keep)
     CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS &&
           cuMemAllocManaged(&m1, 2 << 20, CU_MEM_ATTACH_GLOBAL) == CUDA_SUCCESS,
           "managed on device 1");
-    /* 4 MiB pinned under a 1 MiB device limit: host memory. */
+    /* Over 4 MiB pinned under a 4 MiB device limit: host memory. */
     CHECK(cuMemHostAlloc(&pinned, 4 << 20, 0) == CUDA_SUCCESS, "cuMemHostAlloc");
     CHECK(cuMemAllocHost(&old, 8192) == CUDA_SUCCESS, "cuMemAllocHost (v1)");
     CHECK(cuMemHostRegister_v2(registered, sizeof registered, 0) == CUDA_SUCCESS,

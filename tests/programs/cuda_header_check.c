@@ -31,4 +31,8 @@ SHIM_CUDA_SIZES(SIZE)
                    #sym "'s prototype is not cuda.h's");
 SHIM_CUDA_DRIVER(PROTOTYPE)
 
+/* The field the shim reads of cuMemCreate's properties. */
+_Static_assert(__builtin_offsetof(CUmemAllocationProp, location.id) == 12,
+               "CUmemAllocationProp's location.id is not at 12");
+
 int shim_cuda_header_check;

@@ -136,6 +136,11 @@ void *shim_python_sym(const shim_python *py, const char *name)
 
 void shim_gate_at_finalize(void (*fn)(void)) { finalize_fn = fn; }
 unsigned long shim_gate_cycles(void) { return gate_cycles; }
+/* shim_pystack_resolve_detached's gate: closed here (it is the control
+ * thread's, tested through the library in tests/integration/test_snapshot.py). */
+enum shim_gate_verdict shim_gate_enter(const shim_pyapi *api) { (void)api; return SHIM_GATE_REFUSE; }
+void shim_gate_leave(void) {}
+int shim_gate_arm(const shim_pyapi *api) { (void)api; return -1; }
 
 void shim_log(enum shim_log_level level, const char *fmt, ...)
 {

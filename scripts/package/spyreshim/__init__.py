@@ -52,6 +52,7 @@ _STATS_FIELDS = [
     "arenas", "context_teardown_blocks", "context_teardown_bytes",
     "managed_bytes", "managed_allocs", "managed_frees",
     "host_pinned_bytes", "host_pinned_allocs", "host_pinned_frees",
+    "vmm_bytes", "vmm_allocs", "vmm_frees",
 ]
 
 

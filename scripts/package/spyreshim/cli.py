@@ -112,6 +112,9 @@ def _parser():
                         "stacks to FILE (%%p: the pid; without FILE: " +
                         DEFAULT_TRACE.replace("%", "%%") + ", a file per process); "
                         "read it with `report`")
+    r.add_argument("--control", action="store_true",
+                   help="open the control socket, so that `spyreshim snapshot PID` can ask the "
+                        "running program for its live allocations (SPYRESHIM_CONTROL=1)")
     r.add_argument("--log", choices=LOG_LEVELS, metavar="LEVEL",
                    help="shim diagnostics: " + ", ".join(LOG_LEVELS))
     r.add_argument("--preset", action="append", choices=("torch", "cupy", "numba", "jax", "rmm"),
@@ -159,7 +162,42 @@ def _parser():
                           "and below Python frames; all: show every frame")
     rep.add_argument("--fail-on-leaks", action="store_true",
                      help="exit with status 1 when unsuppressed live memory is reported")
+    snap = sub.add_parser(
+        "snapshot", help="write the live allocations of a running process as a leak report",
+        description="Asks process PID, running under the shim with SPYRESHIM_CONTROL=1 "
+                    "(`spyreshim run --control`), for its live device allocations now, and "
+                    "writes them as a leak report (`spyreshim report FILE`, `report --diff A "
+                    "B`). The program goes on; it is stopped only while its live records are "
+                    "copied (and, for Python frames not yet named, while they are). Only the "
+                    "process's own user may ask.")
+    snap.add_argument("pid", type=_positive, metavar="PID")
+    snap.add_argument("-o", "--output", metavar="FILE",
+                      help="where to write the report (default: spyreshim-snapshot-PID.json)")
+    snap.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                      help="how long to wait for the answer (default 10)")
     return p
+
+
+def cmd_snapshot(args):
+    from . import control
+    out = args.output or "spyreshim-snapshot-%d.json" % args.pid
+    if not args.timeout > 0:
+        raise UsageError("snapshot: --timeout must be positive")
+    try:
+        figures, text = control.take(args.pid, args.timeout)
+        control.write(out, text)
+    except control.SnapshotError as e:
+        raise UsageError(str(e))
+    gil = figures.get("gil_ns", 0)
+    sys.stderr.write("%s snapshot: wrote %s: %d live allocation%s, %s; its allocating threads "
+                     "were stopped at most %.3f ms (allocator locks held %.3f ms in all)%s\n" % (
+                         PROG, escape.terminal(out), figures.get("blocks", 0),
+                         "" if figures.get("blocks", 0) == 1 else "s",
+                         rpt.format_size(figures.get("bytes", 0)),
+                         figures.get("longest_ns", 0) / 1e6, figures.get("held_ns", 0) / 1e6,
+                         ", its Python threads %.3f ms (naming frames)" % (gil / 1e6) if gil
+                         else ""))
+    return 0
 
 
 def _abs(path):
@@ -194,6 +232,7 @@ def cmd_run(args):
         ("SPYRESHIM_STATS", _abs(args.stats)),
         ("SPYRESHIM_TRACE", _abs(args.trace)),
         ("SPYRESHIM_LOG", args.log),
+        ("SPYRESHIM_CONTROL", "1" if args.control else None),
     ]
     for name, value in settings:
         if value is not None:
@@ -363,6 +402,8 @@ def main(argv=None):
             return cmd_run(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "snapshot":
+            return cmd_snapshot(args)
         parser.print_help(sys.stderr)
         return 2
     except (UsageError, rpt.ReportError) as e:

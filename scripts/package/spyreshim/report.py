@@ -118,6 +118,51 @@ def _group(where, g):
     }
 
 
+def _nonneg(where, d, key):
+    v = d.get(key, 0)
+    if not _is_int(v) or v < 0:
+        raise ReportError("%s.%s: expected a non-negative integer" % (where, key))
+    return v
+
+
+def _collections(where, c):
+    """The "collections" section (docs/report-format.md), or None."""
+    if c is None:
+        return None
+    if not isinstance(c, dict):
+        raise ReportError("%s: expected an object" % where)
+    sites, runs = c.get("sites", []), c.get("runs", [])
+    if not isinstance(sites, list) or not isinstance(runs, list):
+        raise ReportError("%s: \"sites\" and \"runs\": expected lists" % where)
+    out = {k: _nonneg(where, c, k) for k in ("count", "freed", "attributed", "blocks", "cost_ns",
+                                            "cost_cpu_ns", "runs_dropped")}
+    out["sites"] = []
+    for i, g in enumerate(sites):
+        w = "%s.sites[%d]" % (where, i)
+        site = _group(w, g)
+        site["collections"] = _nonneg(w, g, "collections")
+        out["sites"].append(site)
+    out["runs"] = []
+    for i, r in enumerate(runs):
+        w = "%s.runs[%d]" % (where, i)
+        if not isinstance(r, dict) or not isinstance(r.get("sites", []), list):
+            raise ReportError("%s: expected an object with a \"sites\" list" % w)
+        run = {k: _nonneg(w, r, k) for k in ("at_ns", "duration_ns", "cost_ns", "freed",
+                                            "attributed", "blocks")}
+        run["sites"] = []
+        for j, rs in enumerate(r.get("sites", [])):
+            ww = "%s.sites[%d]" % (w, j)
+            if not isinstance(rs, dict):
+                raise ReportError("%s: expected an object" % ww)
+            k = _nonneg(ww, rs, "site")
+            if k >= len(out["sites"]):
+                raise ReportError("%s.site: %d is not a site (%d listed)" % (ww, k,
+                                                                             len(out["sites"])))
+            run["sites"].append((k, _nonneg(ww, rs, "bytes"), _nonneg(ww, rs, "count")))
+        out["runs"].append(run)
+    return out
+
+
 def parse(data, name="<report>"):
     """Validates one decoded report object; returns a normalized copy."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -141,6 +186,7 @@ def parse(data, name="<report>"):
         "reason": _opt_str(name, data, "reason") or "exit",
         "python_note": _opt_str(name, data, "python_note"),
         "groups": [_group("%s: groups[%d]" % (name, i), g) for i, g in enumerate(groups)],
+        "collections": _collections("%s: collections" % name, data.get("collections")),
     }
     for key in ("live_bytes", "live_allocations", "suppressed_bytes", "suppressed_allocations"):
         v = data.get(key)
@@ -311,6 +357,62 @@ def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
     return "\n".join(lines)
 
 
+def site_label(g):
+    """A site in one line: its innermost visible frame, and the innermost
+    Python frame when that is another (as `report --view gc` labels them)."""
+    frames = visible_frames(g)
+    if not frames:
+        return "<no stack recorded>"
+    label = frame_label(frames[0])
+    py = next((f for f in frames if f["kind"] == "python"), None)
+    if py is not None and py is not frames[0]:
+        label += ", from " + frame_label(py)
+    return label
+
+
+def _pct(a, b):
+    return 100.0 if b == 0 else 100.0 * min(a, b) / b
+
+
+def collections_text(r, top=0, show_pid=False, native_frames="folded"):
+    """The "collections" section of report `r` as text lines: per
+    collection run for a pressure event, the bytes it freed by allocation
+    site, then the cycles that held device memory."""
+    c = r["collections"]
+    top = top or 10
+    sites = c["sites"]
+    w = ["Collections run under memory pressure%s: %d; freed %s, attributed to allocation "
+         "sites %s (%.1f%%); the shim's cost %.3f ms" % (
+             " (pid %s)" % r["pid"] if show_pid else "", c["count"], format_size(c["freed"]),
+             format_size(c["attributed"]), _pct(c["attributed"], c["freed"]),
+             c["cost_ns"] / 1e6)]
+    for j, run in enumerate(c["runs"]):
+        w.append("  #%d at %.3f s (%.1f ms): freed %s in %d block(s), %.1f%% attributed, "
+                 "%d site(s)" % (j + 1, run["at_ns"] / 1e9, run["duration_ns"] / 1e6,
+                                 format_size(run["freed"]), run["blocks"],
+                                 _pct(run["attributed"], run["freed"]), len(run["sites"])))
+        items = sorted(run["sites"], key=lambda t: -t[1])
+        for k, b, n in items[:top]:
+            w.append("    %10s in %5d block(s)  %s" % (format_size(b), n, site_label(sites[k])))
+        if len(items) > top:
+            rest = items[top:]
+            w.append("    %10s in %5d block(s)  (%d more sites)" % (
+                format_size(sum(t[1] for t in rest)), sum(t[2] for t in rest), len(rest)))
+    if c["runs_dropped"]:
+        w.append("  (%d later collection(s) not listed; counted above and below)"
+                 % c["runs_dropped"])
+    if sites:
+        w.append("The cycles that held device memory (sites whose blocks collections freed):")
+        for g in sites[:top]:
+            w.append("  %10s in %6d block(s) over %d collection(s) of %s memory, allocated from:"
+                     % (format_size(g["bytes"]), g["count"], g["collections"], _t(g["runtime"])))
+            for i, f in enumerate(visible_frames(g, native_frames)):
+                w.append("      #%d %s" % (i, frame_text(f, address=not show_pid)))
+        if len(sites) > top:
+            w.append("  ... and %d more site(s) (--top)" % (len(sites) - top))
+    return w
+
+
 def text(merged, top=0, show_suppressed=False, native_frames="folded"):
     """The shim's text report (LeakSanitizer's layout) of a merged view."""
     reports = merged["reports"]
@@ -346,6 +448,11 @@ def text(merged, top=0, show_suppressed=False, native_frames="folded"):
         out.append("")
         out.append("Suppressed: %d byte(s) in %d allocation(s) matched suppressions." % (
             merged["suppressed_bytes"], merged["suppressed_allocations"]))
+    for r in reports:
+        if r.get("collections"):
+            out.append("")
+            out.extend(collections_text(r, top=top, show_pid=len(reports) > 1,
+                                        native_frames=native_frames))
     out.append("")
     out.append("SUMMARY: spyreshim: %d byte(s) %s in %d allocation(s)." % (
         merged["reported_bytes"], "leaked" if leaks else "live", merged["reported_allocations"]))

@@ -21,7 +21,6 @@ cut by a crash ends with an incomplete chunk: it is dropped and
 
 import bisect
 import builtins
-import collections
 import itertools
 import operator
 import os
@@ -29,6 +28,7 @@ import struct
 from array import array
 
 from . import report as rpt
+from . import tracecodec
 
 MAGIC = b"SPYTRACE"
 CHUNK_MAGIC = 0x4B4E4843
@@ -280,36 +280,10 @@ def _parse_record(t, tag, p):
 
 # ------------------------------------------------------------------ codec
 
-ChunkHead = collections.namedtuple(
-    "ChunkHead", "magic_ok nevents body_bytes meta_bytes seq_base thread flags")
-
-
-class _ChunkError(ValueError):
-    """What is wrong with a chunk (the caller names the file and offset)."""
-
-
-def _v1_chunk_header(version, b):
-    cm, nev, meta_bytes, _z, base, _z2 = CHUNK.unpack_from(b, 0)
-    return ChunkHead(cm == CHUNK_MAGIC, nev, nev * 32, meta_bytes, base, 0, 0)
-
-
-def _v1_decode_chunk(version, head, body):
-    return _decode(body, head.nevents, head.seq_base)
-
-
-class _V1Codec(object):
-    """Version 1 only, until tracecodec.py (the per-chunk decoder of
-    versions 1 and 2) is merged; it has these names and call signatures."""
-    VERSIONS = (1,)
-    CHUNK_BYTES = 32
-    ChunkError = _ChunkError
-    chunk_header = staticmethod(_v1_chunk_header)
-    decode_chunk = staticmethod(_v1_decode_chunk)
-
-
-# The one line that changes when tracecodec.py lands:
-#   from . import tracecodec as _codec
-_codec = _V1Codec()
+# Per-chunk decoding of every version the reader knows (tracecodec.py):
+# chunk_header(version, b) -> ChunkHead, decode_chunk(version, head, body)
+# -> the columns seq, addr, size, kind, dev, time, site; ChunkError.
+_codec = tracecodec
 
 # A chunk holds one thread's buffer (8192 events, tracebuf.c) or a flush's
 # part of it; more than this is a crafted file, refused in one line rather
@@ -643,45 +617,11 @@ class _Foreign(object):
         return drop
 
 
-def _decode(ev, count, base):
-    """One chunk's events as columns: seq, addr, size, kind, dev, time,
-    site. Fields by strided byte slices (C speed): an event is addr u64,
-    size|kind|dev u64, time u64, seq_lo u32, site u32, little-endian like
-    the host (array's order)."""
-    words = array("Q")
-    words.frombytes(ev)
-    addr = words[0::4]
-    times = words[2::4]
-    del words
-
-    def field(offset, width, nbytes):
-        out = bytearray(width * count)
-        for b in range(nbytes):
-            out[b::width] = ev[offset + b::32]
-        a = array("Q" if width == 8 else "I")
-        a.frombytes(out)
-        return a
-
-    size = field(8, 8, 6)
-    kind = array("B", ev[14::32])
-    dev = array("B", ev[15::32])
-    site = field(28, 4, 4)
-    seq = field(24, 8, 4)   # the low 32 bits; the rest from the chunk's base
-    # Events of one chunk lie within 2^31 of its base (tracefile.c).
-    blo = base & 0xFFFFFFFF
-    bhi = base - blo
-    if not (bhi == 0 and min(seq) >= blo):   # else seq = seq_lo: no wrap
-        for i in range(count):
-            s = seq[i]
-            seq[i] = bhi + s if s >= blo else bhi + (1 << 32) + s
-    return seq, addr, size, kind, dev, times, site
-
-
 # ------------------------------------------------------------------ replay
 
-# Pseudo-devices of memory the shim passes through and watches (managed,
-# host-pinned: tracefmt.h): their own peaks, never in the overall one.
-PASSTHROUGH_DEVICES = (0xfd, 0xfe)
+# Pseudo-devices of memory the shim passes through and watches (VMM,
+# managed, host-pinned: tracefmt.h): their own peaks, never in the overall one.
+PASSTHROUGH_DEVICES = (0xfc, 0xfd, 0xfe)
 
 
 class Peak(object):
@@ -697,7 +637,7 @@ class Peak(object):
 # Each event's change of live bytes, by kind: +size for an allocation,
 # -size for a free, 0 for the rest.
 _SIGN = bytes([0, 1, 0xFF] + [0] * 253)     # as signed chars: 0, +1, -1
-_NOT_PASSTHROUGH = bytes(0 if d in (0xfd, 0xfe) else 1 for d in range(256))
+_NOT_PASSTHROUGH = bytes(0 if d in PASSTHROUGH_DEVICES else 1 for d in range(256))
 
 
 def deltas(b):
@@ -712,7 +652,7 @@ def served(b, d):
     """The deltas d with the pass-through pseudo-devices' events zeroed
     (they have their own peaks and stay out of the overall one)."""
     dev = b.dev
-    if not (dev.count(0xfd) or dev.count(0xfe)):
+    if not any(dev.count(p) for p in PASSTHROUGH_DEVICES):
         return d
     return array("q", map(operator.mul, d, dev.tobytes().translate(_NOT_PASSTHROUGH)))
 
