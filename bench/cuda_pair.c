@@ -10,7 +10,14 @@
  * streams (round robin), so the free has work in flight on its block. The
  * driver's own cuMemFree waits for the device on every call; the shim's
  * keeps the block aside and waits once when it needs blocks back
- * (docs/cuda.md). Prints "pairs=N streams=S ns_per_pair=X". */
+ * (docs/cuda.md). Prints "pairs=N streams=S ns_per_pair=X".
+ *
+ *   cuda_pair PAIRS 0 async
+ *
+ * The same with cuMemAllocAsync + cuMemFreeAsync on one stream (the
+ * driver's pools; the shim passes them through and records them):
+ * bench/cuda_async_pair.sh counts its instructions under callgrind. */
+#include <string.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -67,6 +74,24 @@ int main(int argc, char **argv)
         CK(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
     uint64_t seed = 0x5eed;
     CUdeviceptr live[LIVE_BLOCKS];
+    if (argc > 3 && strcmp(argv[3], "async") == 0) {
+        CUstream s;
+        CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        for (int i = 0; i < LIVE_BLOCKS; i++)
+            CK(cuMemAllocAsync(&live[i], size_of(&seed), s));
+        double t0 = now();
+        for (long p = 0; p < pairs; p++) {
+            unsigned v = (unsigned)(rng(&seed) % LIVE_BLOCKS);
+            CK(cuMemFreeAsync(live[v], s));
+            CK(cuMemAllocAsync(&live[v], size_of(&seed), s));
+        }
+        double t1 = now();
+        printf("pairs=%ld async ns_per_pair=%.0f\n", pairs, (t1 - t0) * 1e9 / pairs);
+        for (int i = 0; i < LIVE_BLOCKS; i++)
+            CK(cuMemFreeAsync(live[i], s));
+        CK(cuStreamSynchronize(s));
+        return 0;
+    }
     for (int i = 0; i < LIVE_BLOCKS; i++)
         CK(cuMemAlloc_v2(&live[i], size_of(&seed)));
     double t0 = now();

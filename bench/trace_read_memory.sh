@@ -1,31 +1,37 @@
 #!/bin/bash
-# Peak RSS (KiB, /usr/bin/time) of each `spyreshim report` view reading
-# synthetic traces of 1M and 10M events (bench/trace_synth.py), for the
-# package in $NEW (default: this checkout's) and optionally an older copy in
-# $OLD (e.g. `git archive b9b98b2 scripts/package | tar -x -C /tmp/old`,
-# OLD=/tmp/old/scripts/package). One run each: a figure, not a test.
-# memory-viz holds every event as a dict (about 700 bytes an event: some
-# 7 GB at 10M); VIEWS="peak stats peak-html timeline" leaves it out.
+# Peak RSS (KiB) and CPU time (user + system, s) of each `spyreshim report`
+# view and export reading synthetic traces of 1M and 10M events
+# (bench/trace_synth.py), for the package in $NEW (default: this
+# checkout's) and optionally an older copy in $OLD (e.g. `git archive
+# a4681fa scripts/package | tar -x -C /tmp/old`, OLD=/tmp/old/scripts/package).
+# One run each: a figure, not a test (the 10M runs take minutes).
 #   bench/trace_read_memory.sh [DIR]   (DIR holds 1m.trace and 10m.trace; made if missing)
+#   SIZES="1m" VERS="new" VIEWS="timeline memory-viz" bench/trace_read_memory.sh
+# The old reader's memory-viz holds every event as a dict (about 700 bytes
+# an event: some 7 GB at 10M): leave it out with VIEWS.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 NEW=${NEW:-$HERE/scripts/package}
 DIR=${1:-/tmp/spyreshim-trace-memory}
 mkdir -p "$DIR" && cd "$DIR" || exit 2
-[ -f 1m.trace ] || python3 "$HERE/bench/trace_synth.py" 1m.trace 1000000
-[ -f 10m.trace ] || python3 "$HERE/bench/trace_synth.py" 10m.trace 10000000
 for n in ${SIZES:-1m 10m}; do
+ case $n in 1m) count=1000000;; 10m) count=10000000;; *) echo "size $n: 1m or 10m" >&2; exit 2;; esac
+ [ -f $n.trace ] || python3 "$HERE/bench/trace_synth.py" $n.trace $count
  for ver in ${VERS:-new old}; do
   if [ $ver = new ]; then P=$NEW; else P=${OLD:-}; [ -n "$P" ] || continue; fi
-  for view in ${VIEWS:-peak stats peak-html timeline memory-viz}; do
+  for view in ${VIEWS:-peak stats peak-html timeline gc pprof diff memory-viz}; do
    case $view in
     peak) args="";;
     stats) args="--view stats";;
     peak-html) args="--html $DIR/o.html";;
     timeline) args="--view timeline --html $DIR/o.html";;
+    gc) args="--view gc";;
+    pprof) args="--pprof $DIR/o.pb.gz";;
+    diff) args="--diff --at 1 --at $((count / 2))";;
     memory-viz) args="--memory-viz $DIR/o.pickle";;
+    *) echo "view $view?" >&2; exit 2;;
    esac
-   /usr/bin/time -f "%M KiB %e s" -o $DIR/tm nice python3 -c "import sys; sys.path.insert(0, '$P'); from spyreshim import cli; sys.exit(cli.main(sys.argv[1:]))" report $args $n.trace >/dev/null 2>$DIR/err
+   /usr/bin/time -f "%M KiB, CPU %U s user + %S s system, %e s wall" -o $DIR/tm nice python3 -c "import sys; sys.path.insert(0, '$P'); from spyreshim import cli; sys.exit(cli.main(sys.argv[1:]))" report $args $n.trace >/dev/null 2>$DIR/err
    echo "$n $ver $view rc=$? $(cat $DIR/tm) $(tail -c 200 $DIR/err | tr '\n' ' ')"
   done
  done

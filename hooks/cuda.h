@@ -25,8 +25,14 @@
     X(CUDA_ERROR_NOT_FOUND, 500)                            \
     X(CUDA_ERROR_CONTEXT_IS_DESTROYED, 709)                 \
     X(CUDA_ERROR_NOT_SUPPORTED, 801)                        \
+    X(CUDA_ERROR_ILLEGAL_STATE, 401)                        \
+    X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, 900)           \
+    X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, 901)           \
+    X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, 904)              \
     X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, 906)              \
+    X(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 5)              \
     X(CU_STREAM_CAPTURE_MODE_GLOBAL, 0)                     \
+    X(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, 1)               \
     X(CU_STREAM_CAPTURE_MODE_RELAXED, 2)                    \
     X(CU_STREAM_CAPTURE_STATUS_NONE, 0)                     \
     X(CU_POINTER_ATTRIBUTE_CONTEXT, 1)                      \
@@ -59,7 +65,10 @@
     X(cuuint64_t, uint64_t)                                \
     X(CUmemGenericAllocationHandle, unsigned long long)    \
     X(CUcontext, struct CUctx_st *)                        \
-    X(CUstream, struct CUstream_st *)
+    X(CUstream, struct CUstream_st *)                      \
+    X(CUmemPool_attribute, unsigned)                       \
+    X(CUmemoryPool, struct CUmemPoolHandle_st *)           \
+    X(CUgraph, struct CUgraph_st *)
 
 #ifndef SHIM_CUDA_CHECK
 #define SHIM_CUDA_TYPEDEF_(name, type) typedef type name;
@@ -142,13 +151,44 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
     X(mem_unmap, cuMemUnmap, 1, CUresult, (CUdeviceptr, size_t))                                 \
     X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0, CUresult, (CUstreamCaptureMode *)) \
     X(stream_get_capture_info, cuStreamGetCaptureInfo, 0, CUresult,                              \
-      (CUstream, CUstreamCaptureStatus *, cuuint64_t *))
+      (CUstream, CUstreamCaptureStatus *, cuuint64_t *))                                         \
+    X(mem_alloc_async, cuMemAllocAsync, 1, CUresult, (CUdeviceptr *, size_t, CUstream))           \
+    X(mem_alloc_async_ptsz, cuMemAllocAsync_ptsz, 1, CUresult, (CUdeviceptr *, size_t, CUstream)) \
+    X(mem_alloc_from_pool_async, cuMemAllocFromPoolAsync, 1, CUresult,                           \
+      (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                           \
+    X(mem_alloc_from_pool_async_ptsz, cuMemAllocFromPoolAsync_ptsz, 1, CUresult,                 \
+      (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                                           \
+    X(mem_pool_trim_to, cuMemPoolTrimTo, 1, CUresult, (CUmemoryPool, size_t))                   \
+    X(mem_pool_get_attribute, cuMemPoolGetAttribute, 0, CUresult,                                \
+      (CUmemoryPool, CUmemPool_attribute, void *))                                               \
+    X(stream_begin_capture_v1, cuStreamBeginCapture, 1, CUresult, (CUstream))                    \
+    X(stream_begin_capture_v1_ptsz, cuStreamBeginCapture_ptsz, 1, CUresult, (CUstream))          \
+    X(stream_begin_capture, cuStreamBeginCapture_v2, 1, CUresult, (CUstream, CUstreamCaptureMode)) \
+    X(stream_begin_capture_ptsz, cuStreamBeginCapture_v2_ptsz, 1, CUresult,                     \
+      (CUstream, CUstreamCaptureMode))                                                           \
+    X(stream_end_capture, cuStreamEndCapture, 1, CUresult, (CUstream, CUgraph *))                \
+    X(stream_end_capture_ptsz, cuStreamEndCapture_ptsz, 1, CUresult, (CUstream, CUgraph *))
 
 #ifndef SHIM_CUDA_CHECK
 /* The CUDA runtime got the shim's cuMemAlloc_v2 through cuGetProcAddress:
  * its cudaMalloc reaches the driver route, where it is served, so the
  * runtime route passes its calls straight through. */
 bool shim_cuda_driver_routed(void);
+
+/* Stream captures the shim saw (hooks/cuda_capture.c): begun with `mode`
+ * on `stream` by the calling thread; ended (whatever the driver answered
+ * but "no such capture"). */
+void shim_cuda_capture_begun(CUstream stream, unsigned mode);
+void shim_cuda_capture_ended(CUstream stream);
+/* Whether a capture seen there forbids the calling thread a wait: one it
+ * began is live, or any begun in global mode. One atomic load when none
+ * is live. */
+bool shim_cuda_capture_seen(void);
+/* Whether the calling thread may be inside a stream capture, by what the
+ * shim saw and by what the driver tells (hooks/cuda_driver.c): the
+ * allocator then never waits for the device, reserves or gives back a
+ * region, or collects. Slow paths only. */
+bool shim_cuda_capturing(void);
 
 #endif
 

@@ -18,10 +18,13 @@
  * that shares it. Passed through and recorded
  * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
  * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
- * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister) and VMM
+ * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister), VMM
  * physical memory (cuMemCreate, cuMemRelease, with cuMemMap/cuMemUnmap's
- * ranges). Watched: the
- * context teardowns
+ * ranges) and stream-ordered memory (cuMemAllocAsync,
+ * cuMemAllocFromPoolAsync and _ptsz, freed by cuMemFreeAsync;
+ * cuMemPoolTrimTo traced). Watched: stream captures
+ * (cuStreamBeginCapture(_v2)(_ptsz), cuStreamEndCapture(_ptsz):
+ * hooks/cuda_capture.c), and the context teardowns
  * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
  * regions before the driver frees them. Everything else goes to the
@@ -151,9 +154,30 @@ bool shim_cuda_driver_routed(void)
 
 /* ---- the driver as a shim_runtime ------------------------------------ */
 
+/* The calling thread's capture mode (the driver's default, global, when
+ * it cannot tell). */
+static CUstreamCaptureMode capture_mode(driver *d)
+{
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (!d->exchange_capture_mode || d->exchange_capture_mode(&m) != CUDA_SUCCESS)
+        return CU_STREAM_CAPTURE_MODE_GLOBAL;
+    CUstreamCaptureMode back = m;
+    d->exchange_capture_mode(&back);
+    return m;
+}
+
+/* A region: never while the thread may be capturing. Where the driver
+ * would refuse a cuMemAlloc (global or thread-local mode) the answer is
+ * its refusal, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, at once; in relaxed
+ * mode (the driver would allow it) out-of-memory, which makes the
+ * allocator go on without a wait or a collection (room.c) and fail. */
 static int drv_reserve(void **ptr, size_t size)
 {
     driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    if (shim_cuda_capturing())
+        return capture_mode(d) == CU_STREAM_CAPTURE_MODE_RELAXED
+                   ? CUDA_ERROR_OUT_OF_MEMORY
+                   : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     CUdeviceptr p = 0;
     CUresult rc = d->mem_alloc(&p, size);
     *ptr = (void *)(uintptr_t)p;
@@ -248,6 +272,7 @@ static const shim_runtime driver_rt = {
     .current_device = drv_current_device,
     .current_context = drv_current_context,
     .sync_device = drv_sync,
+    .in_capture = shim_cuda_capturing,
 };
 
 /* Requests of at least this size are served from a region of their own
@@ -454,11 +479,15 @@ static CUresult free_async(CUresult (*real)(CUdeviceptr, CUstream), CUdeviceptr 
         return shim_device_free_any(&driver_rt, NULL, (void *)(uintptr_t)ptr);
     if (!real)
         return CUDA_ERROR_NOT_SUPPORTED;
+    /* Stream-ordered memory, or managed memory freed stream-ordered: the
+     * driver's free, then the record (the program no longer holds it; the
+     * pool reuses it in stream order, which is the driver's business; a
+     * thread given the address again meanwhile keeps its own record:
+     * shim_passthrough_remove takes the oldest). */
     CUresult rc = real(ptr, stream);
-    /* The driver frees managed memory this way too: its record goes (one
-     * relaxed load while none is live). */
-    if (rc == CUDA_SUCCESS && shim_passthrough_any(SHIM_PT_MANAGED))
-        shim_passthrough_remove(SHIM_PT_MANAGED, (uintptr_t)ptr);
+    if (rc == CUDA_SUCCESS && !shim_device_in_backend() && ptr &&
+        !shim_passthrough_remove(SHIM_PT_ASYNC, (uintptr_t)ptr))
+        shim_passthrough_remove(SHIM_PT_MANAGED, (uintptr_t)ptr); /* one load when none */
     return rc;
 }
 
@@ -476,6 +505,186 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
     if (!drv)
         return CUDA_ERROR_NOT_INITIALIZED;
     return free_async(drv->mem_free_async_ptsz, ptr, stream);
+}
+
+/* ---- stream-ordered allocation: passed through, watched -------------- */
+
+/* The driver's pools serve cuMemAllocAsync and cuMemAllocFromPoolAsync in
+ * stream order (a block freed on a stream is reused there at once and
+ * elsewhere after the free's event; during a capture the allocation is a
+ * graph node): only the driver can keep those rules, so the shim passes
+ * them through and records what the program holds (family cuda-async, on
+ * the device of the calling thread's context), docs/cuda.md. */
+/* Charged to the calling context's device before the driver is asked
+ * (SPYRESHIM_LIMIT: over it, room is made as for a served request, then
+ * out-of-memory; never a pressure event during a capture), given back when
+ * the driver refuses; recorded when it accepts. `from_pool` NULL: the
+ * device's current pool (cuMemAllocAsync). */
+static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
+                            CUresult (*from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                            CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream stream)
+{
+    shim_device *d = NULL;
+    bool watch = !shim_device_in_backend();
+    if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0)
+        d = NULL;
+    if (d) {
+        CUresult rc = shim_passthrough_charge(d, size);
+        if (rc != CUDA_SUCCESS)
+            return rc;
+    }
+    CUresult rc = plain ? plain(dptr, size, stream) : from_pool(dptr, size, pool, stream);
+    if (rc != CUDA_SUCCESS) {
+        if (d)
+            shim_passthrough_uncharge(d, size);
+        return rc;
+    }
+    if (d)
+        shim_passthrough_add_charged(SHIM_PT_ASYNC, d, (uintptr_t)*dptr, size);
+    else if (dptr && watch)
+        shim_passthrough_add(SHIM_PT_ASYNC, -1, (uintptr_t)*dptr, size);
+    return rc;
+}
+
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_alloc_async)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return alloc_async(drv->mem_alloc_async, NULL, dptr, size, NULL, stream);
+}
+
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->mem_alloc_async_ptsz && !drv->mem_alloc_async))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return alloc_async(drv->mem_alloc_async_ptsz ? drv->mem_alloc_async_ptsz
+                                                 : drv->mem_alloc_async,
+                       NULL, dptr, size, NULL, stream);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                        CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_alloc_from_pool_async)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return alloc_async(NULL, drv->mem_alloc_from_pool_async, dptr, size, pool, stream);
+}
+
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                             CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->mem_alloc_from_pool_async_ptsz && !drv->mem_alloc_from_pool_async))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return alloc_async(NULL,
+                       drv->mem_alloc_from_pool_async_ptsz ? drv->mem_alloc_from_pool_async_ptsz
+                                                           : drv->mem_alloc_from_pool_async,
+                       dptr, size, pool, stream);
+}
+
+/* A trim gives the pool's cached memory back to the device: what the
+ * program holds does not change, so it is a trace event (pool trim, with
+ * the bytes the pool's reservation went down by), not a count. */
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_pool_trim_to)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (shim_device_in_backend())
+        return drv->mem_pool_trim_to(pool, keep);
+    cuuint64_t before = 0, after = 0;
+    bool known = drv->mem_pool_get_attribute &&
+                 drv->mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                             &before) == CUDA_SUCCESS;
+    CUresult rc = drv->mem_pool_trim_to(pool, keep);
+    if (rc != CUDA_SUCCESS)
+        return rc;
+    known = known && drv->mem_pool_get_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                                                  &after) == CUDA_SUCCESS;
+    shim_passthrough_pool_trimmed((uintptr_t)pool, known && before > after ? before - after : 0);
+    return rc;
+}
+
+/* ---- stream capture: seen, so that the allocator knows ----------------- */
+
+static CUresult capture_begun(CUresult rc, CUstream stream, CUstreamCaptureMode mode)
+{
+    if (rc == CUDA_SUCCESS && !shim_device_in_backend())
+        shim_cuda_capture_begun(stream, mode);
+    return rc;
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, CUstreamCaptureMode mode)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->stream_begin_capture)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return capture_begun(drv->stream_begin_capture(stream, mode), stream, mode);
+}
+
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, CUstreamCaptureMode mode)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->stream_begin_capture_ptsz && !drv->stream_begin_capture))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->stream_begin_capture_ptsz ? drv->stream_begin_capture_ptsz(stream, mode)
+                                                 : drv->stream_begin_capture(stream, mode);
+    return capture_begun(rc, stream, mode);
+}
+
+/* The first ABI (CUDA 10.0): global mode. */
+EXPORT CUresult cuStreamBeginCapture(CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->stream_begin_capture_v1 && !drv->stream_begin_capture))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->stream_begin_capture_v1
+                      ? drv->stream_begin_capture_v1(stream)
+                      : drv->stream_begin_capture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return capture_begun(rc, stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+}
+
+EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream)
+{
+    driver *drv = get_driver();
+    if (!drv)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (drv->stream_begin_capture_v1_ptsz)
+        return capture_begun(drv->stream_begin_capture_v1_ptsz(stream), stream,
+                             CU_STREAM_CAPTURE_MODE_GLOBAL);
+    return cuStreamBeginCapture(stream);
+}
+
+/* The capture is over whenever the driver ends it: a graph, an
+ * invalidated or an unjoined capture; "no capture" and "wrong thread"
+ * leave it as it was. */
+static CUresult capture_ended(CUresult rc, CUstream stream)
+{
+    if ((rc == CUDA_SUCCESS || rc == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ||
+         rc == CUDA_ERROR_STREAM_CAPTURE_UNJOINED) && !shim_device_in_backend())
+        shim_cuda_capture_ended(stream);
+    return rc;
+}
+
+EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph *graph)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->stream_end_capture)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return capture_ended(drv->stream_end_capture(stream, graph), stream);
+}
+
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph *graph)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->stream_end_capture_ptsz && !drv->stream_end_capture))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->stream_end_capture_ptsz ? drv->stream_end_capture_ptsz(stream, graph)
+                                               : drv->stream_end_capture(stream, graph);
+    return capture_ended(rc, stream);
 }
 
 /* ---- managed and host-pinned memory: passed through, watched ------- */
@@ -902,15 +1111,44 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuDevicePrimaryCtxReset", 11000, 0, "cuDevicePrimaryCtxReset_v2",              \
       cuDevicePrimaryCtxReset_v2)                                                     \
     X("cuGetProcAddress", 11030, 12000, "cuGetProcAddress", cuGetProcAddress)         \
-    X("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2", cuGetProcAddress_v2)
+    X("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2", cuGetProcAddress_v2)       \
+    X("cuMemAllocAsync", 11020, 0, "cuMemAllocAsync", cuMemAllocAsync)                \
+    X("cuMemAllocAsync", 11020, 0, "cuMemAllocAsync_ptsz", cuMemAllocAsync_ptsz)      \
+    X("cuMemAllocFromPoolAsync", 11020, 0, "cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync) \
+    X("cuMemAllocFromPoolAsync", 11020, 0, "cuMemAllocFromPoolAsync_ptsz",            \
+      cuMemAllocFromPoolAsync_ptsz)                                                   \
+    X("cuMemPoolTrimTo", 11020, 0, "cuMemPoolTrimTo", cuMemPoolTrimTo)                \
+    X("cuStreamBeginCapture", 10000, 10010, "cuStreamBeginCapture", cuStreamBeginCapture) \
+    X("cuStreamBeginCapture", 10000, 10010, "cuStreamBeginCapture_ptsz",              \
+      cuStreamBeginCapture_ptsz)                                                      \
+    X("cuStreamBeginCapture", 10010, 0, "cuStreamBeginCapture_v2", cuStreamBeginCapture_v2) \
+    X("cuStreamBeginCapture", 10010, 0, "cuStreamBeginCapture_v2_ptsz",               \
+      cuStreamBeginCapture_v2_ptsz)                                                   \
+    X("cuStreamEndCapture", 10000, 0, "cuStreamEndCapture", cuStreamEndCapture)       \
+    X("cuStreamEndCapture", 10000, 0, "cuStreamEndCapture_ptsz", cuStreamEndCapture_ptsz)
+
+/* The per-thread default stream variants cuGetProcAddress hands out for
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: X(base name, from, until,
+ * wrapper). */
+#define DRIVER_SERVED_PTSZ(X)                                                         \
+    X("cuMemFreeAsync", 11020, 0, cuMemFreeAsync_ptsz)                                \
+    X("cuMemAllocAsync", 11020, 0, cuMemAllocAsync_ptsz)                              \
+    X("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync_ptsz)              \
+    X("cuStreamBeginCapture", 10000, 10010, cuStreamBeginCapture_ptsz)                \
+    X("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2_ptsz)                 \
+    X("cuStreamEndCapture", 10000, 0, cuStreamEndCapture_ptsz)
 
 static void *served_by_version(const char *symbol, int version, cuuint64_t flags)
 {
-    /* The one served function that takes a stream: the per-thread default
-     * stream variant for that flag. */
-    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) &&
-        strcmp(symbol, "cuMemFreeAsync") == 0)
-        return version >= 11020 ? (void *)cuMemFreeAsync_ptsz : NULL;
+    /* Functions that take a stream: the per-thread default stream variant
+     * for that flag. */
+    if (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) {
+#define MATCH_PTSZ(base, from, until, fn)                                               \
+    if (strcmp(symbol, base) == 0 && version >= from && (until == 0 || version < until)) \
+        return (void *)fn;
+        DRIVER_SERVED_PTSZ(MATCH_PTSZ)
+#undef MATCH_PTSZ
+    }
 #define MATCH(base, from, until, exported, fn)                                          \
     if (strcmp(symbol, base) == 0 && version >= from && (until == 0 || version < until)) \
         return (void *)fn;
@@ -1020,12 +1258,17 @@ static bool drv_may_be_capturing(void)
     return false;
 }
 
+bool shim_cuda_capturing(void)
+{
+    return shim_cuda_capture_seen() || drv_may_be_capturing();
+}
+
 /* Before any program code runs (the shim is preloaded): dlsym on a driver
  * handle is answered from the first lookup on. */
 __attribute__((constructor)) static void register_driver_lookup(void)
 {
     shim_dlsym_set_lookup(driver_lookup);
-    shim_pressure_set_capture_query(drv_may_be_capturing);
+    shim_pressure_set_capture_query(shim_cuda_capturing);
     size_t min = shim_opts()->cuda_ipc_min;
     own_from = min ? min : SIZE_MAX;
     own_gate = shim_cuda_exporters_init() ? 0 : own_from;

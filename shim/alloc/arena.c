@@ -272,7 +272,7 @@ int shim_arena_alloc_own(shim_arena *a, size_t size, bool may_grow, uintptr_t *a
     size_t exact = (size_t)u << a->shift;
     uint32_t i = NIL;
     for (uint32_t r = a->empty_head; r != NIL; r = a->regions[r].empty_next) {
-        if (a->regions[r].size == exact) {
+        if (a->regions[r].size == exact && !a->regions[r].exported) {
             i = a->regions[r].first;
             bin_remove(a, i);
             shim_region_set_empty(a, r, false);
@@ -317,12 +317,19 @@ bool shim_arena_export(shim_arena *a, uintptr_t addr)
     return true;
 }
 
+/* Whether the backend lets a cached region go now (arena.h). */
+static bool may_release(shim_arena *a)
+{
+    return !a->be.may_release || a->be.may_release(a->be.ctx);
+}
+
 /* Releases cached empty region r (its one node is in a bin); returns bytes. */
 static size_t release_cached(shim_arena *a, uint32_t r)
 {
     uint32_t n = a->regions[r].first;
     size_t sz = a->regions[r].size;
-    bin_remove(a, n);
+    if (!a->regions[r].exported) /* an exported one is in no bin (merge_freed) */
+        bin_remove(a, n);
     shim_region_release(a, r, n);
     return sz;
 }
@@ -410,13 +417,21 @@ static void merge_freed(shim_arena *a, uint32_t i)
     if (n->addr_prev == NIL && n->addr_next == NIL) {
         uint32_t r = node_region(n);
         if (a->regions[r].exported) {
-            /* Another process may still map it: never another owner's. */
-            shim_region_release(a, r, i);
+            /* Another process may still map it: never another block's.
+             * Back to the runtime now, or, where a release may not run now
+             * (a stream capture), cached outside the bins, so that nothing
+             * is carved from it, until one may (release_cached). */
+            if (may_release(a)) {
+                shim_region_release(a, r, i);
+                return;
+            }
+            shim_region_set_empty(a, r, true);
             return;
         }
         /* The region is empty: it stays cached, and older empty regions
          * beyond the cache's size go back to the runtime. */
-        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL)
+        while (a->c.empty_regions >= KEEP_EMPTY_REGIONS && a->empty_head != NIL &&
+               may_release(a))
             release_cached(a, a->empty_head);
         shim_region_set_empty(a, r, true);
     }
@@ -567,7 +582,7 @@ size_t shim_arena_trim(shim_arena *a, size_t keep)
     uint64_t before = a->c.reserved_bytes;
     merge_last_free(a);
     quick_flush(a);
-    while (a->empty_head != NIL && a->c.empty_bytes > keep)
+    while (a->empty_head != NIL && a->c.empty_bytes > keep && may_release(a))
         release_cached(a, a->empty_head);
     return (size_t)(before - a->c.reserved_bytes);
 }

@@ -20,6 +20,10 @@ typedef struct shim_region_backend {
      * library): then no smaller size is tried either. */
     int (*reserve)(void *ctx, size_t size, uintptr_t *addr);
     void (*release)(void *ctx, uintptr_t addr, size_t size);
+    /* Optional: false while a region must not go back (a CUDA stream
+     * capture: the driver's free synchronizes); cached empty regions then
+     * stay cached. Asked only when one is about to be released. */
+    bool (*may_release)(void *ctx);
     /* The runtime's own view; nonzero on failure. */
     int (*mem_info)(void *ctx, size_t *free, size_t *total);
     size_t alignment;        /* power of two; every block is aligned to it */

@@ -90,6 +90,13 @@ static void backend_release(void *ctx, uintptr_t addr, size_t size)
         shim_debug("%s: released region %#lx + %zu", d->name, (unsigned long)addr, size);
 }
 
+/* Not while the calling thread may be inside a stream capture. */
+static bool backend_may_release(void *ctx)
+{
+    shim_device *d = ctx;
+    return !d->rt->in_capture || !d->rt->in_capture();
+}
+
 static int backend_mem_info(void *ctx, size_t *free, size_t *total)
 {
     shim_device *d = ctx;
@@ -144,6 +151,7 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal, uintptr_t
         .ctx = d,
         .reserve = backend_reserve,
         .release = backend_release,
+        .may_release = backend_may_release,
         .mem_info = backend_mem_info,
         .alignment = rt->alignment,
     };

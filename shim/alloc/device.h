@@ -49,6 +49,14 @@ typedef struct shim_runtime {
      * the block out again before then). NULL: the runtime runs nothing
      * asynchronously, frees take effect at once. */
     int (*sync_device)(int ordinal, uintptr_t context);
+    /* Optional: whether the calling thread may be inside a stream capture
+     * (CUDA graphs), where a wait for the device or a region given back
+     * would be captured or invalidate the capture: then the wait is
+     * skipped (held.c: the blocks stay held) and cached regions stay
+     * cached (the arena backend's may_release); the pressure event refuses
+     * by its own capture query (docs/cuda.md, "Stream capture"). Slow
+     * paths only. */
+    bool (*in_capture)(void);
 } shim_runtime;
 
 /* sync_device: the context is gone (destroyed, reset): its memory with it. */

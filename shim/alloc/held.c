@@ -26,9 +26,13 @@
  * Called without any allocator lock held by this thread (the wait blocks).
  * True when every wait succeeded; on another failure warns once and
  * returns false: the blocks stay held (the device may still write
- * them). */
+ * them); false without a word while the thread may be capturing. */
 __attribute__((noinline)) static bool wait_for_device(shim_device *d)
 {
+    /* Inside a stream capture a wait would be captured or invalidate the
+     * capture: the blocks stay held, quietly, until a wait after it. */
+    if (d->rt->in_capture && d->rt->in_capture())
+        return false;
     shim_device *ctxs[SHIM_MAX_DEVICES];
     size_t m = 0, n = shim_device_count();
     uintptr_t mine = atomic_load_explicit(&d->context, memory_order_acquire);

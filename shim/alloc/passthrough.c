@@ -2,8 +2,10 @@
  * but watches, so that statistics, leak reports and the out-of-memory
  * report see it (docs/cuda.md's table). Today: CUDA managed memory
  * (counted on the device it was allocated on), host-pinned memory (a
- * family of its own, host memory) and VMM physical allocations (by
- * handle, with the range they are mapped at). Their limits are charge.c's:
+ * family of its own, host memory), VMM physical allocations (by
+ * handle, with the range they are mapped at) and stream-ordered
+ * allocations (cuda-async: what the program holds from the driver's
+ * pools, on the device of the calling context). Their limits are charge.c's:
  * a record only remembers the pool it was charged to.
  *
  * Owns the live records (pointer -> size, family, device, stacks,
@@ -40,6 +42,7 @@ _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
 static atomic_bool used;
 static _Atomic(shim_pt_capture_fn) capture;
 static _Atomic(shim_pt_event_fn) event_hook;
+static _Atomic(shim_pt_trim_fn) trim_hook;
 
 const char *shim_passthrough_family_name(enum shim_pt_family f)
 {
@@ -47,6 +50,7 @@ const char *shim_passthrough_family_name(enum shim_pt_family f)
         [SHIM_PT_MANAGED] = "cuda-managed",
         [SHIM_PT_HOST_PINNED] = "cuda-host-pinned",
         [SHIM_PT_VMM] = "cuda-vmm",
+        [SHIM_PT_ASYNC] = "cuda-async",
     };
     return (unsigned)f < SHIM_PT_FAMILIES ? names[f] : "cuda";
 }
@@ -59,6 +63,18 @@ void shim_passthrough_set_capture(shim_pt_capture_fn fn)
 void shim_passthrough_set_event_hook(shim_pt_event_fn fn)
 {
     atomic_store(&event_hook, fn);
+}
+
+void shim_passthrough_set_trim_hook(shim_pt_trim_fn fn)
+{
+    atomic_store(&trim_hook, fn);
+}
+
+void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released)
+{
+    shim_pt_trim_fn fn = atomic_load(&trim_hook);
+    if (fn)
+        fn(shim_device_seq_next(), pool, released);
 }
 
 static unsigned bucket(uintptr_t ptr)
@@ -151,14 +167,20 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     node *gone = NULL;
     uint64_t seq = 0;
     shim_mutex_lock(&pt_mu);
-    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
-        if ((*p)->r.ptr == ptr && (*p)->r.family == f) {
-            gone = *p;
-            *p = gone->next;
-            count_free(gone);
-            seq = shim_device_seq_next();
-            break;
-        }
+    /* The oldest record of ptr (records go in at the head): the free is
+     * told after the driver's, and by then another thread may have been
+     * given the same address again and recorded it (a stream-ordered pool
+     * reuses a block at once); the record that goes is the one the free
+     * ended. */
+    node **at = NULL;
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next)
+        if ((*p)->r.ptr == ptr && (*p)->r.family == f)
+            at = p;
+    if (at) {
+        gone = *at;
+        *at = gone->next;
+        count_free(gone);
+        seq = shim_device_seq_next();
     }
     shim_mutex_unlock(&pt_mu);
     if (!gone)

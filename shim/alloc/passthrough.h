@@ -12,11 +12,12 @@ enum shim_pt_family {
     SHIM_PT_MANAGED,     /* cuMemAllocManaged: counted on its device */
     SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
     SHIM_PT_VMM,         /* cuMemCreate's physical allocations, keyed by handle */
+    SHIM_PT_ASYNC,       /* cuMemAllocAsync, cuMemAllocFromPoolAsync: held by the program */
     SHIM_PT_FAMILIES
 };
 
 /* The family's name in statistics and leak reports: "cuda-managed",
- * "cuda-host-pinned", "cuda-vmm". */
+ * "cuda-host-pinned", "cuda-vmm", "cuda-async". */
 const char *shim_passthrough_family_name(enum shim_pt_family f);
 
 /* The leak room's stack capture (set by shim_leak_init; NULL: no stacks). */
@@ -29,6 +30,13 @@ void shim_passthrough_set_capture(shim_pt_capture_fn fn);
 typedef void (*shim_pt_event_fn)(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t ptr,
                                  size_t size, uint32_t native_stack, uint32_t python_stack);
 void shim_passthrough_set_event_hook(shim_pt_event_fn fn);
+/* The trace's hook for a stream-ordered pool's trim (cuMemPoolTrimTo):
+ * the pool's handle and the bytes it gave back to the device. */
+typedef void (*shim_pt_trim_fn)(uint64_t seq, uintptr_t pool, size_t released);
+void shim_passthrough_set_trim_hook(shim_pt_trim_fn fn);
+/* A pool of family SHIM_PT_ASYNC gave `released` bytes back (trace only:
+ * the program's live bytes, what the family counts, do not change). */
+void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released);
 
 /* The runtime returned `ptr` (`size` bytes, on device `ordinal`, -1 for
  * host memory): record it with the caller's stack. No shim lock may be

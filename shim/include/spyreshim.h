@@ -94,7 +94,10 @@ SPYRESHIM_API void spyreshim_lock_acquire(spyreshim_lock *lock);
     X(host_pinned_frees, "frees and unregistrations of host-pinned memory")        \
     X(vmm_bytes, "VMM physical memory live now (cuMemCreate, all devices)")        \
     X(vmm_allocs, "VMM physical allocations (cuMemCreate)")                        \
-    X(vmm_frees, "VMM physical allocations freed (released and unmapped)")
+    X(vmm_frees, "VMM physical allocations freed (released and unmapped)")        \
+    X(async_bytes, "stream-ordered memory the program holds now (cuMemAllocAsync)") \
+    X(async_allocs, "stream-ordered allocations (cuMemAllocAsync, cuMemAllocFromPoolAsync)") \
+    X(async_frees, "stream-ordered frees of them (cuMemFreeAsync)")
 
 typedef struct spyreshim_stats {
     size_t size;
@@ -117,7 +120,7 @@ typedef struct spyreshim_alloc_info {
     uint64_t seq;            /* allocation sequence number (marks compare with it) */
     uint32_t native_stack;   /* 0: none recorded */
     uint32_t python_stack;   /* 0: none recorded */
-    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned", "cuda-vmm" (watched) */
+    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned", "cuda-vmm", "cuda-async" (watched) */
 } spyreshim_alloc_info;
 
 typedef struct spyreshim_snapshot spyreshim_snapshot;

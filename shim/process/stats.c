@@ -48,6 +48,10 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
     s.vmm_bytes = c.bytes;
     s.vmm_allocs = c.allocs;
     s.vmm_frees = c.frees;
+    shim_passthrough_totals(SHIM_PT_ASYNC, &c);
+    s.async_bytes = c.bytes;
+    s.async_allocs = c.allocs;
+    s.async_frees = c.frees;
     size_t len = out->size < sizeof s ? out->size : sizeof s;
     s.size = len;
     memcpy(out, &s, len);

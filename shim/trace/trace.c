@@ -42,11 +42,17 @@ static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, u
 static void on_passthrough(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t addr,
                            size_t size, uint32_t native_stack, uint32_t python_stack)
 {
-    shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE,
-                         f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
-                         : f == SHIM_PT_HOST_PINNED ? TRACE_DEVICE_HOST_PINNED
-                                                    : TRACE_DEVICE_VMM,
-                         seq, addr, size, native_stack, python_stack);
+    unsigned dev = f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
+                   : f == SHIM_PT_HOST_PINNED ? TRACE_DEVICE_HOST_PINNED
+                   : f == SHIM_PT_ASYNC       ? TRACE_DEVICE_ASYNC
+                                              : TRACE_DEVICE_VMM;
+    shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE, dev, seq, addr, size, native_stack,
+                         python_stack);
+}
+
+static void on_pool_trim(uint64_t seq, uintptr_t pool, size_t released)
+{
+    shim_tracebuf_append(TRACE_POOL_TRIM, TRACE_DEVICE_ASYNC, seq, pool, released, 0, 0);
 }
 
 static void on_pressure(bool begin, size_t bytes)
@@ -74,6 +80,7 @@ void shim_trace_init(void)
     shim_tracebuf_init(shim_tracewriter_start);
     shim_device_set_event_hook(on_event);
     shim_passthrough_set_event_hook(on_passthrough);
+    shim_passthrough_set_trim_hook(on_pool_trim);
     shim_pressure_set_event_hook(on_pressure);
     shim_pygc_set_collection_hook(on_collection);
 }

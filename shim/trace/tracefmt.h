@@ -64,6 +64,8 @@ enum trace_kind {
     TRACE_GC = 6,             /* size = bytes freed, addr = duration ns; time = its end */
     TRACE_SEGMENT_ALLOC = 7,  /* a region of `size` bytes at addr reserved from the runtime */
     TRACE_SEGMENT_FREE = 8,   /* that region given back (or forgotten at its context's end) */
+    TRACE_POOL_TRIM = 9,      /* a stream-ordered pool trimmed: addr = the pool, size = bytes
+                                 it gave back; device TRACE_DEVICE_ASYNC */
 };
 
 typedef struct trace_event {  /* 32 bytes */
@@ -85,6 +87,7 @@ _Static_assert(sizeof(trace_event) == 32, "event layout");
 #define TRACE_DEVICE_MANAGED 0xfd
 #define TRACE_DEVICE_HOST_PINNED 0xfe
 #define TRACE_DEVICE_VMM 0xfc
+#define TRACE_DEVICE_ASYNC 0xfb /* stream-ordered allocations (cuda-async) */
 #define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
 
 /* Metadata records: tag, payload length, payload padded to 8 bytes. */

@@ -16,7 +16,11 @@
  * it at its ABI version, and makes the device's primary context current
  * first (cudaSetDevice's implicit initialization). Without a driver those
  * calls return 35 (cudaErrorInsufficientDriver), as the real runtime's do;
- * driver errors map to the runtime's (1, 2 are the same numbers).
+ * driver errors map to the runtime's (1, 2 are the same numbers). The
+ * stream-ordered functions (cudaMallocAsync, cudaMallocFromPoolAsync,
+ * cudaFreeAsync, cudaDeviceGetDefaultMemPool) come from the driver the
+ * same way (cuMemAllocAsync & co. at 11020); a driver without them
+ * answers 35 for those alone.
  * cudaIpcGetMemHandle, cudaIpcOpenMemHandle and cudaIpcCloseMemHandle come
  * from the driver the same way (cuIpcOpenMemHandle at 11000 is the _v2):
  * they work on driver memory (cuMemAlloc's), which is what the real
@@ -102,6 +106,10 @@ static struct {
     int (*free_host)(void *);
     int (*alloc_managed)(unsigned long long *, size_t, unsigned);
     int (*mem_free)(unsigned long long);
+    int (*alloc_async)(unsigned long long *, size_t, void *);
+    int (*free_async)(unsigned long long, void *);
+    int (*alloc_from_pool)(unsigned long long *, size_t, void *, void *);
+    int (*default_pool)(void **, int);
     /* Optional: the cudaIpc* functions answer 35 without them. */
     int (*ipc_get)(cudaIpcMemHandle_t *, unsigned long long);
     int (*ipc_open)(unsigned long long *, cudaIpcMemHandle_t, unsigned);
@@ -134,6 +142,10 @@ static void load_driver(void)
     *(void **)&drv.free_host = fetch(gpa, "cuMemFreeHost", 2000);
     *(void **)&drv.alloc_managed = fetch(gpa, "cuMemAllocManaged", 6000);
     *(void **)&drv.mem_free = fetch(gpa, "cuMemFree", 3020);
+    *(void **)&drv.alloc_async = fetch(gpa, "cuMemAllocAsync", 11020);
+    *(void **)&drv.free_async = fetch(gpa, "cuMemFreeAsync", 11020);
+    *(void **)&drv.alloc_from_pool = fetch(gpa, "cuMemAllocFromPoolAsync", 11020);
+    *(void **)&drv.default_pool = fetch(gpa, "cuDeviceGetDefaultMemPool", 11020);
     *(void **)&drv.ipc_get = fetch(gpa, "cuIpcGetMemHandle", 4010);
     *(void **)&drv.ipc_open = fetch(gpa, "cuIpcOpenMemHandle", 11000);
     *(void **)&drv.ipc_close = fetch(gpa, "cuIpcCloseMemHandle", 4010);
@@ -186,6 +198,51 @@ API int cudaMallocManaged(void **ptr, size_t size, unsigned flags)
     if (rc == 0)
         *ptr = (void *)(uintptr_t)p;
     return rc;
+}
+
+/* Stream-ordered: 0 when the driver has them, else the runtime's error. */
+static int async_ready(void)
+{
+    int rc = driver_ready();
+    if (rc)
+        return rc;
+    return drv.alloc_async && drv.free_async && drv.alloc_from_pool && drv.default_pool ? 0 : 35;
+}
+
+API int cudaMallocAsync(void **ptr, size_t size, void *stream)
+{
+    int rc = async_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_async(ptr ? &p : NULL, size, stream);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaMallocFromPoolAsync(void **ptr, size_t size, void *pool, void *stream)
+{
+    int rc = async_ready();
+    if (rc)
+        return rc;
+    unsigned long long p = 0;
+    rc = drv.alloc_from_pool(ptr ? &p : NULL, size, pool, stream);
+    if (rc == 0)
+        *ptr = (void *)(uintptr_t)p;
+    return rc;
+}
+
+API int cudaFreeAsync(void *ptr, void *stream)
+{
+    int rc = async_ready();
+    return rc ? rc : drv.free_async((uintptr_t)ptr, stream);
+}
+
+API int cudaDeviceGetDefaultMemPool(void **pool, int device)
+{
+    int rc = async_ready();
+    return rc ? rc : drv.default_pool(pool, device);
 }
 
 API int cudaFree(void *ptr)

@@ -16,6 +16,11 @@
  *   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
  * - a capture begun in global or thread-local mode ends on its own thread.
  *
+ * - synchronizing calls (cuCtxSynchronize, cuMemFree) are potentially
+ *   unsafe calls too; every synchronizing call made while any capture is
+ *   live is counted, refused or not (cudastandinSyncsDuringCapture: a test's witness that
+ *   an allocator never waited for the device while a capture ran).
+ *
  * One mutex, `mu`, guards the list of captures; the mode is thread-local.
  * Never calls into stream.c with `mu` held (stream.c's lock comes first). */
 #include "internal.h"
@@ -38,6 +43,7 @@ struct capture {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct capture *captures;
 static cuuint64_t next_id = 1;
+static unsigned long long syncs_during_capture;
 static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 
 static bool is_default(CUstream h)
@@ -193,4 +199,21 @@ bool cd_capture_refuses_unsafe_call(void)
     }
     pthread_mutex_unlock(&mu);
     return refused;
+}
+
+void cd_capture_note_sync(void)
+{
+    pthread_mutex_lock(&mu);
+    if (captures)
+        syncs_during_capture++;
+    pthread_mutex_unlock(&mu);
+}
+
+/* Not a CUDA function: the tests' witness (see the top of this file). */
+CUAPI unsigned long long cudastandinSyncsDuringCapture(void)
+{
+    pthread_mutex_lock(&mu);
+    unsigned long long n = syncs_during_capture;
+    pthread_mutex_unlock(&mu);
+    return n;
 }

@@ -373,7 +373,11 @@ CUresult cuCtxSynchronize(void)
     CUresult rc = cd_context_require(&c);
     if (rc)
         return rc;
+    cd_capture_note_sync();
+    if (cd_capture_refuses_unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     cd_context_synchronize(c);
+    cd_mempool_sync_point();
     return CUDA_SUCCESS;
 }
 
@@ -381,7 +385,11 @@ CUresult cuCtxSynchronize_v2(CUcontext ctx)
 {
     CD_REQUIRE_INIT();
     if (ctx && cd_context_alive(ctx)) {
+        cd_capture_note_sync();
+        if (cd_capture_refuses_unsafe_call())
+            return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
         cd_context_synchronize(ctx);
+        cd_mempool_sync_point();
         return CUDA_SUCCESS;
     }
     return cuCtxSynchronize();

@@ -75,6 +75,18 @@ enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 };
 enum { CU_MEM_ACCESS_FLAGS_PROT_NONE = 0, CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
 enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 };
+/* Stream-ordered pools (mempool.c): cuda.h's types. */
+typedef struct cd_mempool *CUmemoryPool;
+typedef int CUmemPool_attribute;
+typedef struct CUmemPoolProps_st {
+    int allocType;                  /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    CUmemAllocationHandleType handleTypes; /* CU_MEM_HANDLE_TYPE_NONE */
+    CUmemLocation location;         /* CU_MEM_LOCATION_TYPE_DEVICE, ordinal */
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -308,7 +320,23 @@ enum {
                                  CUdevice dev)) \
     X(CUresult, cuCtxGetStreamPriorityRange, (int *leastPriority, int *greatestPriority)) \
     X(CUresult, cuProfilerStart, (void)) \
-    X(CUresult, cuProfilerStop, (void))
+    X(CUresult, cuProfilerStop, (void)) \
+    X(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hStream)) \
+    X(CUresult, cuMemAllocAsync, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(CUresult, cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hStream)) \
+    X(CUresult, cuMemAllocFromPoolAsync, (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, \
+                                          CUstream hStream)) \
+    X(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, \
+                                               CUmemoryPool pool, CUstream hStream)) \
+    X(CUresult, cuMemPoolCreate, (CUmemoryPool *pool, const CUmemPoolProps *poolProps)) \
+    X(CUresult, cuMemPoolDestroy, (CUmemoryPool pool)) \
+    X(CUresult, cuMemPoolTrimTo, (CUmemoryPool pool, size_t minBytesToKeep)) \
+    X(CUresult, cuMemPoolSetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(CUresult, cuMemPoolGetAttribute, (CUmemoryPool pool, CUmemPool_attribute attr, void *value)) \
+    X(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *pool_out, CUdevice dev)) \
+    X(CUresult, cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev)) \
+    X(CUresult, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool)) \
+    X(unsigned long long, cudastandinSyncsDuringCapture, (void))
 
 #define CUDADRV_DECLARE(ret, name, params) CUAPI ret name params;
 CUDADRV_FUNCTIONS(CUDADRV_DECLARE)

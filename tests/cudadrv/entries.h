@@ -131,4 +131,14 @@
     X(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle) \
     X(cuStreamAddCallback, 5000, cuStreamAddCallback) \
     X(cuProfilerStart, 4000, cuProfilerStart) \
-    X(cuProfilerStop, 4000, cuProfilerStop)
+    X(cuProfilerStop, 4000, cuProfilerStop) \
+    X(cuMemAllocAsync, 11020, cuMemAllocAsync) \
+    X(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync) \
+    X(cuMemPoolCreate, 11020, cuMemPoolCreate) \
+    X(cuMemPoolDestroy, 11020, cuMemPoolDestroy) \
+    X(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo) \
+    X(cuMemPoolSetAttribute, 11020, cuMemPoolSetAttribute) \
+    X(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute) \
+    X(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool) \
+    X(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool) \
+    X(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool)

@@ -146,8 +146,10 @@ CUresult cuEventSynchronize(CUevent hEvent)
     CUresult rc = snapshot(hEvent, &m, &recorded);
     if (rc)
         return rc;
+    cd_capture_note_sync();
     cd_mark_wait(&m);
     cd_mark_release(&m);
+    cd_mempool_sync_point();
     return CUDA_SUCCESS;
 }
 

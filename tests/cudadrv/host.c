@@ -82,6 +82,10 @@ static CUresult host_alloc(void **pp, size_t size, enum cd_host_kind kind)
         return rc;
     if (!pp || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    /* Pinned and managed allocations are potentially unsafe during a
+     * capture, as cuMemAlloc is. */
+    if (cd_capture_refuses_unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return CUDA_ERROR_OUT_OF_MEMORY;

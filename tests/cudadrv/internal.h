@@ -50,6 +50,9 @@ bool cd_vmm_accessible(CUdeviceptr ptr, size_t len, CUdevice dev);
 /* [p, p+len) touches some device's address range (allocated or not). */
 bool cd_memory_is_device(const void *p, size_t len);
 CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out);
+/* The same on device `dev`, owned by `ctx` (NULL: by no context, as a
+ * stream-ordered pool's memory: a context's teardown leaves it). */
+CUresult cd_memory_alloc_on(CUdevice dev, CUcontext ctx, size_t size, CUdeviceptr *out);
 /* Frees the block starting at ptr after the device went idle. */
 CUresult cd_memory_free(CUdeviceptr ptr);
 void cd_memory_free_context(CUcontext ctx);
@@ -148,5 +151,17 @@ bool cd_stream_describe(CUstream h, CUcontext *ctx, bool *nonblocking);
  * invalidated) when the driver refuses it with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED. */
 bool cd_capture_refuses_unsafe_call(void);
+/* A synchronizing call (cuCtxSynchronize, cuStreamSynchronize,
+ * cuEventSynchronize, cuMemFree) is called: counted when any capture is
+ * live, whether it then waits or is refused (cudastandinSyncsDuringCapture,
+ * for tests). */
+void cd_capture_note_sync(void);
+
+/* ---- mempool.c: stream-ordered pools ------------------------------------ */
+/* A synchronization point: every pool gives back the memory of completed
+ * frees above its release threshold, as the driver does. */
+void cd_mempool_sync_point(void);
+/* Whether ptr is a pool's chunk, live or freed (cuMemFree refuses it). */
+bool cd_mempool_owns(CUdeviceptr ptr);
 
 #endif

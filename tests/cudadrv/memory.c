@@ -201,7 +201,12 @@ bool cd_memory_find(CUdeviceptr ptr, size_t len, struct cd_block *out)
 
 CUresult cd_memory_alloc(CUcontext ctx, size_t size, CUdeviceptr *out)
 {
-    struct heap *h = &heaps[cd_context_device(ctx)];
+    return cd_memory_alloc_on(cd_context_device(ctx), ctx, size, out);
+}
+
+CUresult cd_memory_alloc_on(CUdevice dev, CUcontext ctx, size_t size, CUdeviceptr *out)
+{
+    struct heap *h = &heaps[dev];
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (size > h->capacity)
@@ -472,36 +477,16 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
     CD_REQUIRE_INIT();
+    /* It waits for the device: a synchronizing call, refused where the
+     * capture rules forbid one. */
+    cd_capture_note_sync();
+    if (cd_capture_refuses_unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (cd_host_free_managed(dptr))
         return CUDA_SUCCESS;
+    if (cd_mempool_owns(dptr))
+        return CUDA_ERROR_INVALID_VALUE; /* stream-ordered memory: cuMemFreeAsync's */
     return cd_memory_free(dptr);
-}
-
-static void free_when_reached(void *arg)
-{
-    cd_memory_free_now((CUdeviceptr)(uintptr_t)arg);
-}
-
-static void free_managed_when_reached(void *arg)
-{
-    cd_host_free_managed((CUdeviceptr)(uintptr_t)arg);
-}
-
-/* Stream-ordered: the block is freed when the stream gets there. */
-CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
-{
-    CUcontext ctx;
-    CUresult rc = cd_context_require(&ctx);
-    if (rc)
-        return rc;
-    /* Managed memory too, freed when the stream gets there. */
-    if (cd_host_is_managed(dptr))
-        return cd_stream_enqueue(hStream, free_managed_when_reached, (void *)(uintptr_t)dptr,
-                                 NULL, NULL);
-    struct cd_block b;
-    if (!cd_memory_find(dptr, 1, &b) || b.base != dptr)
-        return CUDA_ERROR_INVALID_VALUE;
-    return cd_stream_enqueue(hStream, free_when_reached, (void *)(uintptr_t)dptr, NULL, NULL);
 }
 
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)

@@ -459,8 +459,10 @@ CUresult cuStreamSynchronize(CUstream hStream)
         if (!s)
             return rc;
     }
+    cd_capture_note_sync();
     cd_mark_wait(&m);
     cd_mark_release(&m);
+    cd_mempool_sync_point();
     return CUDA_SUCCESS;
 }
 

@@ -125,8 +125,23 @@ def test_timeline_page_is_self_contained_with_the_exact_peak(synth):
     assert "peak %s (%d bytes)" % (tracepeak.rpt.format_size(peak.bytes), peak.bytes) in text
     layers = [a for tag, a in p.tags if tag == "polygon" and a.get("class") == "layer"]
     assert len(layers) == 5                      # 4 sites + other
-    gcs = [a for tag, a in p.tags if tag == "line" and "gc" in a.get("class", "")]
-    assert len(gcs) == sum(1 for k in synth.kind if k == tr.GC) > 0
+    # Markers: one path per kind (issue 24 item 8), a stroke per distinct
+    # position, the count in its title; no element per marker.
+    ngc = sum(1 for k in synth.kind if k == tr.GC)
+    assert ngc > 0
+    assert not [a for tag, a in p.tags if tag == "line" and "mark" in a.get("class", "")]
+    gcs = [a for tag, a in p.tags if tag == "path" and a.get("class") == "mark gc"]
+    assert len(gcs) == 1 and int(gcs[0]["data-count"]) == ngc
+    strokes = re.findall(r"M([0-9.]+) 10V", gcs[0]["d"])
+    assert 0 < len(strokes) <= ngc
+    # Each stroke at a collection's time (to the rendering's 0.1 px).
+    x0, pw = timeline.PAD_L, timeline.W - timeline.PAD_L - 10
+    span = max(synth.time) + 1
+    want = {round(x0 + pw * synth.time[i] / span, 1) for i in range(len(synth))
+            if synth.kind[i] == tr.GC}
+    for x in map(float, strokes):
+        assert min(abs(x - v) for v in want) <= 0.2, x
+    assert "%d collections" % ngc in text
     data = json.loads(re.search(r'id="data">(.*?)</script>', text, re.S).group(1))
     assert len(data["snaps"]) == 300
     # The peak column's snapshot is the exact peak.

@@ -521,3 +521,139 @@ Test(cudadrv, alloc_during_a_global_capture_is_refused_unless_relaxed)
     m = 9;
     cr_assert_eq(cuThreadExchangeStreamCaptureMode(&m), CUDA_ERROR_INVALID_VALUE);
 }
+
+/* ---- stream-ordered pools (mempool.c) ----------------------------------- */
+
+enum { RELEASE_THRESHOLD = 4, RESERVED_CURRENT = 5, RESERVED_HIGH = 6, USED_CURRENT = 7,
+       USED_HIGH = 8, REUSE_OPPORTUNISTIC = 2 };
+
+static cuuint64_t pool_attr(CUmemoryPool p, int attr)
+{
+    cuuint64_t v = 0;
+    OK(cuMemPoolGetAttribute(p, attr, &v));
+    return v;
+}
+
+Test(cudadrv, a_free_on_one_stream_is_reused_there_at_once_elsewhere_after_its_event)
+{
+    init_with_delay(SLOW_US);
+    primary(0);
+    CUstream s1, s2;
+    OK(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING));
+    OK(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING));
+    CUmemoryPool pool;
+    OK(cuDeviceGetMemPool(&pool, 0));
+    cuuint64_t keep = UINT64_MAX; /* synchronizations keep the pool's memory */
+    OK(cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, &keep));
+    CUdeviceptr a, b, c;
+    OK(cuMemAllocAsync(&a, 1 << 20, s1));
+    OK(cuMemsetD8Async(a, 1, 1 << 20, s1)); /* slow: the free below stays pending */
+    OK(cuMemFreeAsync(a, s1));
+    OK(cuMemAllocAsync(&b, 1 << 20, s2));
+    cr_assert_neq(b, a, "another stream does not reuse a free still pending");
+    OK(cuMemAllocAsync(&c, 1 << 20, s1));
+    cr_assert_eq(c, a, "the freeing stream reuses it at once");
+    OK(cuMemFreeAsync(c, s1));
+    CUevent ev;
+    OK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+    OK(cuEventRecord(ev, s1));
+    OK(cuEventSynchronize(ev));
+    CUdeviceptr d;
+    OK(cuMemAllocAsync(&d, 1 << 20, s2));
+    cr_assert_eq(d, a, "after the free's event, any stream");
+    cr_assert_eq(cuMemFree_v2(d), CUDA_ERROR_INVALID_VALUE, "cuMemFree refuses pool memory");
+    OK(cuMemFreeAsync(d, s2));
+    OK(cuMemFreeAsync(b, s2));
+    cr_assert_eq(cuMemFreeAsync(b, s2), CUDA_ERROR_INVALID_VALUE, "a double free");
+}
+
+Test(cudadrv, pool_threshold_trim_and_attributes)
+{
+    OK(cuInit(0));
+    primary(0);
+    CUmemoryPool pool, dflt;
+    OK(cuDeviceGetDefaultMemPool(&dflt, 0));
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                            .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+    OK(cuMemPoolCreate(&pool, &props));
+    cr_assert_neq(pool, dflt);
+    size_t free0, total;
+    OK(cuMemGetInfo_v2(&free0, &total));
+    CUdeviceptr p;
+    OK(cuMemAllocFromPoolAsync(&p, 3000, pool, NULL));
+    cr_assert_eq(pool_attr(pool, USED_CURRENT), 3072);
+    cr_assert_eq(pool_attr(pool, RESERVED_CURRENT), 3072);
+    size_t free1;
+    OK(cuMemGetInfo_v2(&free1, &total));
+    cr_assert_eq(free0 - free1, 3072, "the pool's memory is the device's");
+    OK(cuMemFreeAsync(p, NULL));
+    cr_assert_eq(pool_attr(pool, USED_CURRENT), 0);
+    cuuint64_t keep = 1 << 20;
+    OK(cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, &keep));
+    OK(cuCtxSynchronize());
+    cr_assert_eq(pool_attr(pool, RESERVED_CURRENT), 3072, "under the threshold: kept");
+    OK(cuMemPoolTrimTo(pool, 0));
+    cr_assert_eq(pool_attr(pool, RESERVED_CURRENT), 0, "trimmed");
+    cr_assert_eq(pool_attr(pool, RESERVED_HIGH), 3072);
+    cuuint64_t v = 5;
+    cr_assert_eq(cuMemPoolSetAttribute(pool, USED_HIGH, &v), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemPoolSetAttribute(pool, USED_CURRENT, &v), CUDA_ERROR_INVALID_VALUE);
+    v = 0;
+    OK(cuMemPoolSetAttribute(pool, USED_HIGH, &v));
+    cr_assert_eq(pool_attr(pool, USED_HIGH), 0);
+    /* Threshold 0 (the default): a synchronization gives it all back. */
+    OK(cuMemAllocFromPoolAsync(&p, 4096, pool, NULL));
+    keep = 0;
+    OK(cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, &keep));
+    OK(cuMemFreeAsync(p, NULL));
+    OK(cuStreamSynchronize(NULL));
+    cr_assert_eq(pool_attr(pool, RESERVED_CURRENT), 0);
+    /* The device's current pool. */
+    OK(cuDeviceSetMemPool(0, pool));
+    CUmemoryPool cur;
+    OK(cuDeviceGetMemPool(&cur, 0));
+    cr_assert_eq(cur, pool);
+    cr_assert_eq(cuDeviceSetMemPool(1, pool), CUDA_ERROR_INVALID_VALUE, "another device's pool");
+    OK(cuMemAllocAsync(&p, 512, NULL));
+    cr_assert_eq(pool_attr(pool, USED_CURRENT), 512);
+    OK(cuMemPoolDestroy(pool));
+    OK(cuDeviceGetMemPool(&cur, 0));
+    cr_assert_eq(cur, dflt, "destroying the current pool restores the default");
+    OK(cuMemFreeAsync(p, NULL)); /* still valid after the destroy */
+    cr_assert_eq(cuMemPoolTrimTo(pool, 0), CUDA_ERROR_INVALID_VALUE);
+    cr_assert_eq(cuMemPoolDestroy(dflt), CUDA_ERROR_INVALID_VALUE);
+    props.handleTypes = 1;
+    cr_assert_eq(cuMemPoolCreate(&pool, &props), CUDA_ERROR_NOT_SUPPORTED);
+}
+
+Test(cudadrv, async_alloc_is_legal_during_capture_and_outlives_its_context)
+{
+    OK(cuInit(0));
+    CUcontext ctx;
+    OK(cuCtxCreate_v2(&ctx, 0, 0));
+    CUstream s;
+    OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    cr_assert_eq(cudastandinSyncsDuringCapture(), 0);
+    OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CUdeviceptr p, q;
+    OK(cuMemAllocAsync(&p, 4096, s));
+    void *h;
+    cr_assert_eq(cuMemHostAlloc(&h, 4096, 0), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    OK(cuMemFreeAsync(p, s));
+    CUgraph g;
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    cr_assert_eq(cuCtxSynchronize(), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    cr_assert_eq(cudastandinSyncsDuringCapture(), 1, "refused, and counted");
+    CUevent ev;
+    OK(cuEventCreate(&ev, 0));
+    OK(cuEventSynchronize(ev));
+    cr_assert_eq(cudastandinSyncsDuringCapture(), 2, "a wait during a capture is counted");
+    cr_assert_eq(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    OK(cuMemAllocAsync(&q, 4096, s));
+    OK(cuStreamSynchronize(s));
+    OK(cuStreamDestroy(s));
+    OK(cuCtxDestroy_v2(ctx));
+    primary(0);
+    OK(cuMemFreeAsync(q, NULL)); /* a context's teardown leaves stream-ordered memory */
+}

@@ -53,6 +53,7 @@ _STATS_FIELDS = [
     "managed_bytes", "managed_allocs", "managed_frees",
     "host_pinned_bytes", "host_pinned_allocs", "host_pinned_frees",
     "vmm_bytes", "vmm_allocs", "vmm_frees",
+    "async_bytes", "async_allocs", "async_frees",
 ]
 
 

@@ -260,7 +260,7 @@ def cmd_trace_report(args):
     from . import tracepeak
     if len(args.files) != 1:
         raise UsageError("report: one trace at a time")
-    t = tr.load(args.files[0])
+    t = tr.stream(args.files[0])
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
@@ -285,19 +285,17 @@ def cmd_trace_report(args):
         first = memoryviz.parse_bound(args.first) if args.first is not None else None
         last = memoryviz.parse_bound(args.last) if args.last is not None else None
         try:
-            snap = memoryviz.write(t, args.memory_viz, first, last)
+            nev, nseg = memoryviz.write(t, args.memory_viz, first, last)
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.memory_viz, e.strerror or e))
-        nev = sum(len(d) for d in snap["device_traces"])
         sys.stderr.write("%s report: wrote %s: %d events, %d segments (drop it on "
-                         "https://pytorch.org/memory_viz)\n" % (
-                             PROG, args.memory_viz, nev, len(snap["segments"])))
+                         "https://pytorch.org/memory_viz)\n" % (PROG, args.memory_viz, nev, nseg))
         if not args.view and not args.html:
             return 0
     view = args.view or "peak"
     if view == "gc":
         from . import gcview
-        sys.stdout.write(gcview.text(t, top=args.top or 10))
+        gcview.write(t, sys.stdout.write, top=args.top or 10)
         return 0
     if view == "stats":
         sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5)))
@@ -336,7 +334,7 @@ def cmd_diff(args):
     if traces:
         if len(args.files) != 1 or len(args.at or ()) != 2:
             raise UsageError("report --diff: one trace with --at T1 --at T2")
-        t = tr.load(args.files[0])
+        t = tr.stream(args.files[0])
         i1, i2 = (diff.at_index(t, v) for v in args.at)
         r = diff.of_trace(t, i1, i2)
         title = "in %s from event %d to event %d" % (args.files[0], min(i1, i2) + 1,

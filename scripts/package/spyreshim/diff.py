@@ -68,26 +68,32 @@ def of_reports(a, b):
 
 def at_index(t, text):
     """An --at value as an event index: "2.5s" (the last event at or
-    before that time) or an event number (1-based)."""
+    before that time) or an event number (1-based). Streams: a time reads
+    the trace up to it; an event number past the end counts the events."""
     v = text.strip()
-    n = len(t)
     try:
         if v.endswith("s"):
             ns = float(v[:-1]) * 1e9
             if not ns >= 0:
                 raise ValueError
-            i = -1
-            for j in range(n):
-                if t.time[j] > ns:
-                    break
-                i = j
-            return i
-        k = int(v)
-        if k < 0:
-            raise ValueError
-        return min(k, n) - 1
+        else:
+            k = int(v)
+            if k < 0:
+                raise ValueError
     except ValueError:
         raise rpt.ReportError("--at %r: not a time in seconds (\"2.5s\") or an event number" % text)
+    if not v.endswith("s"):
+        return min(k, len(t)) - 1
+    i = -1
+    for b in t.batches():
+        tm = b.time
+        if max(tm) <= ns:
+            i = b.start + len(tm) - 1
+            continue
+        for j, x in enumerate(tm):
+            if x > ns:
+                return b.start + j - 1
+    return i
 
 
 def of_trace(t, i1, i2):

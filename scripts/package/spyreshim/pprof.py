@@ -135,7 +135,7 @@ def moment(t, at):
         p = tr.peaks(t)
         return p.index, "the peak (%s after event %d)" % (rpt.format_size(p.bytes), p.index + 1)
     if at == "end":
-        return len(t) - 1, "the end of the trace"
+        return len(t) - 1, "the end of the trace"   # a counting pass when streaming
     from . import diff
     i = diff.at_index(t, at)
     return i, "event %d" % (i + 1)

@@ -4,17 +4,25 @@ as "other"), markers for pressure events, collections and out-of-memory,
 and a time cursor: clicking the chart shows what was live then as a flame
 graph.
 
-Owns this page only (reads trace.py's replay). Usable for 10 million
-events: the chart has BUCKETS columns; each shows the state at the moment
-its interval was highest (so saw-teeth keep their tips), and the bucket
-holding the peak shows the exact peak. The click view is the live set at
-that same moment. The SVG is drawn here, complete without the script; the
+Owns this page only (reads trace.py's stream in one pass). Usable for 10
+million events and more, in memory that does not grow with them: the chart
+has BUCKETS columns; each shows the state at the moment its interval was
+highest (so saw-teeth keep their tips), and the bucket holding the peak
+shows the exact peak. The click view is the live set by site at that same
+moment. Markers are one SVG path per kind (a stroke per distinct
+position), not an element each. The SVG is drawn here, complete without the script; the
 script adds the cursor and the flame graph. Every string from the trace
 goes through html.escape or json.dumps (program-controlled text).
 """
 
+import bisect
+import collections
+import heapq
 import html
+import itertools
 import json
+import operator
+from array import array
 
 from . import callorder
 from . import report as rpt
@@ -29,93 +37,160 @@ COLOURS = ["#4e79a7", "#f28e2c", "#e15759", "#76b7b2", "#59a14f", "#edc949",
 OTHER = "#cccccc"
 MARK_COLOURS = {tr.PRESSURE_BEGIN: "#e15759", tr.GC: "#59a14f", tr.OOM: "#000000"}
 MARK_NAMES = {tr.PRESSURE_BEGIN: "pressure event", tr.GC: "collection", tr.OOM: "out of memory"}
+MARK_PLURAL = {tr.PRESSURE_BEGIN: "pressure events", tr.GC: "collections",
+               tr.OOM: "out-of-memory events"}
 
 
 def _esc(s):
     return html.escape(str(s), quote=True)
 
 
-def build(t, buckets=BUCKETS, top=TOP_SITES):
-    """The page's data: one pass for totals, bucket maxima and per-site
-    peaks, a second for the per-site state at each bucket's maximum."""
-    kind, size, site, time = t.kind, t.size, t.site, t.time
-    n = len(kind)
-    tmax = max(time) if n else 0
-    span = tmax + 1
-    bmax = [-1] * buckets
-    bidx = [-1] * buckets
-    live = 0
-    peak, peak_i = 0, -1
-    site_live, site_peak = {}, {}
-    marks = []
-    for i in range(n):
-        k = kind[i]
-        if k == tr.ALLOC:
-            s = site[i]
-            live += size[i]
-            v = site_live.get(s, 0) + size[i]
-            site_live[s] = v
-            if v > site_peak.get(s, 0):
-                site_peak[s] = v
-            if live > peak:
-                peak, peak_i = live, i
-        elif k == tr.FREE:
-            live -= size[i]
-            site_live[site[i]] -= size[i]
-        elif k in MARK_NAMES:
-            marks.append((time[i], k, size[i]))
-            continue
-        else:
-            continue
-        b = time[i] * buckets // span
-        if live > bmax[b]:
-            bmax[b], bidx[b] = live, i
-    top_sites = [s for s, _v in sorted(site_peak.items(), key=lambda kv: -kv[1])[:top]]
-    index = {s: j for j, s in enumerate(top_sites)}
-    if peak_i >= 0:
-        pb = time[peak_i] * buckets // span
-        bidx[pb] = peak_i   # the peak is exact even when times tie
-    want = sorted((i, b) for b, i in enumerate(bidx) if i >= 0)
-    columns = [None] * buckets
-    snaps = [None] * buckets
-    site_live = {}
-    w = 0
-    for i in range(n if want else 0):
-        k = kind[i]
-        if k == tr.ALLOC:
-            site_live[site[i]] = site_live.get(site[i], 0) + size[i]
-        elif k == tr.FREE:
-            v = site_live[site[i]] - size[i]
+_IS_MARK = bytes(1 if k in MARK_NAMES else 0 for k in range(256))
+MARK_TICKS = 1 << 14    # marker positions kept per kind (a fraction of a pixel)
+
+
+def _site_add(site_live, site, d):
+    """Adds each event's delta d to its site's live bytes, in C loops: the
+    (site, delta) pairs counted (sizes repeat, so the distinct pairs are
+    few)."""
+    for (s, dv), c in collections.Counter(zip(site, d)).items():
+        if dv:
+            v = site_live.get(s, 0) + dv * c
             if v:
-                site_live[site[i]] = v
+                site_live[s] = v
             else:
-                del site_live[site[i]]
-        while w < len(want) and want[w][0] == i:
-            b = want[w][1]
-            col = [0] * (len(top_sites) + 1)
-            for s, v in site_live.items():
-                col[index[s] if s in index else -1] += v
-            columns[b] = (time[i], col)
-            items = sorted(site_live.items(), key=lambda kv: -kv[1])
-            snap = [[s, v] for s, v in items[:SNAPSHOT_SITES]]
-            rest = sum(v for _s, v in items[SNAPSHOT_SITES:])
-            if rest:
-                snap.append([-1, rest])
-            snaps[b] = snap
-            w += 1
-        if w == len(want):
-            break
-    # Intervals without events keep the previous state.
+                site_live.pop(s, None)
+
+
+def _snap(site_live):
+    """The live set by site, largest first: SNAPSHOT_SITES of them and the
+    rest summed as site -1."""
+    items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=operator.itemgetter(1))
+    if len(items) <= SNAPSHOT_SITES:
+        return [[s, v] for s, v in items]
+    snap = [[s, v] for s, v in items[:SNAPSHOT_SITES]]
+    shown = sum(v for _s, v in snap)
+    snap.append([-1, sum(site_live.values()) - shown])
+    return snap
+
+
+class _Chart(object):
+    """Live bytes over time in fine intervals of width w (ns), 2 * buckets
+    of them, each holding its highest moment: [bytes, event index, time,
+    snapshot]. When an event lies past the last interval, w doubles and
+    neighbours merge (the higher one stays): one pass, however long the
+    trace, and each chart column later gets at least one interval."""
+
+    def __init__(self, buckets):
+        self.k = 2 * buckets
+        self.w = 1
+        self.fine = {}
+
+    def widen(self, tmax):
+        while tmax >= self.k * self.w:
+            merged = {}
+            for q, c in self.fine.items():
+                o = merged.get(q >> 1)
+                if o is None or c[0] > o[0] or (c[0] == o[0] and c[1] < o[1]):
+                    merged[q >> 1] = c
+            self.fine = merged
+            self.w *= 2
+
+
+def build(t, buckets=BUCKETS, top=TOP_SITES):
+    """The page's data in one pass: live bytes after every event (a running
+    sum, in C), each fine interval's highest moment with the live set by
+    site there, and the markers' positions."""
+    chart = _Chart(buckets)
+    site_live = {}
+    live = 0
+    n = 0
+    tmax = 0
+    marks = {k: [0, 0, set()] for k in MARK_NAMES}   # count, bytes, ticks
+    wm = 1
+    for b in t.batches():
+        m = len(b)
+        n += m
+        tm = b.time
+        bt = max(tm)
+        if bt > tmax:
+            tmax = bt
+        chart.widen(bt)
+        d = tr.served(b, tr.deltas(b))
+        cum = array("q", itertools.accumulate(d, initial=live))
+        live = cum[-1]
+        site, fine, w = b.site, chart.fine, chart.w
+        pos = 0          # site_live holds the state before event pos
+        lo = 0
+        while lo < m:
+            q = tm[lo] // w
+            hi = bisect.bisect_left(tm, (q + 1) * w, lo + 1) if tm[m - 1] >= (q + 1) * w else m
+            if hi <= lo:
+                hi = lo + 1
+            v = max(cum[lo + 1:hi + 1])
+            c = fine.get(q)
+            if c is None or v > c[0]:
+                j = cum.index(v, lo + 1, hi + 1) - 1
+                _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
+                pos = j + 1
+                fine[q] = [v, b.start + j, tm[j], _snap(site_live)]
+            lo = hi
+        _site_add(site_live, site[pos:], d[pos:])
+        kb = b.kind.tobytes()
+        if kb.translate(_IS_MARK).count(1):
+            while bt >= MARK_TICKS * wm:
+                wm *= 2
+                for mk in marks.values():
+                    mk[2] = {x >> 1 for x in mk[2]}
+            kind, size = b.kind, b.size
+            for i in itertools.compress(range(m), kb.translate(_IS_MARK)):
+                mk = marks[kind[i]]
+                mk[0] += 1
+                mk[1] += size[i]
+                mk[2].add(tm[i] // wm)
+    span = tmax + 1
+    # Each fine interval into the chart column its start lies in; a column
+    # shows its highest; one without events keeps the previous state.
+    best = [None] * buckets
+    peak = None
+    for q, c in chart.fine.items():
+        col = min(buckets - 1, q * chart.w * buckets // span)
+        o = best[col]
+        if o is None or c[0] > o[0] or (c[0] == o[0] and c[1] < o[1]):
+            best[col] = c
+        if peak is None or c[0] > peak[0] or (c[0] == peak[0] and c[1] < peak[1]):
+            peak = c
+    if peak is None or peak[0] <= 0:
+        peak = [0, -1, 0, []]
+    top_v = {}
+    for c in best:
+        if c is not None:
+            for s, v in c[3]:
+                if s != -1 and v > top_v.get(s, 0):
+                    top_v[s] = v
+    top_sites = [s for s, _v in sorted(top_v.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]
+    index = {s: j for j, s in enumerate(top_sites)}
+    columns, snaps = [], []
     prev_col, prev_snap = [0] * (len(top_sites) + 1), []
-    for b in range(buckets):
-        if columns[b] is None:
-            columns[b] = (b * span // buckets, prev_col)
-            snaps[b] = prev_snap
-        else:
-            prev_col, prev_snap = columns[b][1], snaps[b]
-    return {"n": n, "tmax": tmax, "span": span, "peak": peak, "peak_index": peak_i,
-            "peak_time": time[peak_i] if peak_i >= 0 else 0,
-            "top_sites": top_sites, "columns": columns, "snaps": snaps, "marks": marks}
+    peak_bucket = 0
+    for col in range(buckets):
+        c = best[col]
+        if c is None:
+            columns.append((col * span // buckets, prev_col))
+            snaps.append(prev_snap)
+            continue
+        vec = [0] * (len(top_sites) + 1)
+        for s, v in c[3]:
+            vec[index[s] if s in index else -1] += v
+        columns.append((c[2], vec))
+        snaps.append(c[3])
+        prev_col, prev_snap = vec, c[3]
+        if c is peak:
+            peak_bucket = col
+    return {"n": n, "tmax": tmax, "span": span, "peak": peak[0], "peak_index": peak[1],
+            "peak_time": peak[2], "peak_bucket": peak_bucket,
+            "top_sites": top_sites, "columns": columns, "snaps": snaps,
+            "marks": marks, "mark_tick": wm}
 
 
 def _site_frames(t, s):
@@ -192,9 +267,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     w("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n")
     w("<title>%s</title>\n<style>%s</style>\n</head>\n<body>\n" % (_esc(title), _CSS))
     w("<h1>%s</h1>\n" % _esc(title))
-    npress = sum(1 for m in d["marks"] if m[1] == tr.PRESSURE_BEGIN)
-    ngc = sum(1 for m in d["marks"] if m[1] == tr.GC)
-    noom = sum(1 for m in d["marks"] if m[1] == tr.OOM)
+    npress, ngc, noom = (d["marks"][k][0] for k in (tr.PRESSURE_BEGIN, tr.GC, tr.OOM))
     w("<p class=\"meta\" id=\"summary\">%s: pid %s, %d events over %.3f s; peak %s (%d bytes) at %.6f s; "
       "%d pressure events, %d collections, %d out-of-memory%s.</p>\n" % (
           _esc(t.path), _esc(t.pid), d["n"], d["tmax"] / 1e9, _esc(rpt.format_size(d["peak"])),
@@ -228,14 +301,20 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
         w("<polygon class=\"layer\" data-site=\"%s\" fill=\"%s\" points=\"%s\"><title>%s</title></polygon>\n" % (
             _esc(d["top_sites"][layer] if layer < nl - 1 else "other"), colour,
             " ".join(top_pts + list(reversed(bot_pts))), _esc(name)))
-    # markers
-    for tm, k, sz in d["marks"]:
-        x = x0 + pw * tm / float(d["span"])
-        w("<line class=\"mark %s\" x1=\"%.1f\" x2=\"%.1f\" y1=\"10\" y2=\"%d\" stroke=\"%s\" "
-          "stroke-width=\"1\" stroke-opacity=\"0.6\"><title>%s at %.6f s (%s)</title></line>\n" % (
-              {tr.PRESSURE_BEGIN: "pressure", tr.GC: "gc", tr.OOM: "oom"}[k], x, x, 10 + ph,
-              MARK_COLOURS[k], MARK_NAMES[k], tm / 1e9,
-              _esc(rpt.format_size(sz) + (" requested" if k != tr.GC else " freed"))))
+    # markers: one path per kind, a vertical stroke per distinct position
+    for k in (tr.PRESSURE_BEGIN, tr.GC, tr.OOM):
+        count, nbytes, ticks = d["marks"][k]
+        if not count:
+            continue
+        xs = sorted({round(x0 + pw * (tk + 0.5) * d["mark_tick"] / float(d["span"]), 1)
+                     for tk in ticks})
+        path = "".join("M%.1f 10V%d" % (x, 10 + ph) for x in xs)
+        w("<path class=\"mark %s\" d=\"%s\" stroke=\"%s\" stroke-width=\"1\" "
+          "stroke-opacity=\"0.6\" fill=\"none\" data-count=\"%d\"><title>%d %s (%s %s)"
+          "</title></path>\n" % (
+              {tr.PRESSURE_BEGIN: "pressure", tr.GC: "gc", tr.OOM: "oom"}[k], path,
+              MARK_COLOURS[k], count, count, (MARK_NAMES if count == 1 else MARK_PLURAL)[k],
+              _esc(rpt.format_size(nbytes)), "freed" if k == tr.GC else "requested"))
     # the exact peak
     px = x0 + pw * d["peak_time"] / float(d["span"])
     w("<circle id=\"peak\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"none\" stroke=\"#000\"><title>peak: %s "
@@ -256,7 +335,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
         for site, _v in s:
             used.add(site)
     data = {"x0": x0, "bw": bw, "times": [c[0] for c in cols], "snaps": d["snaps"],
-            "peak_bucket": (d["peak_time"] * buckets // d["span"]) if d["peak_index"] >= 0 else 0,
+            "peak_bucket": d["peak_bucket"],
             "sites": {str(s): _site_frames(t, s) for s in used}}
     # json.dumps, then every "<" escaped: the data cannot end the script element.
     w("<script type=\"application/json\" id=\"data\">%s</script>\n" %

@@ -2,12 +2,25 @@
 written by shim/trace/tracefile.c) and replaying it: live memory at any
 event, the peak, per-site totals.
 
+Streams: `stream(path)` reads the metadata (sites, stacks, names, devices:
+a first pass over the chunk headers and metadata records that seeks over
+the event bodies), and `Trace.batches()` then delivers the events in
+sequence order, in batches of columns, decoding one chunk at a time and
+merging the chunks of several threads by their seq_base (only the chunks
+that overlap the merge's frontier are in memory). Memory is proportional to
+the live set, the sites and the largest chunk, never to the number of events.
+`load(path)` keeps every event in columns (tests and small files).
+
 Owns the parsing and the replay only; the views are tracepeak.py (peak
-flame graph and stats text), timeline.py (the HTML timeline) and
-memoryviz.py (PyTorch's memory_viz snapshot). Stdlib only. A trace cut by
-a crash ends with an incomplete chunk: it is dropped and `truncated` says so.
+flame graph and stats text), timeline.py (the HTML timeline),
+memoryviz.py (PyTorch's memory_viz snapshot), gcview.py, pprof.py and
+diff.py; each makes one or two passes of batches(). Stdlib only. A trace
+cut by a crash ends with an incomplete chunk: it is dropped and
+`truncated` says so.
 """
 
+import bisect
+import builtins
 import itertools
 import operator
 import os
@@ -27,7 +40,7 @@ ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
 SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
               PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
-              SEGMENT_FREE: "segment free"}
+              SEGMENT_FREE: "segment free", 9: "pool trim"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
@@ -63,8 +76,11 @@ def _cstrings(b, n):
 
 
 class Trace(object):
-    """Events in allocator order (by sequence number), as parallel arrays:
-    kind, dev, size, addr, time (ns since start), site; and the metadata."""
+    """A trace's header and metadata (sites, stacks, names, devices) and
+    its chunk index; its events, in allocator order (by sequence number),
+    come from batches() as parallel arrays: seq, addr, size, kind, dev,
+    time (ns since start), site. After load() the same arrays hold every
+    event (t.kind, t.size, ...)."""
 
     def __init__(self):
         self.path = None
@@ -91,9 +107,31 @@ class Trace(object):
         self.foreign_frees = 0   # frees of blocks allocated before fork() (not counted)
         self.foreign_bytes = 0
         self._frames = {}
+        self.version = 1
+        # The chunk index of the first pass: file offset, seq_base and event
+        # count of each chunk (20 bytes a chunk of up to 8192 events).
+        self._offsets = array("Q")
+        self._bases = array("Q")
+        self._counts = array("I")
+        self.raw_events = 0      # events the chunks hold, foreign frees included
+        self._loaded = False     # load(): the columns below hold every event
+        self._count = None       # events after a whole pass (foreign frees dropped)
 
     def __len__(self):
-        return len(self.kind)
+        if self._loaded:
+            return len(self.kind)
+        if self._count is None:
+            for _b in self.batches():
+                pass
+        return self._count
+
+    def batches(self, size=None):
+        """The events in sequence order, foreign frees dropped: Batch
+        objects of columns. A pass over the file (or over load()'s columns);
+        each pass counts the foreign frees again."""
+        if self._loaded:
+            return _memory_batches(self, size or BATCH)
+        return _file_batches(self)
 
     # ------------------------------------------------------------ frames
 
@@ -240,137 +278,350 @@ def _parse_record(t, tag, p):
         t.pystacks[sid] = frames
 
 
+# ------------------------------------------------------------------ codec
+
+# Per-chunk decoding of every version the reader knows (tracecodec.py):
+# chunk_header(version, b) -> ChunkHead, decode_chunk(version, head, body)
+# -> the columns seq, addr, size, kind, dev, time, site; ChunkError.
+_codec = tracecodec
+
+# A chunk holds one thread's buffer (8192 events, tracebuf.c) or a flush's
+# part of it; more than this is a crafted file, refused in one line rather
+# than decoded into columns of its size.
+MAX_CHUNK_EVENTS = 1 << 20
+BATCH = 1 << 16          # events per batch of an in-memory trace
+
+
 def load(path):
-    """Reads a whole trace; raises report.ReportError (one line naming the
-    file and the offset or field) when it is not one or is malformed."""
+    """Reads a whole trace into columns (t.kind, t.size, ...: tests and
+    small files; the views stream with stream()); raises
+    report.ReportError (one line naming the file and the offset or field)
+    when it is not one or is malformed."""
+    t = stream(path)
+    cols = [array("Q"), array("Q"), array("Q"), array("B"), array("B"), array("Q"), array("I")]
+    for b in t.batches():
+        for c, part in zip(cols, (b.seq, b.addr, b.size, b.kind, b.dev, b.time, b.site)):
+            c.extend(part)
+    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = cols
+    t._loaded = True
+    return t
+
+
+def stream(path):
+    """The trace's header and metadata (first pass: chunk headers and
+    metadata records, event bodies skipped); its events come from
+    t.batches(). Raises report.ReportError as load() does."""
     try:
-        f = open(path, "rb")
+        f = builtins.open(path, "rb")
     except OSError as e:
         raise rpt.ReportError("cannot read %s: %s" % (path, e.strerror or e))
     with f:
         try:
-            return _load(f, path)
+            return _scan(f, path)
         except OSError as e:
             raise rpt.ReportError("cannot read %s: %s" % (path, e.strerror or e))
 
 
-def _load(f, path):
+def _head(f, path, pos, n, t):
+    """The chunk header at pos as a ChunkHead, or None at the cut end."""
+    ch = f.read(_codec.CHUNK_BYTES)
+    if len(ch) < _codec.CHUNK_BYTES:
+        return None
+    try:
+        head = _codec.chunk_header(t.version, ch)
+    except _codec.ChunkError as e:
+        raise rpt.ReportError("%s: offset %d: chunk: %s" % (path, pos, e))
+    if not head.magic_ok or pos + _codec.CHUNK_BYTES + head.body_bytes + head.meta_bytes > n:
+        return None
+    return head
+
+
+def _scan(f, path):
     n = os.fstat(f.fileno()).st_size
     head = f.read(HEADER.size)
     if len(head) < HEADER.size or head[:8] != MAGIC:
         raise rpt.ReportError("%s: not a spyreshim trace" % path)
     magic, version, pid, real, mono = HEADER.unpack_from(head, 0)
-    if version not in tracecodec.VERSIONS:
+    if version not in _codec.VERSIONS:
         raise rpt.ReportError("%s: trace version %d is not understood (%s)" % (
-            path, version, ", ".join(map(str, tracecodec.VERSIONS))))
+            path, version, " or ".join(str(v) for v in _codec.VERSIONS)))
     t = Trace()
-    t.path, t.pid, t.start_realtime_ns, t.file_bytes = path, pid, real, n
+    t.path, t.pid, t.start_realtime_ns, t.file_bytes, t.version = path, pid, real, n, version
     pos = HEADER.size
-    # Read chunk by chunk, each chunk's events decoded into the columns at
-    # once (no copy of the file, nor of all its events, beside them); a
-    # chunk whose sizes run past the end of the file is the incomplete last
-    # one of a crash, never an allocation of its size.
-    cols = [array("Q"), array("Q"), array("Q"), array("B"), array("B"), array("Q"), array("I")]
-    count = 0
-    while pos + CHUNK.size <= n:
-        ch = f.read(CHUNK.size)
-        if len(ch) < CHUNK.size:
-            break
-        try:
-            head = tracecodec.chunk_header(version, ch)
-        except tracecodec.ChunkError as e:
-            raise rpt.ReportError("%s: offset %d: chunk: %s" % (path, pos, e))
-        nev, body_bytes, meta_bytes = head.nevents, head.body_bytes, head.meta_bytes
-        end = pos + CHUNK.size + body_bytes + meta_bytes
-        if not head.magic_ok or end > n:
+    # A chunk whose sizes run past the end of the file is the incomplete
+    # last one of a crash, never an allocation of its size.
+    while pos + _codec.CHUNK_BYTES <= n:
+        h = _head(f, path, pos, n, t)
+        if h is None:
             t.truncated = True
             break
-        if nev:
-            body = f.read(body_bytes)
-            if len(body) < body_bytes:
+        if h.nevents > MAX_CHUNK_EVENTS:
+            raise rpt.ReportError("%s: offset %d: chunk of %d events (a chunk holds at most %d)"
+                                  % (path, pos, h.nevents, MAX_CHUNK_EVENTS))
+        body_at = pos + _codec.CHUNK_BYTES
+        if h.nevents:
+            t._offsets.append(pos)
+            t._bases.append(h.seq_base)
+            t._counts.append(h.nevents)
+            t.raw_events += h.nevents
+        if h.meta_bytes:
+            f.seek(body_at + h.body_bytes)
+            meta = f.read(h.meta_bytes)
+            if len(meta) < h.meta_bytes:
                 t.truncated = True
                 break
-            try:
-                part = tracecodec.decode_chunk(version, head, body)
-            except tracecodec.ChunkError as e:
-                raise rpt.ReportError("%s: offset %d: chunk: %s" % (path, pos, e))
-            for c, p in zip(cols, part):
-                c.extend(p)
-            del body, part
-            count += nev
-        meta = f.read(meta_bytes)
-        if len(meta) < meta_bytes:
-            t.truncated = True
-            break
-        _parse_meta(t, meta, pos + CHUNK.size + body_bytes, path)
+            _parse_meta(t, meta, body_at + h.body_bytes, path)
+        else:
+            f.seek(body_at + h.body_bytes)
         t.chunks += 1
-        pos = end
+        pos = body_at + h.body_bytes + h.meta_bytes
     if pos < n and not t.truncated:
         t.truncated = True
-    seq, addr, size, kind, dev, times, site = cols
-    del cols
-    # One thread's chunk is in order; several threads' chunks interleave.
-    sorted_already = count < 2 or all(map(operator.lt, seq, itertools.islice(seq, 1, None)))
-    if not sorted_already:
-        order = sorted(range(count), key=seq.__getitem__)
-        pick = [a.__getitem__ for a in (seq, addr, size, kind, dev, times, site)]
-        seq, addr, size, kind, dev, times, site = (
-            array(a.typecode, map(g, order))
-            for a, g in zip((seq, addr, size, kind, dev, times, site), pick))
-    t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site = seq, addr, size, kind, dev, times, site
-    _validate_events(t)
-    _drop_foreign_frees(t)
     return t
 
 
-def _validate_events(t):
-    """Every index an event carries, against what the file declares. A kind
-    this reader does not know is kept and skipped by the views (the version
-    rules: new kinds keep version 1); a device index is below 255 by its
-    byte, and one without its record is shown as "device N"."""
-    for d in set(t.dev):
+class Batch(object):
+    """Consecutive events in sequence order: columns of equal length, and
+    `start`, the index (0-based, in the whole trace) of the first."""
+    __slots__ = ("start", "seq", "addr", "size", "kind", "dev", "time", "site")
+
+    def __init__(self, start, cols):
+        self.start = start
+        self.seq, self.addr, self.size, self.kind, self.dev, self.time, self.site = cols
+
+    def __len__(self):
+        return len(self.kind)
+
+
+def _memory_batches(t, size):
+    cols = (t.seq, t.addr, t.size, t.kind, t.dev, t.time, t.site)
+    n = len(t.kind)
+    for lo in range(0, n, size):
+        yield Batch(lo, [c[lo:lo + size] for c in cols])
+
+
+def _file_batches(t):
+    """One pass over the file: each chunk decoded when the merge reaches its
+    seq_base (every event of a chunk has seq >= its base); the events below
+    the next chunk's base are final and go out, sorted when several chunks
+    hold some. A chunk is read again from its offset, header and body."""
+    path = t.path
+    try:
+        f = builtins.open(path, "rb")
+    except OSError as e:
+        raise rpt.ReportError("cannot read %s: %s" % (path, e.strerror or e))
+    with f:
+        try:
+            for b in _merge(t, f):
+                yield b
+        except OSError as e:
+            raise rpt.ReportError("cannot read %s: %s" % (path, e.strerror or e))
+
+
+def _read_chunk(t, f, pos):
+    f.seek(pos)
+    raw = f.read(_codec.CHUNK_BYTES)
+    try:
+        head = _codec.chunk_header(t.version, raw) if len(raw) == _codec.CHUNK_BYTES else None
+    except _codec.ChunkError as e:
+        raise rpt.ReportError("%s: offset %d: chunk: %s" % (t.path, pos, e))
+    body = f.read(head.body_bytes) if head is not None else b""
+    if head is None or len(body) < head.body_bytes:
+        raise rpt.ReportError("%s: offset %d: chunk cut short (the file changed while it was "
+                              "read)" % (t.path, pos))
+    try:
+        cols = _codec.decode_chunk(t.version, head, body)
+    except _codec.ChunkError as e:
+        raise rpt.ReportError("%s: offset %d: chunk: %s" % (t.path, pos, e))
+    except (struct.error, ValueError, IndexError) as e:
+        raise rpt.ReportError("%s: offset %d: chunk: malformed (%s)" % (t.path, pos, e))
+    del body
+    seq = cols[0]
+    if len(seq) != head.nevents:
+        raise rpt.ReportError("%s: offset %d: chunk: %d events decoded, the header says %d"
+                              % (t.path, pos, len(seq), head.nevents))
+    cols = list(cols)
+    # A thread appends in its own order, which is not always sequence order
+    # (an allocation takes its number under the allocator's lock and is
+    # appended after it: the frees of a collection it set off, appended
+    # first, can carry higher numbers). Sorted here, checked in C.
+    if len(seq) > 1:
+        ordered = array(seq.typecode, sorted(seq))
+        if ordered != seq:
+            cols = _sort_rows(cols)
+    return [cols, 0, None]
+
+
+def _sort_rows(cols):
+    """The columns' rows sorted by the first column (seq): the order of
+    the rows (timsort merges the threads' sorted runs), then each column
+    gathered by one itemgetter (C loops; half the time of sorting rows as
+    tuples)."""
+    seq = cols[0]
+    order = sorted(range(len(seq)), key=seq.__getitem__)
+    if len(order) == 1:
+        return cols
+    pick = operator.itemgetter(*order)
+    return [array(c.typecode, pick(c)) for c in cols]
+
+
+_INF = 1 << 64
+_PENDING = 1 << 15       # events the merge gathers before it sorts and emits
+
+
+def _merge(t, f):
+    order = sorted(range(len(t._bases)), key=t._bases.__getitem__)
+    bases = [t._bases[i] for i in order]
+    offsets = [t._offsets[i] for i in order]
+    del order
+    nch = len(bases)
+    active = []          # [columns, first event not emitted, largest seq]
+    nxt = 0
+    start = 0
+    foreign = _Foreign()
+    while nxt < nch or active:
+        # Activate the next chunks: always while the next one starts at or
+        # below the smallest event not emitted (else nothing could go out),
+        # and while fewer than _PENDING events wait (fewer, larger batches).
+        pending = sum(len(c[0]) - p for c, p, _top in active)
+        head = min(c[0][p] for c, p, _top in active) if active else _INF
+        while nxt < nch and (bases[nxt] <= head or pending < _PENDING):
+            ch = _read_chunk(t, f, offsets[nxt])
+            nxt += 1
+            seq = ch[0][0]
+            if len(seq):
+                active.append(ch)
+                pending += len(seq)
+                head = min(head, seq[0])
+        bound = bases[nxt] if nxt < nch else _INF
+        parts = []
+        for a in active:
+            cols, p, top = a
+            if top is None:
+                top = a[2] = max(cols[0])
+            q = len(cols[0]) if top < bound else bisect.bisect_left(cols[0], bound, p)
+            if q > p:
+                parts.append([c[p:q] if (p or q < len(c)) else c for c in cols])
+                a[1] = q
+        active = [a for a in active if a[1] < len(a[0][0])]
+        if not parts:
+            continue
+        if len(parts) == 1:
+            out = parts[0]
+        else:
+            out = [array(c.typecode) for c in parts[0]]
+            for part in parts:
+                for c, x in zip(out, part):
+                    c.extend(x)
+            out = _sort_rows(out)
+        del parts
+        out = foreign.drop(out)
+        if out is None:
+            continue
+        b = Batch(start, out)
+        start += len(b)
+        _name_devices(t, b.dev)
+        yield b
+    t._count = start
+    t.foreign_frees, t.foreign_bytes = foreign.count, foreign.bytes
+
+
+def _name_devices(t, dev):
+    """A device index is below 255 by its byte; one without its device
+    record is shown as "device N" (a kind this reader does not know is kept
+    and skipped by the views: the version rules)."""
+    d0 = dev[0]
+    if dev.count(d0) == len(dev):
+        if d0 != DEVICE_NONE and d0 not in t.devices:
+            t.devices[d0] = "device %d" % d0
+        return
+    for d in set(dev):
         if d != DEVICE_NONE and d not in t.devices:
-            t.devices.setdefault(d, "device %d" % d)
+            t.devices[d] = "device %d" % d
 
 
-def _drop_foreign_frees(t):
+
+
+class _Foreign(object):
     """Fork-aware accounting: a free of a block this trace never saw
     allocated (its parent process allocated it before fork(); this process,
     the child, freed it) is not subtracted from this process's live bytes:
     each process's file accounts what it allocated, and its peaks are its
-    own. The frees are counted in t.foreign_frees / t.foreign_bytes. Memory
-    proportional to the live set."""
-    live = set()
-    add, remove = live.add, live.remove
-    drop = None
-    for i, k, d, a in zip(itertools.count(), t.kind, t.dev, t.addr):
-        if k == ALLOC:
-            add(d << 64 | a)
-        elif k == FREE:
-            key = d << 64 | a
-            if key in live:
-                remove(key)
-            else:
-                if drop is None:
-                    drop = []
-                drop.append(i)
-    t.foreign_frees = len(drop) if drop else 0
-    t.foreign_bytes = sum(t.size[i] for i in drop) if drop else 0
-    if not drop:
-        return
-    keep = bytearray(b"\1") * len(t.kind)
-    for i in drop:
-        keep[i] = 0
-    for name in ("seq", "addr", "size", "kind", "dev", "time", "site"):
-        a = getattr(t, name)
-        setattr(t, name, array(a.typecode, itertools.compress(a, keep)))
+    own. Such frees are dropped from the stream and counted. Memory: the
+    live blocks' keys, one set per device."""
+
+    def __init__(self):
+        self.live = {}
+        self.count = 0
+        self.bytes = 0
+
+    def drop(self, cols):
+        seq, addr, size, kind, dev, times, site = cols
+        n = len(kind)
+        d0 = dev[0]
+        if d0 == DEVICE_NONE:
+            d0 = next((d for d in dev if d != DEVICE_NONE), DEVICE_NONE)
+        one = dev.count(d0) + (dev.count(DEVICE_NONE) if d0 != DEVICE_NONE else 0) == n
+        drop = self._loop(addr, kind, dev, d0 if one else None)
+        if not drop:
+            return cols
+        drop.sort()
+        self.count += len(drop)
+        self.bytes += sum(size[i] for i in drop)
+        if len(drop) == n:
+            return None
+        keep = bytearray(b"\1") * n
+        for i in drop:
+            keep[i] = 0
+        return [array(c.typecode, itertools.compress(c, keep)) for c in cols]
+
+    def _loop(self, addr, kind, dev, d0):
+        drop = None
+        if d0 is not None:
+            live = self.live.get(d0)
+            if live is None:
+                live = self.live[d0] = set()
+            add, remove = live.add, live.remove
+            # The index of a foreign free from the kind iterator's position
+            # (its __reduce__), so the loop carries no counter: a quarter
+            # of its time.
+            kit = iter(kind)
+            it = zip(kit, addr)
+            while True:
+                try:
+                    for k, a in it:
+                        if k == ALLOC:
+                            add(a)
+                        elif k == FREE:
+                            remove(a)
+                    return drop
+                except KeyError:
+                    if drop is None:
+                        drop = []
+                    drop.append(kit.__reduce__()[2] - 1)
+        lives = self.live
+        for i, k, d, a in zip(itertools.count(), kind, dev, addr):
+            if k == ALLOC:
+                live = lives.get(d)
+                if live is None:
+                    live = lives[d] = set()
+                live.add(a)
+            elif k == FREE:
+                live = lives.get(d)
+                if live is not None and a in live:
+                    live.remove(a)
+                else:
+                    if drop is None:
+                        drop = []
+                    drop.append(i)
+        return drop
 
 
 # ------------------------------------------------------------------ replay
 
 # Pseudo-devices of memory the shim passes through and watches (VMM,
 # managed, host-pinned: tracefmt.h): their own peaks, never in the overall one.
-PASSTHROUGH_DEVICES = (0xfc, 0xfd, 0xfe)
+PASSTHROUGH_DEVICES = (0xfb, 0xfc, 0xfd, 0xfe)
 
 
 class Peak(object):
@@ -383,44 +634,169 @@ class Peak(object):
         self.per_device = {}   # dev -> (bytes, index)
 
 
+# Each event's change of live bytes, by kind: +size for an allocation,
+# -size for a free, 0 for the rest.
+_SIGN = bytes([0, 1, 0xFF] + [0] * 253)     # as signed chars: 0, +1, -1
+_NOT_PASSTHROUGH = bytes(0 if d in PASSTHROUGH_DEVICES else 1 for d in range(256))
+
+
+def deltas(b):
+    """array('q') of the batch's changes of live bytes (alloc +size, free
+    -size, other kinds 0), every device."""
+    sign = array("b")
+    sign.frombytes(b.kind.tobytes().translate(_SIGN))
+    return array("q", map(operator.mul, b.size, sign))
+
+
+def served(b, d):
+    """The deltas d with the pass-through pseudo-devices' events zeroed
+    (they have their own peaks and stay out of the overall one)."""
+    dev = b.dev
+    if not any(dev.count(p) for p in PASSTHROUGH_DEVICES):
+        return d
+    return array("q", map(operator.mul, d, dev.tobytes().translate(_NOT_PASSTHROUGH)))
+
+
+def devices_of(b):
+    """The devices of a batch's events (DEVICE_NONE left out): one C pass
+    when there is a single one, the usual case."""
+    dev = b.dev
+    d0 = dev[0]
+    if d0 == DEVICE_NONE:
+        d0 = next((d for d in dev if d != DEVICE_NONE), DEVICE_NONE)
+        if d0 == DEVICE_NONE:
+            return ()
+    if dev.count(d0) + (dev.count(DEVICE_NONE)) == len(dev):
+        return (d0,)
+    return tuple(sorted(set(dev) - {DEVICE_NONE}))
+
+
+def _only(b, d, dv):
+    """The deltas d with every event not on device dv zeroed."""
+    table = bytearray(256)
+    table[dv] = 1
+    return array("q", map(operator.mul, d, b.dev.tobytes().translate(table)))
+
+
+def _curve_max(d, initial):
+    """(last, max, index of the first max) of the running sum of d from
+    initial; index -1 when no partial sum exceeds initial."""
+    cum = array("q", itertools.accumulate(d, initial=initial))
+    m = max(cum)
+    i = cum.index(m) - 1 if m > initial else -1
+    return cum[-1], m, i
+
+
+class PeakTracker(object):
+    """peaks() batch by batch, for a view that makes its own pass."""
+
+    def __init__(self):
+        self.p = Peak()
+        self.per = {}       # dev -> live bytes now
+        self.best = {}      # dev -> (peak bytes, index)
+        self.total = 0
+        self.p.per_device = self.best
+
+    def feed(self, b, d):
+        """Batch b with its deltas d (deltas(b))."""
+        p = self.p
+        before = self.total
+        sd = served(b, d)
+        self.total, tm, ti = _curve_max(sd, before)
+        if ti >= 0 and tm > p.bytes:
+            p.bytes, p.index = tm, b.start + ti
+        devs = devices_of(b)
+        per, best = self.per, self.best
+        for dv in devs:
+            if len(devs) == 1 and sd is d and per.get(dv, 0) == before:
+                # One device holding all that is live: its curve is the total's.
+                per[dv], m, i = self.total, tm, ti
+            else:
+                dd = d if len(devs) == 1 else _only(b, d, dv)
+                per[dv], m, i = _curve_max(dd, per.get(dv, 0))
+            if i >= 0 and m > best.get(dv, (0, -1))[0]:
+                best[dv] = (m, b.start + i)
+
+
 def peaks(t):
     """Replays the trace once; live bytes after each event, in allocator
     order. The per-device peak is what the shim's peak_used_bytes counts."""
-    p = Peak()
-    live = {}
-    per = {}
-    total = 0
-    kind, dev, size = t.kind, t.dev, t.size
-    for i in range(len(kind)):
-        k = kind[i]
+    pt = PeakTracker()
+    for b in t.batches():
+        pt.feed(b, deltas(b))
+    return pt.p
+
+
+def live_sets(t, wants):
+    """What was live just after each event index of wants [(index,
+    device or None)], in one pass: [{(dev, addr): (size, site, index)}]."""
+    out = [None] * len(wants)
+    order = sorted(range(len(wants)), key=lambda j: wants[j][0])
+    lives = {}     # dev -> {addr: (size, site, index)}
+    w = 0
+    while w < len(order) and wants[order[w]][0] < 0:
+        out[order[w]] = {}
+        w += 1
+    if w < len(order):
+        for b in t.batches():
+            n, start = len(b), b.start
+            lo = 0
+            while w < len(order) and wants[order[w]][0] < start + n:
+                hi = wants[order[w]][0] - start + 1
+                _replay(lives, b, lo, hi)
+                lo = hi
+                while w < len(order) and wants[order[w]][0] < start + hi:
+                    out[order[w]] = _live_dict(lives, wants[order[w]][1])
+                    w += 1
+            if w == len(order):
+                break
+            _replay(lives, b, lo, n)
+    while w < len(order):      # past the last event: the end
+        out[order[w]] = _live_dict(lives, wants[order[w]][1])
+        w += 1
+    return out
+
+
+def _live_dict(lives, device):
+    out = {}
+    for d, live in lives.items():
+        if device is None or d == device:
+            for a, v in live.items():
+                out[(d, a)] = v
+    return out
+
+
+def _replay(lives, b, lo, hi):
+    """Events [lo, hi) of batch b into lives (dev -> {addr: (size, site,
+    index)})."""
+    if hi <= lo:
+        return
+    kind, addr, size, site = b.kind[lo:hi], b.addr[lo:hi], b.size[lo:hi], b.site[lo:hi]
+    devs = devices_of(b)
+    idx = itertools.count(b.start + lo)
+    if len(devs) == 1:
+        live = lives.get(devs[0])
+        if live is None:
+            live = lives[devs[0]] = {}
+        pop = live.pop
+        for i, k, a, s, st in zip(idx, kind, addr, size, site):
+            if k == ALLOC:
+                live[a] = (s, st, i)
+            elif k == FREE:
+                pop(a, None)
+        return
+    for i, k, d, a, s, st in zip(idx, kind, b.dev[lo:hi], addr, size, site):
         if k == ALLOC:
-            d = dev[i]
-            v = per.get(d, 0) + size[i]
-            per[d] = v
-            if v > live.get(d, (0, -1))[0]:
-                live[d] = (v, i)
-            if d not in PASSTHROUGH_DEVICES:
-                total += size[i]
-                if total > p.bytes:
-                    p.bytes, p.index = total, i
+            live = lives.get(d)
+            if live is None:
+                live = lives[d] = {}
+            live[a] = (s, st, i)
         elif k == FREE:
-            d = dev[i]
-            if d not in PASSTHROUGH_DEVICES:
-                total -= size[i]
-            per[d] = per.get(d, 0) - size[i]
-    p.per_device = live
-    return p
+            live = lives.get(d)
+            if live is not None:
+                live.pop(a, None)
 
 
 def live_at(t, index, device=None):
-    """What was live just after event `index`: {(dev, addr): (size, site)}."""
-    live = {}
-    kind, dev, addr, size, site = t.kind, t.dev, t.addr, t.size, t.site
-    for i in range(min(index + 1, len(kind))):
-        k = kind[i]
-        if k == ALLOC:
-            if device is None or dev[i] == device:
-                live[(dev[i], addr[i])] = (size[i], site[i], i)
-        elif k == FREE:
-            live.pop((dev[i], addr[i]), None)
-    return live
+    """What was live just after event `index`: {(dev, addr): (size, site, index)}."""
+    return live_sets(t, [(index, device)])[0]

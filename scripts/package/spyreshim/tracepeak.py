@@ -1,9 +1,13 @@
 """Two views of a trace (trace.py): what was live at the peak (text, and
 HTML through the leak reports' flame graph, flamegraph.page), and summary
 statistics in the shape of `memray stats`. Owns these views only; stacks
-are in call order (callorder.py)."""
+are in call order (callorder.py). Both stream (trace.batches()): the peak
+takes two passes (where the peaks are, then the live sets there), the
+statistics one (two when the trace has markers: their intervals need the
+trace's duration); memory is the live set and the sites."""
 
-from array import array
+import collections
+import itertools
 
 from . import callorder
 from . import flamegraph
@@ -14,13 +18,16 @@ from . import trace as tr
 def peak_reports(t):
     """[(title, report)]: all devices together, then each device."""
     p = tr.peaks(t)
+    wants = [(p.index, None)]
+    per = sorted(p.per_device.items()) if len(p.per_device) > 1 else []
+    wants += [(i, d) for d, (_b, i) in per]
+    lives = tr.live_sets(t, wants)
     out = []
     out.append(("peak of all devices: %s after event %d" % (rpt.format_size(p.bytes), p.index + 1),
-                callorder.live_report(t, tr.live_at(t, p.index), "peak")))
-    if len(p.per_device) > 1:
-        for d, (b, i) in sorted(p.per_device.items()):
-            out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
-                        callorder.live_report(t, tr.live_at(t, i, device=d), "peak")))
+                callorder.live_report(t, lives[0], "peak")))
+    for (d, (b, i)), live in zip(per, lives[1:]):
+        out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
+                    callorder.live_report(t, live, "peak")))
     return p, out
 
 
@@ -42,84 +49,131 @@ def peak_html(t, top=0):
     return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top)
 
 
-def _hist(sizes):
-    """Power-of-two buckets: (low, high, count)."""
-    counts = {}
-    for s in sizes:
-        b = s.bit_length()
-        counts[b] = counts.get(b, 0) + 1
-    return [((1 << (b - 1)) if b else 0, (1 << b) - 1, counts[b]) for b in sorted(counts)]
+_MARKS = (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)
+_IS_MARK = bytes(1 if k in _MARKS else 0 for k in range(256))
+_IS_ALLOC = bytes(1 if k == tr.ALLOC else 0 for k in range(256))
+
+
+class _Stats(object):
+    """What the statistics need, gathered batch by batch."""
+
+    def __init__(self):
+        self.nalloc = self.nfree = self.total = 0
+        self.smin = self.smax = None
+        self.hist = collections.Counter()       # bit length of a size -> count
+        self.by_count = collections.Counter()   # site -> allocations
+        self.by_bytes = {}                      # site -> bytes allocated
+        self.site_live, self.site_peak = {}, {}
+        self.tmax = 0
+        self.nevents = 0
+        self.marks = [0, 0, 0, 0]               # pressure, collections, freed, OOMs
+
+
+def _gather(t):
+    st = _Stats()
+    st.peaks = tr.PeakTracker()
+    by_bytes, site_live, site_peak = st.by_bytes, st.site_live, st.site_peak
+    for b in t.batches():
+        st.peaks.feed(b, tr.deltas(b))
+        kind, size, site = b.kind, b.size, b.site
+        kb = kind.tobytes()
+        st.nfree += kb.count(tr.FREE)
+        am = kb.translate(_IS_ALLOC)
+        na = am.count(1)
+        st.tmax = max(st.tmax, max(b.time))
+        st.nevents += len(b)
+        if na:
+            asz = list(itertools.compress(size, am))
+            st.nalloc += na
+            st.total += sum(asz)
+            lo, hi = min(asz), max(asz)
+            st.smin = lo if st.smin is None else min(st.smin, lo)
+            st.smax = hi if st.smax is None else max(st.smax, hi)
+            st.hist.update(map(int.bit_length, asz))
+            st.by_count.update(itertools.compress(site, am))
+        # Per-site bytes allocated and live (its peak): the one loop.
+        for k, s, sz in zip(kind, site, size):
+            if k == tr.ALLOC:
+                by_bytes[s] = by_bytes.get(s, 0) + sz
+                v = site_live.get(s, 0) + sz
+                site_live[s] = v
+                if v > site_peak.get(s, 0):
+                    site_peak[s] = v
+            elif k == tr.FREE:
+                site_live[s] = site_live.get(s, 0) - sz
+        if kb.translate(_IS_MARK).count(1):
+            for k, sz in zip(kind, size):
+                if k in _MARKS:
+                    if k == tr.PRESSURE_BEGIN:
+                        st.marks[0] += 1
+                    elif k == tr.GC:
+                        st.marks[1] += 1
+                        st.marks[2] += sz
+                    else:
+                        st.marks[3] += 1
+    return st
+
+
+def _mark_intervals(t, span, n):
+    """Second pass, for traces with markers: per interval of span/n, the
+    pressure events, collections (bytes freed) and OOMs."""
+    buckets = [[0, 0, 0, 0] for _ in range(n)]
+    for b in t.batches():
+        kind = b.kind
+        if not kind.tobytes().translate(_IS_MARK).count(1):
+            continue
+        for k, tm, sz in zip(kind, b.time, b.size):
+            if k in _MARKS:
+                bk = buckets[min(n - 1, tm * n // (span + 1))]
+                if k == tr.PRESSURE_BEGIN:
+                    bk[0] += 1
+                elif k == tr.GC:
+                    bk[1] += 1
+                    bk[2] += sz
+                else:
+                    bk[3] += 1
+    return buckets
 
 
 def stats_text(t, top=5):
-    kind, size, site, time = t.kind, t.size, t.site, t.time
-    # A packed array (8 bytes a size), not lists of indices and sizes (80
-    # bytes an allocation: 788 MB of peak RSS on 10M events).
-    asizes = array("Q", (size[i] for i in range(len(kind)) if kind[i] == tr.ALLOC))
-    total = sum(asizes)
-    p = tr.peaks(t)
-    by_count, by_bytes = {}, {}
-    live_site, site_peak = {}, {}
-    for i in range(len(kind)):
-        k = kind[i]
-        if k == tr.ALLOC:
-            s = site[i]
-            by_count[s] = by_count.get(s, 0) + 1
-            by_bytes[s] = by_bytes.get(s, 0) + size[i]
-            v = live_site.get(s, 0) + size[i]
-            live_site[s] = v
-            if v > site_peak.get(s, 0):
-                site_peak[s] = v
-        elif k == tr.FREE:
-            live_site[site[i]] = live_site.get(site[i], 0) - size[i]
+    st = _gather(t)
+    p = st.peaks.p
     w = []
     w.append("Trace: %s (pid %s)%s" % (t.path, t.pid, ", truncated (the process did not exit)"
                                        if t.truncated else ""))
     w.append("")
-    w.append("Total allocations:\n\t%d" % len(asizes))
-    w.append("Total frees:\n\t%d" % sum(1 for k in kind if k == tr.FREE))
-    w.append("Total memory allocated:\n\t%s" % rpt.format_size(total))
+    w.append("Total allocations:\n\t%d" % st.nalloc)
+    w.append("Total frees:\n\t%d" % st.nfree)
+    w.append("Total memory allocated:\n\t%s" % rpt.format_size(st.total))
     w.append("Peak memory usage (all devices):\n\t%s (%d bytes)" % (rpt.format_size(p.bytes), p.bytes))
     for d, (b, _i) in sorted(p.per_device.items()):
         w.append("\tpeak of %s: %s (%d bytes)" % (t.device_name(d), rpt.format_size(b), b))
-    if t.time:
-        w.append("Duration:\n\t%.3f s" % (max(t.time) / 1e9))
+    if st.nevents:
+        w.append("Duration:\n\t%.3f s" % (st.tmax / 1e9))
     w.append("Histogram of allocation size:")
-    if asizes:
-        w.append("\tmin: %s  max: %s  mean: %s" % (rpt.format_size(min(asizes)),
-                                                    rpt.format_size(max(asizes)),
-                                                    rpt.format_size(total // len(asizes))))
-        h = _hist(asizes)
+    if st.nalloc:
+        w.append("\tmin: %s  max: %s  mean: %s" % (rpt.format_size(st.smin),
+                                                    rpt.format_size(st.smax),
+                                                    rpt.format_size(st.total // st.nalloc)))
+        h = [((1 << (b - 1)) if b else 0, (1 << b) - 1, st.hist[b]) for b in sorted(st.hist)]
         most = max(c for _l, _h, c in h)
         for lo, hi, c in h:
             bar = "*" * max(1, int(40 * c / most))
             w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
-    for s, v in sorted(site_peak.items(), key=lambda kv: -kv[1])[:top]:
+    for s, v in sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]:
         w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))
     w.append("Top %d largest allocating locations (by number of allocations):" % top)
-    for s, v in sorted(by_count.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v, rpt.format_size(by_bytes[s])))
-    marks = [(time[i], kind[i], size[i], t.addr[i]) for i in range(len(kind)) if kind[i] in
-             (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)]
-    npress = sum(1 for m in marks if m[1] == tr.PRESSURE_BEGIN)
-    ngc = sum(1 for m in marks if m[1] == tr.GC)
-    noom = sum(1 for m in marks if m[1] == tr.OOM)
+    for s, v in sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]:
+        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v,
+                                              rpt.format_size(st.by_bytes[s])))
+    npress, ngc, gcfreed, noom = st.marks
     w.append("Pressure events: %d, collections: %d (%s freed), out-of-memory: %d" % (
-        npress, ngc, rpt.format_size(sum(m[2] for m in marks if m[1] == tr.GC)), noom))
-    if marks and t.time:
-        span = max(t.time) or 1
+        npress, ngc, rpt.format_size(gcfreed), noom))
+    if (npress or ngc or noom) and st.nevents:
+        span = st.tmax or 1
         n = 10
-        buckets = [[0, 0, 0, 0] for _ in range(n)]
-        for tm, k, sz, _a in marks:
-            b = buckets[min(n - 1, tm * n // (span + 1))]
-            if k == tr.PRESSURE_BEGIN:
-                b[0] += 1
-            elif k == tr.GC:
-                b[1] += 1
-                b[2] += sz
-            else:
-                b[3] += 1
+        buckets = _mark_intervals(t, span, n)
         w.append("Over time (%d intervals of %.3f s): pressure events, collections (freed), OOMs" % (
             n, span / n / 1e9))
         for j, (pe, gc, fr, oo) in enumerate(buckets):
