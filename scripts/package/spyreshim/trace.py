@@ -14,9 +14,11 @@ the live set, the sites and the largest chunk, never to the number of events.
 Owns the parsing and the replay only; the views are tracepeak.py (peak
 flame graph and stats text), timeline.py (the HTML timeline),
 memoryviz.py (PyTorch's memory_viz snapshot), gcview.py, pprof.py and
-diff.py; each makes one or two passes of batches(). Stdlib only. A trace
-cut by a crash ends with an incomplete chunk: it is dropped and
-`truncated` says so.
+diff.py; each makes one or two passes of batches(). Stdlib only, with a
+vectorized path when numpy is importable (the merge's sort, the foreign
+frees, the running sums: `np` below; SPYRESHIM_NO_NUMPY=1 turns it off);
+both paths give the same events and figures. A trace cut by a crash ends
+with an incomplete chunk: it is dropped and `truncated` says so.
 """
 
 import bisect
@@ -29,6 +31,16 @@ from array import array
 
 from . import report as rpt
 from . import tracecodec
+
+# numpy when importable (Debian's python3-numpy; scripts/deps.sh), else None:
+# every user checks `trace.np` at the start of a pass, so that a test can
+# set it to None and compare both paths in one process.
+np = None
+if not os.environ.get("SPYRESHIM_NO_NUMPY"):
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
 
 MAGIC = b"SPYTRACE"
 CHUNK_MAGIC = 0x4B4E4843
@@ -380,17 +392,50 @@ def _scan(f, path):
     return t
 
 
+_TYPECODES = "QQQBBQI"
+_NAMES = ("seq", "addr", "size", "kind", "dev", "time", "site")
+
+
+def _dtypes():
+    return (np.uint64, np.uint64, np.uint64, np.uint8, np.uint8, np.uint64, np.uint32)
+
+
 class Batch(object):
     """Consecutive events in sequence order: columns of equal length, and
-    `start`, the index (0-based, in the whole trace) of the first."""
-    __slots__ = ("start", "seq", "addr", "size", "kind", "dev", "time", "site")
+    `start`, the index (0-based, in the whole trace) of the first. The
+    columns are arrays (b.seq, ...); the numpy path builds a batch from
+    numpy columns and makes each array on first use; nd() gives the
+    columns as numpy arrays (views of the arrays, no copy)."""
+    __slots__ = ("start", "_a", "_nd")
 
-    def __init__(self, start, cols):
+    def __init__(self, start, cols, nd=None):
         self.start = start
-        self.seq, self.addr, self.size, self.kind, self.dev, self.time, self.site = cols
+        self._a = list(cols) if cols is not None else [None] * 7
+        self._nd = nd
+
+    def _col(self, i):
+        a = self._a[i]
+        if a is None:
+            a = self._a[i] = array(_TYPECODES[i], self._nd[i].tobytes())
+        return a
+
+    seq = property(lambda self: self._col(0))
+    addr = property(lambda self: self._col(1))
+    size = property(lambda self: self._col(2))
+    kind = property(lambda self: self._col(3))
+    dev = property(lambda self: self._col(4))
+    time = property(lambda self: self._col(5))
+    site = property(lambda self: self._col(6))
+
+    def nd(self):
+        if self._nd is None:
+            self._nd = tuple(np.frombuffer(a, dtype=dt) for a, dt in zip(self._a, _dtypes()))
+        return self._nd
 
     def __len__(self):
-        return len(self.kind)
+        if self._nd is not None:
+            return len(self._nd[3])
+        return len(self._a[3])
 
 
 def _memory_batches(t, size):
@@ -445,6 +490,12 @@ def _read_chunk(t, f, pos):
     # (an allocation takes its number under the allocator's lock and is
     # appended after it: the frees of a collection it set off, appended
     # first, can carry higher numbers). Sorted here, checked in C.
+    if np is not None:
+        nd = [np.frombuffer(c, dtype=dt) for c, dt in zip(cols, _dtypes())]
+        if len(seq) > 1 and (nd[0][1:] < nd[0][:-1]).any():
+            order = np.argsort(nd[0], kind="stable")
+            nd = [c[order] for c in nd]
+        return [nd, 0, None]
     if len(seq) > 1:
         ordered = array(seq.typecode, sorted(seq))
         if ordered != seq:
@@ -470,6 +521,10 @@ _PENDING = 1 << 15       # events the merge gathers before it sorts and emits
 
 
 def _merge(t, f):
+    if np is not None:
+        for b in _merge_np(t, f):
+            yield b
+        return
     order = sorted(range(len(t._bases)), key=t._bases.__getitem__)
     bases = [t._bases[i] for i in order]
     offsets = [t._offsets[i] for i in order]
@@ -540,6 +595,66 @@ def _name_devices(t, dev):
             t.devices[d] = "device %d" % d
 
 
+
+
+def _merge_np(t, f):
+    """_merge with numpy columns: the same frontier, the parts of several
+    chunks joined and put in order by one stable argsort of seq, the
+    foreign frees found per batch (_ForeignNp)."""
+    order = sorted(range(len(t._bases)), key=t._bases.__getitem__)
+    bases = [t._bases[i] for i in order]
+    offsets = [t._offsets[i] for i in order]
+    del order
+    nch = len(bases)
+    active = []          # [numpy columns, first event not emitted, largest seq]
+    nxt = 0
+    start = 0
+    foreign = _ForeignNp()
+    while nxt < nch or active:
+        pending = sum(len(c[0]) - p for c, p, _top in active)
+        head = min(int(c[0][p]) for c, p, _top in active) if active else _INF
+        while nxt < nch and (bases[nxt] <= head or pending < _PENDING):
+            ch = _read_chunk(t, f, offsets[nxt])
+            nxt += 1
+            seq = ch[0][0]
+            if len(seq):
+                active.append(ch)
+                pending += len(seq)
+                head = min(head, int(seq[0]))
+        bound = bases[nxt] if nxt < nch else _INF
+        parts = []
+        for a in active:
+            cols, p, top = a
+            if top is None:
+                top = a[2] = int(cols[0][-1])     # sorted: the last is the largest
+            if top < bound:
+                q = len(cols[0])
+            else:
+                q = p + int(np.searchsorted(cols[0][p:], np.uint64(bound), "left"))
+            if q > p:
+                parts.append([c[p:q] for c in cols])
+                a[1] = q
+        active = [a for a in active if a[1] < len(a[0][0])]
+        if not parts:
+            continue
+        if len(parts) == 1:
+            out = parts[0]
+        else:
+            out = [np.concatenate([part[i] for part in parts]) for i in range(7)]
+            o = np.argsort(out[0], kind="stable")
+            out = [c[o] for c in out]
+        del parts
+        out = foreign.drop(out)
+        if out is None:
+            continue
+        b = Batch(start, None, tuple(out))
+        start += len(b)
+        for d in np.unique(out[4]).tolist():
+            if d != DEVICE_NONE and d not in t.devices:
+                t.devices[d] = "device %d" % d
+        yield b
+    t._count = start
+    t.foreign_frees, t.foreign_bytes = foreign.count, foreign.bytes
 
 
 class _Foreign(object):
@@ -615,6 +730,93 @@ class _Foreign(object):
                         drop = []
                     drop.append(i)
         return drop
+
+
+class _ForeignNp(object):
+    """_Foreign with numpy, batch by batch: the live blocks' addresses per
+    device as a sorted array. A free is foreign when the event before it
+    on its address (in this batch, else the live set before the batch) is
+    not an allocation: after an allocation the address is live, after a
+    free it is not (a foreign free leaves it not live), whatever came
+    before; so one stable sort by address tells every event's predecessor."""
+
+    def __init__(self):
+        self.live = {}
+        self.count = 0
+        self.bytes = 0
+
+    def drop(self, cols):
+        seq, addr, size, kind, dev, times, site = cols
+        n = len(kind)
+        af = np.flatnonzero((kind == ALLOC) | (kind == FREE))
+        if not len(af):
+            return cols
+        # The devices as _Foreign sees them: a batch of one device (and
+        # events of none) keeps every block in that device's set.
+        d0 = int(dev[0])
+        if d0 == DEVICE_NONE:
+            other = np.flatnonzero(dev != DEVICE_NONE)
+            d0 = int(dev[other[0]]) if len(other) else DEVICE_NONE
+        nd0 = int(np.count_nonzero(dev == d0))
+        one = nd0 + (int(np.count_nonzero(dev == DEVICE_NONE)) if d0 != DEVICE_NONE else 0) == n
+        if one:
+            groups = [(d0, af)]
+        else:
+            da = dev[af]
+            groups = [(d, af[da == d]) for d in np.unique(da).tolist()]
+        drops = []
+        for d, sel in groups:
+            got = self._device(d, addr[sel], kind[sel])
+            if got is not None:
+                drops.append(sel[got])
+        if not drops:
+            return cols
+        drop = np.concatenate(drops) if len(drops) > 1 else drops[0]
+        self.count += len(drop)
+        self.bytes += sum(size[drop].tolist())
+        if len(drop) == n:
+            return None
+        keep = np.ones(n, dtype=bool)
+        keep[drop] = False
+        return [c[keep] for c in cols]
+
+    def _device(self, d, a, k):
+        """Indices (into a) of the foreign frees among one device's
+        allocations and frees a, k (in sequence order); the device's live
+        set moved past them."""
+        live = self.live.get(d)
+        if live is None:
+            live = np.zeros(0, dtype=np.uint64)
+        o = np.argsort(a, kind="stable")
+        sa, sk = a[o], k[o]
+        m = len(sa)
+        first = np.ones(m, dtype=bool)
+        first[1:] = sa[1:] != sa[:-1]
+        last = np.ones(m, dtype=bool)
+        last[:-1] = first[1:]
+        pos = np.searchsorted(live, sa)
+        if len(live):
+            was = (pos < len(live)) & (live[np.minimum(pos, len(live) - 1)] == sa)
+        else:
+            was = np.zeros(m, dtype=bool)
+        before = np.empty(m, dtype=bool)       # live just before each event
+        before[0] = was[0]
+        before[1:] = np.where(first[1:], was[1:], sk[:-1] == ALLOC)
+        bad = (sk == FREE) & ~before
+        # The addresses this batch touched leave the set; those whose last
+        # event is an allocation go back in.
+        gone = pos[first & was]
+        if len(gone):
+            keep = np.ones(len(live), dtype=bool)
+            keep[gone] = False
+            live = live[keep]
+        add = sa[last & (sk == ALLOC)]
+        if len(add):
+            live = np.insert(live, np.searchsorted(live, add), add)
+        self.live[d] = live
+        if not bad.any():
+            return None
+        return np.sort(o[bad])
 
 
 # ------------------------------------------------------------------ replay
