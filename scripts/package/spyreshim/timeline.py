@@ -46,6 +46,7 @@ def _esc(s):
 
 
 _IS_MARK = bytes(1 if k in MARK_NAMES else 0 for k in range(256))
+_IS_MARK_NP = tr.np.frombuffer(_IS_MARK, dtype=tr.np.uint8).astype(bool) if tr.np else None
 MARK_TICKS = 1 << 14    # marker positions kept per kind (a fraction of a pixel)
 
 
@@ -62,10 +63,15 @@ def _site_add(site_live, site, d):
                 site_live.pop(s, None)
 
 
+def _by_bytes(kv):
+    return kv[1], -kv[0]
+
+
 def _snap(site_live):
-    """The live set by site, largest first: SNAPSHOT_SITES of them and the
-    rest summed as site -1."""
-    items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=operator.itemgetter(1))
+    """The live set by site, largest first (equal bytes: the lower site
+    first, whatever order the sites were added in): SNAPSHOT_SITES of them
+    and the rest summed as site -1."""
+    items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=_by_bytes)
     if len(items) <= SNAPSHOT_SITES:
         return [[s, v] for s, v in items]
     snap = [[s, v] for s, v in items[:SNAPSHOT_SITES]]
@@ -103,51 +109,14 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
     site there, and the markers' positions."""
     chart = _Chart(buckets)
     site_live = {}
-    live = 0
-    n = 0
-    tmax = 0
     marks = {k: [0, 0, set()] for k in MARK_NAMES}   # count, bytes, ticks
-    wm = 1
+    st = [0, 0, 0, 1]    # live bytes, events, largest time, marks' tick width
+    np = tr.np
     for b in t.batches():
-        m = len(b)
-        n += m
-        tm = b.time
-        bt = max(tm)
-        if bt > tmax:
-            tmax = bt
-        chart.widen(bt)
-        d = tr.served(b, tr.deltas(b))
-        cum = array("q", itertools.accumulate(d, initial=live))
-        live = cum[-1]
-        site, fine, w = b.site, chart.fine, chart.w
-        pos = 0          # site_live holds the state before event pos
-        lo = 0
-        while lo < m:
-            q = tm[lo] // w
-            hi = bisect.bisect_left(tm, (q + 1) * w, lo + 1) if tm[m - 1] >= (q + 1) * w else m
-            if hi <= lo:
-                hi = lo + 1
-            v = max(cum[lo + 1:hi + 1])
-            c = fine.get(q)
-            if c is None or v > c[0]:
-                j = cum.index(v, lo + 1, hi + 1) - 1
-                _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
-                pos = j + 1
-                fine[q] = [v, b.start + j, tm[j], _snap(site_live)]
-            lo = hi
-        _site_add(site_live, site[pos:], d[pos:])
-        kb = b.kind.tobytes()
-        if kb.translate(_IS_MARK).count(1):
-            while bt >= MARK_TICKS * wm:
-                wm *= 2
-                for mk in marks.values():
-                    mk[2] = {x >> 1 for x in mk[2]}
-            kind, size = b.kind, b.size
-            for i in itertools.compress(range(m), kb.translate(_IS_MARK)):
-                mk = marks[kind[i]]
-                mk[0] += 1
-                mk[1] += size[i]
-                mk[2].add(tm[i] // wm)
+        if np is not None and _batch_np(np, b, chart, site_live, marks, st):
+            continue
+        _batch(b, chart, site_live, marks, st)
+    live, n, tmax, wm = st
     span = tmax + 1
     # Each fine interval into the chart column its start lies in; a column
     # shows its highest; one without events keeps the previous state.
@@ -191,6 +160,138 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
             "peak_time": peak[2], "peak_bucket": peak_bucket,
             "top_sites": top_sites, "columns": columns, "snaps": snaps,
             "marks": marks, "mark_tick": wm}
+
+
+def _batch(b, chart, site_live, marks, st):
+    """One batch into the chart, the sites' live bytes and the markers
+    (the pure-Python path; st: live bytes, events, largest time, tick)."""
+    live, n, tmax, wm = st
+    m = len(b)
+    n += m
+    tm = b.time
+    bt = max(tm)
+    if bt > tmax:
+        tmax = bt
+    chart.widen(bt)
+    d = tr.served(b, tr.deltas(b))
+    if not isinstance(d, array):       # numpy's, for a batch _batch_np left
+        d = array("q", d.tobytes())
+    cum = array("q", itertools.accumulate(d, initial=live))
+    live = cum[-1]
+    site, fine, w = b.site, chart.fine, chart.w
+    pos = 0          # site_live holds the state before event pos
+    lo = 0
+    while lo < m:
+        q = tm[lo] // w
+        hi = bisect.bisect_left(tm, (q + 1) * w, lo + 1) if tm[m - 1] >= (q + 1) * w else m
+        if hi <= lo:
+            hi = lo + 1
+        v = max(cum[lo + 1:hi + 1])
+        c = fine.get(q)
+        if c is None or v > c[0]:
+            j = cum.index(v, lo + 1, hi + 1) - 1
+            _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
+            pos = j + 1
+            fine[q] = [v, b.start + j, tm[j], _snap(site_live)]
+        lo = hi
+    _site_add(site_live, site[pos:], d[pos:])
+    kb = b.kind.tobytes()
+    if kb.translate(_IS_MARK).count(1):
+        while bt >= MARK_TICKS * wm:
+            wm *= 2
+            for mk in marks.values():
+                mk[2] = {x >> 1 for x in mk[2]}
+        kind, size = b.kind, b.size
+        for i in itertools.compress(range(m), kb.translate(_IS_MARK)):
+            mk = marks[kind[i]]
+            mk[0] += 1
+            mk[1] += size[i]
+            mk[2].add(tm[i] // wm)
+    st[:] = live, n, tmax, wm
+
+
+def _batch_np(np, b, chart, site_live, marks, st):
+    """_batch with numpy, for a batch whose times do not go back (else
+    False, and _batch takes it: its intervals are then bisect's): the
+    running sum by cumsum, each fine interval's highest moment by
+    maximum.reduceat and argmax, and the sites' sums between the moments
+    that make a snapshot by one sort on (moment, site) and add.reduceat."""
+    seq, addr, size, kind, dev, tm, site = b.nd()
+    m = len(kind)
+    if m > 1 and (tm[1:] < tm[:-1]).any():
+        return False
+    live, n, tmax, wm = st
+    n += m
+    bt = int(tm[-1])
+    if bt > tmax:
+        tmax = bt
+    chart.widen(bt)
+    d = tr.deltas_np(np, kind, size, dev)
+    cum = np.cumsum(d)
+    cum += live                   # cum[i]: live bytes after event i
+    live = int(cum[-1])
+    fine, w = chart.fine, chart.w
+    q = tm // np.uint64(w)
+    starts = np.flatnonzero(np.concatenate(([True], q[1:] != q[:-1])))
+    tops = np.maximum.reduceat(cum, starts).tolist()
+    qs = q[starts].tolist()
+    bounds = starts.tolist() + [m]
+    moments = []      # (q, v, j): the events j after which a snapshot is taken
+    for x, (qq, v) in enumerate(zip(qs, tops)):
+        c = fine.get(qq)
+        if c is None or v > c[0]:
+            lo = bounds[x]
+            j = lo + int(np.argmax(cum[lo:bounds[x + 1]]))
+            moments.append((qq, v, j))
+            fine[qq] = c = [v, None, None, None]     # filled below; marks the interval taken
+    # The sites' sums between consecutive moments: segment g holds the
+    # events after moment g-1 up to moment g (the last: the rest).
+    nz = np.flatnonzero(d)
+    if len(nz):
+        ends = np.array([j for _q, _v, j in moments], dtype=np.int64)
+        seg = np.searchsorted(ends, nz, "left")      # event i <= ends[g]: segment g
+        ss = site[nz]
+        o = np.lexsort((ss, seg))
+        seg, ss, dd = seg[o], ss[o], d[nz][o]
+        key = np.flatnonzero(np.concatenate(([True], (seg[1:] != seg[:-1]) | (ss[1:] != ss[:-1]))))
+        gseg = seg[key].tolist()
+        gsite = ss[key].tolist()
+        gsum = np.add.reduceat(dd, key).tolist()
+    else:
+        gseg = gsite = gsum = []
+    gi, ng = 0, len(gseg)
+    for g, (qq, v, j) in enumerate(moments):
+        while gi < ng and gseg[gi] == g:
+            s = gsite[gi]
+            val = site_live.get(s, 0) + gsum[gi]
+            if val:
+                site_live[s] = val
+            else:
+                site_live.pop(s, None)
+            gi += 1
+        fine[qq] = [v, b.start + j, int(tm[j]), _snap(site_live)]
+    while gi < ng:
+        s = gsite[gi]
+        val = site_live.get(s, 0) + gsum[gi]
+        if val:
+            site_live[s] = val
+        else:
+            site_live.pop(s, None)
+        gi += 1
+    mk_at = np.flatnonzero(_IS_MARK_NP[kind])
+    if len(mk_at):
+        while bt >= MARK_TICKS * wm:
+            wm *= 2
+            for mk in marks.values():
+                mk[2] = {x >> 1 for x in mk[2]}
+        for k, sz, x in zip(kind[mk_at].tolist(), size[mk_at].tolist(),
+                            (tm[mk_at] // np.uint64(wm)).tolist()):
+            mk = marks[k]
+            mk[0] += 1
+            mk[1] += sz
+            mk[2].add(x)
+    st[:] = live, n, tmax, wm
+    return True
 
 
 def _site_frames(t, s):

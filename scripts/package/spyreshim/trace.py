@@ -842,9 +842,31 @@ _SIGN = bytes([0, 1, 0xFF] + [0] * 253)     # as signed chars: 0, +1, -1
 _NOT_PASSTHROUGH = bytes(0 if d in PASSTHROUGH_DEVICES else 1 for d in range(256))
 
 
+if np is not None:
+    _SIGN_NP = np.frombuffer(_SIGN, dtype=np.int8).astype(np.int64)
+    _NOT_PASSTHROUGH_NP = np.frombuffer(_NOT_PASSTHROUGH, dtype=np.uint8).astype(bool)
+
+
+def deltas_np(np, kind, size, dev):
+    """deltas then served, with numpy: int64 of the changes of live bytes
+    of a batch's columns, the pass-through pseudo-devices' zeroed."""
+    d = size.astype(np.int64)
+    d *= _SIGN_NP[kind]
+    served = _NOT_PASSTHROUGH_NP[dev]
+    if not served.all():
+        d *= served
+    return d
+
+
 def deltas(b):
     """array('q') of the batch's changes of live bytes (alloc +size, free
-    -size, other kinds 0), every device."""
+    -size, other kinds 0), every device (a numpy int64 array on the numpy
+    path: for served() and PeakTracker.feed)."""
+    if np is not None:
+        nd = b.nd()
+        d = nd[2].astype(np.int64)
+        d *= _SIGN_NP[nd[3]]
+        return d
     sign = array("b")
     sign.frombytes(b.kind.tobytes().translate(_SIGN))
     return array("q", map(operator.mul, b.size, sign))
@@ -853,6 +875,9 @@ def deltas(b):
 def served(b, d):
     """The deltas d with the pass-through pseudo-devices' events zeroed
     (they have their own peaks and stay out of the overall one)."""
+    if not isinstance(d, array):
+        served = _NOT_PASSTHROUGH_NP[b.nd()[4]]
+        return d if served.all() else d * served
     dev = b.dev
     if not any(dev.count(p) for p in PASSTHROUGH_DEVICES):
         return d
@@ -862,6 +887,8 @@ def served(b, d):
 def devices_of(b):
     """The devices of a batch's events (DEVICE_NONE left out): one C pass
     when there is a single one, the usual case."""
+    if np is not None:
+        return tuple(x for x in np.unique(b.nd()[4]).tolist() if x != DEVICE_NONE)
     dev = b.dev
     d0 = dev[0]
     if d0 == DEVICE_NONE:
@@ -875,6 +902,8 @@ def devices_of(b):
 
 def _only(b, d, dv):
     """The deltas d with every event not on device dv zeroed."""
+    if not isinstance(d, array):
+        return d * (b.nd()[4] == dv)
     table = bytearray(256)
     table[dv] = 1
     return array("q", map(operator.mul, d, b.dev.tobytes().translate(table)))
@@ -883,6 +912,14 @@ def _only(b, d, dv):
 def _curve_max(d, initial):
     """(last, max, index of the first max) of the running sum of d from
     initial; index -1 when no partial sum exceeds initial."""
+    if not isinstance(d, array):
+        cum = np.cumsum(d)
+        cum += initial
+        i = int(np.argmax(cum))
+        m = int(cum[i])
+        if m > initial:
+            return int(cum[-1]), m, i
+        return int(cum[-1]), initial, -1
     cum = array("q", itertools.accumulate(d, initial=initial))
     m = max(cum)
     i = cum.index(m) - 1 if m > initial else -1
