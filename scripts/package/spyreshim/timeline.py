@@ -113,9 +113,10 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
     st = [0, 0, 0, 1]    # live bytes, events, largest time, marks' tick width
     np = tr.np
     for b in t.batches():
-        if np is not None and _batch_np(np, b, chart, site_live, marks, st):
-            continue
-        _batch(b, chart, site_live, marks, st)
+        if np is not None:
+            _batch_np(np, b, chart, site_live, marks, st)
+        else:
+            _batch(b, chart, site_live, marks, st)
     live, n, tmax, wm = st
     span = tmax + 1
     # Each fine interval into the chart column its start lies in; a column
@@ -179,13 +180,15 @@ def _batch(b, chart, site_live, marks, st):
     cum = array("q", itertools.accumulate(d, initial=live))
     live = cum[-1]
     site, fine, w = b.site, chart.fine, chart.w
+    # An interval ends at the first event whose time lies past it: the
+    # threads' times can step back a little in sequence order, so the
+    # intervals follow the running maximum of the times (sorted).
+    top = tm if _ordered(tm) else array("Q", itertools.accumulate(tm, max))
     pos = 0          # site_live holds the state before event pos
     lo = 0
     while lo < m:
-        q = tm[lo] // w
-        hi = bisect.bisect_left(tm, (q + 1) * w, lo + 1) if tm[m - 1] >= (q + 1) * w else m
-        if hi <= lo:
-            hi = lo + 1
+        q = top[lo] // w
+        hi = bisect.bisect_left(top, (q + 1) * w, lo + 1)
         v = max(cum[lo + 1:hi + 1])
         c = fine.get(q)
         if c is None or v > c[0]:
@@ -210,19 +213,22 @@ def _batch(b, chart, site_live, marks, st):
     st[:] = live, n, tmax, wm
 
 
+def _ordered(tm):
+    """Whether the times never step back (an array)."""
+    return all(map(operator.le, tm, itertools.islice(tm, 1, None)))
+
+
 def _batch_np(np, b, chart, site_live, marks, st):
-    """_batch with numpy, for a batch whose times do not go back (else
-    False, and _batch takes it: its intervals are then bisect's): the
-    running sum by cumsum, each fine interval's highest moment by
+    """_batch with numpy: the running sum by cumsum, the intervals by the
+    running maximum of the times, each interval's highest moment by
     maximum.reduceat and argmax, and the sites' sums between the moments
     that make a snapshot by one sort on (moment, site) and add.reduceat."""
     seq, addr, size, kind, dev, tm, site = b.nd()
     m = len(kind)
-    if m > 1 and (tm[1:] < tm[:-1]).any():
-        return False
     live, n, tmax, wm = st
     n += m
-    bt = int(tm[-1])
+    top = np.maximum.accumulate(tm)
+    bt = int(top[-1])
     if bt > tmax:
         tmax = bt
     chart.widen(bt)
@@ -231,7 +237,7 @@ def _batch_np(np, b, chart, site_live, marks, st):
     cum += live                   # cum[i]: live bytes after event i
     live = int(cum[-1])
     fine, w = chart.fine, chart.w
-    q = tm // np.uint64(w)
+    q = top // np.uint64(w)
     starts = np.flatnonzero(np.concatenate(([True], q[1:] != q[:-1])))
     tops = np.maximum.reduceat(cum, starts).tolist()
     qs = q[starts].tolist()
