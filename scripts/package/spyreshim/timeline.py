@@ -63,6 +63,9 @@ def _site_add(site_live, site, d):
                 site_live.pop(s, None)
 
 
+_BYTES = operator.itemgetter(1)
+
+
 def _by_bytes(kv):
     return kv[1], -kv[0]
 
@@ -71,10 +74,15 @@ def _snap(site_live):
     """The live set by site, largest first (equal bytes: the lower site
     first, whatever order the sites were added in): SNAPSHOT_SITES of them
     and the rest summed as site -1."""
-    items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=_by_bytes)
+    if len(site_live) <= 4 * SNAPSHOT_SITES:
+        # Two C sorts: by site, then (stable) by bytes, largest first.
+        items = sorted(site_live.items())
+        items.sort(key=_BYTES, reverse=True)
+    else:
+        items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=_by_bytes)
     if len(items) <= SNAPSHOT_SITES:
-        return [[s, v] for s, v in items]
-    snap = [[s, v] for s, v in items[:SNAPSHOT_SITES]]
+        return list(map(list, items))
+    snap = list(map(list, items[:SNAPSHOT_SITES]))
     shown = sum(v for _s, v in snap)
     snap.append([-1, sum(site_live.values()) - shown])
     return snap
@@ -239,17 +247,18 @@ def _batch_np(np, b, chart, site_live, marks, st):
     fine, w = chart.fine, chart.w
     q = top // np.uint64(w)
     starts = np.flatnonzero(np.concatenate(([True], q[1:] != q[:-1])))
-    tops = np.maximum.reduceat(cum, starts).tolist()
-    qs = q[starts].tolist()
-    bounds = starts.tolist() + [m]
+    tops = np.maximum.reduceat(cum, starts)
+    # Each interval's first event at its highest: the events equal to
+    # their interval's highest, the first of them past each start.
+    lens = np.diff(np.append(starts, m))
+    at = np.flatnonzero(cum == np.repeat(tops, lens))
+    firsts = at[np.searchsorted(at, starts)].tolist()
     moments = []      # (q, v, j): the events j after which a snapshot is taken
-    for x, (qq, v) in enumerate(zip(qs, tops)):
+    for qq, v, j in zip(q[starts].tolist(), tops.tolist(), firsts):
         c = fine.get(qq)
         if c is None or v > c[0]:
-            lo = bounds[x]
-            j = lo + int(np.argmax(cum[lo:bounds[x + 1]]))
             moments.append((qq, v, j))
-            fine[qq] = c = [v, None, None, None]     # filled below; marks the interval taken
+            fine[qq] = [v, None, None, None]     # filled below
     # The sites' sums between consecutive moments: segment g holds the
     # events after moment g-1 up to moment g (the last: the rest).
     nz = np.flatnonzero(d)
