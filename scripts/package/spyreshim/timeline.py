@@ -221,6 +221,36 @@ def _batch(b, chart, site_live, marks, st):
     st[:] = live, n, tmax, wm
 
 
+def _site_sums(np, d, site, ends):
+    """The sum of d per (segment, site), segment g holding the events after
+    ends[g-1] up to ends[g] (the last one: the rest), in segment order:
+    three lists (segment, site, sum), the sums that are 0 left out (adding
+    them changes nothing)."""
+    nz = np.flatnonzero(d)
+    if not len(nz):
+        return [], [], []
+    seg = np.searchsorted(np.array(ends, dtype=np.int64), nz, "left")   # i <= ends[g]: g
+    ss = site[nz]
+    dd = d[nz]
+    nsite = int(ss.max()) + 1
+    cells = (len(ends) + 1) * nsite
+    # One bincount when its float sums are exact (every partial sum an
+    # integer below 2^53) and its cells few; else one sort and reduceat.
+    big = int(np.abs(dd).max())
+    if cells <= 1 << 22 and big * len(dd) < 1 << 53:
+        key = seg * nsite + ss
+        sums = np.bincount(key, weights=dd, minlength=cells)
+        cell = np.flatnonzero(sums)
+        return ((cell // nsite).tolist(), (cell % nsite).tolist(),
+                sums[cell].astype(np.int64).tolist())
+    o = np.lexsort((ss, seg))
+    seg, ss, dd = seg[o], ss[o], dd[o]
+    key = np.flatnonzero(np.concatenate(([True], (seg[1:] != seg[:-1]) | (ss[1:] != ss[:-1]))))
+    sums = np.add.reduceat(dd, key)
+    keep = sums != 0
+    return seg[key][keep].tolist(), ss[key][keep].tolist(), sums[keep].tolist()
+
+
 def _ordered(tm):
     """Whether the times never step back (an array)."""
     return all(map(operator.le, tm, itertools.islice(tm, 1, None)))
@@ -261,19 +291,7 @@ def _batch_np(np, b, chart, site_live, marks, st):
             fine[qq] = [v, None, None, None]     # filled below
     # The sites' sums between consecutive moments: segment g holds the
     # events after moment g-1 up to moment g (the last: the rest).
-    nz = np.flatnonzero(d)
-    if len(nz):
-        ends = np.array([j for _q, _v, j in moments], dtype=np.int64)
-        seg = np.searchsorted(ends, nz, "left")      # event i <= ends[g]: segment g
-        ss = site[nz]
-        o = np.lexsort((ss, seg))
-        seg, ss, dd = seg[o], ss[o], d[nz][o]
-        key = np.flatnonzero(np.concatenate(([True], (seg[1:] != seg[:-1]) | (ss[1:] != ss[:-1]))))
-        gseg = seg[key].tolist()
-        gsite = ss[key].tolist()
-        gsum = np.add.reduceat(dd, key).tolist()
-    else:
-        gseg = gsite = gsum = []
+    gseg, gsite, gsum = _site_sums(np, d, site, [j for _q, _v, j in moments])
     gi, ng = 0, len(gseg)
     for g, (qq, v, j) in enumerate(moments):
         while gi < ng and gseg[gi] == g:

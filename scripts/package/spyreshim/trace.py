@@ -597,6 +597,21 @@ def _name_devices(t, dev):
 
 
 
+def _order(seq):
+    """The order that sorts seq (numpy; its values distinct): when they are
+    consecutive numbers, as the shim numbers its events, each one's place
+    is its value less the smallest (one scatter); else a stable argsort."""
+    n = len(seq)
+    lo = int(seq.min())
+    if int(seq.max()) - lo == n - 1:
+        at = (seq - np.uint64(lo)).astype(np.intp)
+        o = np.full(n, -1, dtype=np.intp)
+        o[at] = np.arange(n, dtype=np.intp)
+        if not (o < 0).any():       # n distinct places: a permutation
+            return o
+    return np.argsort(seq, kind="stable")
+
+
 def _merge_np(t, f):
     """_merge with numpy columns: the same frontier, the parts of several
     chunks joined and put in order by one stable argsort of seq, the
@@ -641,8 +656,7 @@ def _merge_np(t, f):
             out = parts[0]
         else:
             out = [np.concatenate([part[i] for part in parts]) for i in range(7)]
-            o = np.argsort(out[0], kind="stable")
-            out = [c[o] for c in out]
+            out = [c[o] for o in (_order(out[0]),) for c in out]
         del parts
         out = foreign.drop(out)
         if out is None:
