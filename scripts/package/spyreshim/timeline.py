@@ -70,6 +70,15 @@ def _by_bytes(kv):
     return kv[1], -kv[0]
 
 
+def _keep(site_live):
+    """What a snapshot needs of site_live now: a copy while the sites are
+    few (most snapshots are replaced by a higher one later: _snap runs at
+    the end on those that stay), else the snapshot itself (bounded)."""
+    if len(site_live) <= 4 * SNAPSHOT_SITES:
+        return dict(site_live)
+    return _snap(site_live)
+
+
 def _snap(site_live):
     """The live set by site, largest first (equal bytes: the lower site
     first, whatever order the sites were added in): SNAPSHOT_SITES of them
@@ -126,6 +135,9 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
         else:
             _batch(b, chart, site_live, marks, st)
     live, n, tmax, wm = st
+    for c in chart.fine.values():
+        if isinstance(c[3], dict):
+            c[3] = _snap(c[3])
     span = tmax + 1
     # Each fine interval into the chart column its start lies in; a column
     # shows its highest; one without events keeps the previous state.
@@ -203,7 +215,7 @@ def _batch(b, chart, site_live, marks, st):
             j = cum.index(v, lo + 1, hi + 1) - 1
             _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
             pos = j + 1
-            fine[q] = [v, b.start + j, tm[j], _snap(site_live)]
+            fine[q] = [v, b.start + j, tm[j], _keep(site_live)]
         lo = hi
     _site_add(site_live, site[pos:], d[pos:])
     kb = b.kind.tobytes()
@@ -302,7 +314,7 @@ def _batch_np(np, b, chart, site_live, marks, st):
             else:
                 site_live.pop(s, None)
             gi += 1
-        fine[qq] = [v, b.start + j, int(tm[j]), _snap(site_live)]
+        fine[qq] = [v, b.start + j, int(tm[j]), _keep(site_live)]
     while gi < ng:
         s = gsite[gi]
         val = site_live.get(s, 0) + gsum[gi]

@@ -663,7 +663,7 @@ def _merge_np(t, f):
             continue
         b = Batch(start, None, tuple(out))
         start += len(b)
-        for d in np.unique(out[4]).tolist():
+        for d in np.flatnonzero(np.bincount(out[4], minlength=256)).tolist():
             if d != DEVICE_NONE and d not in t.devices:
                 t.devices[d] = "device %d" % d
         yield b
@@ -902,7 +902,8 @@ def devices_of(b):
     """The devices of a batch's events (DEVICE_NONE left out): one C pass
     when there is a single one, the usual case."""
     if np is not None:
-        return tuple(x for x in np.unique(b.nd()[4]).tolist() if x != DEVICE_NONE)
+        return tuple(x for x in np.flatnonzero(np.bincount(b.nd()[4], minlength=256)).tolist()
+                     if x != DEVICE_NONE)
     dev = b.dev
     d0 = dev[0]
     if d0 == DEVICE_NONE:
