@@ -190,6 +190,7 @@ def _batch(b, chart, site_live, marks, st):
     m = len(b)
     n += m
     tm = b.time
+    before = tmax    # the largest time before this batch
     bt = max(tm)
     if bt > tmax:
         tmax = bt
@@ -202,8 +203,10 @@ def _batch(b, chart, site_live, marks, st):
     site, fine, w = b.site, chart.fine, chart.w
     # An interval ends at the first event whose time lies past it: the
     # threads' times can step back a little in sequence order, so the
-    # intervals follow the running maximum of the times (sorted).
-    top = tm if _ordered(tm) else array("Q", itertools.accumulate(tm, max))
+    # intervals follow the running maximum of the times (sorted), from
+    # the trace's start (batch boundaries change nothing).
+    top = tm if tm[0] >= before and _ordered(tm) else array(
+        "Q", itertools.accumulate(tm, max, initial=before))[1:]
     pos = 0          # site_live holds the state before event pos
     lo = 0
     while lo < m:
@@ -278,6 +281,8 @@ def _batch_np(np, b, chart, site_live, marks, st):
     live, n, tmax, wm = st
     n += m
     top = np.maximum.accumulate(tm)
+    if m and int(top[0]) < tmax:
+        top = np.maximum(top, np.uint64(tmax))
     bt = int(top[-1])
     if bt > tmax:
         tmax = bt

@@ -808,18 +808,23 @@ class _ForeignNp(object):
         first[1:] = sa[1:] != sa[:-1]
         last = np.ones(m, dtype=bool)
         last[:-1] = first[1:]
-        pos = np.searchsorted(live, sa)
+        # Each address's first event here: live before it when the set
+        # holds the address; every other event: when the one before it on
+        # its address is an allocation.
+        firsts = np.flatnonzero(first)
+        ua = sa[firsts]
+        pos = np.searchsorted(live, ua)
         if len(live):
-            was = (pos < len(live)) & (live[np.minimum(pos, len(live) - 1)] == sa)
+            was = live[np.minimum(pos, len(live) - 1)] == ua
         else:
-            was = np.zeros(m, dtype=bool)
+            was = np.zeros(len(ua), dtype=bool)
         before = np.empty(m, dtype=bool)       # live just before each event
-        before[0] = was[0]
-        before[1:] = np.where(first[1:], was[1:], sk[:-1] == ALLOC)
+        before[1:] = sk[:-1] == ALLOC
+        before[firsts] = was
         bad = (sk == FREE) & ~before
         # The addresses this batch touched leave the set; those whose last
         # event is an allocation go back in.
-        gone = pos[first & was]
+        gone = pos[was]
         if len(gone):
             keep = np.ones(len(live), dtype=bool)
             keep[gone] = False
