@@ -1025,10 +1025,71 @@ def _live_dict(lives, device):
     return out
 
 
+def _replay_np(lives, b, lo, hi):
+    """_replay with numpy: per address, only its last allocation or free
+    matters, and where it lands in the dict's order: an address freed in
+    the range (or new) and allocated again goes to the end, in the order
+    of its first allocation after its last free, as the per-event loop
+    leaves it."""
+    seq, addr, size, kind, dev, _tm, site = (c[lo:hi] for c in b.nd())
+    af = np.flatnonzero((kind == ALLOC) | (kind == FREE))
+    if not len(af):
+        return
+    devs = devices_of(b)
+    if len(devs) == 1:
+        groups = [(devs[0], af)]
+    else:
+        da = dev[af]
+        groups = [(d, af[da == d]) for d in np.unique(da).tolist()]
+    for d, sel in groups:
+        live = lives.get(d)
+        if live is None:
+            live = lives[d] = {}
+        a, k = addr[sel], kind[sel]
+        o = np.argsort(a, kind="stable")
+        sa, sk, si = a[o], k[o], sel[o]
+        m = len(sa)
+        first = np.ones(m, dtype=bool)
+        first[1:] = sa[1:] != sa[:-1]
+        starts = np.flatnonzero(first)
+        ends = np.append(starts[1:], m) - 1            # each address's last event
+        gid = np.cumsum(first) - 1                      # each event's address
+        isfree = sk == FREE
+        # The last free of each address (-1: none), then the first
+        # allocation after it (the group's first allocation when none).
+        fpos = np.where(isfree, np.arange(m), -1)
+        lastfree = np.maximum.reduceat(fpos, starts)
+        after = (~isfree) & (np.arange(m) > lastfree[gid])
+        apos = np.where(after, np.arange(m), m)
+        firstalloc = np.minimum.reduceat(apos, starts)
+        ua = sa[starts].tolist()
+        freed = (lastfree >= 0).tolist()
+        alive = (sk[ends] == ALLOC).tolist()
+        lastev = si[ends]
+        vals = list(zip(size[lastev].tolist(), site[lastev].tolist(),
+                        (lastev + (b.start + lo)).tolist()))
+        reborn = []
+        for g, x in enumerate(ua):
+            if freed[g]:
+                live.pop(x, None)
+            if alive[g]:
+                if x in live:
+                    live[x] = vals[g]
+                else:
+                    reborn.append(g)
+        if reborn:
+            at = si[firstalloc[reborn]].tolist()
+            for _i, g in sorted(zip(at, reborn)):
+                live[ua[g]] = vals[g]
+
+
 def _replay(lives, b, lo, hi):
     """Events [lo, hi) of batch b into lives (dev -> {addr: (size, site,
     index)})."""
     if hi <= lo:
+        return
+    if np is not None:
+        _replay_np(lives, b, lo, hi)
         return
     kind, addr, size, site = b.kind[lo:hi], b.addr[lo:hi], b.size[lo:hi], b.site[lo:hi]
     devs = devices_of(b)
