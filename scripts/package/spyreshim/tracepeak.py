@@ -92,6 +92,9 @@ def _gather(t):
             st.hist.update(map(int.bit_length, asz))
             st.by_count.update(itertools.compress(site, am))
         # Per-site bytes allocated and live (its peak): the one loop.
+        if tr.np is not None:
+            _site_peaks_np(tr.np, b, by_bytes, site_live, site_peak)
+            kind = ()
         for k, s, sz in zip(kind, site, size):
             if k == tr.ALLOC:
                 by_bytes[s] = by_bytes.get(s, 0) + sz
@@ -102,7 +105,7 @@ def _gather(t):
             elif k == tr.FREE:
                 site_live[s] = site_live.get(s, 0) - sz
         if kb.translate(_IS_MARK).count(1):
-            for k, sz in zip(kind, size):
+            for k, sz in zip(b.kind, size):
                 if k in _MARKS:
                     if k == tr.PRESSURE_BEGIN:
                         st.marks[0] += 1
@@ -112,6 +115,52 @@ def _gather(t):
                     else:
                         st.marks[3] += 1
     return st
+
+
+def _site_peaks_np(np, b, by_bytes, site_live, site_peak):
+    """The per-event loop of _gather with numpy: per site (one stable sort
+    by site), the running sum of its allocations less its frees from its
+    live bytes so far, its highest after an allocation, and the bytes
+    allocated; a site new to site_peak goes in where the loop would have
+    put it (its first allocation that leaves it above 0), since the
+    report lists equal peaks in that order."""
+    _seq, _addr, size, kind, _dev, _tm, site = b.nd()
+    af = np.flatnonzero((kind == tr.ALLOC) | (kind == tr.FREE))
+    if not len(af):
+        return
+    o = np.argsort(site[af], kind="stable")
+    at = af[o]
+    ss, isa = site[at], kind[at] == tr.ALLOC
+    sz = size[at].astype(np.int64)
+    dd = np.where(isa, sz, -sz)
+    m = len(at)
+    first = np.ones(m, dtype=bool)
+    first[1:] = ss[1:] != ss[:-1]
+    starts = np.flatnonzero(first)
+    lens = np.diff(np.append(starts, m))
+    us = ss[starts].tolist()
+    init = np.array([site_live.get(s, 0) for s in us], dtype=np.int64)
+    cs = np.cumsum(dd)
+    base = np.concatenate(([0], cs[starts[1:] - 1])) if len(starts) > 1 else np.zeros(1, np.int64)
+    v = cs - np.repeat(base - init, lens)         # each site's live bytes after each event
+    low = np.iinfo(np.int64).min
+    tops = np.maximum.reduceat(np.where(isa, v, low), starts).tolist()
+    allocated = np.add.reduceat(np.where(isa, sz, 0), starts).tolist()
+    anyalloc = np.logical_or.reduceat(isa, starts).tolist()
+    above = np.minimum.reduceat(np.where(isa & (v > 0), at, len(kind)), starts).tolist()
+    final = v[np.append(starts[1:], m) - 1].tolist()
+    new = []
+    for g, s in enumerate(us):
+        site_live[s] = final[g]
+        if anyalloc[g]:
+            by_bytes[s] = by_bytes.get(s, 0) + allocated[g]
+            if tops[g] > site_peak.get(s, 0):
+                if s in site_peak:
+                    site_peak[s] = tops[g]
+                else:
+                    new.append((above[g], s, tops[g]))
+    for _i, s, top in sorted(new):
+        site_peak[s] = top
 
 
 def _mark_intervals(t, span, n):
