@@ -52,6 +52,9 @@ def peak_html(t, top=0):
 _MARKS = (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)
 _IS_MARK = bytes(1 if k in _MARKS else 0 for k in range(256))
 _IS_ALLOC = bytes(1 if k == tr.ALLOC else 0 for k in range(256))
+if tr.np is not None:
+    _IS_MARK_NP = tr.np.frombuffer(_IS_MARK, dtype=tr.np.uint8).astype(bool)
+    _POW2 = tr.np.array([1 << k for k in range(64)], dtype=tr.np.uint64)
 
 
 class _Stats(object):
@@ -82,7 +85,9 @@ def _gather(t):
         na = am.count(1)
         st.tmax = max(st.tmax, max(b.time))
         st.nevents += len(b)
-        if na:
+        if na and tr.np is not None:
+            _alloc_stats_np(tr.np, st, b, na)
+        elif na:
             asz = list(itertools.compress(size, am))
             st.nalloc += na
             st.total += sum(asz)
@@ -105,7 +110,7 @@ def _gather(t):
             elif k == tr.FREE:
                 site_live[s] = site_live.get(s, 0) - sz
         if kb.translate(_IS_MARK).count(1):
-            for k, sz in zip(b.kind, size):
+            for k, sz in _marks_of(b, (b.kind, size)):
                 if k in _MARKS:
                     if k == tr.PRESSURE_BEGIN:
                         st.marks[0] += 1
@@ -115,6 +120,39 @@ def _gather(t):
                     else:
                         st.marks[3] += 1
     return st
+
+
+def _marks_of(b, cols):
+    """zip(*cols), the markers' rows only on the numpy path (the loops
+    that read them skip the other kinds)."""
+    if tr.np is None:
+        return zip(*cols)
+    at = tr.np.flatnonzero(_IS_MARK_NP[b.nd()[3]])
+    return zip(*(tr.np.frombuffer(c, dtype=d)[at].tolist() for c, d in zip(
+        cols, [{"B": tr.np.uint8, "Q": tr.np.uint64}[c.typecode] for c in cols])))
+
+
+def _alloc_stats_np(np, st, b, na):
+    """The allocations' count, total, extremes, size histogram (by bit
+    length) and count by site, with numpy; a site new to by_count goes in
+    at its first allocation, as Counter.update would put it."""
+    _seq, _addr, size, kind, _dev, _tm, site = b.nd()
+    am = kind == tr.ALLOC
+    asz = size[am]
+    lo, hi = int(asz.min()), int(asz.max())
+    st.nalloc += na
+    st.total += int(asz.sum()) if hi * na < 1 << 64 else sum(asz.tolist())
+    st.smin = lo if st.smin is None else min(st.smin, lo)
+    st.smax = hi if st.smax is None else max(st.smax, hi)
+    bits = np.searchsorted(_POW2, asz, "right")     # int.bit_length of each size
+    counts = np.bincount(bits, minlength=65)
+    st.hist.update({int(k): int(counts[k]) for k in np.flatnonzero(counts)})
+    asite = site[am]
+    us, first, cnt = np.unique(asite, return_index=True, return_counts=True)
+    by_count = st.by_count
+    for i in np.argsort(first, kind="stable").tolist():
+        s = int(us[i])
+        by_count[s] = by_count.get(s, 0) + int(cnt[i])
 
 
 def _site_peaks_np(np, b, by_bytes, site_live, site_peak):
@@ -171,7 +209,7 @@ def _mark_intervals(t, span, n):
         kind = b.kind
         if not kind.tobytes().translate(_IS_MARK).count(1):
             continue
-        for k, tm, sz in zip(kind, b.time, b.size):
+        for k, tm, sz in _marks_of(b, (kind, b.time, b.size)):
             if k in _MARKS:
                 bk = buckets[min(n - 1, tm * n // (span + 1))]
                 if k == tr.PRESSURE_BEGIN:
