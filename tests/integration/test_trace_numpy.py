@@ -159,3 +159,30 @@ def test_spyreshim_no_numpy_turns_the_vectorized_path_off(traces, tmp_path):
     on, fast = page({})
     assert (off, on) == ("True", "False")
     assert slow == fast
+
+
+def test_pypy3_without_numpy_writes_the_same_timeline_and_stats(traces, tmp_path):
+    # The reader runs on pypy3 (no numpy there): its page and text are the
+    # numpy path's, byte for byte (the page's site table in site order,
+    # not a set's order, which differs between the interpreters).
+    import shutil
+    pypy = shutil.which("pypy3")
+    if pypy is None:
+        reason = "pypy3 is not installed (scripts/deps.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    tr.np = NUMPY
+    path = str(traces["messy"])
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from spyreshim import trace, timeline, tracepeak\n"
+            "assert trace.np is None\n"
+            "open(sys.argv[2], 'w').write(timeline.page(trace.stream(sys.argv[1])))\n"
+            "open(sys.argv[3], 'w').write(tracepeak.stats_text(trace.stream(sys.argv[1])))\n"
+            % str(REPO / "scripts" / "package"))
+    page, stats = tmp_path / "p.html", tmp_path / "s.txt"
+    r = subprocess.run([pypy, "-c", code, path, str(page), str(stats)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert page.read_text() == timeline.page(tr.stream(path))
+    assert stats.read_text() == tracepeak.stats_text(tr.stream(path))

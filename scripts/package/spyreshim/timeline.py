@@ -215,7 +215,8 @@ def _batch(b, chart, site_live, marks, st):
         v = max(cum[lo + 1:hi + 1])
         c = fine.get(q)
         if c is None or v > c[0]:
-            j = cum.index(v, lo + 1, hi + 1) - 1
+            # array.index takes no bounds before Python 3.10 (pypy3): a slice.
+            j = lo + cum[lo + 1:hi + 1].index(v)
             _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
             pos = j + 1
             fine[q] = [v, b.start + j, tm[j], _keep(site_live)]
@@ -487,7 +488,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             used.add(site)
     data = {"x0": x0, "bw": bw, "times": [c[0] for c in cols], "snaps": d["snaps"],
             "peak_bucket": d["peak_bucket"],
-            "sites": {str(s): _site_frames(t, s) for s in used}}
+            "sites": {str(s): _site_frames(t, s) for s in sorted(used)}}
     # json.dumps, then every "<" escaped: the data cannot end the script element.
     w("<script type=\"application/json\" id=\"data\">%s</script>\n" %
       json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"))
