@@ -4,7 +4,8 @@ as "other"), markers for pressure events, collections and out-of-memory,
 and a time cursor: clicking the chart shows what was live then as a flame
 graph.
 
-Owns this page only (reads trace.py's stream in one pass). Usable for 10
+Owns this page only (reads trace.py's stream in one pass; each batch by
+_batch_np with numpy, else _batch: the same data). Usable for 10
 million events and more, in memory that does not grow with them: the chart
 has BUCKETS columns; each shows the state at the moment its interval was
 highest (so saw-teeth keep their tips), and the bucket holding the peak
