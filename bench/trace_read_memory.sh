@@ -7,16 +7,19 @@
 # One run each: a figure, not a test (the 10M runs take minutes).
 #   bench/trace_read_memory.sh [DIR]   (DIR holds 1m.trace and 10m.trace; made if missing)
 #   SIZES="1m" VERS="new" VIEWS="timeline memory-viz" bench/trace_read_memory.sh
+# PYTHON (default /usr/bin/python3, Debian's, with its python3-numpy: the
+# reader's vectorized path; SPYRESHIM_NO_NUMPY=1 measures the pure-Python one).
 # The old reader's memory-viz holds every event as a dict (about 700 bytes
 # an event: some 7 GB at 10M): leave it out with VIEWS.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 NEW=${NEW:-$HERE/scripts/package}
+PY=${PYTHON:-/usr/bin/python3}
 DIR=${1:-/tmp/spyreshim-trace-memory}
 mkdir -p "$DIR" && cd "$DIR" || exit 2
 for n in ${SIZES:-1m 10m}; do
  case $n in 1m) count=1000000;; 10m) count=10000000;; *) echo "size $n: 1m or 10m" >&2; exit 2;; esac
- [ -f $n.trace ] || python3 "$HERE/bench/trace_synth.py" $n.trace $count
+ [ -f $n.trace ] || $PY "$HERE/bench/trace_synth.py" $n.trace $count
  for ver in ${VERS:-new old}; do
   if [ $ver = new ]; then P=$NEW; else P=${OLD:-}; [ -n "$P" ] || continue; fi
   for view in ${VIEWS:-peak stats peak-html timeline gc pprof diff memory-viz}; do
@@ -31,7 +34,7 @@ for n in ${SIZES:-1m 10m}; do
     memory-viz) args="--memory-viz $DIR/o.pickle";;
     *) echo "view $view?" >&2; exit 2;;
    esac
-   /usr/bin/time -f "%M KiB, CPU %U s user + %S s system, %e s wall" -o $DIR/tm nice python3 -c "import sys; sys.path.insert(0, '$P'); from spyreshim import cli; sys.exit(cli.main(sys.argv[1:]))" report $args $n.trace >/dev/null 2>$DIR/err
+   /usr/bin/time -f "%M KiB, CPU %U s user + %S s system, %e s wall" -o $DIR/tm nice $PY -c "import sys; sys.path.insert(0, '$P'); from spyreshim import cli; sys.exit(cli.main(sys.argv[1:]))" report $args $n.trace >/dev/null 2>$DIR/err
    echo "$n $ver $view rc=$? $(cat $DIR/tm) $(tail -c 200 $DIR/err | tr '\n' ' ')"
   done
  done

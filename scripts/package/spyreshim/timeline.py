@@ -4,7 +4,8 @@ as "other"), markers for pressure events, collections and out-of-memory,
 and a time cursor: clicking the chart shows what was live then as a flame
 graph.
 
-Owns this page only (reads trace.py's stream in one pass). Usable for 10
+Owns this page only (reads trace.py's stream in one pass; each batch by
+_batch_np with numpy, else _batch: the same data). Usable for 10
 million events and more, in memory that does not grow with them: the chart
 has BUCKETS columns; each shows the state at the moment its interval was
 highest (so saw-teeth keep their tips), and the bucket holding the peak
@@ -46,6 +47,7 @@ def _esc(s):
 
 
 _IS_MARK = bytes(1 if k in MARK_NAMES else 0 for k in range(256))
+_IS_MARK_NP = tr.np.frombuffer(_IS_MARK, dtype=tr.np.uint8).astype(bool) if tr.np else None
 MARK_TICKS = 1 << 14    # marker positions kept per kind (a fraction of a pixel)
 
 
@@ -62,13 +64,35 @@ def _site_add(site_live, site, d):
                 site_live.pop(s, None)
 
 
+_BYTES = operator.itemgetter(1)
+
+
+def _by_bytes(kv):
+    return kv[1], -kv[0]
+
+
+def _keep(site_live):
+    """What a snapshot needs of site_live now: a copy while the sites are
+    few (most snapshots are replaced by a higher one later: _snap runs at
+    the end on those that stay), else the snapshot itself (bounded)."""
+    if len(site_live) <= 4 * SNAPSHOT_SITES:
+        return dict(site_live)
+    return _snap(site_live)
+
+
 def _snap(site_live):
-    """The live set by site, largest first: SNAPSHOT_SITES of them and the
-    rest summed as site -1."""
-    items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=operator.itemgetter(1))
+    """The live set by site, largest first (equal bytes: the lower site
+    first, whatever order the sites were added in): SNAPSHOT_SITES of them
+    and the rest summed as site -1."""
+    if len(site_live) <= 4 * SNAPSHOT_SITES:
+        # Two C sorts: by site, then (stable) by bytes, largest first.
+        items = sorted(site_live.items())
+        items.sort(key=_BYTES, reverse=True)
+    else:
+        items = heapq.nlargest(SNAPSHOT_SITES + 1, site_live.items(), key=_by_bytes)
     if len(items) <= SNAPSHOT_SITES:
-        return [[s, v] for s, v in items]
-    snap = [[s, v] for s, v in items[:SNAPSHOT_SITES]]
+        return list(map(list, items))
+    snap = list(map(list, items[:SNAPSHOT_SITES]))
     shown = sum(v for _s, v in snap)
     snap.append([-1, sum(site_live.values()) - shown])
     return snap
@@ -103,51 +127,18 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
     site there, and the markers' positions."""
     chart = _Chart(buckets)
     site_live = {}
-    live = 0
-    n = 0
-    tmax = 0
     marks = {k: [0, 0, set()] for k in MARK_NAMES}   # count, bytes, ticks
-    wm = 1
+    st = [0, 0, 0, 1]    # live bytes, events, largest time, marks' tick width
+    np = tr.np
     for b in t.batches():
-        m = len(b)
-        n += m
-        tm = b.time
-        bt = max(tm)
-        if bt > tmax:
-            tmax = bt
-        chart.widen(bt)
-        d = tr.served(b, tr.deltas(b))
-        cum = array("q", itertools.accumulate(d, initial=live))
-        live = cum[-1]
-        site, fine, w = b.site, chart.fine, chart.w
-        pos = 0          # site_live holds the state before event pos
-        lo = 0
-        while lo < m:
-            q = tm[lo] // w
-            hi = bisect.bisect_left(tm, (q + 1) * w, lo + 1) if tm[m - 1] >= (q + 1) * w else m
-            if hi <= lo:
-                hi = lo + 1
-            v = max(cum[lo + 1:hi + 1])
-            c = fine.get(q)
-            if c is None or v > c[0]:
-                j = cum.index(v, lo + 1, hi + 1) - 1
-                _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
-                pos = j + 1
-                fine[q] = [v, b.start + j, tm[j], _snap(site_live)]
-            lo = hi
-        _site_add(site_live, site[pos:], d[pos:])
-        kb = b.kind.tobytes()
-        if kb.translate(_IS_MARK).count(1):
-            while bt >= MARK_TICKS * wm:
-                wm *= 2
-                for mk in marks.values():
-                    mk[2] = {x >> 1 for x in mk[2]}
-            kind, size = b.kind, b.size
-            for i in itertools.compress(range(m), kb.translate(_IS_MARK)):
-                mk = marks[kind[i]]
-                mk[0] += 1
-                mk[1] += size[i]
-                mk[2].add(tm[i] // wm)
+        if np is not None:
+            _batch_np(np, b, chart, site_live, marks, st)
+        else:
+            _batch(b, chart, site_live, marks, st)
+    live, n, tmax, wm = st
+    for c in chart.fine.values():
+        if isinstance(c[3], dict):
+            c[3] = _snap(c[3])
     span = tmax + 1
     # Each fine interval into the chart column its start lies in; a column
     # shows its highest; one without events keeps the previous state.
@@ -191,6 +182,168 @@ def build(t, buckets=BUCKETS, top=TOP_SITES):
             "peak_time": peak[2], "peak_bucket": peak_bucket,
             "top_sites": top_sites, "columns": columns, "snaps": snaps,
             "marks": marks, "mark_tick": wm}
+
+
+def _batch(b, chart, site_live, marks, st):
+    """One batch into the chart, the sites' live bytes and the markers
+    (the pure-Python path; st: live bytes, events, largest time, tick)."""
+    live, n, tmax, wm = st
+    m = len(b)
+    n += m
+    tm = b.time
+    before = tmax    # the largest time before this batch
+    bt = max(tm)
+    if bt > tmax:
+        tmax = bt
+    chart.widen(bt)
+    d = tr.served(b, tr.deltas(b))
+    if not isinstance(d, array):       # numpy's, for a batch _batch_np left
+        d = array("q", d.tobytes())
+    cum = array("q", itertools.accumulate(d, initial=live))
+    live = cum[-1]
+    site, fine, w = b.site, chart.fine, chart.w
+    # An interval ends at the first event whose time lies past it: the
+    # threads' times can step back a little in sequence order, so the
+    # intervals follow the running maximum of the times (sorted), from
+    # the trace's start (batch boundaries change nothing).
+    top = tm if tm[0] >= before and _ordered(tm) else array(
+        "Q", itertools.accumulate(tm, max, initial=before))[1:]
+    pos = 0          # site_live holds the state before event pos
+    lo = 0
+    while lo < m:
+        q = top[lo] // w
+        hi = bisect.bisect_left(top, (q + 1) * w, lo + 1)
+        v = max(cum[lo + 1:hi + 1])
+        c = fine.get(q)
+        if c is None or v > c[0]:
+            # array.index takes no bounds before Python 3.10 (pypy3): a slice.
+            j = lo + cum[lo + 1:hi + 1].index(v)
+            _site_add(site_live, site[pos:j + 1], d[pos:j + 1])
+            pos = j + 1
+            fine[q] = [v, b.start + j, tm[j], _keep(site_live)]
+        lo = hi
+    _site_add(site_live, site[pos:], d[pos:])
+    kb = b.kind.tobytes()
+    if kb.translate(_IS_MARK).count(1):
+        while bt >= MARK_TICKS * wm:
+            wm *= 2
+            for mk in marks.values():
+                mk[2] = {x >> 1 for x in mk[2]}
+        kind, size = b.kind, b.size
+        for i in itertools.compress(range(m), kb.translate(_IS_MARK)):
+            mk = marks[kind[i]]
+            mk[0] += 1
+            mk[1] += size[i]
+            mk[2].add(tm[i] // wm)
+    st[:] = live, n, tmax, wm
+
+
+def _site_sums(np, d, site, ends):
+    """The sum of d per (segment, site), segment g holding the events after
+    ends[g-1] up to ends[g] (the last one: the rest), in segment order:
+    three lists (segment, site, sum), the sums that are 0 left out (adding
+    them changes nothing)."""
+    nz = np.flatnonzero(d)
+    if not len(nz):
+        return [], [], []
+    seg = np.searchsorted(np.array(ends, dtype=np.int64), nz, "left")   # i <= ends[g]: g
+    ss = site[nz]
+    dd = d[nz]
+    nsite = int(ss.max()) + 1
+    cells = (len(ends) + 1) * nsite
+    # One bincount when its float sums are exact (every partial sum an
+    # integer below 2^53) and its cells few; else one sort and reduceat.
+    big = int(np.abs(dd).max())
+    if cells <= 1 << 22 and big * len(dd) < 1 << 53:
+        key = seg * nsite + ss
+        sums = np.bincount(key, weights=dd, minlength=cells)
+        cell = np.flatnonzero(sums)
+        return ((cell // nsite).tolist(), (cell % nsite).tolist(),
+                sums[cell].astype(np.int64).tolist())
+    o = np.lexsort((ss, seg))
+    seg, ss, dd = seg[o], ss[o], dd[o]
+    key = np.flatnonzero(np.concatenate(([True], (seg[1:] != seg[:-1]) | (ss[1:] != ss[:-1]))))
+    sums = np.add.reduceat(dd, key)
+    keep = sums != 0
+    return seg[key][keep].tolist(), ss[key][keep].tolist(), sums[keep].tolist()
+
+
+def _ordered(tm):
+    """Whether the times never step back (an array)."""
+    return all(map(operator.le, tm, itertools.islice(tm, 1, None)))
+
+
+def _batch_np(np, b, chart, site_live, marks, st):
+    """_batch with numpy: the running sum by cumsum, the intervals by the
+    running maximum of the times, each interval's highest moment by
+    maximum.reduceat and argmax, and the sites' sums between the moments
+    that make a snapshot by one sort on (moment, site) and add.reduceat."""
+    seq, addr, size, kind, dev, tm, site = b.nd()
+    m = len(kind)
+    live, n, tmax, wm = st
+    n += m
+    top = np.maximum.accumulate(tm)
+    if m and int(top[0]) < tmax:
+        top = np.maximum(top, np.uint64(tmax))
+    bt = int(top[-1])
+    if bt > tmax:
+        tmax = bt
+    chart.widen(bt)
+    d = tr.deltas_np(np, kind, size, dev)
+    cum = np.cumsum(d)
+    cum += live                   # cum[i]: live bytes after event i
+    live = int(cum[-1])
+    fine, w = chart.fine, chart.w
+    q = top // np.uint64(w)
+    starts = np.flatnonzero(np.concatenate(([True], q[1:] != q[:-1])))
+    tops = np.maximum.reduceat(cum, starts)
+    # Each interval's first event at its highest: the events equal to
+    # their interval's highest, the first of them past each start.
+    lens = np.diff(np.append(starts, m))
+    at = np.flatnonzero(cum == np.repeat(tops, lens))
+    firsts = at[np.searchsorted(at, starts)].tolist()
+    moments = []      # (q, v, j): the events j after which a snapshot is taken
+    for qq, v, j in zip(q[starts].tolist(), tops.tolist(), firsts):
+        c = fine.get(qq)
+        if c is None or v > c[0]:
+            moments.append((qq, v, j))
+            fine[qq] = [v, None, None, None]     # filled below
+    # The sites' sums between consecutive moments: segment g holds the
+    # events after moment g-1 up to moment g (the last: the rest).
+    gseg, gsite, gsum = _site_sums(np, d, site, [j for _q, _v, j in moments])
+    gi, ng = 0, len(gseg)
+    for g, (qq, v, j) in enumerate(moments):
+        while gi < ng and gseg[gi] == g:
+            s = gsite[gi]
+            val = site_live.get(s, 0) + gsum[gi]
+            if val:
+                site_live[s] = val
+            else:
+                site_live.pop(s, None)
+            gi += 1
+        fine[qq] = [v, b.start + j, int(tm[j]), _keep(site_live)]
+    while gi < ng:
+        s = gsite[gi]
+        val = site_live.get(s, 0) + gsum[gi]
+        if val:
+            site_live[s] = val
+        else:
+            site_live.pop(s, None)
+        gi += 1
+    mk_at = np.flatnonzero(_IS_MARK_NP[kind])
+    if len(mk_at):
+        while bt >= MARK_TICKS * wm:
+            wm *= 2
+            for mk in marks.values():
+                mk[2] = {x >> 1 for x in mk[2]}
+        for k, sz, x in zip(kind[mk_at].tolist(), size[mk_at].tolist(),
+                            (tm[mk_at] // np.uint64(wm)).tolist()):
+            mk = marks[k]
+            mk[0] += 1
+            mk[1] += sz
+            mk[2].add(x)
+    st[:] = live, n, tmax, wm
+    return True
 
 
 def _site_frames(t, s):
@@ -336,7 +489,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             used.add(site)
     data = {"x0": x0, "bw": bw, "times": [c[0] for c in cols], "snaps": d["snaps"],
             "peak_bucket": d["peak_bucket"],
-            "sites": {str(s): _site_frames(t, s) for s in used}}
+            "sites": {str(s): _site_frames(t, s) for s in sorted(used)}}
     # json.dumps, then every "<" escaped: the data cannot end the script element.
     w("<script type=\"application/json\" id=\"data\">%s</script>\n" %
       json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"))

@@ -14,9 +14,11 @@ the live set, the sites and the largest chunk, never to the number of events.
 Owns the parsing and the replay only; the views are tracepeak.py (peak
 flame graph and stats text), timeline.py (the HTML timeline),
 memoryviz.py (PyTorch's memory_viz snapshot), gcview.py, pprof.py and
-diff.py; each makes one or two passes of batches(). Stdlib only. A trace
-cut by a crash ends with an incomplete chunk: it is dropped and
-`truncated` says so.
+diff.py; each makes one or two passes of batches(). Stdlib only, with a
+vectorized path when numpy is importable (the merge's sort, the foreign
+frees, the running sums: `np` below; SPYRESHIM_NO_NUMPY=1 turns it off);
+both paths give the same events and figures. A trace cut by a crash ends
+with an incomplete chunk: it is dropped and `truncated` says so.
 """
 
 import bisect
@@ -29,6 +31,16 @@ from array import array
 
 from . import report as rpt
 from . import tracecodec
+
+# numpy when importable (Debian's python3-numpy; scripts/deps.sh), else None:
+# every user checks `trace.np` at the start of a pass, so that a test can
+# set it to None and compare both paths in one process.
+np = None
+if not os.environ.get("SPYRESHIM_NO_NUMPY"):
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
 
 MAGIC = b"SPYTRACE"
 CHUNK_MAGIC = 0x4B4E4843
@@ -380,17 +392,50 @@ def _scan(f, path):
     return t
 
 
+_TYPECODES = "QQQBBQI"
+_NAMES = ("seq", "addr", "size", "kind", "dev", "time", "site")
+
+
+def _dtypes():
+    return (np.uint64, np.uint64, np.uint64, np.uint8, np.uint8, np.uint64, np.uint32)
+
+
 class Batch(object):
     """Consecutive events in sequence order: columns of equal length, and
-    `start`, the index (0-based, in the whole trace) of the first."""
-    __slots__ = ("start", "seq", "addr", "size", "kind", "dev", "time", "site")
+    `start`, the index (0-based, in the whole trace) of the first. The
+    columns are arrays (b.seq, ...); the numpy path builds a batch from
+    numpy columns and makes each array on first use; nd() gives the
+    columns as numpy arrays (views of the arrays, no copy)."""
+    __slots__ = ("start", "_a", "_nd")
 
-    def __init__(self, start, cols):
+    def __init__(self, start, cols, nd=None):
         self.start = start
-        self.seq, self.addr, self.size, self.kind, self.dev, self.time, self.site = cols
+        self._a = list(cols) if cols is not None else [None] * 7
+        self._nd = nd
+
+    def _col(self, i):
+        a = self._a[i]
+        if a is None:
+            a = self._a[i] = array(_TYPECODES[i], self._nd[i].tobytes())
+        return a
+
+    seq = property(lambda self: self._col(0))
+    addr = property(lambda self: self._col(1))
+    size = property(lambda self: self._col(2))
+    kind = property(lambda self: self._col(3))
+    dev = property(lambda self: self._col(4))
+    time = property(lambda self: self._col(5))
+    site = property(lambda self: self._col(6))
+
+    def nd(self):
+        if self._nd is None:
+            self._nd = tuple(np.frombuffer(a, dtype=dt) for a, dt in zip(self._a, _dtypes()))
+        return self._nd
 
     def __len__(self):
-        return len(self.kind)
+        if self._nd is not None:
+            return len(self._nd[3])
+        return len(self._a[3])
 
 
 def _memory_batches(t, size):
@@ -445,6 +490,12 @@ def _read_chunk(t, f, pos):
     # (an allocation takes its number under the allocator's lock and is
     # appended after it: the frees of a collection it set off, appended
     # first, can carry higher numbers). Sorted here, checked in C.
+    if np is not None:
+        nd = [np.frombuffer(c, dtype=dt) for c, dt in zip(cols, _dtypes())]
+        if len(seq) > 1 and (nd[0][1:] < nd[0][:-1]).any():
+            order = np.argsort(nd[0], kind="stable")
+            nd = [c[order] for c in nd]
+        return [nd, 0, None]
     if len(seq) > 1:
         ordered = array(seq.typecode, sorted(seq))
         if ordered != seq:
@@ -470,6 +521,10 @@ _PENDING = 1 << 15       # events the merge gathers before it sorts and emits
 
 
 def _merge(t, f):
+    if np is not None:
+        for b in _merge_np(t, f):
+            yield b
+        return
     order = sorted(range(len(t._bases)), key=t._bases.__getitem__)
     bases = [t._bases[i] for i in order]
     offsets = [t._offsets[i] for i in order]
@@ -540,6 +595,80 @@ def _name_devices(t, dev):
             t.devices[d] = "device %d" % d
 
 
+
+
+def _order(seq):
+    """The order that sorts seq (numpy; its values distinct): when they are
+    consecutive numbers, as the shim numbers its events, each one's place
+    is its value less the smallest (one scatter); else a stable argsort."""
+    n = len(seq)
+    lo = int(seq.min())
+    if int(seq.max()) - lo == n - 1:
+        at = (seq - np.uint64(lo)).astype(np.intp)
+        o = np.full(n, -1, dtype=np.intp)
+        o[at] = np.arange(n, dtype=np.intp)
+        if not (o < 0).any():       # n distinct places: a permutation
+            return o
+    return np.argsort(seq, kind="stable")
+
+
+def _merge_np(t, f):
+    """_merge with numpy columns: the same frontier, the parts of several
+    chunks joined and put in order by one stable argsort of seq, the
+    foreign frees found per batch (_ForeignNp)."""
+    order = sorted(range(len(t._bases)), key=t._bases.__getitem__)
+    bases = [t._bases[i] for i in order]
+    offsets = [t._offsets[i] for i in order]
+    del order
+    nch = len(bases)
+    active = []          # [numpy columns, first event not emitted, largest seq]
+    nxt = 0
+    start = 0
+    foreign = _ForeignNp()
+    while nxt < nch or active:
+        pending = sum(len(c[0]) - p for c, p, _top in active)
+        head = min(int(c[0][p]) for c, p, _top in active) if active else _INF
+        while nxt < nch and (bases[nxt] <= head or pending < _PENDING):
+            ch = _read_chunk(t, f, offsets[nxt])
+            nxt += 1
+            seq = ch[0][0]
+            if len(seq):
+                active.append(ch)
+                pending += len(seq)
+                head = min(head, int(seq[0]))
+        bound = bases[nxt] if nxt < nch else _INF
+        parts = []
+        for a in active:
+            cols, p, top = a
+            if top is None:
+                top = a[2] = int(cols[0][-1])     # sorted: the last is the largest
+            if top < bound:
+                q = len(cols[0])
+            else:
+                q = p + int(np.searchsorted(cols[0][p:], np.uint64(bound), "left"))
+            if q > p:
+                parts.append([c[p:q] for c in cols])
+                a[1] = q
+        active = [a for a in active if a[1] < len(a[0][0])]
+        if not parts:
+            continue
+        if len(parts) == 1:
+            out = parts[0]
+        else:
+            out = [np.concatenate([part[i] for part in parts]) for i in range(7)]
+            out = [c[o] for o in (_order(out[0]),) for c in out]
+        del parts
+        out = foreign.drop(out)
+        if out is None:
+            continue
+        b = Batch(start, None, tuple(out))
+        start += len(b)
+        for d in np.flatnonzero(np.bincount(out[4], minlength=256)).tolist():
+            if d != DEVICE_NONE and d not in t.devices:
+                t.devices[d] = "device %d" % d
+        yield b
+    t._count = start
+    t.foreign_frees, t.foreign_bytes = foreign.count, foreign.bytes
 
 
 class _Foreign(object):
@@ -617,6 +746,98 @@ class _Foreign(object):
         return drop
 
 
+class _ForeignNp(object):
+    """_Foreign with numpy, batch by batch: the live blocks' addresses per
+    device as a sorted array. A free is foreign when the event before it
+    on its address (in this batch, else the live set before the batch) is
+    not an allocation: after an allocation the address is live, after a
+    free it is not (a foreign free leaves it not live), whatever came
+    before; so one stable sort by address tells every event's predecessor."""
+
+    def __init__(self):
+        self.live = {}
+        self.count = 0
+        self.bytes = 0
+
+    def drop(self, cols):
+        seq, addr, size, kind, dev, times, site = cols
+        n = len(kind)
+        af = np.flatnonzero((kind == ALLOC) | (kind == FREE))
+        if not len(af):
+            return cols
+        # The devices as _Foreign sees them: a batch of one device (and
+        # events of none) keeps every block in that device's set.
+        d0 = int(dev[0])
+        if d0 == DEVICE_NONE:
+            other = np.flatnonzero(dev != DEVICE_NONE)
+            d0 = int(dev[other[0]]) if len(other) else DEVICE_NONE
+        nd0 = int(np.count_nonzero(dev == d0))
+        one = nd0 + (int(np.count_nonzero(dev == DEVICE_NONE)) if d0 != DEVICE_NONE else 0) == n
+        if one:
+            groups = [(d0, af)]
+        else:
+            da = dev[af]
+            groups = [(d, af[da == d]) for d in np.unique(da).tolist()]
+        drops = []
+        for d, sel in groups:
+            got = self._device(d, addr[sel], kind[sel])
+            if got is not None:
+                drops.append(sel[got])
+        if not drops:
+            return cols
+        drop = np.concatenate(drops) if len(drops) > 1 else drops[0]
+        self.count += len(drop)
+        self.bytes += sum(size[drop].tolist())
+        if len(drop) == n:
+            return None
+        keep = np.ones(n, dtype=bool)
+        keep[drop] = False
+        return [c[keep] for c in cols]
+
+    def _device(self, d, a, k):
+        """Indices (into a) of the foreign frees among one device's
+        allocations and frees a, k (in sequence order); the device's live
+        set moved past them."""
+        live = self.live.get(d)
+        if live is None:
+            live = np.zeros(0, dtype=np.uint64)
+        o = np.argsort(a, kind="stable")
+        sa, sk = a[o], k[o]
+        m = len(sa)
+        first = np.ones(m, dtype=bool)
+        first[1:] = sa[1:] != sa[:-1]
+        last = np.ones(m, dtype=bool)
+        last[:-1] = first[1:]
+        # Each address's first event here: live before it when the set
+        # holds the address; every other event: when the one before it on
+        # its address is an allocation.
+        firsts = np.flatnonzero(first)
+        ua = sa[firsts]
+        pos = np.searchsorted(live, ua)
+        if len(live):
+            was = live[np.minimum(pos, len(live) - 1)] == ua
+        else:
+            was = np.zeros(len(ua), dtype=bool)
+        before = np.empty(m, dtype=bool)       # live just before each event
+        before[1:] = sk[:-1] == ALLOC
+        before[firsts] = was
+        bad = (sk == FREE) & ~before
+        # The addresses this batch touched leave the set; those whose last
+        # event is an allocation go back in.
+        gone = pos[was]
+        if len(gone):
+            keep = np.ones(len(live), dtype=bool)
+            keep[gone] = False
+            live = live[keep]
+        add = sa[last & (sk == ALLOC)]
+        if len(add):
+            live = np.insert(live, np.searchsorted(live, add), add)
+        self.live[d] = live
+        if not bad.any():
+            return None
+        return np.sort(o[bad])
+
+
 # ------------------------------------------------------------------ replay
 
 # Pseudo-devices of memory the shim passes through and watches (VMM,
@@ -640,9 +861,31 @@ _SIGN = bytes([0, 1, 0xFF] + [0] * 253)     # as signed chars: 0, +1, -1
 _NOT_PASSTHROUGH = bytes(0 if d in PASSTHROUGH_DEVICES else 1 for d in range(256))
 
 
+if np is not None:
+    _SIGN_NP = np.frombuffer(_SIGN, dtype=np.int8).astype(np.int64)
+    _NOT_PASSTHROUGH_NP = np.frombuffer(_NOT_PASSTHROUGH, dtype=np.uint8).astype(bool)
+
+
+def deltas_np(np, kind, size, dev):
+    """deltas then served, with numpy: int64 of the changes of live bytes
+    of a batch's columns, the pass-through pseudo-devices' zeroed."""
+    d = size.astype(np.int64)
+    d *= _SIGN_NP[kind]
+    served = _NOT_PASSTHROUGH_NP[dev]
+    if not served.all():
+        d *= served
+    return d
+
+
 def deltas(b):
     """array('q') of the batch's changes of live bytes (alloc +size, free
-    -size, other kinds 0), every device."""
+    -size, other kinds 0), every device (a numpy int64 array on the numpy
+    path: for served() and PeakTracker.feed)."""
+    if np is not None:
+        nd = b.nd()
+        d = nd[2].astype(np.int64)
+        d *= _SIGN_NP[nd[3]]
+        return d
     sign = array("b")
     sign.frombytes(b.kind.tobytes().translate(_SIGN))
     return array("q", map(operator.mul, b.size, sign))
@@ -651,6 +894,9 @@ def deltas(b):
 def served(b, d):
     """The deltas d with the pass-through pseudo-devices' events zeroed
     (they have their own peaks and stay out of the overall one)."""
+    if not isinstance(d, array):
+        served = _NOT_PASSTHROUGH_NP[b.nd()[4]]
+        return d if served.all() else d * served
     dev = b.dev
     if not any(dev.count(p) for p in PASSTHROUGH_DEVICES):
         return d
@@ -660,6 +906,9 @@ def served(b, d):
 def devices_of(b):
     """The devices of a batch's events (DEVICE_NONE left out): one C pass
     when there is a single one, the usual case."""
+    if np is not None:
+        return tuple(x for x in np.flatnonzero(np.bincount(b.nd()[4], minlength=256)).tolist()
+                     if x != DEVICE_NONE)
     dev = b.dev
     d0 = dev[0]
     if d0 == DEVICE_NONE:
@@ -673,6 +922,8 @@ def devices_of(b):
 
 def _only(b, d, dv):
     """The deltas d with every event not on device dv zeroed."""
+    if not isinstance(d, array):
+        return d * (b.nd()[4] == dv)
     table = bytearray(256)
     table[dv] = 1
     return array("q", map(operator.mul, d, b.dev.tobytes().translate(table)))
@@ -681,6 +932,14 @@ def _only(b, d, dv):
 def _curve_max(d, initial):
     """(last, max, index of the first max) of the running sum of d from
     initial; index -1 when no partial sum exceeds initial."""
+    if not isinstance(d, array):
+        cum = np.cumsum(d)
+        cum += initial
+        i = int(np.argmax(cum))
+        m = int(cum[i])
+        if m > initial:
+            return int(cum[-1]), m, i
+        return int(cum[-1]), initial, -1
     cum = array("q", itertools.accumulate(d, initial=initial))
     m = max(cum)
     i = cum.index(m) - 1 if m > initial else -1
@@ -766,10 +1025,71 @@ def _live_dict(lives, device):
     return out
 
 
+def _replay_np(lives, b, lo, hi):
+    """_replay with numpy: per address, only its last allocation or free
+    matters, and where it lands in the dict's order: an address freed in
+    the range (or new) and allocated again goes to the end, in the order
+    of its first allocation after its last free, as the per-event loop
+    leaves it."""
+    seq, addr, size, kind, dev, _tm, site = (c[lo:hi] for c in b.nd())
+    af = np.flatnonzero((kind == ALLOC) | (kind == FREE))
+    if not len(af):
+        return
+    devs = devices_of(b)
+    if len(devs) == 1:
+        groups = [(devs[0], af)]
+    else:
+        da = dev[af]
+        groups = [(d, af[da == d]) for d in np.unique(da).tolist()]
+    for d, sel in groups:
+        live = lives.get(d)
+        if live is None:
+            live = lives[d] = {}
+        a, k = addr[sel], kind[sel]
+        o = np.argsort(a, kind="stable")
+        sa, sk, si = a[o], k[o], sel[o]
+        m = len(sa)
+        first = np.ones(m, dtype=bool)
+        first[1:] = sa[1:] != sa[:-1]
+        starts = np.flatnonzero(first)
+        ends = np.append(starts[1:], m) - 1            # each address's last event
+        gid = np.cumsum(first) - 1                      # each event's address
+        isfree = sk == FREE
+        # The last free of each address (-1: none), then the first
+        # allocation after it (the group's first allocation when none).
+        fpos = np.where(isfree, np.arange(m), -1)
+        lastfree = np.maximum.reduceat(fpos, starts)
+        after = (~isfree) & (np.arange(m) > lastfree[gid])
+        apos = np.where(after, np.arange(m), m)
+        firstalloc = np.minimum.reduceat(apos, starts)
+        ua = sa[starts].tolist()
+        freed = (lastfree >= 0).tolist()
+        alive = (sk[ends] == ALLOC).tolist()
+        lastev = si[ends]
+        vals = list(zip(size[lastev].tolist(), site[lastev].tolist(),
+                        (lastev + (b.start + lo)).tolist()))
+        reborn = []
+        for g, x in enumerate(ua):
+            if freed[g]:
+                live.pop(x, None)
+            if alive[g]:
+                if x in live:
+                    live[x] = vals[g]
+                else:
+                    reborn.append(g)
+        if reborn:
+            at = si[firstalloc[reborn]].tolist()
+            for _i, g in sorted(zip(at, reborn)):
+                live[ua[g]] = vals[g]
+
+
 def _replay(lives, b, lo, hi):
     """Events [lo, hi) of batch b into lives (dev -> {addr: (size, site,
     index)})."""
     if hi <= lo:
+        return
+    if np is not None:
+        _replay_np(lives, b, lo, hi)
         return
     kind, addr, size, site = b.kind[lo:hi], b.addr[lo:hi], b.size[lo:hi], b.site[lo:hi]
     devs = devices_of(b)

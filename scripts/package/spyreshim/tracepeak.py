@@ -52,6 +52,9 @@ def peak_html(t, top=0):
 _MARKS = (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)
 _IS_MARK = bytes(1 if k in _MARKS else 0 for k in range(256))
 _IS_ALLOC = bytes(1 if k == tr.ALLOC else 0 for k in range(256))
+if tr.np is not None:
+    _IS_MARK_NP = tr.np.frombuffer(_IS_MARK, dtype=tr.np.uint8).astype(bool)
+    _POW2 = tr.np.array([1 << k for k in range(64)], dtype=tr.np.uint64)
 
 
 class _Stats(object):
@@ -82,7 +85,9 @@ def _gather(t):
         na = am.count(1)
         st.tmax = max(st.tmax, max(b.time))
         st.nevents += len(b)
-        if na:
+        if na and tr.np is not None:
+            _alloc_stats_np(tr.np, st, b, na)
+        elif na:
             asz = list(itertools.compress(size, am))
             st.nalloc += na
             st.total += sum(asz)
@@ -92,6 +97,9 @@ def _gather(t):
             st.hist.update(map(int.bit_length, asz))
             st.by_count.update(itertools.compress(site, am))
         # Per-site bytes allocated and live (its peak): the one loop.
+        if tr.np is not None:
+            _site_peaks_np(tr.np, b, by_bytes, site_live, site_peak)
+            kind = ()
         for k, s, sz in zip(kind, site, size):
             if k == tr.ALLOC:
                 by_bytes[s] = by_bytes.get(s, 0) + sz
@@ -102,7 +110,7 @@ def _gather(t):
             elif k == tr.FREE:
                 site_live[s] = site_live.get(s, 0) - sz
         if kb.translate(_IS_MARK).count(1):
-            for k, sz in zip(kind, size):
+            for k, sz in _marks_of(b, (b.kind, size)):
                 if k in _MARKS:
                     if k == tr.PRESSURE_BEGIN:
                         st.marks[0] += 1
@@ -114,6 +122,85 @@ def _gather(t):
     return st
 
 
+def _marks_of(b, cols):
+    """zip(*cols), the markers' rows only on the numpy path (the loops
+    that read them skip the other kinds)."""
+    if tr.np is None:
+        return zip(*cols)
+    at = tr.np.flatnonzero(_IS_MARK_NP[b.nd()[3]])
+    return zip(*(tr.np.frombuffer(c, dtype=d)[at].tolist() for c, d in zip(
+        cols, [{"B": tr.np.uint8, "Q": tr.np.uint64}[c.typecode] for c in cols])))
+
+
+def _alloc_stats_np(np, st, b, na):
+    """The allocations' count, total, extremes, size histogram (by bit
+    length) and count by site, with numpy; a site new to by_count goes in
+    at its first allocation, as Counter.update would put it."""
+    _seq, _addr, size, kind, _dev, _tm, site = b.nd()
+    am = kind == tr.ALLOC
+    asz = size[am]
+    lo, hi = int(asz.min()), int(asz.max())
+    st.nalloc += na
+    st.total += int(asz.sum()) if hi * na < 1 << 64 else sum(asz.tolist())
+    st.smin = lo if st.smin is None else min(st.smin, lo)
+    st.smax = hi if st.smax is None else max(st.smax, hi)
+    bits = np.searchsorted(_POW2, asz, "right")     # int.bit_length of each size
+    counts = np.bincount(bits, minlength=65)
+    st.hist.update({int(k): int(counts[k]) for k in np.flatnonzero(counts)})
+    asite = site[am]
+    us, first, cnt = np.unique(asite, return_index=True, return_counts=True)
+    by_count = st.by_count
+    for i in np.argsort(first, kind="stable").tolist():
+        s = int(us[i])
+        by_count[s] = by_count.get(s, 0) + int(cnt[i])
+
+
+def _site_peaks_np(np, b, by_bytes, site_live, site_peak):
+    """The per-event loop of _gather with numpy: per site (one stable sort
+    by site), the running sum of its allocations less its frees from its
+    live bytes so far, its highest after an allocation, and the bytes
+    allocated; a site new to site_peak goes in where the loop would have
+    put it (its first allocation that leaves it above 0), since the
+    report lists equal peaks in that order."""
+    _seq, _addr, size, kind, _dev, _tm, site = b.nd()
+    af = np.flatnonzero((kind == tr.ALLOC) | (kind == tr.FREE))
+    if not len(af):
+        return
+    o = np.argsort(site[af], kind="stable")
+    at = af[o]
+    ss, isa = site[at], kind[at] == tr.ALLOC
+    sz = size[at].astype(np.int64)
+    dd = np.where(isa, sz, -sz)
+    m = len(at)
+    first = np.ones(m, dtype=bool)
+    first[1:] = ss[1:] != ss[:-1]
+    starts = np.flatnonzero(first)
+    lens = np.diff(np.append(starts, m))
+    us = ss[starts].tolist()
+    init = np.array([site_live.get(s, 0) for s in us], dtype=np.int64)
+    cs = np.cumsum(dd)
+    base = np.concatenate(([0], cs[starts[1:] - 1])) if len(starts) > 1 else np.zeros(1, np.int64)
+    v = cs - np.repeat(base - init, lens)         # each site's live bytes after each event
+    low = np.iinfo(np.int64).min
+    tops = np.maximum.reduceat(np.where(isa, v, low), starts).tolist()
+    allocated = np.add.reduceat(np.where(isa, sz, 0), starts).tolist()
+    anyalloc = np.logical_or.reduceat(isa, starts).tolist()
+    above = np.minimum.reduceat(np.where(isa & (v > 0), at, len(kind)), starts).tolist()
+    final = v[np.append(starts[1:], m) - 1].tolist()
+    new = []
+    for g, s in enumerate(us):
+        site_live[s] = final[g]
+        if anyalloc[g]:
+            by_bytes[s] = by_bytes.get(s, 0) + allocated[g]
+            if tops[g] > site_peak.get(s, 0):
+                if s in site_peak:
+                    site_peak[s] = tops[g]
+                else:
+                    new.append((above[g], s, tops[g]))
+    for _i, s, top in sorted(new):
+        site_peak[s] = top
+
+
 def _mark_intervals(t, span, n):
     """Second pass, for traces with markers: per interval of span/n, the
     pressure events, collections (bytes freed) and OOMs."""
@@ -122,7 +209,7 @@ def _mark_intervals(t, span, n):
         kind = b.kind
         if not kind.tobytes().translate(_IS_MARK).count(1):
             continue
-        for k, tm, sz in zip(kind, b.time, b.size):
+        for k, tm, sz in _marks_of(b, (kind, b.time, b.size)):
             if k in _MARKS:
                 bk = buckets[min(n - 1, tm * n // (span + 1))]
                 if k == tr.PRESSURE_BEGIN:
