@@ -289,6 +289,13 @@ def constant_sequence_numbers(a):
     return raw_record(300, body, 0)
 
 
+def size_of_2_to_the_48(a):
+    cols = dict(a)
+    cols["size"] = type(a["size"])("Q", [1 << 48] + list(a["size"])[1:])
+    body, _ = v2_body(cols, None)
+    return raw_record(300, body, 0)
+
+
 def events_with_no_body(a):
     return raw_record(300, b"", 0)
 
@@ -304,6 +311,7 @@ HOSTILE = [
     (mask_above_width, "kind column of 1 byte(s): plane mask 0x0"),
     (constant_sequence_numbers, "cannot all differ"),
     (events_with_no_body, "the column table needs"),
+    (size_of_2_to_the_48, "sizes of 2^48 bytes or more"),
 ]
 
 

@@ -153,6 +153,10 @@ def _decode_v2(body, count, flags):
         if name == "seq" and count > 256 ** planes:
             raise ChunkError("%d events in %d byte plane(s) of sequence numbers: they "
                              "cannot all differ" % (count, planes))
+        # Sizes are 48 bits (the recorded event packs kind and device above
+        # them): a higher plane would be a crafted size no view could sum.
+        if name == "size" and (mask >> 6 or raw[pos + 7] or raw[pos + 8]):
+            raise ChunkError("size column: sizes of 2^48 bytes or more")
         stored += planes
         pos += 1 + w
     if len(raw) != V2_TABLE_BYTES + stored * count:
