@@ -32,25 +32,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "cudadrv.h"
 
 typedef struct spyreshim_lock spyreshim_lock;
 typedef void (*pressure_fn)(spyreshim_lock *lock, size_t want, void *user);
 
-static int failures;
-static const char *check_name;
 static CUcontext ctx0;
-
-#define CHECK(cond, ...)                     \
-    do {                                     \
-        if (!(cond)) {                       \
-            printf("%s FAIL (line %d): ", check_name, __LINE__); \
-            printf(__VA_ARGS__);             \
-            printf("\n");                    \
-            failures++;                      \
-            return;                          \
-        }                                    \
-    } while (0)
 
 enum { RELEASE_THRESHOLD = 4, RESERVED_CURRENT = 5 };
 
@@ -250,22 +238,9 @@ int main(int argc, char **argv)
         printf("no device\n");
         return 100;
     }
-    static const struct { const char *name; void (*fn)(void); } checks[] = {
+    static const struct named_check checks[] = {
         {"limit", check_limit},     {"leak", check_leak},       {"trim", check_trim},
         {"streams", check_streams}, {"capture", check_capture}, {"relaxed", check_relaxed},
     };
-    for (int i = 1; i < argc; i++) {
-        size_t k = 0;
-        while (k < sizeof checks / sizeof checks[0] && strcmp(checks[k].name, argv[i]) != 0)
-            k++;
-        if (k == sizeof checks / sizeof checks[0]) {
-            printf("%s: unknown check\n", argv[i]);
-            failures++;
-            continue;
-        }
-        check_name = argv[i];
-        checks[k].fn();
-    }
-    fflush(stdout);
-    return failures;
+    return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }

@@ -39,22 +39,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "checks.h"
 #include "cudadrv.h"
 
-static int failures;
 
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            printf("%s FAIL: ", check_name);              \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-            failures++;                                   \
-            return;                                       \
-        }                                                 \
-    } while (0)
 
-static const char *check_name;
 static CUcontext ctx[2];
 
 static int ordinal_of(CUdeviceptr p)
@@ -536,25 +525,12 @@ int main(int argc, char **argv)
             printf("no device %d\n", dev);
             return 100;
         }
-    static const struct { const char *name; void (*fn)(void); } checks[] = {
+    static const struct named_check checks[] = {
         {"devices", check_devices}, {"streams", check_streams}, {"range", check_range},
         {"ipc", check_ipc}, {"pitch", check_pitch}, {"reset", check_reset},
         {"destroy", check_destroy}, {"stale", check_stale}, {"cross", check_cross},
         {"attrs", check_attrs}, {"freeasync", check_freeasync}, {"peak", check_peak},
         {"procaddr", check_procaddr}, {"hostmem", check_hostmem}, {"hostleak", check_hostleak},
     };
-    for (int i = 1; i < argc; i++) {
-        size_t k = 0;
-        while (k < sizeof checks / sizeof checks[0] && strcmp(checks[k].name, argv[i]) != 0)
-            k++;
-        if (k == sizeof checks / sizeof checks[0]) {
-            printf("%s: unknown check\n", argv[i]);
-            failures++;
-            continue;
-        }
-        check_name = argv[i];
-        checks[k].fn();
-    }
-    fflush(stdout);
-    return failures;
+    return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }

@@ -41,6 +41,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "checks.h"
 #include "cudadrv.h"
 #include "spyreshim.h"
 
@@ -55,20 +56,8 @@ static uint64_t shim_vmm_bytes(void)
     return get && get(&s) == 0 ? s.vmm_bytes : UINT64_MAX;
 }
 
-static int failures;
-static const char *check_name;
 static CUcontext ctx0;
 
-#define CHECK(cond, ...)                     \
-    do {                                     \
-        if (!(cond)) {                       \
-            printf("%s FAIL: ", check_name); \
-            printf(__VA_ARGS__);             \
-            printf("\n");                    \
-            failures++;                      \
-            return;                          \
-        }                                    \
-    } while (0)
 
 /* The pressure callback: counts its runs and frees the garbage it is
  * given (one managed or host-pinned allocation), as a collection would. */
@@ -434,24 +423,11 @@ int main(int argc, char **argv)
     self_path = argv[0];
     if (argc == 3 && strcmp(argv[1], "vmmimport") == 0)
         return vmmimport(argv[2]);
-    static const struct { const char *name; void (*fn)(void); } checks[] = {
+    static const struct named_check checks[] = {
         {"managedlimit", check_managedlimit}, {"hostlimit", check_hostlimit},
         {"nested", check_nested}, {"teardown", check_teardown}, {"freeasync", check_freeasync}, {"vmm", check_vmm},
         {"vmmlimit", check_vmmlimit}, {"vmmleak", check_vmmleak},
         {"vmmroutes", check_vmmroutes}, {"vmmshare", check_vmmshare},
     };
-    for (int i = 1; i < argc; i++) {
-        size_t k = 0;
-        while (k < sizeof checks / sizeof checks[0] && strcmp(checks[k].name, argv[i]) != 0)
-            k++;
-        if (k == sizeof checks / sizeof checks[0]) {
-            printf("%s: unknown check\n", argv[i]);
-            failures++;
-            continue;
-        }
-        check_name = argv[i];
-        checks[k].fn();
-    }
-    fflush(stdout);
-    return failures;
+    return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
