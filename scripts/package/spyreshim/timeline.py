@@ -238,6 +238,22 @@ def _batch(b, chart, site_live, marks, st):
     st[:] = live, n, tmax, wm
 
 
+def _add_site_sums(site_live, gseg, gsite, gsum, gi, upto):
+    """Adds to site_live the site sums of segment `upto` (None: of every
+    segment left), from index gi on; a site whose live bytes reach 0 goes.
+    Returns the index after the last one added."""
+    ng = len(gseg)
+    while gi < ng and (upto is None or gseg[gi] == upto):
+        s = gsite[gi]
+        val = site_live.get(s, 0) + gsum[gi]
+        if val:
+            site_live[s] = val
+        else:
+            site_live.pop(s, None)
+        gi += 1
+    return gi
+
+
 def _site_sums(np, d, site, ends):
     """The sum of d per (segment, site), segment g holding the events after
     ends[g-1] up to ends[g] (the last one: the rest), in segment order:
@@ -311,25 +327,11 @@ def _batch_np(np, b, chart, site_live, marks, st):
     # The sites' sums between consecutive moments: segment g holds the
     # events after moment g-1 up to moment g (the last: the rest).
     gseg, gsite, gsum = _site_sums(np, d, site, [j for _q, _v, j in moments])
-    gi, ng = 0, len(gseg)
+    gi = 0
     for g, (qq, v, j) in enumerate(moments):
-        while gi < ng and gseg[gi] == g:
-            s = gsite[gi]
-            val = site_live.get(s, 0) + gsum[gi]
-            if val:
-                site_live[s] = val
-            else:
-                site_live.pop(s, None)
-            gi += 1
+        gi = _add_site_sums(site_live, gseg, gsite, gsum, gi, g)
         fine[qq] = [v, b.start + j, int(tm[j]), _keep(site_live)]
-    while gi < ng:
-        s = gsite[gi]
-        val = site_live.get(s, 0) + gsum[gi]
-        if val:
-            site_live[s] = val
-        else:
-            site_live.pop(s, None)
-        gi += 1
+    _add_site_sums(site_live, gseg, gsite, gsum, gi, None)
     mk_at = np.flatnonzero(_IS_MARK_NP[kind])
     if len(mk_at):
         while bt >= MARK_TICKS * wm:
