@@ -1058,7 +1058,8 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
         } else {
             shim_warn("cuda: cuIpcGetMemHandle on %#lx: a block of %zu bytes that shares its "
                       "region with other blocks cannot be exported (refused: not supported); "
-                      "SPYRESHIM_CUDA_IPC_MIN=0 gives no block a region of its own",
+                      "set SPYRESHIM_CUDA_IPC_MIN (e.g. 2M) or SPYRESHIM_CUDA_IPC_CALLERS "
+                      "to give the blocks a program exports a region of their own",
                       (unsigned long)ptr, bi.size);
         }
         return CUDA_ERROR_NOT_SUPPORTED;

@@ -74,8 +74,8 @@ static const struct row rows[] = {
      "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid; docs/trace-format.md)"},
     {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,
      "longest time a recorded event waits in memory before it is written to the trace"},
-    {"SPYRESHIM_CUDA_IPC_MIN", K_SIZE, OFF(cuda_ipc_min), "2M", 0, 0,
-     "CUDA: cuMemAlloc requests of at least this size get a region of their own, so that an IPC handle (cuIpcGetMemHandle) can name them; 0 = none (only blocks alone in their region by chance can be exported)"},
+    {"SPYRESHIM_CUDA_IPC_MIN", K_SIZE, OFF(cuda_ipc_min), "0", 0, 0,
+     "CUDA: cuMemAlloc requests of at least this size get a region of their own, so that an IPC handle (cuIpcGetMemHandle) can name them (each such request then costs the driver an allocation unless a cached region has its exact size); 0, the default = none (only blocks alone in their region by chance can be exported); `spyreshim run --preset torch` sets 2M"},
     {"SPYRESHIM_CUDA_IPC_CALLERS", K_PATH, OFF(cuda_ipc_callers), "", 0, 0,
      "CUDA: comma-separated names (substrings of the file name) of shared objects whose cuMemAlloc_v2 requests all get a region of their own, so that they can be exported (e.g. libnccl)"},
 };

@@ -15,9 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pythons  # noqa: E402
 
 # 64 MiB devices: regions of 2 MiB (docs/allocator.md), so a small block
-# shares its region and the six sizes of the offset pattern straddle the
-# SPYRESHIM_CUDA_IPC_MIN default (2 MiB).
+# shares its region and the six sizes of the offset pattern straddle
+# SPYRESHIM_CUDA_IPC_MIN=2M, which the runs under the shim set (what
+# `spyreshim run --preset torch` sets; the default, 0, is tested alone).
 MEMORY = "64M"
+IPC_MIN = "2M"
 
 
 def program():
@@ -30,9 +32,12 @@ def env_for(shim, tmp_path=None, **extra):
     env.update(CUDASTANDIN_DEVICES="1", CUDASTANDIN_MEMORY=MEMORY)
     if shim:
         env["LD_PRELOAD"] = str(pythons.shim_lib())
+        env["SPYRESHIM_CUDA_IPC_MIN"] = IPC_MIN
         if tmp_path is not None:
             env["SPYRESHIM_STATS"] = str(tmp_path / "stats.%p.json")
-    env.update({k: str(v) for k, v in extra.items()})
+    env.update({k: str(v) for k, v in extra.items() if v is not None})
+    for k in [k for k, v in extra.items() if v is None]:
+        env.pop(k, None)        # None: the variable unset (its default)
     return env
 
 
@@ -118,6 +123,22 @@ def test_what_a_program_sees_exporting_blocks_of_every_size(shim):
         assert r.stderr.count("cannot be exported") == 3, r.stderr  # at most three a process
 
 
+def test_by_default_only_blocks_alone_by_chance_are_exported(shim_lib):
+    """SPYRESHIM_CUDA_IPC_MIN unset (0): no request is given a region of
+    its own for IPC, so blocks that share a region are refused (801) with a
+    line that names the options; the 2 and 4 MiB blocks, above half the
+    device's 2 MiB regions, have dedicated regions and are exported."""
+    r, out = run("direct", True, SPYRESHIM_CUDA_IPC_MIN=None)
+    assert r.returncode == 0 and "all ok" in r.stdout, out
+    for n in [64, 4096, 65536, 1 << 20]:
+        assert f"refused {n} rc=801" in r.stdout, out
+    for n in [2 << 20, 4 << 20]:
+        assert f"exported {n}" in r.stdout, out
+    assert "wrong" not in r.stdout, out
+    assert r.stderr.count("set SPYRESHIM_CUDA_IPC_MIN (e.g. 2M) or SPYRESHIM_CUDA_IPC_CALLERS") == 3, \
+        r.stderr
+
+
 def test_smaller_threshold_exports_every_size(shim_lib):
     """SPYRESHIM_CUDA_IPC_MIN=64: every request gets a region of its own,
     so every block is exported and read right."""
@@ -187,3 +208,41 @@ def test_exported_block_stays_counted_and_leak_tracked(shim_lib, tmp_path):
     groups = [g for rep in reports for g in rep["groups"]]
     assert [g["bytes"] for g in groups] == [4 << 20], groups
     assert any(f.get("function") == "keep" for f in groups[0]["frames"]), groups[0]
+
+
+LOOP = r"""
+import ctypes, sys
+cu = ctypes.CDLL(sys.argv[1])
+ctx = ctypes.c_void_p()
+p = ctypes.c_uint64()
+assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cu.cuCtxSetCurrent(ctx) == 0
+for _ in range(200):          # a training step's buffers: 3, 5 and 7 MiB, freed each step
+    ptrs = []
+    for mib in (3, 5, 7):
+        assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(mib << 20)) == 0
+        ptrs.append(p.value)
+    for q in ptrs:
+        assert cu.cuMemFree_v2(ctypes.c_uint64(q)) == 0
+"""
+
+
+@pytest.mark.parametrize("ipc_min", [None, "2M"])
+def test_large_buffers_reallocated_each_step_cost_the_driver_nothing_by_default(
+        shim_lib, tmp_path, ipc_min):
+    """Regions of their own cost a driver allocation (and on a real GPU a
+    cuMemFree that synchronizes) whenever no cached region has the exact
+    size: a loop over three buffer sizes pays one per buffer per step with
+    SPYRESHIM_CUDA_IPC_MIN=2M; by default (0) they are carved from shared
+    regions and the loop reserves a handful of regions in all."""
+    lib = pythons.builddir() / "tests" / "cudadrv" / "libcuda.so.1"
+    env = env_for(True, tmp_path, SPYRESHIM_CUDA_IPC_MIN=ipc_min)
+    env["CUDASTANDIN_MEMORY"] = "1G"
+    r = subprocess.run(["/usr/bin/python3", "-c", LOOP, str(lib)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (s,) = all_stats(tmp_path)
+    if ipc_min is None:
+        assert s["regions_reserved"] < 10, s["regions_reserved"]
+    else:
+        assert s["regions_reserved"] >= 200, s["regions_reserved"]   # the cost the default avoids

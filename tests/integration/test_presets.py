@@ -29,7 +29,7 @@ LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 SHOW_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
             "('PYTORCH_CUDA_ALLOC_CONF', 'XLA_PYTHON_CLIENT_ALLOCATOR', 'SPYRESHIM_PRESETS', "
-            "'PYTHONPATH')}))")
+            "'PYTHONPATH', 'SPYRESHIM_CUDA_IPC_MIN')}))")
 
 
 def has(module):
@@ -63,6 +63,8 @@ def test_torch_release_lock_option_by_version(version, has_it):
 def test_torch_preset_environment():
     env = child_env("torch")
     assert env["SPYRESHIM_PRESETS"] == "torch"
+    # torch.multiprocessing exports its segments: they get regions of their own.
+    assert env["SPYRESHIM_CUDA_IPC_MIN"] == "2M", env
     assert env["PYTHONPATH"].split(os.pathsep)[0] == presets.SITE_DIR
     v = sp_torch.installed_version() if has("torch") else None
     if sp_torch.has_release_lock_option(v):
@@ -73,8 +75,13 @@ def test_torch_preset_environment():
 
 
 def test_torch_preset_keeps_the_users_choice():
-    env = child_env("torch", env={"PYTORCH_CUDA_ALLOC_CONF": "release_lock_on_cudamalloc:False"})
+    env = child_env("torch", env={"PYTORCH_CUDA_ALLOC_CONF": "release_lock_on_cudamalloc:False",
+                                  "SPYRESHIM_CUDA_IPC_MIN": "64"})
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "release_lock_on_cudamalloc:False"
+    assert env["SPYRESHIM_CUDA_IPC_MIN"] == "64"
+    # Without PyTorch's cache every tensor would pay a driver allocation.
+    env = child_env("torch", env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    assert env["SPYRESHIM_CUDA_IPC_MIN"] is None, env
 
 
 def test_torch_observer_registers_when_torch_is_imported():

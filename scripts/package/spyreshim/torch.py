@@ -18,6 +18,7 @@ import re
 
 FRAMEWORK_MODULE = "torch"
 OPTION = "release_lock_on_cudamalloc:True"
+IPC_MIN = "2M"
 _installed = False
 
 
@@ -47,14 +48,24 @@ def has_release_lock_option(version):
 
 
 def environment(env):
+    notes = []
+    # torch.multiprocessing shares a CUDA tensor by an IPC handle of its
+    # caching allocator's segment (2 MiB, 20 MiB or larger): such segments
+    # need a region of their own to be exportable (docs/cuda.md, "IPC").
+    # PyTorch keeps its segments cached, so the driver allocation each one
+    # then costs is paid once, not per tensor; not so without its cache
+    # (PYTORCH_NO_CUDA_MEMORY_CACHING: every tensor a cudaMalloc of its own).
+    if "SPYRESHIM_CUDA_IPC_MIN" not in env and not env.get("PYTORCH_NO_CUDA_MEMORY_CACHING"):
+        env["SPYRESHIM_CUDA_IPC_MIN"] = IPC_MIN
+        notes.append("SPYRESHIM_CUDA_IPC_MIN=" + IPC_MIN)
     v = installed_version()
     if not has_release_lock_option(v):
-        return []
+        return notes
     conf = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
     if "release_lock_on_cudamalloc" in conf:
-        return []           # the user decided
+        return notes        # the user decided
     env["PYTORCH_CUDA_ALLOC_CONF"] = conf + ("," if conf else "") + OPTION
-    return ["PYTORCH_CUDA_ALLOC_CONF=" + env["PYTORCH_CUDA_ALLOC_CONF"]]
+    return notes + ["PYTORCH_CUDA_ALLOC_CONF=" + env["PYTORCH_CUDA_ALLOC_CONF"]]
 
 
 def _observer(device, alloc, device_allocated, device_free):
