@@ -746,18 +746,14 @@ class _Foreign(object):
         return drop
 
 
-class _ForeignNp(object):
+class _ForeignNp(_Foreign):
     """_Foreign with numpy, batch by batch: the live blocks' addresses per
     device as a sorted array. A free is foreign when the event before it
     on its address (in this batch, else the live set before the batch) is
     not an allocation: after an allocation the address is live, after a
     free it is not (a foreign free leaves it not live), whatever came
-    before; so one stable sort by address tells every event's predecessor."""
-
-    def __init__(self):
-        self.live = {}
-        self.count = 0
-        self.bytes = 0
+    before; so one stable sort by address tells every event's predecessor.
+    The counts are _Foreign's; `live` holds a sorted array per device."""
 
     def drop(self, cols):
         seq, addr, size, kind, dev, times, site = cols
