@@ -34,7 +34,7 @@ MiB = 1 << 20
 
 def child(live, repeat):
     import simdev
-    sys.path.insert(0, os.path.join(HERE, "..", "scripts", "package"))
+    sys.path.insert(0, os.path.join(HERE, ".."))
     import spyreshim
     gc.disable()
     keep = [simdev.Tensor(256) for _ in range(live)]

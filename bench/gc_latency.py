@@ -27,7 +27,7 @@ import time
 os.environ.setdefault("SIMDEV_MEMORY", "64M")
 import simdev  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "package"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import spyreshim  # noqa: E402  (the ctypes wrapper of the public API)
 
 MiB = 1 << 20

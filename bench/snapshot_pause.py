@@ -28,7 +28,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "scripts", "package"))
+sys.path.insert(0, os.path.join(HERE, ".."))
 from spyreshim import control  # noqa: E402
 
 

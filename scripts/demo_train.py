@@ -19,7 +19,7 @@ import time
 os.environ.setdefault("SIMDEV_MEMORY", "256M")  # read by libsimdev on first use
 import simdev  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "package"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import spyreshim  # noqa: E402  (the ctypes wrapper of the public API; never loads the shim)
 
 MiB = 1 << 20

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCRIPT = REPO / "scripts" / "spyreshim"
 DATA = HERE / "data"
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 from spyreshim import report as rpt  # noqa: E402
@@ -263,7 +263,7 @@ def test_run_sets_preload_and_options_and_passes_the_status(tmp_path):
     assert env["SPYRESHIM_LOG"] == "debug"
     assert env["SPYRESHIM_STACK_DEPTH"] == "16"
     # The package, after the program's own entries, for -p spyreshim.pytest_plugin.
-    assert env["PYTHONPATH"] == "/mine:" + str(REPO / "scripts" / "package")
+    assert env["PYTHONPATH"] == "/mine:" + str(REPO / "spyreshim" / "_child_path")
 
 
 def test_run_nested_does_not_preload_twice():
@@ -334,7 +334,7 @@ def test_run_with_spyreshim_lib_missing():
 def _copy_tree(dst):
     (dst / "scripts").mkdir(parents=True)
     shutil.copy2(SCRIPT, dst / "scripts" / "spyreshim")
-    shutil.copytree(REPO / "scripts" / "package", dst / "scripts" / "package",
+    shutil.copytree(REPO / "spyreshim", dst / "spyreshim",
                     ignore=shutil.ignore_patterns("__pycache__"))
     return dst / "scripts" / "spyreshim"
 
@@ -362,10 +362,12 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
         pytest.skip("meson not installed")
     src = tmp_path / "src"
     _copy_tree(src)
-    (src / "scripts" / "meson.build").write_text((REPO / "scripts" / "meson.build").read_text())
+    for f in ("meson.build", "version.py.in"):
+        (src / "scripts" / f).write_text((REPO / "scripts" / f).read_text())
+    shutil.copy2(REPO / "meson_options.txt", src / "meson_options.txt")
     # A stand-in project around scripts/: the real one needs the whole build.
     (src / "meson.build").write_text(
-        "project('t', 'c', meson_version: '>=1.0')\n"
+        "project('t', 'c', meson_version: '>=1.0', version: '7.8.9')\n"
         "shared_library('spyreshim', 'empty.c', install: true)\n"
         "subdir('scripts')\n")
     (src / "empty.c").write_text("int spyreshim_test_empty;\n")
@@ -382,8 +384,11 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     r = subprocess.run([str(script), "run", "--", "sh", "-c", "echo $LD_PRELOAD; echo $PYTHONPATH"],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r
-    assert r.stdout.split() == [str(root / "lib/x/libspyreshim.so"),
-                                str(root / "share/spyreshim/python")]
+    pkg = root / "share/spyreshim/python/spyreshim"
+    assert r.stdout.split() == [str(root / "lib/x/libspyreshim.so"), str(pkg / "_child_path")]
+    # The version meson wrote into the installed package.
+    r = subprocess.run([str(script), "--version"], capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "spyreshim 7.8.9", r
     r = subprocess.run([str(script), "report", DATA / "leak_single.json"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and "SUMMARY: spyreshim: 3145728 byte(s)" in r.stdout, r

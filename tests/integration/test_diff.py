@@ -45,7 +45,7 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     script = tmp_path / "leak.py"
     script.write_text(SCRIPT)
     a, b, trace = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "r.trace"
-    r = pythons.run_python(interp, path=script, args=[str(a), str(b), str(ROOT / "scripts" / "package")], timeout=120,
+    r = pythons.run_python(interp, path=script, args=[str(a), str(b), str(ROOT)], timeout=120,
                            env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_TRACE": str(trace)})
     assert r.returncode == 0, r.describe()
     p = cli("--diff", a, b)
@@ -62,7 +62,7 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     assert "Grew by" not in p.stdout and "0 byte(s) grew" in p.stdout
     # The same two moments of the trace (after the third steady
     # allocation, after the last churn's free): exact by block.
-    sys.path.insert(0, str(ROOT / "scripts" / "package"))
+    sys.path.insert(0, str(ROOT))
     from spyreshim import trace as tr
     t = tr.load(str(trace))
     ev = [(t.kind[i], t.size[i]) for i in range(len(t))]

@@ -14,7 +14,7 @@ import pythons
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 from spyreshim import gcview, trace as tr  # noqa: E402
 
 

@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCRIPT = REPO / "scripts" / "spyreshim"
 DATA = HERE / "data"
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 
 from spyreshim import flamegraph, report as rpt  # noqa: E402
 

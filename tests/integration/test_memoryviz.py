@@ -30,7 +30,7 @@ from test_trace_views import VIZ_OPCODES
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "scripts" / "spyreshim"
-sys.path.insert(0, str(ROOT / "scripts" / "package"))
+sys.path.insert(0, str(ROOT))
 from spyreshim import memoryviz, trace as tr  # noqa: E402
 
 SCRIPT = '''import ctypes, simdev

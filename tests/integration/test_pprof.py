@@ -17,7 +17,7 @@ import pythons
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CLI = REPO / "scripts" / "spyreshim"
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 from spyreshim import trace as tr  # noqa: E402
 
 

@@ -15,7 +15,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCRIPT = REPO / "scripts" / "spyreshim"
-PKG = REPO / "scripts" / "package"
+PKG = REPO
 PYTHON = "/usr/bin/python3"
 sys.path.insert(0, str(PKG))
 sys.path.insert(0, str(HERE))

@@ -17,7 +17,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SCRIPT = REPO / "scripts" / "spyreshim"
-PKG = REPO / "scripts" / "package"
+PKG = REPO
 sys.path.insert(0, str(HERE))
 
 # Debian's interpreter: the one with pytest installed.

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 import spyreshim  # noqa: E402
 
 

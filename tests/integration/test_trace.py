@@ -15,7 +15,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
 from spyreshim import trace as tr, tracepeak  # noqa: E402

@@ -16,7 +16,7 @@ import pythons
 from test_hybrid_stacks import CALLBACK, MODEL, SCRIPT, by_size, key_frames
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "package"))
+sys.path.insert(0, str(ROOT))
 from spyreshim import callorder, memoryviz, report as rpt, timeline, trace as tr, tracepeak  # noqa: E402,E501
 
 # A static build, a shared one, one before 3.11 (one loop call per frame),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
@@ -324,7 +324,7 @@ def test_fuzz_traces_and_reports_one_line_and_status_0_or_2(tmp_path):
         cases.append([str(p), rnd.choice([[], ["--html", str(tmp_path / "r.html")]])])
     out, listing = tmp_path / "fuzz.json", tmp_path / "cases.json"
     listing.write_text(json.dumps(cases))
-    r = subprocess.run([sys.executable, "-c", FUZZ_DRIVER, str(REPO / "scripts" / "package"),
+    r = subprocess.run([sys.executable, "-c", FUZZ_DRIVER, str(REPO),
                         str(listing), str(out)], capture_output=True, text=True, timeout=1800,
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
                                                              (2 << 30, 2 << 30)))
@@ -479,7 +479,7 @@ def test_reading_a_million_events_stays_in_bounded_memory(tmp_path):
     import trace_synth
     path = tmp_path / "1m.trace"
     trace_synth.write(str(path), 1000000)
-    r = subprocess.run([sys.executable, "-c", PEAK_DRIVER, str(REPO / "scripts" / "package"),
+    r = subprocess.run([sys.executable, "-c", PEAK_DRIVER, str(REPO),
                         str(path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     kib = int(re.search(r"maxrss (\d+)", r.stderr).group(1))

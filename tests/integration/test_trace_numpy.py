@@ -23,7 +23,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import trace_synth  # noqa: E402
 from spyreshim import gcview, memoryviz, pprof, timeline, trace as tr, tracepeak  # noqa: E402
@@ -144,7 +144,7 @@ def test_a_batch_of_numpy_columns_gives_arrays(traces):
 def test_spyreshim_no_numpy_turns_the_vectorized_path_off(traces, tmp_path):
     def page(env_extra):
         out = tmp_path / ("page%d.html" % len(env_extra))
-        env = dict(os.environ, PYTHONPATH=str(REPO / "scripts" / "package"), **env_extra)
+        env = dict(os.environ, PYTHONPATH=str(REPO), **env_extra)
         env.pop("SPYRESHIM_NO_NUMPY", None) if not env_extra else None
         r = subprocess.run(
             [sys.executable, "-c",
@@ -179,7 +179,7 @@ def test_pypy3_without_numpy_writes_the_same_timeline_and_stats(traces, tmp_path
             "assert trace.np is None\n"
             "open(sys.argv[2], 'w').write(timeline.page(trace.stream(sys.argv[1])))\n"
             "open(sys.argv[3], 'w').write(tracepeak.stats_text(trace.stream(sys.argv[1])))\n"
-            % str(REPO / "scripts" / "package"))
+            % str(REPO))
     page, stats = tmp_path / "p.html", tmp_path / "s.txt"
     r = subprocess.run([pypy, "-c", code, path, str(page), str(stats)],
                        capture_output=True, text=True, timeout=600)

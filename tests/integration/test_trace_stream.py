@@ -16,7 +16,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-sys.path.insert(0, str(REPO / "scripts" / "package"))
+sys.path.insert(0, str(REPO))
 from spyreshim import memoryviz, timeline, trace as tr  # noqa: E402
 
 EV = struct.Struct("<QQQII")
@@ -163,7 +163,7 @@ def views(tmp, n):
             "memory-viz": ["--memory-viz", tmp / "m.pickle"]}
 
 
-def peak_rss(path, args, package=REPO / "scripts" / "package"):
+def peak_rss(path, args, package=REPO):
     r = subprocess.run([sys.executable, "-c", DRIVER, str(package)] + [str(a) for a in args] +
                        [str(path)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

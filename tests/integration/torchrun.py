@@ -19,7 +19,7 @@ import pythons  # noqa: E402
 PYTHON = "/usr/bin/python3"
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "spyreshim"
-PKG = REPO / "scripts" / "package"
+PKG = REPO
 DEMO = REPO / "scripts" / "demo_torch.py"
 
 _state = {}

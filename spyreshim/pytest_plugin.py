@@ -14,8 +14,11 @@ marker's argument otherwise) the test fails with their stacks, grouped
 largest first. A test that failed by itself is not checked: its traceback
 keeps its frames, and so its tensors, alive.
 
-Without libspyreshim preloaded the plugin says so once when the session
-starts and checks nothing. A marker whose limit does not parse is a usage
+The wheel registers the plugin by entry point, so it is loaded in every
+pytest run of that environment: unless asked (--spyreshim-leaks, or a
+collected test marked limit_leaks) it checks nothing and says nothing.
+Asked without libspyreshim preloaded, it says so once, after collection,
+and checks nothing. A marker whose limit does not parse is a usage
 error at collection. Setup and teardown are outside the window, as in
 pytest-memray's limit_leaks: fixtures may cache device memory.
 """
@@ -50,6 +53,7 @@ class _Checker(object):
             raise pytest.UsageError("--spyreshim-leak-limit: %s" % e)
         self.gc_rounds = max(1, config.getoption("spyreshim_gc_rounds"))
         self.available = spyreshim.available()
+        self.asked = self.all_tests   # or a collected test carries the marker
         self.results = {}     # nodeid -> failure text
 
     def limit_for(self, item):
@@ -79,15 +83,17 @@ def pytest_collection_modifyitems(session, config, items):
     c = _checker(config)
     if c is not None:
         for item in items:
-            c.limit_for(item)      # bad sizes fail the session now, not mid-run
+            if c.limit_for(item) is not None:   # bad sizes fail the session now, not mid-run
+                c.asked = True
 
 
-def pytest_sessionstart(session):
+def pytest_collection_finish(session):
     # Said even under -q (the header is not): a check that silently does
-    # nothing would pass every leaking test.
+    # nothing would pass every leaking test. Not said where nothing asked
+    # for a check: the plugin is loaded in every run of the environment.
     c = _checker(session.config)
     tr = session.config.pluginmanager.get_plugin("terminalreporter")
-    if c is not None and not c.available and tr is not None:
+    if c is not None and c.asked and not c.available and tr is not None:
         tr.write_line("spyreshim: %s; device-memory leak checks are off "
                       "(run pytest under `spyreshim run -- ...`)" % spyreshim.unavailable_reason())
 

@@ -24,10 +24,27 @@ LOG_LEVELS = ("debug", "info", "warn", "off")
 # or exec'd child never finds its parent's file in use (README, "Traces").
 DEFAULT_TRACE = "spyreshim-%p.trace"
 
-# Set by the launcher script (scripts/spyreshim): where to look for the
-# library after $SPYRESHIM_LIB, and the directory holding this package.
-LIB_CANDIDATES = []
-PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _default_candidates():
+    """Where the library is when this package was installed from a wheel
+    (next to this file), else, in a checkout, the build folder next to it."""
+    out = [os.path.join(PACKAGE_DIR, LIBNAME)]
+    top = os.path.dirname(PACKAGE_DIR)
+    if os.path.isfile(os.path.join(top, "meson.build")):
+        out.append(os.path.join(os.environ.get("SPYRESHIM_BUILD") or os.path.join(top, "build"),
+                                LIBNAME))
+    return out
+
+
+# Where to look for the library after $SPYRESHIM_LIB: the launcher script
+# (scripts/spyreshim, a checkout or `meson install`) sets its own; the
+# wheel's console script and `python -m spyreshim` keep these.
+LIB_CANDIDATES = _default_candidates()
+# What the child gets on PYTHONPATH: a folder holding only the package
+# (spyreshim/_child_path/spyreshim/__init__.py says why).
+PYTHON_DIR = os.path.join(PACKAGE_DIR, "_child_path")
 
 
 class UsageError(Exception):
@@ -51,6 +68,11 @@ def find_library(env=None):
     looked = ", ".join(os.path.normpath(c) for c in LIB_CANDIDATES) or "nowhere"
     raise UsageError("cannot find %s (looked in: %s); build it (meson setup build && "
                      "ninja -C build) or set SPYRESHIM_LIB" % (LIBNAME, looked))
+
+
+def _version():
+    from . import __version__
+    return __version__
 
 
 def _size(text):
@@ -85,6 +107,7 @@ def _parser():
         prog=PROG,
         description="Run programs under libspyreshim (device-memory region allocator, "
                     "GC on out-of-memory, leak reports) and read its leak reports.")
+    p.add_argument("--version", action="version", version="%(prog)s " + _version())
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     r = sub.add_parser(
@@ -170,6 +193,12 @@ def _parser():
                     "B`). The program goes on; it is stopped only while its live records are "
                     "copied (and, for Python frames not yet named, while they are). Only the "
                     "process's own user may ask.")
+    sub.add_parser(
+        "doctor", help="say which runtimes, interpreters, presets and library this install sees",
+        description="One screen: the library and whether it loads, the device runtimes the "
+                    "loader would find, this interpreter and those the shim collects "
+                    "garbage in, which --preset frameworks are importable here. Exit status "
+                    "1 when the library is missing or does not load.")
     snap.add_argument("pid", type=_positive, metavar="PID")
     snap.add_argument("-o", "--output", metavar="FILE",
                       help="where to write the report (default: spyreshim-snapshot-PID.json)")
@@ -404,6 +433,9 @@ def main(argv=None):
             return cmd_report(args)
         if args.command == "snapshot":
             return cmd_snapshot(args)
+        if args.command == "doctor":
+            from . import doctor
+            return doctor.main(LIB_CANDIDATES, PYTHON_DIR, sys.stdout.write)
         parser.print_help(sys.stderr)
         return 2
     except (UsageError, rpt.ReportError) as e:

@@ -34,7 +34,28 @@ __all__ = [
     "Snapshot", "Allocation", "Tracker", "Unavailable", "report",
 ]
 
-__version__ = "0.1.0"
+
+
+def _version():
+    """The project's version, kept in one place: meson.build's project().
+    Installed, meson wrote it to _version.py; in the source tree it is read
+    from ../meson.build."""
+    try:
+        from ._version import version
+        return version
+    except ImportError:
+        pass
+    import re
+    try:
+        with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "meson.build"), encoding="utf-8") as f:
+            m = re.search(r"project\(\s*'spyreshim'[^)]*?\bversion\s*:\s*'([^']+)'", f.read())
+        return m.group(1) if m else "unknown"
+    except OSError:
+        return "unknown"
+
+
+__version__ = _version()
 
 
 class Unavailable(RuntimeError):
