@@ -1,7 +1,7 @@
 #!/bin/bash
 # Peak RSS (KiB) and CPU time (user + system, s) of each `spyreshim report`
 # view and export reading synthetic traces of 1M and 10M events
-# (bench/trace_synth.py), for the package in $NEW (default: this
+# (bench/trace_synth.py), for the package in $NEW (the folder holding spyreshim/; default: this
 # checkout's) and optionally an older copy in $OLD (e.g. `git archive
 # a4681fa scripts/package | tar -x -C /tmp/old`, OLD=/tmp/old/scripts/package).
 # One run each: a figure, not a test (the 10M runs take minutes).
@@ -13,7 +13,7 @@
 # an event: some 7 GB at 10M): leave it out with VIEWS.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
-NEW=${NEW:-$HERE/scripts/package}
+NEW=${NEW:-$HERE}
 PY=${PYTHON:-/usr/bin/python3}
 DIR=${1:-/tmp/spyreshim-trace-memory}
 mkdir -p "$DIR" && cd "$DIR" || exit 2

@@ -51,7 +51,7 @@ mkdir -p "$(dirname "$trace")"
 rm -f "$trace"
 # Debian's PyTorch is for Debian's python3; one thread for its CPU kernels
 # (the device computes with them), so runs are comparable.
-export PYTHONPATH=$SPYRESHIM_BUILD/tests/torch:$PWD/scripts/package
+export PYTHONPATH=$SPYRESHIM_BUILD/tests/torch:$PWD/spyreshim/_child_path
 export OMP_NUM_THREADS=1 SIMDEV_MEMORY=${SIMDEV_MEMORY:-8M}
 steps=${DEMO_STEPS:-300}
 echo "== without spyreshim (SIMDEV_MEMORY=$SIMDEV_MEMORY)"

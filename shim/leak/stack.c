@@ -260,7 +260,11 @@ static void init_once(void)
      * the first allocation. */
     void *h = shim_dlopen("libunwind.so.8", RTLD_LOCAL | RTLD_NOW);
     if (!h) {
-        shim_warn("leak check: cannot load libunwind.so.8 (%s): no native stacks", shim_dlerror());
+        /* The wheel carries its own (RUNPATH $ORIGIN/_libs, docs/install.md);
+         * a plain install uses the system's: say which package brings it. */
+        shim_warn("leak check: cannot load libunwind.so.8 (%s): no native stacks, Python frames "
+                  "only (install libunwind: Debian/Ubuntu libunwind8, Fedora libunwind)",
+                  shim_dlerror());
         return;
     }
     g_backtrace = (unw_backtrace_fn)shim_dlsym(h, "unw_backtrace");

@@ -1,4 +1,4 @@
-"""The framework presets (scripts/package/spyreshim/{presets,torch,numba,jax,
+"""The framework presets (spyreshim/{presets,torch,numba,jax,
 cupy,rmm}.py, docs/frameworks.md): `spyreshim run --preset NAME` sets the
 environment each documents and installs the framework's own hook when the
 framework is imported; `import spyreshim.NAME; spyreshim.NAME.install()`

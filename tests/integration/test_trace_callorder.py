@@ -1,7 +1,7 @@
 """Every view of a trace in true call order (issue 24, item 1): the
 stacks a trace's views draw (peak text and flame graph, the timeline's
 "live at", --view stats, memory_viz) are the leak report's, spliced and
-folded the same way (scripts/package/spyreshim/callorder.py reads the
+folded the same way (spyreshim/callorder.py reads the
 evaluation-loop and interpreter marks of the symbol records and the Python
 stacks' entry marks, docs/trace-format.md). One run records both a leak
 report and a trace of the same allocations; each leaked block's stack in

@@ -1,5 +1,5 @@
 """Trace format version 2 (docs/trace-format.md, shim/trace/tracecodec.c,
-scripts/package/spyreshim/tracecodec.py): the same events read back
+spyreshim/tracecodec.py): the same events read back
 identically from versions 1 and 2; a traced program writes version 2 (each
 chunk naming its thread, compressed, uncompressed when zlib cannot be
 loaded) that gives the peak of its statistics; a version 1 file still

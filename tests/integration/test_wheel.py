@@ -202,6 +202,22 @@ def test_leak_hunt_from_the_venv(venv):
     assert "UNWIND ['%s']" % (site / "spyreshim" / "_libs" / "libunwind.so.8") in r.stdout, \
         r.describe()
     assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in err
+    # No libunwind to be had (a broken one first on LD_LIBRARY_PATH, which
+    # wins over the RUNPATH): one line saying what to install, and the
+    # report keeps its Python frames.
+    (work / "broken").mkdir(exist_ok=True)
+    (work / "broken" / "libunwind.so.8").write_bytes(b"")
+    r = _run([v / "bin" / "spyreshim", "run", "--leak-check", "--", py, "leaky.py"],
+             env=dict(env, LD_LIBRARY_PATH=work / "broken"), cwd=work, timeout=120)
+    assert r.returncode == 23, r.describe()
+    lines = [ln for ln in r.stderr.splitlines() if "libunwind" in ln]
+    assert len(lines) == 1 and lines[0].startswith(
+        "spyreshim: leak check: cannot load libunwind.so.8 (") and lines[0].endswith(
+        "no native stacks, Python frames only (install libunwind: Debian/Ubuntu libunwind8, "
+        "Fedora libunwind)"), r.describe()
+    assert re.search(r"#\d+ in make_leak %s:%d \[python\]" % (
+        re.escape(str(work / "leaky.py")), LEAK_LINE), r.stderr), r.describe()
+    assert "simdevmodule.c" not in r.stderr, r.describe()
     # `python -m spyreshim run`: the same library, by its absolute path.
     r = _run([v / "bin" / "python", "-m", "spyreshim", "run", "--", "sh", "-c",
               "echo $LD_PRELOAD"], env=_env(), cwd=work)
