@@ -101,7 +101,9 @@ def _interp(kind):
         if not os.access(DEBIAN_PYTHON, os.X_OK):
             pytest.skip("no %s" % DEBIAN_PYTHON)
         return pythons.get("cpython3.11-static").require()
-    for name in ("cpython3.12", "cpython3.13", "cpython3.11-shared"):
+    # An older CPython first: its pip build gets an older meson-python than
+    # Debian's 3.11 (0.22 needs 3.10), and the RUNPATH must survive both.
+    for name in ("cpython3.9", "cpython3.8", "cpython3.12", "cpython3.11-shared"):
         i = pythons.get(name)
         if i.available:
             return i
