@@ -331,6 +331,29 @@ def test_run_with_spyreshim_lib_missing():
     assert line == "spyreshim: SPYRESHIM_LIB=/nonexistent/lib.so: no such file"
 
 
+def test_version_is_meson_builds():
+    want = re.search(r"project\(\s*'spyreshim'[^)]*?\bversion\s*:\s*'([^']+)'",
+                     (REPO / "meson.build").read_text()).group(1)
+    for argv in ([str(SCRIPT), "--version"], [sys.executable, "-m", "spyreshim", "--version"]):
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+        assert r.returncode == 0 and r.stdout.strip() == "spyreshim " + want, r
+
+
+def test_doctor_in_a_checkout(tmp_path):
+    if not (REPO / "build" / "libspyreshim.so").exists():
+        pytest.skip("build/libspyreshim.so is not built")
+    r = cli("doctor", env={"LD_PRELOAD": ""}, timeout=120)
+    assert r.returncode == 0, r
+    assert "libspyreshim.so  %s" % (REPO / "build" / "libspyreshim.so") in r.stdout, r.stdout
+    assert "loads (preloaded into" in r.stdout, r.stdout
+    # A library that does not load: the loader's reason, status 1.
+    bad = tmp_path / "bad.so"
+    bad.write_bytes(b"not an ELF file")
+    r = cli("doctor", env={"SPYRESHIM_LIB": str(bad)}, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r
+    assert "does not load: " in r.stdout, r.stdout
+
+
 def _copy_tree(dst):
     (dst / "scripts").mkdir(parents=True)
     shutil.copy2(SCRIPT, dst / "scripts" / "spyreshim")

