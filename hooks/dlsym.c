@@ -1,8 +1,9 @@
 /* dlsym interposition: a lookup on a handle (numba and other ctypes users
- * look driver functions up this way, `_v2` first) is offered to the lookup
- * a runtime file registered (hooks/cuda_driver.c: the shim's wrapper of a
- * served driver function); every other lookup behaves exactly as before.
- * This file knows no runtime: the runtime file above registers itself.
+ * look driver functions up this way, `_v2` first) is offered to the lookups
+ * the runtime files registered (hooks/cuda_driver.c, hooks/opencl.c: the
+ * shim's wrapper of a served function); every other lookup behaves exactly
+ * as before. This file knows no runtime: the runtime files register
+ * themselves.
  *
  * The entry point itself is dlsym_x86_64.S: glibc resolves RTLD_NEXT (and
  * records the caller for dlerror) from dlsym's return address, so a C
@@ -162,21 +163,42 @@ void *shim_real_dlsym(void *handle, const char *name)
     return p;
 }
 
-/* The registered lookup (NULL: none yet); set once, at load time. */
-static _Atomic(shim_dlsym_lookup_fn) lookup;
+/* The registered lookups, one per runtime file that serves names by
+ * dlsym (CUDA's driver, OpenCL); registered at load time, in constructor
+ * order, each asked in turn. */
+#define MAX_LOOKUPS 4
+static _Atomic(shim_dlsym_lookup_fn) lookups[MAX_LOOKUPS];
 
 void shim_dlsym_set_lookup(shim_dlsym_lookup_fn fn)
 {
-    atomic_store_explicit(&lookup, fn, memory_order_release);
+    for (size_t i = 0; i < MAX_LOOKUPS; i++) {
+        shim_dlsym_lookup_fn none = NULL;
+        if (atomic_compare_exchange_strong(&lookups[i], &none, fn) || none == fn)
+            return;
+    }
 }
 
 /* A lookup of a name that may be one the shim serves. */
 static void *pick_served(void *handle, const char *name, void *ret)
 {
-    shim_dlsym_lookup_fn fn = atomic_load_explicit(&lookup, memory_order_acquire);
-    if (!fn || shim_is_own_address(ret))
+    if (shim_is_own_address(ret))
         return NULL; /* the shim looking for the real function */
-    return fn(handle, name);
+    for (size_t i = 0; i < MAX_LOOKUPS; i++) {
+        shim_dlsym_lookup_fn fn = atomic_load_explicit(&lookups[i], memory_order_acquire);
+        if (!fn)
+            break;
+        void *p = fn(handle, name);
+        if (p)
+            return p;
+    }
+    return NULL;
+}
+
+/* The fast test on a name: only the runtimes' prefixes ("cu" for CUDA,
+ * "cl" for OpenCL) may be served. */
+static inline bool maybe_served(const char *name)
+{
+    return name[0] == 'c' && (name[1] == 'u' || name[1] == 'l');
 }
 
 /* From the dlvsym stub, with its arguments and its caller's return
@@ -190,7 +212,7 @@ NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlvsym_pick(void *h
 {
     void *(*vnext)(void *, const char *, const char *) = resolve_vnext();
     resolve_next();
-    if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || name[0] != 'c' || name[1] != 'u')
+    if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || !maybe_served(name))
         return NULL;
     shim_loader_check("dlvsym");
     shim_fork_gate_enter();
@@ -212,7 +234,7 @@ NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *ha
      * scope already finds the shim's exports first, and RTLD_NEXT must stay
      * the caller's. The fast test on the name keeps everything else cheap
      * (and out of instrumented code). */
-    if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || name[0] != 'c' || name[1] != 'u')
+    if (!name || handle == RTLD_NEXT || handle == RTLD_DEFAULT || !maybe_served(name))
         return NULL;
     return pick_served(handle, name, ret);
 }

@@ -838,7 +838,7 @@ class _ForeignNp(_Foreign):
 
 # Pseudo-devices of memory the shim passes through and watches (VMM,
 # managed, host-pinned: tracefmt.h): their own peaks, never in the overall one.
-PASSTHROUGH_DEVICES = (0xfb, 0xfc, 0xfd, 0xfe)
+PASSTHROUGH_DEVICES = (0xf9, 0xfa, 0xfb, 0xfc, 0xfd, 0xfe)
 
 
 class Peak(object):

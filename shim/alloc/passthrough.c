@@ -51,6 +51,8 @@ const char *shim_passthrough_family_name(enum shim_pt_family f)
         [SHIM_PT_HOST_PINNED] = "cuda-host-pinned",
         [SHIM_PT_VMM] = "cuda-vmm",
         [SHIM_PT_ASYNC] = "cuda-async",
+        [SHIM_PT_OPENCL_BUFFER] = "opencl-buffer",
+        [SHIM_PT_OPENCL_SVM] = "opencl-svm",
     };
     return (unsigned)f < SHIM_PT_FAMILIES ? names[f] : "cuda";
 }

@@ -13,11 +13,13 @@ enum shim_pt_family {
     SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
     SHIM_PT_VMM,         /* cuMemCreate's physical allocations, keyed by handle */
     SHIM_PT_ASYNC,       /* cuMemAllocAsync, cuMemAllocFromPoolAsync: held by the program */
+    SHIM_PT_OPENCL_BUFFER, /* clCreateBuffer the shim cannot serve (USE_HOST_PTR, ...), keyed by cl_mem */
+    SHIM_PT_OPENCL_SVM,    /* clSVMAlloc */
     SHIM_PT_FAMILIES
 };
 
 /* The family's name in statistics and leak reports: "cuda-managed",
- * "cuda-host-pinned", "cuda-vmm", "cuda-async". */
+ * "cuda-host-pinned", "cuda-vmm", "cuda-async", "opencl-buffer", "opencl-svm". */
 const char *shim_passthrough_family_name(enum shim_pt_family f);
 
 /* The leak room's stack capture (set by shim_leak_init; NULL: no stacks). */

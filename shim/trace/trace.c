@@ -45,6 +45,8 @@ static void on_passthrough(bool alloc, enum shim_pt_family f, uint64_t seq, uint
     unsigned dev = f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
                    : f == SHIM_PT_HOST_PINNED ? TRACE_DEVICE_HOST_PINNED
                    : f == SHIM_PT_ASYNC       ? TRACE_DEVICE_ASYNC
+                   : f == SHIM_PT_OPENCL_BUFFER ? TRACE_DEVICE_OPENCL_BUFFER
+                   : f == SHIM_PT_OPENCL_SVM    ? TRACE_DEVICE_OPENCL_SVM
                                               : TRACE_DEVICE_VMM;
     shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE, dev, seq, addr, size, native_stack,
                          python_stack);

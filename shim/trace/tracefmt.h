@@ -88,6 +88,8 @@ _Static_assert(sizeof(trace_event) == 32, "event layout");
 #define TRACE_DEVICE_HOST_PINNED 0xfe
 #define TRACE_DEVICE_VMM 0xfc
 #define TRACE_DEVICE_ASYNC 0xfb /* stream-ordered allocations (cuda-async) */
+#define TRACE_DEVICE_OPENCL_BUFFER 0xfa /* OpenCL buffers passed through (opencl-buffer) */
+#define TRACE_DEVICE_OPENCL_SVM 0xf9    /* OpenCL shared virtual memory (opencl-svm) */
 #define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
 
 /* Metadata records: tag, payload length, payload padded to 8 bytes. */

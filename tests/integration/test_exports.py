@@ -65,7 +65,8 @@ def test_the_allow_list_is_read_from_the_sources():
     assert {"spyreshim_register_pressure_callback", "spyreshim_get_stats",
             "spyreshim_snapshot_take"} <= api
     assert {"simdevMalloc", "simdevFree", "simdevMemGetInfo", "cudaMalloc", "cudaFree",
-            "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2", "dlsym"} <= entries
+            "cuMemAlloc_v2", "cuMemFree_v2", "cuGetProcAddress_v2", "dlsym",
+            "clCreateBuffer", "clReleaseMemObject", "clSVMAlloc"} <= entries
 
 
 def test_the_library_exports_the_api_and_the_entry_points_only(shim_lib):

@@ -1,0 +1,1052 @@
+/* OpenCL's allocation entry points (libOpenCL, the ICD loader, and through
+ * it any platform: PoCL here), docs/opencl.md. Reached:
+ * - at link time: the exported functions below, for programs and
+ *   libraries linked with -lOpenCL (PyOpenCL's extension);
+ * - by dlsym on a handle whose object defines them (ctypes users):
+ *   hooks/dlsym.c asks opencl_lookup;
+ * - by clGetExtensionFunctionAddress(ForPlatform), which loaders answer
+ *   for core names too: the shim's function replaces a served name's.
+ *
+ * Served: clCreateBuffer and clCreateBufferWithProperties (no properties)
+ * of device memory: the buffer the program gets is a sub-buffer of a
+ * region, a large buffer the shim creates in the program's context, at the
+ * offset of a block of the shim's allocator (shim/alloc, whose addresses
+ * are synthetic here: a region's offsets, never host addresses); aligned
+ * to CL_DEVICE_MEM_BASE_ADDR_ALIGN. The block is freed by the buffer's
+ * destructor callback, which the runtime calls at its last release
+ * (reference count, and after the commands that use it). COPY_HOST_PTR is
+ * done with a write on a queue of the shim's. The program's sub-buffers of
+ * a served buffer are made on the region (OpenCL has no sub-buffers of
+ * sub-buffers) and retain the buffer; clGetMemObjectInfo answers for a
+ * served buffer and its sub-buffers as for a plain buffer and its own.
+ *
+ * Passed through and watched (counted, charged to SPYRESHIM_LIMIT,
+ * traced, in leak reports): buffers the shim cannot serve (USE_HOST_PTR,
+ * ALLOC_HOST_PTR, properties, an alignment above the shim's), family
+ * opencl-buffer; clSVMAlloc, family opencl-svm. clGetDeviceInfo's
+ * GLOBAL_MEM_SIZE and MAX_MEM_ALLOC_SIZE are capped to SPYRESHIM_LIMIT.
+ * clReleaseContext and clReleaseCommandQueue are watched: a context the
+ * program no longer holds (its reference count is the shim's own
+ * references) is torn down: the shim forgets its regions and releases
+ * them, so that the context goes as it would without the shim.
+ *
+ * Owns: the real functions (a table published with one atomic store, as
+ * cuda_driver.c's), and the tables of contexts, regions and served
+ * buffers under cl_mu (docs/locking.md: a leaf; no OpenCL call is made
+ * under it). */
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hooks.h"
+#include "log.h"
+#include "mutex.h"
+#include "opencl.h"
+#include "options.h"
+#include "passthrough.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+#define DECLARE_1(sym, ret, params) EXPORT ret sym params;
+#define DECLARE_0(sym, ret, params)
+#define DECLARE(f, sym, defined, ret, params) DECLARE_##defined(sym, ret, params)
+SHIM_OPENCL_API(DECLARE)
+#undef DECLARE
+#undef DECLARE_0
+#undef DECLARE_1
+
+/* Flags a served buffer may have: the access and host-access ones (a
+ * sub-buffer takes them), and COPY_HOST_PTR, done by a write. */
+#define SERVABLE_FLAGS                                                                      \
+    ((cl_mem_flags)(CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY |             \
+                    CL_MEM_COPY_HOST_PTR | CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | \
+                    CL_MEM_HOST_NO_ACCESS))
+#define ACCESS_FLAGS ((cl_mem_flags)(CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY))
+#define HOST_ACCESS_FLAGS \
+    ((cl_mem_flags)(CL_MEM_HOST_WRITE_ONLY | CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS))
+#define HOST_PTR_FLAGS \
+    ((cl_mem_flags)(CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))
+/* The shim's blocks are aligned to this; a device that needs more has its
+ * buffers passed through. */
+#define BLOCK_ALIGN ((size_t)256)
+/* Synthetic addresses of regions: above 2^40, below 2^47 (the live
+ * table's reach), each region at a 2 MiB boundary, never reused. */
+#define SYNTH_BASE ((uintptr_t)1 << 40)
+#define SYNTH_STEP ((uintptr_t)2 << 20)
+
+/* ---- the real functions --------------------------------------------- */
+
+typedef struct cl_api {
+#define FIELD(f, sym, defined, ret, params) ret(*f) params;
+    SHIM_OPENCL_API(FIELD)
+#undef FIELD
+} cl_api;
+
+static _Atomic(cl_api *) the_api;
+
+static void *find_in_handle(void *handle, const char *name)
+{
+    void *p = shim_real_dlsym(handle, name);
+    return shim_is_own_address(p) ? NULL : p;
+}
+
+static void *find_in_scopes(void *unused, const char *name)
+{
+    (void)unused;
+    return shim_resolve_real(name);
+}
+
+static cl_api *learn(void *(*find)(void *where, const char *name), void *where)
+{
+    cl_api *cur = atomic_load_explicit(&the_api, memory_order_acquire);
+    if (cur)
+        return cur;
+    cl_api *a = calloc(1, sizeof *a);
+    if (!a)
+        return NULL;
+#define FIND(f, sym, defined, ret, params) *(void **)&a->f = find(where, #sym);
+    SHIM_OPENCL_API(FIND)
+#undef FIND
+    if (!a->create_buffer || !a->create_sub_buffer || !a->release_mem_object ||
+        !a->retain_mem_object || !a->get_context_info || !a->get_device_info ||
+        !a->get_mem_object_info || !a->set_mem_object_destructor_callback ||
+        !a->release_context) {
+        free(a);
+        return NULL;
+    }
+    cl_api *expected = NULL;
+    if (atomic_compare_exchange_strong(&the_api, &expected, a))
+        return a;
+    free(a);
+    return expected;
+}
+
+__attribute__((noinline)) static cl_api *learn_from_scopes(void)
+{
+    cl_api *a = learn(find_in_scopes, NULL);
+    static _Atomic bool warned;
+    if (!a && !atomic_exchange(&warned, true))
+        shim_warn("opencl: the OpenCL library's functions were not found in the process");
+    return a;
+}
+
+static inline cl_api *api(void)
+{
+    cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
+    return a ? a : learn_from_scopes();
+}
+
+/* ---- tables (cl_mu) -------------------------------------------------- */
+
+typedef struct ctx_rec {
+    cl_context ctx;
+    cl_device_id dev;          /* its first device: the shim's queue's, the ordinal's */
+    int ordinal;
+    size_t align;              /* bytes: the largest CL_DEVICE_MEM_BASE_ADDR_ALIGN */
+    size_t max_alloc;          /* the smallest CL_DEVICE_MAX_MEM_ALLOC_SIZE */
+    size_t global_mem;         /* the first device's CL_DEVICE_GLOBAL_MEM_SIZE */
+    cl_command_queue queue;    /* the shim's, for COPY_HOST_PTR; NULL until needed */
+    unsigned regions;          /* regions of the shim in it */
+    size_t region_bytes;
+    unsigned live;             /* served buffers and their sub-buffers alive */
+    bool pending;              /* may be unheld by the program: look at its count */
+    struct ctx_rec *next;
+} ctx_rec;
+
+typedef struct region_rec {
+    uintptr_t base;
+    size_t size;
+    cl_mem mem;
+    ctx_rec *ctx;
+} region_rec;
+
+enum buf_kind { BUF_SERVED, BUF_SUB };
+typedef struct buf_rec {
+    cl_mem mem;                /* what the program holds */
+    struct buf_rec *next;      /* hash chain */
+    enum buf_kind kind;
+    uintptr_t addr;            /* BUF_SERVED: the block */
+    size_t size;
+    cl_mem_flags flags;        /* as the program sees them */
+    ctx_rec *ctx;
+    shim_device *dev;
+    cl_mem parent;             /* BUF_SUB: the served buffer, retained */
+    size_t origin;
+} buf_rec;
+
+static pthread_mutex_t cl_mu = PTHREAD_MUTEX_INITIALIZER;
+static ctx_rec *contexts;
+static region_rec *regions;    /* sorted by base */
+static size_t nregions, cap_regions;
+static uintptr_t next_synth = SYNTH_BASE;
+#define NBUCKETS 4096
+static buf_rec *buckets[NBUCKETS];
+static _Atomic unsigned pending_contexts;
+static cl_device_id ordinals[SHIM_MAX_DEVICES];
+/* References a buffer and a queue of the shim's take on their context
+ * (1 by the specification's model; learnt from the runtime: -1 not yet). */
+static int buffer_retains = -1, queue_retains = -1;
+
+static size_t bucket_of(cl_mem m)
+{
+    uintptr_t x = (uintptr_t)m;
+    x ^= x >> 17;
+    x *= 0x9E3779B97F4A7C15ull;
+    return (size_t)(x >> 52) & (NBUCKETS - 1);
+}
+
+/* cl_mu held. */
+static buf_rec *buf_find_locked(cl_mem m)
+{
+    for (buf_rec *b = buckets[bucket_of(m)]; b; b = b->next)
+        if (b->mem == m)
+            return b;
+    return NULL;
+}
+
+static bool buf_find(cl_mem m, buf_rec *out)
+{
+    shim_mutex_lock(&cl_mu);
+    buf_rec *b = buf_find_locked(m);
+    if (b)
+        *out = *b;
+    shim_mutex_unlock(&cl_mu);
+    return b != NULL;
+}
+
+static void buf_insert(buf_rec *b)
+{
+    shim_mutex_lock(&cl_mu);
+    size_t i = bucket_of(b->mem);
+    b->next = buckets[i];
+    buckets[i] = b;
+    b->ctx->live++;
+    shim_mutex_unlock(&cl_mu);
+}
+
+/* Removes `b` from the table; true when its context has nothing served
+ * left (the count may then be the shim's alone). */
+static void buf_remove(buf_rec *b)
+{
+    shim_mutex_lock(&cl_mu);
+    for (buf_rec **p = &buckets[bucket_of(b->mem)]; *p; p = &(*p)->next) {
+        if (*p == b) {
+            *p = b->next;
+            break;
+        }
+    }
+    if (--b->ctx->live == 0 && !b->ctx->pending) {
+        b->ctx->pending = true;
+        atomic_fetch_add(&pending_contexts, 1);
+    }
+    shim_mutex_unlock(&cl_mu);
+}
+
+static int ordinal_of(cl_device_id dev)
+{
+    for (int i = 0; i < SHIM_MAX_DEVICES; i++) {
+        if (ordinals[i] == dev)
+            return i;
+        if (!ordinals[i]) {
+            ordinals[i] = dev;
+            return i;
+        }
+    }
+    return SHIM_MAX_DEVICES - 1;
+}
+
+/* The record of `ctx`, made on first use from the runtime's answers:
+ * NULL when the runtime does not know the context (the caller passes the
+ * call through, for the runtime's own error). */
+static ctx_rec *ctx_get(cl_api *a, cl_context ctx)
+{
+    shim_mutex_lock(&cl_mu);
+    for (ctx_rec *c = contexts; c; c = c->next) {
+        if (c->ctx == ctx) {
+            shim_mutex_unlock(&cl_mu);
+            return c;
+        }
+    }
+    shim_mutex_unlock(&cl_mu);
+    if (!ctx)
+        return NULL;
+    cl_device_id devs[16];
+    size_t len = 0;
+    if (a->get_context_info(ctx, CL_CONTEXT_DEVICES, sizeof devs, devs, &len) != CL_SUCCESS ||
+        len < sizeof devs[0])
+        return NULL;
+    ctx_rec *n = calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->ctx = ctx;
+    n->dev = devs[0];
+    n->max_alloc = SIZE_MAX;
+    for (size_t i = 0; i < len / sizeof devs[0]; i++) {
+        cl_uint bits = 0;
+        cl_ulong max = 0, global = 0;
+        if (a->get_device_info(devs[i], CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof bits, &bits, NULL) !=
+                CL_SUCCESS ||
+            a->get_device_info(devs[i], CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max, &max, NULL) !=
+                CL_SUCCESS ||
+            a->get_device_info(devs[i], CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global,
+                               NULL) != CL_SUCCESS) {
+            free(n);
+            return NULL;
+        }
+        if (bits / 8 > n->align)
+            n->align = bits / 8;
+        if (max < n->max_alloc)
+            n->max_alloc = max;
+        if (i == 0)
+            n->global_mem = global;
+    }
+    shim_mutex_lock(&cl_mu);
+    for (ctx_rec *c = contexts; c; c = c->next) {
+        if (c->ctx == ctx) { /* another thread was first */
+            shim_mutex_unlock(&cl_mu);
+            free(n);
+            return c;
+        }
+    }
+    n->ordinal = ordinal_of(n->dev);
+    n->next = contexts;
+    contexts = n;
+    shim_mutex_unlock(&cl_mu);
+    return n;
+}
+
+/* The region holding synthetic address `addr`; cl_mu held. */
+static region_rec *region_find_locked(uintptr_t addr)
+{
+    size_t lo = 0, hi = nregions;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (regions[mid].base + regions[mid].size <= addr)
+            lo = mid + 1;
+        else if (regions[mid].base > addr)
+            hi = mid;
+        else
+            return &regions[mid];
+    }
+    return NULL;
+}
+
+/* ---- OpenCL as a shim_runtime ---------------------------------------- */
+
+/* The context a request of this thread is served in: set by the hooks
+ * around the allocator's call. */
+static __thread ctx_rec *tls_ctx;
+
+static int ocl_current_context(uintptr_t *context)
+{
+    if (!tls_ctx)
+        return CL_INVALID_CONTEXT;
+    *context = (uintptr_t)tls_ctx->ctx;
+    return 0;
+}
+
+static int ocl_current_device(int *ordinal, uintptr_t *context)
+{
+    int rc = ocl_current_context(context);
+    if (rc == 0)
+        *ordinal = tls_ctx->ordinal;
+    return rc;
+}
+
+static cl_uint ctx_refs(cl_api *a, cl_context ctx)
+{
+    cl_uint n = 0;
+    if (a->get_context_info(ctx, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL) != CL_SUCCESS)
+        return 0;
+    return n;
+}
+
+/* A region: a buffer of the context, read-write, no host access flags
+ * (its sub-buffers take theirs). Lack of room is the allocator's
+ * out-of-memory (it tries smaller, then the pressure event); any other
+ * refusal is final, as a positive number (the hook makes it the runtime's
+ * negative one again). */
+static int ocl_reserve(void **ptr, size_t size)
+{
+    ctx_rec *c = tls_ctx;
+    cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
+    if (!c || !a)
+        return -CL_INVALID_CONTEXT;
+    if (size > c->max_alloc)
+        return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    bool learn_retains = __atomic_load_n(&buffer_retains, __ATOMIC_RELAXED) < 0;
+    cl_uint before = learn_retains ? ctx_refs(a, c->ctx) : 0;
+    cl_int err = CL_SUCCESS;
+    cl_mem m = a->create_buffer(c->ctx, CL_MEM_READ_WRITE, size, NULL, &err);
+    if (!m) {
+        if (err == CL_MEM_OBJECT_ALLOCATION_FAILURE || err == CL_OUT_OF_RESOURCES ||
+            err == CL_OUT_OF_HOST_MEMORY || err == CL_INVALID_BUFFER_SIZE || err == CL_SUCCESS)
+            return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        return -err;
+    }
+    if (learn_retains)
+        __atomic_store_n(&buffer_retains, (int)(ctx_refs(a, c->ctx) - before), __ATOMIC_RELAXED);
+    shim_mutex_lock(&cl_mu);
+    if (nregions == cap_regions) {
+        size_t cap = cap_regions ? cap_regions * 2 : 64;
+        region_rec *r = realloc(regions, cap * sizeof *r);
+        if (!r) {
+            shim_mutex_unlock(&cl_mu);
+            a->release_mem_object(m);
+            return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+        }
+        regions = r;
+        cap_regions = cap;
+    }
+    uintptr_t base = next_synth;
+    next_synth += (size + SYNTH_STEP - 1) / SYNTH_STEP * SYNTH_STEP + SYNTH_STEP;
+    /* Addresses grow: appending keeps the array sorted. */
+    regions[nregions++] = (region_rec){.base = base, .size = size, .mem = m, .ctx = c};
+    c->regions++;
+    c->region_bytes += size;
+    shim_mutex_unlock(&cl_mu);
+    *ptr = (void *)base;
+    return 0;
+}
+
+/* Takes the region at `base` out of the table: its buffer, or NULL. */
+static cl_mem region_take(uintptr_t base)
+{
+    shim_mutex_lock(&cl_mu);
+    region_rec *r = region_find_locked(base);
+    cl_mem m = NULL;
+    if (r && r->base == base) {
+        m = r->mem;
+        r->ctx->regions--;
+        r->ctx->region_bytes -= r->size;
+        size_t i = (size_t)(r - regions);
+        memmove(r, r + 1, (nregions - i - 1) * sizeof *r);
+        nregions--;
+    }
+    shim_mutex_unlock(&cl_mu);
+    return m;
+}
+
+static int ocl_release(void *ptr)
+{
+    cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
+    cl_mem m = region_take((uintptr_t)ptr);
+    if (!m || !a)
+        return CL_INVALID_VALUE;
+    return a->release_mem_object(m);
+}
+
+/* The device's size, less what the shim's regions of the context hold
+ * (the runtime tells no free memory). */
+static int ocl_mem_info(size_t *free_out, size_t *total_out)
+{
+    ctx_rec *c = tls_ctx;
+    if (!c)
+        return CL_INVALID_CONTEXT;
+    shim_mutex_lock(&cl_mu);
+    size_t used = c->region_bytes;
+    shim_mutex_unlock(&cl_mu);
+    *total_out = c->global_mem;
+    *free_out = c->global_mem > used ? c->global_mem - used : 0;
+    return 0;
+}
+
+static const shim_runtime opencl_rt = {
+    .name = "opencl",
+    .err_invalid = CL_INVALID_VALUE,
+    .err_oom = CL_MEM_OBJECT_ALLOCATION_FAILURE,
+    .alignment = BLOCK_ALIGN,
+    .real_malloc = ocl_reserve,
+    .real_free = ocl_release,
+    .real_mem_info = ocl_mem_info,
+    .current_device = ocl_current_device,
+    .current_context = ocl_current_context,
+};
+
+/* ---- context teardown ------------------------------------------------ */
+
+/* The references the shim holds on `c` (cl_mu held). */
+static unsigned own_refs_locked(const ctx_rec *c)
+{
+    int br = __atomic_load_n(&buffer_retains, __ATOMIC_RELAXED);
+    int qr = __atomic_load_n(&queue_retains, __ATOMIC_RELAXED);
+    br = br < 0 ? 1 : br;
+    qr = qr < 0 ? 1 : qr;
+    return c->regions * (unsigned)br + (c->queue ? (unsigned)qr : 0);
+}
+
+/* `c` is held by nobody but the shim: forget its regions (the allocator's
+ * context teardown) and release them and the queue, so that the context
+ * goes. The record goes too. */
+static void ctx_teardown(cl_api *a, ctx_rec *c)
+{
+    shim_mutex_lock(&cl_mu);
+    for (ctx_rec **p = &contexts; *p; p = &(*p)->next) {
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    }
+    cl_mem *mine = NULL;
+    size_t n = 0;
+    if (c->regions)
+        mine = malloc(c->regions * sizeof *mine);
+    size_t keep = 0;
+    for (size_t i = 0; i < nregions; i++) {
+        if (regions[i].ctx == c && mine)
+            mine[n++] = regions[i].mem;
+        else if (regions[i].ctx != c || !mine)
+            regions[keep++] = regions[i];
+    }
+    nregions = keep;
+    cl_command_queue q = c->queue;
+    shim_mutex_unlock(&cl_mu);
+    /* The allocator forgets first: no block can be served from a region
+     * released below. */
+    shim_device_context_gone(&opencl_rt, (uintptr_t)c->ctx);
+    for (size_t i = 0; i < n; i++)
+        a->release_mem_object(mine[i]);
+    if (q && a->release_command_queue)
+        a->release_command_queue(q);
+    shim_debug("opencl: context %p torn down (%zu regions)", (void *)c->ctx, n);
+    free(mine);
+    free(c);
+}
+
+/* Looks at the contexts that may have lost their program's last
+ * reference: called after a release, with no lock held. A context the
+ * shim holds no reference on is only forgotten (it may be gone). */
+static void ctx_check_pending(cl_api *a)
+{
+    if (!atomic_load_explicit(&pending_contexts, memory_order_relaxed))
+        return;
+    for (;;) {
+        shim_mutex_lock(&cl_mu);
+        ctx_rec *c = contexts;
+        while (c && !c->pending)
+            c = c->next;
+        if (!c) {
+            shim_mutex_unlock(&cl_mu);
+            return;
+        }
+        c->pending = false;
+        atomic_fetch_sub(&pending_contexts, 1);
+        unsigned own = own_refs_locked(c);
+        unsigned live = c->live;
+        shim_mutex_unlock(&cl_mu);
+        if (live)
+            continue;
+        if (own == 0) {
+            /* Nothing of the shim's: the record may be stale, drop it. */
+            shim_mutex_lock(&cl_mu);
+            for (ctx_rec **p = &contexts; *p; p = &(*p)->next) {
+                if (*p == c && !c->regions && !c->queue && !c->live) {
+                    *p = c->next;
+                    free(c);
+                    break;
+                }
+            }
+            shim_mutex_unlock(&cl_mu);
+            continue;
+        }
+        /* The shim's references keep it alive: its count can be read. */
+        if (ctx_refs(a, c->ctx) <= own)
+            ctx_teardown(a, c);
+    }
+}
+
+static void ctx_mark_pending(cl_context ctx)
+{
+    shim_mutex_lock(&cl_mu);
+    for (ctx_rec *c = contexts; c; c = c->next) {
+        if (c->ctx == ctx && !c->pending) {
+            c->pending = true;
+            atomic_fetch_add(&pending_contexts, 1);
+        }
+    }
+    shim_mutex_unlock(&cl_mu);
+}
+
+/* ---- buffers ------------------------------------------------------------ */
+
+/* The runtime destroys a served buffer or a sub-buffer of one. */
+static void served_destroyed(cl_mem mem, void *arg)
+{
+    (void)mem;
+    buf_rec *b = arg;
+    buf_remove(b);
+    if (b->kind == BUF_SERVED) {
+        shim_device_free(b->dev, (void *)b->addr);
+    } else {
+        cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
+        if (a)
+            a->release_mem_object(b->parent);
+    }
+    free(b);
+}
+
+static void passed_destroyed(cl_mem mem, void *arg)
+{
+    (void)arg;
+    shim_passthrough_remove(SHIM_PT_OPENCL_BUFFER, (uintptr_t)mem);
+}
+
+static shim_device *device_of(ctx_rec *c)
+{
+    return shim_device_get_context(&opencl_rt, c->ordinal, (uintptr_t)c->ctx);
+}
+
+static void set_err(cl_int *errcode_ret, cl_int err)
+{
+    if (errcode_ret)
+        *errcode_ret = err;
+}
+
+/* A buffer the shim does not serve: the runtime's, charged to the
+ * context's device and recorded (family opencl-buffer). */
+static cl_mem pass_buffer(cl_api *a, ctx_rec *c, const cl_mem_properties *props, bool with_props,
+                          cl_context ctx, cl_mem_flags flags, size_t size, void *host_ptr,
+                          cl_int *errcode_ret)
+{
+    shim_device *d = c ? device_of(c) : NULL;
+    if (d && shim_passthrough_charge(d, size) != 0) {
+        set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
+        return NULL;
+    }
+    cl_int err = CL_SUCCESS;
+    cl_mem m = with_props
+                   ? a->create_buffer_with_properties(ctx, props, flags, size, host_ptr, &err)
+                   : a->create_buffer(ctx, flags, size, host_ptr, &err);
+    set_err(errcode_ret, err);
+    if (!d)
+        return m;
+    if (!m) {
+        shim_passthrough_uncharge(d, size);
+        return m;
+    }
+    shim_passthrough_add_charged(SHIM_PT_OPENCL_BUFFER, d, (uintptr_t)m, size);
+    if (a->set_mem_object_destructor_callback(m, passed_destroyed, NULL) != CL_SUCCESS)
+        shim_passthrough_remove(SHIM_PT_OPENCL_BUFFER, (uintptr_t)m);
+    return m;
+}
+
+/* The shim's queue of `c`, made on first need. */
+static cl_command_queue queue_of(cl_api *a, ctx_rec *c)
+{
+    shim_mutex_lock(&cl_mu);
+    cl_command_queue q = c->queue;
+    shim_mutex_unlock(&cl_mu);
+    if (q || !a->create_command_queue || !a->enqueue_write_buffer)
+        return q;
+    bool learn_retains = __atomic_load_n(&queue_retains, __ATOMIC_RELAXED) < 0;
+    cl_uint before = learn_retains ? ctx_refs(a, c->ctx) : 0;
+    cl_int err;
+    q = a->create_command_queue(c->ctx, c->dev, 0, &err);
+    if (!q)
+        return NULL;
+    if (learn_retains)
+        __atomic_store_n(&queue_retains, (int)(ctx_refs(a, c->ctx) - before), __ATOMIC_RELAXED);
+    shim_mutex_lock(&cl_mu);
+    if (c->queue) { /* another thread's */
+        shim_mutex_unlock(&cl_mu);
+        a->release_command_queue(q);
+        shim_mutex_lock(&cl_mu);
+    } else {
+        c->queue = q;
+    }
+    q = c->queue;
+    shim_mutex_unlock(&cl_mu);
+    return q;
+}
+
+/* clCreateBuffer and clCreateBufferWithProperties. */
+static cl_mem create_buffer(const cl_mem_properties *props, bool with_props, cl_context ctx,
+                            cl_mem_flags flags, size_t size, void *host_ptr, cl_int *errcode_ret)
+{
+    cl_api *a = api();
+    if (!a || (with_props && !a->create_buffer_with_properties)) {
+        set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    ctx_check_pending(a);
+    ctx_rec *c = ctx_get(a, ctx);
+    /* What the shim cannot serve, or what is invalid (the runtime gives
+     * its own error). */
+    bool servable = c && size > 0 && size <= c->max_alloc && c->align <= BLOCK_ALIGN &&
+                    (flags & ~SERVABLE_FLAGS) == 0 && (!with_props || !props || props[0] == 0) &&
+                    ((flags & CL_MEM_COPY_HOST_PTR) ? host_ptr != NULL : host_ptr == NULL) &&
+                    !shim_device_in_backend();
+    if (!servable)
+        return pass_buffer(a, c, props, with_props, ctx, flags, size, host_ptr, errcode_ret);
+
+    ctx_rec *saved = tls_ctx;
+    tls_ctx = c;
+    void *p = NULL;
+    int rc = shim_device_malloc_current(&opencl_rt, &p, size);
+    tls_ctx = saved;
+    if (rc != 0) {
+        set_err(errcode_ret, rc > 0 ? -rc : rc);
+        return NULL;
+    }
+    uintptr_t addr = (uintptr_t)p;
+    shim_mutex_lock(&cl_mu);
+    region_rec *r = region_find_locked(addr);
+    cl_mem region = r ? r->mem : NULL;
+    size_t offset = r ? addr - r->base : 0;
+    shim_mutex_unlock(&cl_mu);
+    shim_device *d = device_of(c);
+    buf_rec *b = calloc(1, sizeof *b);
+    cl_int err = CL_OUT_OF_HOST_MEMORY;
+    cl_mem m = NULL;
+    if (region && d && b) {
+        cl_buffer_region reg = {.origin = offset, .size = size};
+        m = a->create_sub_buffer(region, flags & (ACCESS_FLAGS | HOST_ACCESS_FLAGS),
+                                 CL_BUFFER_CREATE_TYPE_REGION, &reg, &err);
+    }
+    if (!m) {
+        /* Flags the runtime refuses, or a sub-buffer it would not make:
+         * the runtime's own answer for the request. */
+        if (d)
+            shim_device_free(d, p);
+        free(b);
+        return pass_buffer(a, c, props, with_props, ctx, flags, size, host_ptr, errcode_ret);
+    }
+    if (flags & CL_MEM_COPY_HOST_PTR) {
+        cl_command_queue q = queue_of(a, c);
+        err = q ? a->enqueue_write_buffer(q, m, CL_TRUE, 0, size, host_ptr, 0, NULL, NULL)
+                : CL_OUT_OF_RESOURCES;
+        if (err != CL_SUCCESS) {
+            a->release_mem_object(m);
+            shim_device_free(d, p);
+            free(b);
+            set_err(errcode_ret, err);
+            return NULL;
+        }
+    }
+    *b = (buf_rec){.mem = m, .kind = BUF_SERVED, .addr = addr, .size = size,
+                   .flags = flags ? flags : CL_MEM_READ_WRITE, .ctx = c, .dev = d};
+    if ((b->flags & ACCESS_FLAGS) == 0)
+        b->flags |= CL_MEM_READ_WRITE;
+    buf_insert(b);
+    if (a->set_mem_object_destructor_callback(m, served_destroyed, b) != CL_SUCCESS) {
+        /* Never seen: the block then lives until the context goes. */
+        shim_warn("opencl: no destructor callback on a served buffer; its block stays");
+    }
+    set_err(errcode_ret, CL_SUCCESS);
+    return m;
+}
+
+/* ---- the intercepted entry points ------------------------------------ */
+
+#define OPENCL_SERVED(X)                                 \
+    X(clCreateBuffer)                                    \
+    X(clCreateBufferWithProperties)                      \
+    X(clCreateSubBuffer)                                 \
+    X(clRetainMemObject)                                 \
+    X(clReleaseMemObject)                                \
+    X(clSVMAlloc)                                        \
+    X(clSVMFree)                                         \
+    X(clGetDeviceInfo)                                   \
+    X(clGetMemObjectInfo)                                \
+    X(clReleaseContext)                                  \
+    X(clReleaseCommandQueue)                             \
+    X(clGetExtensionFunctionAddress)                     \
+    X(clGetExtensionFunctionAddressForPlatform)
+
+EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void *host_ptr,
+                             cl_int *errcode_ret)
+{
+    return create_buffer(NULL, false, ctx, flags, size, host_ptr, errcode_ret);
+}
+
+EXPORT cl_mem clCreateBufferWithProperties(cl_context ctx, const cl_mem_properties *props,
+                                           cl_mem_flags flags, size_t size, void *host_ptr,
+                                           cl_int *errcode_ret)
+{
+    return create_buffer(props, true, ctx, flags, size, host_ptr, errcode_ret);
+}
+
+EXPORT cl_mem clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags, cl_buffer_create_type type,
+                                const void *info, cl_int *errcode_ret)
+{
+    cl_api *a = api();
+    if (!a) {
+        set_err(errcode_ret, CL_INVALID_MEM_OBJECT);
+        return NULL;
+    }
+    buf_rec parent;
+    if (!buf_find(buffer, &parent))
+        return a->create_sub_buffer(buffer, flags, type, info, errcode_ret);
+    if (parent.kind == BUF_SUB) {
+        set_err(errcode_ret, CL_INVALID_MEM_OBJECT); /* no sub-buffer of a sub-buffer */
+        return NULL;
+    }
+    if (type != CL_BUFFER_CREATE_TYPE_REGION || !info) {
+        set_err(errcode_ret, CL_INVALID_VALUE);
+        return NULL;
+    }
+    const cl_buffer_region *want = info;
+    if (want->size == 0) {
+        set_err(errcode_ret, CL_INVALID_BUFFER_SIZE);
+        return NULL;
+    }
+    if (want->origin > parent.size || want->size > parent.size - want->origin) {
+        set_err(errcode_ret, CL_INVALID_VALUE);
+        return NULL;
+    }
+    /* The flags the specification checks against the parent's. */
+    cl_mem_flags pa = parent.flags;
+    if ((flags & HOST_PTR_FLAGS) ||
+        ((pa & CL_MEM_WRITE_ONLY) && (flags & (CL_MEM_READ_WRITE | CL_MEM_READ_ONLY))) ||
+        ((pa & CL_MEM_READ_ONLY) && (flags & (CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY))) ||
+        ((pa & CL_MEM_HOST_WRITE_ONLY) && (flags & CL_MEM_HOST_READ_ONLY)) ||
+        ((pa & CL_MEM_HOST_READ_ONLY) && (flags & CL_MEM_HOST_WRITE_ONLY)) ||
+        ((pa & CL_MEM_HOST_NO_ACCESS) && (flags & (CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_WRITE_ONLY)))) {
+        set_err(errcode_ret, CL_INVALID_VALUE);
+        return NULL;
+    }
+    cl_mem_flags eff = flags;
+    if (!(eff & ACCESS_FLAGS))
+        eff |= pa & ACCESS_FLAGS;
+    if (!(eff & HOST_ACCESS_FLAGS))
+        eff |= pa & HOST_ACCESS_FLAGS;
+    if (want->origin % parent.ctx->align) {
+        set_err(errcode_ret, CL_MISALIGNED_SUB_BUFFER_OFFSET);
+        return NULL;
+    }
+    shim_mutex_lock(&cl_mu);
+    region_rec *r = region_find_locked(parent.addr);
+    cl_mem region = r ? r->mem : NULL;
+    size_t offset = r ? parent.addr - r->base : 0;
+    shim_mutex_unlock(&cl_mu);
+    buf_rec *b = calloc(1, sizeof *b);
+    if (!region || !b) {
+        free(b);
+        set_err(errcode_ret, CL_OUT_OF_HOST_MEMORY);
+        return NULL;
+    }
+    cl_buffer_region reg = {.origin = offset + want->origin, .size = want->size};
+    cl_int err = CL_SUCCESS;
+    cl_mem m = a->create_sub_buffer(region, eff & (ACCESS_FLAGS | HOST_ACCESS_FLAGS), type, &reg,
+                                    &err);
+    if (!m) {
+        free(b);
+        set_err(errcode_ret, err);
+        return NULL;
+    }
+    a->retain_mem_object(buffer); /* a sub-buffer holds its buffer */
+    *b = (buf_rec){.mem = m, .kind = BUF_SUB, .size = want->size,
+                   .flags = eff | (pa & CL_MEM_COPY_HOST_PTR), .ctx = parent.ctx,
+                   .dev = parent.dev, .parent = buffer, .origin = want->origin};
+    buf_insert(b);
+    a->set_mem_object_destructor_callback(m, served_destroyed, b);
+    set_err(errcode_ret, CL_SUCCESS);
+    return m;
+}
+
+EXPORT cl_int clRetainMemObject(cl_mem mem)
+{
+    cl_api *a = api();
+    return a ? a->retain_mem_object(mem) : CL_INVALID_MEM_OBJECT;
+}
+
+/* The last release runs the destructor callbacks (served_destroyed frees
+ * the block): afterwards a context left with the shim's references alone
+ * is torn down. */
+EXPORT cl_int clReleaseMemObject(cl_mem mem)
+{
+    cl_api *a = api();
+    if (!a)
+        return CL_INVALID_MEM_OBJECT;
+    cl_int rc = a->release_mem_object(mem);
+    ctx_check_pending(a);
+    return rc;
+}
+
+EXPORT void *clSVMAlloc(cl_context ctx, cl_svm_mem_flags flags, size_t size, cl_uint alignment)
+{
+    cl_api *a = api();
+    if (!a || !a->svm_alloc)
+        return NULL;
+    ctx_rec *c = ctx_get(a, ctx);
+    shim_device *d = c && size ? device_of(c) : NULL;
+    if (d && shim_passthrough_charge(d, size) != 0)
+        return NULL;
+    void *p = a->svm_alloc(ctx, flags, size, alignment);
+    if (d) {
+        if (p)
+            shim_passthrough_add_charged(SHIM_PT_OPENCL_SVM, d, (uintptr_t)p, size);
+        else
+            shim_passthrough_uncharge(d, size);
+    }
+    return p;
+}
+
+EXPORT void clSVMFree(cl_context ctx, void *ptr)
+{
+    cl_api *a = api();
+    if (!a || !a->svm_free)
+        return;
+    if (ptr)
+        shim_passthrough_remove(SHIM_PT_OPENCL_SVM, (uintptr_t)ptr);
+    a->svm_free(ctx, ptr);
+}
+
+/* The device's memory as the shim lets the program have it. */
+EXPORT cl_int clGetDeviceInfo(cl_device_id dev, cl_device_info param, size_t size, void *value,
+                              size_t *size_ret)
+{
+    cl_api *a = api();
+    if (!a)
+        return CL_INVALID_DEVICE;
+    cl_int rc = a->get_device_info(dev, param, size, value, size_ret);
+    size_t limit = shim_opts()->limit;
+    if (rc == CL_SUCCESS && limit && value && size >= sizeof(cl_ulong) &&
+        (param == CL_DEVICE_GLOBAL_MEM_SIZE || param == CL_DEVICE_MAX_MEM_ALLOC_SIZE)) {
+        cl_ulong v;
+        memcpy(&v, value, sizeof v);
+        if (v > limit) {
+            v = limit;
+            memcpy(value, &v, sizeof v);
+        }
+    }
+    return rc;
+}
+
+static cl_int answer(const void *v, size_t n, size_t size, void *value, size_t *size_ret)
+{
+    if (value) {
+        if (size < n)
+            return CL_INVALID_VALUE;
+        memcpy(value, v, n);
+    }
+    if (size_ret)
+        *size_ret = n;
+    return CL_SUCCESS;
+}
+
+/* A served buffer answers as a buffer of its own; its sub-buffers as
+ * sub-buffers of it. */
+EXPORT cl_int clGetMemObjectInfo(cl_mem mem, cl_mem_info param, size_t size, void *value,
+                                 size_t *size_ret)
+{
+    cl_api *a = api();
+    if (!a)
+        return CL_INVALID_MEM_OBJECT;
+    buf_rec b;
+    if ((param == CL_MEM_FLAGS || param == CL_MEM_HOST_PTR || param == CL_MEM_OFFSET ||
+         param == CL_MEM_ASSOCIATED_MEMOBJECT) &&
+        buf_find(mem, &b)) {
+        switch (param) {
+        case CL_MEM_FLAGS:
+            return answer(&b.flags, sizeof b.flags, size, value, size_ret);
+        case CL_MEM_HOST_PTR: {
+            void *none = NULL;
+            return answer(&none, sizeof none, size, value, size_ret);
+        }
+        case CL_MEM_OFFSET: {
+            size_t off = b.kind == BUF_SUB ? b.origin : 0;
+            return answer(&off, sizeof off, size, value, size_ret);
+        }
+        default: {
+            cl_mem parent = b.kind == BUF_SUB ? b.parent : NULL;
+            return answer(&parent, sizeof parent, size, value, size_ret);
+        }
+        }
+    }
+    return a->get_mem_object_info(mem, param, size, value, size_ret);
+}
+
+EXPORT cl_int clReleaseContext(cl_context ctx)
+{
+    cl_api *a = api();
+    if (!a)
+        return CL_INVALID_CONTEXT;
+    cl_int rc = a->release_context(ctx);
+    if (rc == CL_SUCCESS) {
+        ctx_mark_pending(ctx);
+        ctx_check_pending(a);
+    }
+    return rc;
+}
+
+EXPORT cl_int clReleaseCommandQueue(cl_command_queue q)
+{
+    cl_api *a = api();
+    if (!a || !a->release_command_queue)
+        return CL_INVALID_VALUE; /* CL_INVALID_COMMAND_QUEUE's neighbour: never seen */
+    cl_context ctx = NULL;
+    if (a->get_command_queue_info)
+        a->get_command_queue_info(q, CL_QUEUE_CONTEXT, sizeof ctx, &ctx, NULL);
+    cl_int rc = a->release_command_queue(q);
+    if (rc == CL_SUCCESS && ctx) {
+        ctx_mark_pending(ctx);
+        ctx_check_pending(a);
+    }
+    return rc;
+}
+
+/* The shim's function for a served name, else NULL. */
+static void *served_by_name(const char *name)
+{
+#define BY_NAME(sym)               \
+    if (strcmp(name, #sym) == 0) \
+        return (void *)sym;
+    OPENCL_SERVED(BY_NAME)
+#undef BY_NAME
+    return NULL;
+}
+
+EXPORT void *clGetExtensionFunctionAddress(const char *name)
+{
+    cl_api *a = api();
+    void *p = a && a->get_extension_function_address ? a->get_extension_function_address(name)
+                                                       : NULL;
+    void *ours = p && name ? served_by_name(name) : NULL;
+    return ours ? ours : p;
+}
+
+EXPORT void *clGetExtensionFunctionAddressForPlatform(cl_platform_id platform, const char *name)
+{
+    cl_api *a = api();
+    void *p = a && a->get_extension_function_address_for_platform
+                  ? a->get_extension_function_address_for_platform(platform, name)
+                  : NULL;
+    void *ours = p && name ? served_by_name(name) : NULL;
+    return ours ? ours : p;
+}
+
+/* dlsym(handle, name) (hooks/dlsym.c): the shim's function when `name` is
+ * served and `handle`'s object defines it for real (an OpenCL library). */
+static void *opencl_lookup(void *handle, const char *name)
+{
+    if (name[1] != 'l')
+        return NULL;
+    void *ours = served_by_name(name);
+    if (!ours)
+        return NULL;
+    void *real = shim_real_dlsym(handle, name);
+    if (!real || shim_is_own_address(real))
+        return NULL;
+    cl_api *a = learn(find_in_handle, handle);
+    shim_real_dlsym(handle, name); /* dlerror() as the caller's own lookup left it */
+    return a ? ours : NULL;
+}
+
+/* fork(): the child has one thread; a cl_mu held by another thread at
+ * fork() would never be released there (docs/locking.md). Not taken in a
+ * prepare handler: a thread may hold an arena lock while it waits for
+ * cl_mu (a region reserved), and the allocator's prepare handlers take the
+ * arena locks. */
+static void opencl_atfork_child(void)
+{
+    pthread_mutex_init(&cl_mu, NULL);
+}
+
+__attribute__((constructor)) static void register_opencl_lookup(void)
+{
+    shim_dlsym_set_lookup(opencl_lookup);
+    pthread_atfork(NULL, NULL, opencl_atfork_child);
+}
