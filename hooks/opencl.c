@@ -25,10 +25,11 @@
  * ALLOC_HOST_PTR, properties, an alignment above the shim's), family
  * opencl-buffer; clSVMAlloc, family opencl-svm. clGetDeviceInfo's
  * GLOBAL_MEM_SIZE and MAX_MEM_ALLOC_SIZE are capped to SPYRESHIM_LIMIT.
- * clReleaseContext and clReleaseCommandQueue are watched: a context the
- * program no longer holds (its reference count is the shim's own
- * references) is torn down: the shim forgets its regions and releases
- * them, so that the context goes as it would without the shim.
+ * The program's references on its contexts are counted (clCreateContext,
+ * clCreateContextFromType, clRetainContext, clReleaseContext): a context
+ * it no longer holds, with nothing served left in it, is torn down: the
+ * shim forgets its regions and releases them and its queue, so that the
+ * context goes as it would without the shim.
  *
  * Owns: the real functions (a table published with one atomic store, as
  * cuda_driver.c's), and the tables of contexts, regions and served
@@ -151,7 +152,8 @@ typedef struct ctx_rec {
     unsigned regions;          /* regions of the shim in it */
     size_t region_bytes;
     unsigned live;             /* served buffers and their sub-buffers alive */
-    bool pending;              /* may be unheld by the program: look at its count */
+    bool pending;              /* may be done with: ctx_check_pending looks */
+    int app_refs;              /* the program's references; -1: not seen made */
     struct ctx_rec *next;
 } ctx_rec;
 
@@ -185,9 +187,6 @@ static uintptr_t next_synth = SYNTH_BASE;
 static buf_rec *buckets[NBUCKETS];
 static _Atomic unsigned pending_contexts;
 static cl_device_id ordinals[SHIM_MAX_DEVICES];
-/* References a buffer and a queue of the shim's take on their context
- * (1 by the specification's model; learnt from the runtime: -1 not yet). */
-static int buffer_retains = -1, queue_retains = -1;
 
 static size_t bucket_of(cl_mem m)
 {
@@ -281,6 +280,7 @@ static ctx_rec *ctx_get(cl_api *a, cl_context ctx)
     if (!n)
         return NULL;
     n->ctx = ctx;
+    n->app_refs = -1;
     n->dev = devs[0];
     n->max_alloc = SIZE_MAX;
     for (size_t i = 0; i < len / sizeof devs[0]; i++) {
@@ -355,14 +355,6 @@ static int ocl_current_device(int *ordinal, uintptr_t *context)
     return rc;
 }
 
-static cl_uint ctx_refs(cl_api *a, cl_context ctx)
-{
-    cl_uint n = 0;
-    if (a->get_context_info(ctx, CL_CONTEXT_REFERENCE_COUNT, sizeof n, &n, NULL) != CL_SUCCESS)
-        return 0;
-    return n;
-}
-
 /* A region: a buffer of the context, read-write, no host access flags
  * (its sub-buffers take theirs). Lack of room is the allocator's
  * out-of-memory (it tries smaller, then the pressure event); any other
@@ -376,8 +368,6 @@ static int ocl_reserve(void **ptr, size_t size)
         return -CL_INVALID_CONTEXT;
     if (size > c->max_alloc)
         return CL_MEM_OBJECT_ALLOCATION_FAILURE;
-    bool learn_retains = __atomic_load_n(&buffer_retains, __ATOMIC_RELAXED) < 0;
-    cl_uint before = learn_retains ? ctx_refs(a, c->ctx) : 0;
     cl_int err = CL_SUCCESS;
     cl_mem m = a->create_buffer(c->ctx, CL_MEM_READ_WRITE, size, NULL, &err);
     if (!m) {
@@ -386,8 +376,6 @@ static int ocl_reserve(void **ptr, size_t size)
             return CL_MEM_OBJECT_ALLOCATION_FAILURE;
         return -err;
     }
-    if (learn_retains)
-        __atomic_store_n(&buffer_retains, (int)(ctx_refs(a, c->ctx) - before), __ATOMIC_RELAXED);
     shim_mutex_lock(&cl_mu);
     if (nregions == cap_regions) {
         size_t cap = cap_regions ? cap_regions * 2 : 64;
@@ -467,16 +455,6 @@ static const shim_runtime opencl_rt = {
 
 /* ---- context teardown ------------------------------------------------ */
 
-/* The references the shim holds on `c` (cl_mu held). */
-static unsigned own_refs_locked(const ctx_rec *c)
-{
-    int br = __atomic_load_n(&buffer_retains, __ATOMIC_RELAXED);
-    int qr = __atomic_load_n(&queue_retains, __ATOMIC_RELAXED);
-    br = br < 0 ? 1 : br;
-    qr = qr < 0 ? 1 : qr;
-    return c->regions * (unsigned)br + (c->queue ? (unsigned)qr : 0);
-}
-
 /* `c` is held by nobody but the shim: forget its regions (the allocator's
  * context teardown) and release them and the queue, so that the context
  * goes. The record goes too. */
@@ -515,9 +493,11 @@ static void ctx_teardown(cl_api *a, ctx_rec *c)
     free(c);
 }
 
-/* Looks at the contexts that may have lost their program's last
- * reference: called after a release, with no lock held. A context the
- * shim holds no reference on is only forgotten (it may be gone). */
+/* Looks at the contexts whose program may be done with them (its own
+ * references gone, nothing served left): called after a release, with
+ * no lock held. The runtime's count is no guide (PoCL keeps references of
+ * its own a while): the program's are counted at clCreateContext*,
+ * clRetainContext and clReleaseContext. */
 static void ctx_check_pending(cl_api *a)
 {
     if (!atomic_load_explicit(&pending_contexts, memory_order_relaxed))
@@ -533,35 +513,37 @@ static void ctx_check_pending(cl_api *a)
         }
         c->pending = false;
         atomic_fetch_sub(&pending_contexts, 1);
-        unsigned own = own_refs_locked(c);
-        unsigned live = c->live;
-        shim_mutex_unlock(&cl_mu);
-        if (live)
-            continue;
-        if (own == 0) {
-            /* Nothing of the shim's: the record may be stale, drop it. */
-            shim_mutex_lock(&cl_mu);
+        bool done = c->app_refs == 0 && c->live == 0;
+        bool holds = c->regions || c->queue;
+        if (done && !holds) {
+            /* Nothing of the shim's in it: the record goes (the context
+             * may be gone, and its address taken by another). */
             for (ctx_rec **p = &contexts; *p; p = &(*p)->next) {
-                if (*p == c && !c->regions && !c->queue && !c->live) {
+                if (*p == c) {
                     *p = c->next;
-                    free(c);
                     break;
                 }
             }
             shim_mutex_unlock(&cl_mu);
+            free(c);
             continue;
         }
-        /* The shim's references keep it alive: its count can be read. */
-        if (ctx_refs(a, c->ctx) <= own)
+        shim_mutex_unlock(&cl_mu);
+        if (done)
             ctx_teardown(a, c);
     }
 }
 
-static void ctx_mark_pending(cl_context ctx)
+/* The program took (+1) or dropped (-1) a reference on `ctx`. */
+static void ctx_app_ref(cl_context ctx, int delta)
 {
     shim_mutex_lock(&cl_mu);
     for (ctx_rec *c = contexts; c; c = c->next) {
-        if (c->ctx == ctx && !c->pending) {
+        if (c->ctx != ctx || c->app_refs < 0)
+            continue;
+        if (delta > 0) {
+            c->app_refs++;
+        } else if (c->app_refs > 0 && --c->app_refs == 0 && !c->pending) {
             c->pending = true;
             atomic_fetch_add(&pending_contexts, 1);
         }
@@ -569,13 +551,25 @@ static void ctx_mark_pending(cl_context ctx)
     shim_mutex_unlock(&cl_mu);
 }
 
+/* A context the program made: its one reference. */
+static cl_context ctx_made(cl_api *a, cl_context ctx)
+{
+    ctx_rec *c = ctx ? ctx_get(a, ctx) : NULL;
+    if (c) {
+        shim_mutex_lock(&cl_mu);
+        c->app_refs = 1;
+        shim_mutex_unlock(&cl_mu);
+    }
+    return ctx;
+}
+
 /* ---- buffers ------------------------------------------------------------ */
 
 /* The runtime destroys a served buffer or a sub-buffer of one. */
 static void served_destroyed(cl_mem mem, void *arg)
 {
-    (void)mem;
     buf_rec *b = arg;
+    shim_debug("opencl: buffer %p destroyed (%zu bytes)", (void *)mem, b->size);
     buf_remove(b);
     if (b->kind == BUF_SERVED) {
         shim_device_free(b->dev, (void *)b->addr);
@@ -640,14 +634,10 @@ static cl_command_queue queue_of(cl_api *a, ctx_rec *c)
     shim_mutex_unlock(&cl_mu);
     if (q || !a->create_command_queue || !a->enqueue_write_buffer)
         return q;
-    bool learn_retains = __atomic_load_n(&queue_retains, __ATOMIC_RELAXED) < 0;
-    cl_uint before = learn_retains ? ctx_refs(a, c->ctx) : 0;
     cl_int err;
     q = a->create_command_queue(c->ctx, c->dev, 0, &err);
     if (!q)
         return NULL;
-    if (learn_retains)
-        __atomic_store_n(&queue_retains, (int)(ctx_refs(a, c->ctx) - before), __ATOMIC_RELAXED);
     shim_mutex_lock(&cl_mu);
     if (c->queue) { /* another thread's */
         shim_mutex_unlock(&cl_mu);
@@ -750,8 +740,13 @@ static cl_mem create_buffer(const cl_mem_properties *props, bool with_props, cl_
     X(clSVMFree)                                         \
     X(clGetDeviceInfo)                                   \
     X(clGetMemObjectInfo)                                \
+    X(clEnqueueCopyBufferRect)                           \
+    X(clEnqueueCopyImageToBuffer)                        \
+    X(clEnqueueCopyBufferToImage)                        \
+    X(clCreateContext)                                   \
+    X(clCreateContextFromType)                           \
+    X(clRetainContext)                                   \
     X(clReleaseContext)                                  \
-    X(clReleaseCommandQueue)                             \
     X(clGetExtensionFunctionAddress)                     \
     X(clGetExtensionFunctionAddressForPlatform)
 
@@ -959,6 +954,42 @@ EXPORT cl_int clGetMemObjectInfo(cl_mem mem, cl_mem_info param, size_t size, voi
     return a->get_mem_object_info(mem, param, size, value, size_ret);
 }
 
+EXPORT cl_context clCreateContext(const cl_context_properties *props, cl_uint ndevices,
+                                  const cl_device_id *devices, shim_cl_notify_fn notify,
+                                  void *user, cl_int *errcode_ret)
+{
+    cl_api *a = api();
+    if (!a || !a->create_context) {
+        set_err(errcode_ret, CL_INVALID_VALUE);
+        return NULL;
+    }
+    return ctx_made(a, a->create_context(props, ndevices, devices, notify, user, errcode_ret));
+}
+
+EXPORT cl_context clCreateContextFromType(const cl_context_properties *props, cl_device_type type,
+                                          shim_cl_notify_fn notify, void *user, cl_int *errcode_ret)
+{
+    cl_api *a = api();
+    if (!a || !a->create_context_from_type) {
+        set_err(errcode_ret, CL_INVALID_VALUE);
+        return NULL;
+    }
+    return ctx_made(a, a->create_context_from_type(props, type, notify, user, errcode_ret));
+}
+
+EXPORT cl_int clRetainContext(cl_context ctx)
+{
+    cl_api *a = api();
+    if (!a || !a->retain_context)
+        return CL_INVALID_CONTEXT;
+    cl_int rc = a->retain_context(ctx);
+    if (rc == CL_SUCCESS)
+        ctx_app_ref(ctx, +1);
+    return rc;
+}
+
+/* The program's last reference (and nothing served left): the shim's
+ * regions and queue go, and with them the context, as without the shim. */
 EXPORT cl_int clReleaseContext(cl_context ctx)
 {
     cl_api *a = api();
@@ -966,26 +997,200 @@ EXPORT cl_int clReleaseContext(cl_context ctx)
         return CL_INVALID_CONTEXT;
     cl_int rc = a->release_context(ctx);
     if (rc == CL_SUCCESS) {
-        ctx_mark_pending(ctx);
+        ctx_app_ref(ctx, -1);
         ctx_check_pending(a);
     }
     return rc;
 }
 
-EXPORT cl_int clReleaseCommandQueue(cl_command_queue q)
+/* Where a served buffer (or a sub-buffer of one) lies: its region and
+ * its offset there. False for any other object. */
+static bool in_region(cl_mem mem, cl_mem *region, size_t *offset)
+{
+    shim_mutex_lock(&cl_mu);
+    buf_rec *b = buf_find_locked(mem);
+    region_rec *r = NULL;
+    size_t extra = 0;
+    if (b && b->kind == BUF_SUB) {
+        extra = b->origin;
+        b = buf_find_locked(b->parent);
+    }
+    if (b)
+        r = region_find_locked(b->addr);
+    if (r) {
+        *region = r->mem;
+        *offset = b->addr - r->base + extra;
+    }
+    shim_mutex_unlock(&cl_mu);
+    return r != NULL;
+}
+
+static void release_after(cl_event ev, cl_int status, void *arg)
+{
+    (void)ev;
+    (void)status;
+    cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
+    if (a)
+        a->release_mem_object(arg);
+}
+
+/* A command made on a region: the served buffers it stands for are
+ * retained until it completed (the command holds the region only, and a
+ * buffer released meanwhile must not give its block to another); the
+ * event goes to the program when it asked for one. */
+static cl_int held_until_done(cl_api *a, cl_int rc, cl_event mine, cl_mem m1, cl_mem m2,
+                              cl_event *event)
+{
+    if (rc != CL_SUCCESS)
+        return rc;
+    cl_mem held[2] = {m1, m2};
+    for (int i = 0; i < 2; i++) {
+        if (!held[i])
+            continue;
+        a->retain_mem_object(held[i]);
+        if (a->set_event_callback(mine, CL_COMPLETE, release_after, held[i]) != CL_SUCCESS)
+            a->release_mem_object(held[i]);
+    }
+    if (event)
+        *event = mine;
+    else
+        a->release_event(mine);
+    return rc;
+}
+
+static size_t mem_size(cl_api *a, cl_mem m)
+{
+    size_t n = 0;
+    if (a->get_mem_object_info(m, CL_MEM_SIZE, sizeof n, &n, NULL) != CL_SUCCESS)
+        return 0;
+    return n;
+}
+
+/* Whether a rectangle with these pitches fits a buffer of `size` bytes,
+ * as the specification checks it. */
+static bool rect_valid(const size_t *o, const size_t *r, size_t row, size_t slice, size_t size)
+{
+    if (!r[0] || !r[1] || !r[2] || row < r[0] || slice < r[1] * row || slice % row)
+        return false;
+    size_t end = (o[2] + r[2] - 1) * slice + (o[1] + r[1] - 1) * row + o[0] + r[0];
+    return end <= size;
+}
+
+/* Two served buffers of one region with different pitches: one buffer for
+ * the runtime, which requires equal pitches for that. The copy is made
+ * row by row between the buffers themselves (plain copies of sub-buffers
+ * work), a marker standing for the whole. */
+static cl_int copy_rect_by_rows(cl_api *a, cl_command_queue q, cl_mem src, cl_mem dst,
+                                const size_t *so, const size_t *dor, const size_t *region,
+                                size_t src_row, size_t src_slice, size_t dst_row,
+                                size_t dst_slice, cl_uint nwait, const cl_event *wait,
+                                cl_event *event)
+{
+    if (!a->enqueue_copy_buffer || !a->enqueue_marker_with_wait_list)
+        return CL_INVALID_VALUE;
+    if (!rect_valid(so, region, src_row, src_slice, mem_size(a, src)) ||
+        !rect_valid(dor, region, dst_row, dst_slice, mem_size(a, dst)))
+        return CL_INVALID_VALUE;
+    bool first = true;
+    for (size_t z = 0; z < region[2]; z++) {
+        for (size_t y = 0; y < region[1]; y++) {
+            size_t s_at = (so[2] + z) * src_slice + (so[1] + y) * src_row + so[0];
+            size_t d_at = (dor[2] + z) * dst_slice + (dor[1] + y) * dst_row + dor[0];
+            cl_int rc = a->enqueue_copy_buffer(q, src, dst, s_at, d_at, region[0],
+                                               first ? nwait : 0, first ? wait : NULL, NULL);
+            if (rc != CL_SUCCESS)
+                return rc;
+            first = false;
+        }
+    }
+    /* With no wait list a marker waits for everything enqueued before. */
+    return event ? a->enqueue_marker_with_wait_list(q, 0, NULL, event) : CL_SUCCESS;
+}
+
+/* PoCL 3.1 crashes in a rectangular copy between sub-buffers (without the
+ * shim too, tests/integration/test_opencl.py): a served buffer's copy is
+ * made on its region instead, its offset added to the origin's first
+ * coordinate (bytes) with the pitches made explicit, so the bytes copied
+ * are the same. */
+EXPORT cl_int clEnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem dst,
+                                      const size_t *src_origin, const size_t *dst_origin,
+                                      const size_t *region, size_t src_row, size_t src_slice,
+                                      size_t dst_row, size_t dst_slice, cl_uint nwait,
+                                      const cl_event *wait, cl_event *event)
 {
     cl_api *a = api();
-    if (!a || !a->release_command_queue)
-        return CL_INVALID_VALUE; /* CL_INVALID_COMMAND_QUEUE's neighbour: never seen */
-    cl_context ctx = NULL;
-    if (a->get_command_queue_info)
-        a->get_command_queue_info(q, CL_QUEUE_CONTEXT, sizeof ctx, &ctx, NULL);
-    cl_int rc = a->release_command_queue(q);
-    if (rc == CL_SUCCESS && ctx) {
-        ctx_mark_pending(ctx);
-        ctx_check_pending(a);
-    }
-    return rc;
+    if (!a || !a->enqueue_copy_buffer_rect)
+        return CL_INVALID_VALUE;
+    cl_mem sreg, dreg;
+    size_t soff = 0, doff = 0;
+    bool s_in = in_region(src, &sreg, &soff), d_in = in_region(dst, &dreg, &doff);
+    if ((!s_in && !d_in) || !src_origin || !dst_origin || !region || !a->set_event_callback ||
+        !a->release_event)
+        return a->enqueue_copy_buffer_rect(q, src, dst, src_origin, dst_origin, region, src_row,
+                                           src_slice, dst_row, dst_slice, nwait, wait, event);
+    size_t so[3] = {src_origin[0], src_origin[1], src_origin[2]};
+    size_t dor[3] = {dst_origin[0], dst_origin[1], dst_origin[2]};
+    /* The specification's defaults for pitches given as 0. */
+    if (!src_row)
+        src_row = region[0];
+    if (!src_slice)
+        src_slice = region[1] * src_row;
+    if (!dst_row)
+        dst_row = region[0];
+    if (!dst_slice)
+        dst_slice = region[1] * dst_row;
+    if (s_in && d_in && sreg == dreg && (src_row != dst_row || src_slice != dst_slice))
+        return copy_rect_by_rows(a, q, src, dst, so, dor, region, src_row, src_slice, dst_row,
+                                 dst_slice, nwait, wait, event);
+    if (s_in)
+        so[0] += soff;
+    if (d_in)
+        dor[0] += doff;
+    cl_event mine = NULL;
+    cl_int rc = a->enqueue_copy_buffer_rect(q, s_in ? sreg : src, d_in ? dreg : dst, so, dor,
+                                            region, src_row, src_slice, dst_row, dst_slice, nwait,
+                                            wait, &mine);
+    return held_until_done(a, rc, mine, s_in ? src : NULL, d_in ? dst : NULL, event);
+}
+
+/* The same crash, the same way round it: copies between an image and a
+ * served buffer are made on its region, at its offset. */
+EXPORT cl_int clEnqueueCopyImageToBuffer(cl_command_queue q, cl_mem src, cl_mem dst,
+                                         const size_t *origin, const size_t *region,
+                                         size_t dst_offset, cl_uint nwait, const cl_event *wait,
+                                         cl_event *event)
+{
+    cl_api *a = api();
+    if (!a || !a->enqueue_copy_image_to_buffer)
+        return CL_INVALID_VALUE;
+    cl_mem dreg;
+    size_t doff = 0;
+    if (!a->set_event_callback || !a->release_event || !in_region(dst, &dreg, &doff))
+        return a->enqueue_copy_image_to_buffer(q, src, dst, origin, region, dst_offset, nwait,
+                                               wait, event);
+    cl_event mine = NULL;
+    cl_int rc = a->enqueue_copy_image_to_buffer(q, src, dreg, origin, region, dst_offset + doff,
+                                                nwait, wait, &mine);
+    return held_until_done(a, rc, mine, dst, NULL, event);
+}
+
+EXPORT cl_int clEnqueueCopyBufferToImage(cl_command_queue q, cl_mem src, cl_mem dst,
+                                         size_t src_offset, const size_t *origin,
+                                         const size_t *region, cl_uint nwait,
+                                         const cl_event *wait, cl_event *event)
+{
+    cl_api *a = api();
+    if (!a || !a->enqueue_copy_buffer_to_image)
+        return CL_INVALID_VALUE;
+    cl_mem sreg;
+    size_t soff = 0;
+    if (!a->set_event_callback || !a->release_event || !in_region(src, &sreg, &soff))
+        return a->enqueue_copy_buffer_to_image(q, src, dst, src_offset, origin, region, nwait,
+                                               wait, event);
+    cl_event mine = NULL;
+    cl_int rc = a->enqueue_copy_buffer_to_image(q, sreg, dst, src_offset + soff, origin, region,
+                                                nwait, wait, &mine);
+    return held_until_done(a, rc, mine, src, NULL, event);
 }
 
 /* The shim's function for a served name, else NULL. */

@@ -24,6 +24,7 @@
     X(CL_INVALID_MEM_OBJECT, -38)                  \
     X(CL_INVALID_BUFFER_SIZE, -61)                 \
     X(CL_TRUE, 1)                                  \
+    X(CL_COMPLETE, 0)                              \
     X(CL_MEM_READ_WRITE, 1 << 0)                   \
     X(CL_MEM_WRITE_ONLY, 1 << 1)                   \
     X(CL_MEM_READ_ONLY, 1 << 2)                    \
@@ -37,9 +38,7 @@
     X(CL_DEVICE_MAX_MEM_ALLOC_SIZE, 0x1010)        \
     X(CL_DEVICE_MEM_BASE_ADDR_ALIGN, 0x1019)       \
     X(CL_DEVICE_GLOBAL_MEM_SIZE, 0x101F)           \
-    X(CL_CONTEXT_REFERENCE_COUNT, 0x1080)          \
     X(CL_CONTEXT_DEVICES, 0x1081)                  \
-    X(CL_QUEUE_CONTEXT, 0x1090)                    \
     X(CL_MEM_FLAGS, 0x1101)                        \
     X(CL_MEM_SIZE, 0x1102)                         \
     X(CL_MEM_HOST_PTR, 0x1103)                     \
@@ -60,9 +59,10 @@ typedef cl_uint cl_bool;
 typedef cl_uint cl_device_info;
 typedef cl_uint cl_context_info;
 typedef cl_uint cl_mem_info;
-typedef cl_uint cl_command_queue_info;
 typedef cl_uint cl_buffer_create_type;
 typedef cl_bitfield cl_command_queue_properties;
+typedef cl_bitfield cl_device_type;
+typedef intptr_t cl_context_properties;
 typedef struct _cl_platform_id *cl_platform_id;
 typedef struct _cl_device_id *cl_device_id;
 typedef struct _cl_context *cl_context;
@@ -81,6 +81,8 @@ enum {
 #endif
 
 typedef void (*shim_cl_destructor_fn)(cl_mem, void *);
+typedef void (*shim_cl_event_fn)(cl_event, cl_int, void *);
+typedef void (*shim_cl_notify_fn)(const char *, const void *, size_t, void *);
 
 /* Every function the shim defines (1) or only calls (0):
  * X(field, symbol, defined, return type, parameters). The defined ones are
@@ -100,16 +102,37 @@ typedef void (*shim_cl_destructor_fn)(cl_mem, void *);
       (cl_device_id, cl_device_info, size_t, void *, size_t *))                               \
     X(get_mem_object_info, clGetMemObjectInfo, 1, cl_int,                                     \
       (cl_mem, cl_mem_info, size_t, void *, size_t *))                                        \
+    X(create_context, clCreateContext, 1, cl_context,                                         \
+      (const cl_context_properties *, cl_uint, const cl_device_id *, shim_cl_notify_fn,       \
+       void *, cl_int *))                                                                     \
+    X(create_context_from_type, clCreateContextFromType, 1, cl_context,                       \
+      (const cl_context_properties *, cl_device_type, shim_cl_notify_fn, void *, cl_int *))   \
+    X(retain_context, clRetainContext, 1, cl_int, (cl_context))                               \
     X(release_context, clReleaseContext, 1, cl_int, (cl_context))                             \
-    X(release_command_queue, clReleaseCommandQueue, 1, cl_int, (cl_command_queue))            \
+    X(release_command_queue, clReleaseCommandQueue, 0, cl_int, (cl_command_queue))            \
     X(get_extension_function_address, clGetExtensionFunctionAddress, 1, void *,               \
       (const char *))                                                                         \
     X(get_extension_function_address_for_platform, clGetExtensionFunctionAddressForPlatform,  \
       1, void *, (cl_platform_id, const char *))                                              \
+    X(enqueue_copy_buffer_rect, clEnqueueCopyBufferRect, 1, cl_int,                           \
+      (cl_command_queue, cl_mem, cl_mem, const size_t *, const size_t *, const size_t *,      \
+       size_t, size_t, size_t, size_t, cl_uint, const cl_event *, cl_event *))                \
+    X(enqueue_copy_image_to_buffer, clEnqueueCopyImageToBuffer, 1, cl_int,                   \
+      (cl_command_queue, cl_mem, cl_mem, const size_t *, const size_t *, size_t, cl_uint,     \
+       const cl_event *, cl_event *))                                                         \
+    X(enqueue_copy_buffer_to_image, clEnqueueCopyBufferToImage, 1, cl_int,                   \
+      (cl_command_queue, cl_mem, cl_mem, size_t, const size_t *, const size_t *, cl_uint,     \
+       const cl_event *, cl_event *))                                                         \
+    X(enqueue_copy_buffer, clEnqueueCopyBuffer, 0, cl_int,                                   \
+      (cl_command_queue, cl_mem, cl_mem, size_t, size_t, size_t, cl_uint, const cl_event *,   \
+       cl_event *))                                                                           \
+    X(enqueue_marker_with_wait_list, clEnqueueMarkerWithWaitList, 0, cl_int,                  \
+      (cl_command_queue, cl_uint, const cl_event *, cl_event *))                              \
+    X(set_event_callback, clSetEventCallback, 0, cl_int,                                      \
+      (cl_event, cl_int, shim_cl_event_fn, void *))                                           \
+    X(release_event, clReleaseEvent, 0, cl_int, (cl_event))                                   \
     X(get_context_info, clGetContextInfo, 0, cl_int,                                          \
       (cl_context, cl_context_info, size_t, void *, size_t *))                                \
-    X(get_command_queue_info, clGetCommandQueueInfo, 0, cl_int,                               \
-      (cl_command_queue, cl_command_queue_info, size_t, void *, size_t *))                    \
     X(set_mem_object_destructor_callback, clSetMemObjectDestructorCallback, 0, cl_int,        \
       (cl_mem, shim_cl_destructor_fn, void *))                                                \
     X(create_command_queue, clCreateCommandQueue, 0, cl_command_queue,                        \
