@@ -40,7 +40,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "clock.h"
 #include "hooks.h"
 #include "log.h"
 #include "mutex.h"
@@ -98,6 +100,8 @@ static void *find_in_scopes(void *unused, const char *name)
     (void)unused;
     return shim_resolve_real(name);
 }
+
+static void drain_at_exit(void);
 
 static cl_api *learn(void *(*find)(void *where, const char *name), void *where)
 {
@@ -162,6 +166,12 @@ typedef struct region_rec {
     size_t size;
     cl_mem mem;
     ctx_rec *ctx;
+    /* Sub-buffers the shim made on it and not yet destroyed: each holds a
+     * reference to the region, and every command on one holds another
+     * until it completes (PoCL destroys a sub-buffer at its last release
+     * even while commands on it are queued; the region is what it keeps).
+     * The region's reference count past 1 + nsubs is work in flight. */
+    unsigned nsubs;
 } region_rec;
 
 enum buf_kind { BUF_SERVED, BUF_SUB };
@@ -176,6 +186,8 @@ typedef struct buf_rec {
     shim_device *dev;
     cl_mem parent;             /* BUF_SUB: the served buffer, retained */
     size_t origin;
+    uintptr_t region;          /* the base of the region it is made on */
+    struct buf_rec *next_gone; /* on the destroyed list */
 } buf_rec;
 
 static pthread_mutex_t cl_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -186,6 +198,12 @@ static uintptr_t next_synth = SYNTH_BASE;
 #define NBUCKETS 4096
 static buf_rec *buckets[NBUCKETS];
 static _Atomic unsigned pending_contexts;
+/* Buffers the runtime destroyed, whose blocks (or parents) are given back
+ * by drain_destroyed() after the runtime's call returned: a destructor
+ * callback runs inside the runtime, where a free that waits for the
+ * device must not. */
+static buf_rec *destroyed;
+static _Atomic bool any_destroyed;
 static cl_device_id ordinals[SHIM_MAX_DEVICES];
 
 static size_t bucket_of(cl_mem m)
@@ -314,6 +332,11 @@ static ctx_rec *ctx_get(cl_api *a, cl_context ctx)
     n->next = contexts;
     contexts = n;
     shim_mutex_unlock(&cl_mu);
+    /* Registered after the runtime set itself up (it has a context), so
+     * that it runs before the runtime's own exit handlers. */
+    static _Atomic bool exit_hooked;
+    if (!atomic_exchange(&exit_hooked, true))
+        atexit(drain_at_exit);
     return n;
 }
 
@@ -441,6 +464,80 @@ static int ocl_mem_info(size_t *free_out, size_t *total_out)
     return 0;
 }
 
+/* The allocator's wait for the device (its held blocks: a block freed is
+ * not handed out again before it returns): until no command is in flight
+ * on any region of `context`, which the regions' reference counts tell
+ * (region_rec.nsubs), since the shim does not know the program's queues.
+ * Polled, with no lock held, for at most SYNC_MAX_NS; past it the
+ * runtime's CL_OUT_OF_RESOURCES, and the blocks stay held. */
+#define SYNC_MAX_NS (5ull * 1000 * 1000 * 1000)
+static int ocl_sync(int ordinal, uintptr_t context)
+{
+    (void)ordinal;
+    cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
+    if (!a || !a->get_mem_object_info)
+        return CL_INVALID_CONTEXT;
+    shim_mutex_lock(&cl_mu);
+    bool known = false;
+    for (ctx_rec *c = contexts; c; c = c->next)
+        known |= (uintptr_t)c->ctx == context;
+    size_t n = 0;
+    uintptr_t *bases = NULL;
+    for (size_t i = 0; known && i < nregions; i++)
+        n += (uintptr_t)regions[i].ctx->ctx == context;
+    if (n)
+        bases = malloc(n * sizeof *bases);
+    n = 0;
+    for (size_t i = 0; bases && i < nregions; i++)
+        if ((uintptr_t)regions[i].ctx->ctx == context)
+            bases[n++] = regions[i].base;
+    shim_mutex_unlock(&cl_mu);
+    if (!known)
+        return SHIM_SYNC_GONE;
+    if (n && !bases)
+        return CL_OUT_OF_HOST_MEMORY;
+    uint64_t start = shim_now_ns();
+    long sleep_ns = 20000;
+    int rc = 0;
+    for (size_t i = 0; i < n;) {
+        /* The region held for the look: retaining calls nothing back, so
+         * it may be done under cl_mu (which keeps a release by the
+         * allocator from racing it). */
+        shim_mutex_lock(&cl_mu);
+        region_rec *r = region_find_locked(bases[i]);
+        cl_mem m = r && r->base == bases[i] ? r->mem : NULL;
+        unsigned expect = m ? 2 + r->nsubs : 0;
+        if (m)
+            a->retain_mem_object(m);
+        shim_mutex_unlock(&cl_mu);
+        if (!m) { /* released since: nothing of it is in flight for us */
+            i++;
+            continue;
+        }
+        cl_uint refs = 0;
+        cl_int err = a->get_mem_object_info(m, CL_MEM_REFERENCE_COUNT, sizeof refs, &refs, NULL);
+        a->release_mem_object(m);
+        if (err != CL_SUCCESS) {
+            rc = err;
+            break;
+        }
+        if (refs <= expect) {
+            i++;
+            continue;
+        }
+        if (shim_now_ns() - start > SYNC_MAX_NS) {
+            rc = CL_OUT_OF_RESOURCES;
+            break;
+        }
+        struct timespec ts = {0, sleep_ns};
+        nanosleep(&ts, NULL);
+        if (sleep_ns < 1000000)
+            sleep_ns *= 2;
+    }
+    free(bases);
+    return rc;
+}
+
 static const shim_runtime opencl_rt = {
     .name = "opencl",
     .err_invalid = CL_INVALID_VALUE,
@@ -451,6 +548,7 @@ static const shim_runtime opencl_rt = {
     .real_mem_info = ocl_mem_info,
     .current_device = ocl_current_device,
     .current_context = ocl_current_context,
+    .sync_device = ocl_sync,
 };
 
 /* ---- context teardown ------------------------------------------------ */
@@ -460,6 +558,11 @@ static const shim_runtime opencl_rt = {
  * goes. The record goes too. */
 static void ctx_teardown(cl_api *a, ctx_rec *c)
 {
+    /* The allocator forgets first: no block can be served from a region
+     * released below. Its frees still pending may release a region on the
+     * way (through ocl_release, which finds it in the table); the rest it
+     * forgets, and they are released here. */
+    shim_device_context_gone(&opencl_rt, (uintptr_t)c->ctx);
     shim_mutex_lock(&cl_mu);
     for (ctx_rec **p = &contexts; *p; p = &(*p)->next) {
         if (*p == c) {
@@ -481,9 +584,6 @@ static void ctx_teardown(cl_api *a, ctx_rec *c)
     nregions = keep;
     cl_command_queue q = c->queue;
     shim_mutex_unlock(&cl_mu);
-    /* The allocator forgets first: no block can be served from a region
-     * released below. */
-    shim_device_context_gone(&opencl_rt, (uintptr_t)c->ctx);
     for (size_t i = 0; i < n; i++)
         a->release_mem_object(mine[i]);
     if (q && a->release_command_queue)
@@ -565,20 +665,52 @@ static cl_context ctx_made(cl_api *a, cl_context ctx)
 
 /* ---- buffers ------------------------------------------------------------ */
 
-/* The runtime destroys a served buffer or a sub-buffer of one. */
+/* The region at `base`'s count of sub-buffers; cl_mu held. */
+static void region_subs_locked(uintptr_t base, int delta)
+{
+    region_rec *r = region_find_locked(base);
+    if (r)
+        r->nsubs += delta;
+}
+
+/* The runtime destroys a served buffer or a sub-buffer of one: listed,
+ * given back by drain_destroyed(). */
 static void served_destroyed(cl_mem mem, void *arg)
 {
     buf_rec *b = arg;
     shim_debug("opencl: buffer %p destroyed (%zu bytes)", (void *)mem, b->size);
     buf_remove(b);
-    if (b->kind == BUF_SERVED) {
-        shim_device_free(b->dev, (void *)b->addr);
-    } else {
+    shim_mutex_lock(&cl_mu);
+    region_subs_locked(b->region, -1);
+    b->next_gone = destroyed;
+    destroyed = b;
+    atomic_store_explicit(&any_destroyed, true, memory_order_release);
+    shim_mutex_unlock(&cl_mu);
+}
+
+/* Frees the blocks of the buffers destroyed so far (the allocator holds
+ * each until the work queued on its region has run: ocl_sync) and
+ * releases the served buffers the destroyed sub-buffers held. Called by
+ * the hooks with no lock held, outside any runtime call. */
+static void drain_destroyed(void)
+{
+    while (atomic_load_explicit(&any_destroyed, memory_order_acquire)) {
+        shim_mutex_lock(&cl_mu);
+        buf_rec *list = destroyed;
+        destroyed = NULL;
+        atomic_store_explicit(&any_destroyed, false, memory_order_release);
+        shim_mutex_unlock(&cl_mu);
         cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
-        if (a)
-            a->release_mem_object(b->parent);
+        while (list) {
+            buf_rec *b = list;
+            list = b->next_gone;
+            if (b->kind == BUF_SERVED)
+                shim_device_free(b->dev, (void *)b->addr);
+            else if (a)
+                a->release_mem_object(b->parent); /* may destroy it: the loop again */
+            free(b);
+        }
     }
-    free(b);
 }
 
 static void passed_destroyed(cl_mem mem, void *arg)
@@ -651,6 +783,11 @@ static cl_command_queue queue_of(cl_api *a, ctx_rec *c)
     return q;
 }
 
+static bool one_at_most(cl_mem_flags bits)
+{
+    return (bits & (bits - 1)) == 0;
+}
+
 /* clCreateBuffer and clCreateBufferWithProperties. */
 static cl_mem create_buffer(const cl_mem_properties *props, bool with_props, cl_context ctx,
                             cl_mem_flags flags, size_t size, void *host_ptr, cl_int *errcode_ret)
@@ -660,12 +797,33 @@ static cl_mem create_buffer(const cl_mem_properties *props, bool with_props, cl_
         set_err(errcode_ret, CL_INVALID_CONTEXT);
         return NULL;
     }
+    drain_destroyed();
     ctx_check_pending(a);
     ctx_rec *c = ctx_get(a, ctx);
+    /* Over the CL_DEVICE_MAX_MEM_ALLOC_SIZE the program was told (capped
+     * to SPYRESHIM_LIMIT): the specification's answer to that. */
+    size_t limit = shim_opts()->limit;
+    if (c && limit && size > limit && size <= c->max_alloc) {
+        set_err(errcode_ret, CL_INVALID_BUFFER_SIZE);
+        return NULL;
+    }
     /* What the shim cannot serve, or what is invalid (the runtime gives
-     * its own error). */
+     * its own error): two access flags, two host access flags, a host
+     * pointer where the flags want none or none where they want one. */
+    /* Past SHIM_MAX_DEVICES contexts alive the shim has no device for
+     * this one: the runtime's buffers, as without the shim, said once. */
+    if (c && size > 0 && !device_of(c)) {
+        static _Atomic bool warned;
+        if (!atomic_exchange(&warned, true))
+            shim_warn("opencl: more contexts alive than the shim has devices for (%d): the "
+                      "buffers of the others are the runtime's, not limited",
+                      SHIM_MAX_DEVICES);
+        return pass_buffer(a, NULL, props, with_props, ctx, flags, size, host_ptr, errcode_ret);
+    }
     bool servable = c && size > 0 && size <= c->max_alloc && c->align <= BLOCK_ALIGN &&
-                    (flags & ~SERVABLE_FLAGS) == 0 && (!with_props || !props || props[0] == 0) &&
+                    (flags & ~SERVABLE_FLAGS) == 0 && one_at_most(flags & ACCESS_FLAGS) &&
+                    one_at_most(flags & HOST_ACCESS_FLAGS) &&
+                    (!with_props || !props || props[0] == 0) &&
                     ((flags & CL_MEM_COPY_HOST_PTR) ? host_ptr != NULL : host_ptr == NULL) &&
                     !shim_device_in_backend();
     if (!servable)
@@ -703,12 +861,19 @@ static cl_mem create_buffer(const cl_mem_properties *props, bool with_props, cl_
         free(b);
         return pass_buffer(a, c, props, with_props, ctx, flags, size, host_ptr, errcode_ret);
     }
+    uintptr_t base = addr - offset;
+    shim_mutex_lock(&cl_mu);
+    region_subs_locked(base, +1);
+    shim_mutex_unlock(&cl_mu);
     if (flags & CL_MEM_COPY_HOST_PTR) {
         cl_command_queue q = queue_of(a, c);
         err = q ? a->enqueue_write_buffer(q, m, CL_TRUE, 0, size, host_ptr, 0, NULL, NULL)
                 : CL_OUT_OF_RESOURCES;
         if (err != CL_SUCCESS) {
             a->release_mem_object(m);
+            shim_mutex_lock(&cl_mu);
+            region_subs_locked(base, -1);
+            shim_mutex_unlock(&cl_mu);
             shim_device_free(d, p);
             free(b);
             set_err(errcode_ret, err);
@@ -716,7 +881,8 @@ static cl_mem create_buffer(const cl_mem_properties *props, bool with_props, cl_
         }
     }
     *b = (buf_rec){.mem = m, .kind = BUF_SERVED, .addr = addr, .size = size,
-                   .flags = flags ? flags : CL_MEM_READ_WRITE, .ctx = c, .dev = d};
+                   .flags = flags ? flags : CL_MEM_READ_WRITE, .ctx = c, .dev = d,
+                   .region = base};
     if ((b->flags & ACCESS_FLAGS) == 0)
         b->flags |= CL_MEM_READ_WRITE;
     buf_insert(b);
@@ -793,7 +959,8 @@ EXPORT cl_mem clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags, cl_buffer_cre
     }
     /* The flags the specification checks against the parent's. */
     cl_mem_flags pa = parent.flags;
-    if ((flags & HOST_PTR_FLAGS) ||
+    if ((flags & HOST_PTR_FLAGS) || (flags & ~SERVABLE_FLAGS) ||
+        !one_at_most(flags & ACCESS_FLAGS) || !one_at_most(flags & HOST_ACCESS_FLAGS) ||
         ((pa & CL_MEM_WRITE_ONLY) && (flags & (CL_MEM_READ_WRITE | CL_MEM_READ_ONLY))) ||
         ((pa & CL_MEM_READ_ONLY) && (flags & (CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY))) ||
         ((pa & CL_MEM_HOST_WRITE_ONLY) && (flags & CL_MEM_HOST_READ_ONLY)) ||
@@ -834,7 +1001,11 @@ EXPORT cl_mem clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags, cl_buffer_cre
     a->retain_mem_object(buffer); /* a sub-buffer holds its buffer */
     *b = (buf_rec){.mem = m, .kind = BUF_SUB, .size = want->size,
                    .flags = eff | (pa & CL_MEM_COPY_HOST_PTR), .ctx = parent.ctx,
-                   .dev = parent.dev, .parent = buffer, .origin = want->origin};
+                   .dev = parent.dev, .parent = buffer, .origin = want->origin,
+                   .region = parent.region};
+    shim_mutex_lock(&cl_mu);
+    region_subs_locked(parent.region, +1);
+    shim_mutex_unlock(&cl_mu);
     buf_insert(b);
     a->set_mem_object_destructor_callback(m, served_destroyed, b);
     set_err(errcode_ret, CL_SUCCESS);
@@ -856,6 +1027,7 @@ EXPORT cl_int clReleaseMemObject(cl_mem mem)
     if (!a)
         return CL_INVALID_MEM_OBJECT;
     cl_int rc = a->release_mem_object(mem);
+    drain_destroyed();
     ctx_check_pending(a);
     return rc;
 }
@@ -1025,39 +1197,6 @@ static bool in_region(cl_mem mem, cl_mem *region, size_t *offset)
     return r != NULL;
 }
 
-static void release_after(cl_event ev, cl_int status, void *arg)
-{
-    (void)ev;
-    (void)status;
-    cl_api *a = atomic_load_explicit(&the_api, memory_order_acquire);
-    if (a)
-        a->release_mem_object(arg);
-}
-
-/* A command made on a region: the served buffers it stands for are
- * retained until it completed (the command holds the region only, and a
- * buffer released meanwhile must not give its block to another); the
- * event goes to the program when it asked for one. */
-static cl_int held_until_done(cl_api *a, cl_int rc, cl_event mine, cl_mem m1, cl_mem m2,
-                              cl_event *event)
-{
-    if (rc != CL_SUCCESS)
-        return rc;
-    cl_mem held[2] = {m1, m2};
-    for (int i = 0; i < 2; i++) {
-        if (!held[i])
-            continue;
-        a->retain_mem_object(held[i]);
-        if (a->set_event_callback(mine, CL_COMPLETE, release_after, held[i]) != CL_SUCCESS)
-            a->release_mem_object(held[i]);
-    }
-    if (event)
-        *event = mine;
-    else
-        a->release_event(mine);
-    return rc;
-}
-
 static size_t mem_size(cl_api *a, cl_mem m)
 {
     size_t n = 0;
@@ -1146,11 +1285,8 @@ EXPORT cl_int clEnqueueCopyBufferRect(cl_command_queue q, cl_mem src, cl_mem dst
         so[0] += soff;
     if (d_in)
         dor[0] += doff;
-    cl_event mine = NULL;
-    cl_int rc = a->enqueue_copy_buffer_rect(q, s_in ? sreg : src, d_in ? dreg : dst, so, dor,
-                                            region, src_row, src_slice, dst_row, dst_slice, nwait,
-                                            wait, &mine);
-    return held_until_done(a, rc, mine, s_in ? src : NULL, d_in ? dst : NULL, event);
+    return a->enqueue_copy_buffer_rect(q, s_in ? sreg : src, d_in ? dreg : dst, so, dor, region,
+                                       src_row, src_slice, dst_row, dst_slice, nwait, wait, event);
 }
 
 /* The same crash, the same way round it: copies between an image and a
@@ -1168,10 +1304,8 @@ EXPORT cl_int clEnqueueCopyImageToBuffer(cl_command_queue q, cl_mem src, cl_mem 
     if (!a->set_event_callback || !a->release_event || !in_region(dst, &dreg, &doff))
         return a->enqueue_copy_image_to_buffer(q, src, dst, origin, region, dst_offset, nwait,
                                                wait, event);
-    cl_event mine = NULL;
-    cl_int rc = a->enqueue_copy_image_to_buffer(q, src, dreg, origin, region, dst_offset + doff,
-                                                nwait, wait, &mine);
-    return held_until_done(a, rc, mine, dst, NULL, event);
+    return a->enqueue_copy_image_to_buffer(q, src, dreg, origin, region, dst_offset + doff,
+                                           nwait, wait, event);
 }
 
 EXPORT cl_int clEnqueueCopyBufferToImage(cl_command_queue q, cl_mem src, cl_mem dst,
@@ -1187,10 +1321,8 @@ EXPORT cl_int clEnqueueCopyBufferToImage(cl_command_queue q, cl_mem src, cl_mem 
     if (!a->set_event_callback || !a->release_event || !in_region(src, &sreg, &soff))
         return a->enqueue_copy_buffer_to_image(q, src, dst, src_offset, origin, region, nwait,
                                                wait, event);
-    cl_event mine = NULL;
-    cl_int rc = a->enqueue_copy_buffer_to_image(q, sreg, dst, src_offset + soff, origin, region,
-                                                nwait, wait, &mine);
-    return held_until_done(a, rc, mine, src, NULL, event);
+    return a->enqueue_copy_buffer_to_image(q, sreg, dst, src_offset + soff, origin, region,
+                                           nwait, wait, event);
 }
 
 /* The shim's function for a served name, else NULL. */
@@ -1238,6 +1370,13 @@ static void *opencl_lookup(void *handle, const char *name)
     cl_api *a = learn(find_in_handle, handle);
     shim_real_dlsym(handle, name); /* dlerror() as the caller's own lookup left it */
     return a ? ours : NULL;
+}
+
+/* The blocks of buffers destroyed by the runtime on its own threads since
+ * the program's last call: freed before the leak report at exit. */
+static void drain_at_exit(void)
+{
+    drain_destroyed();
 }
 
 /* fork(): the child has one thread; a cl_mu held by another thread at

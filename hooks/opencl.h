@@ -42,6 +42,7 @@
     X(CL_MEM_FLAGS, 0x1101)                        \
     X(CL_MEM_SIZE, 0x1102)                         \
     X(CL_MEM_HOST_PTR, 0x1103)                     \
+    X(CL_MEM_REFERENCE_COUNT, 0x1105)              \
     X(CL_MEM_CONTEXT, 0x1106)                      \
     X(CL_MEM_ASSOCIATED_MEMOBJECT, 0x1107)         \
     X(CL_MEM_OFFSET, 0x1108)
