@@ -14,6 +14,7 @@ pkgs=(
   patchelf
   python3-torch libtorch-dev
   golang-go   # go tool pprof reads `spyreshim report --pprof` (tests/integration/test_pprof.py)
+  pocl-opencl-icd ocl-icd-libopencl1 ocl-icd-opencl-dev python3-pyopencl clinfo  # OpenCL on the CPU (tests/integration/test_opencl.py)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,273 @@
+"""The shim's OpenCL layer (hooks/opencl.c) on a real runtime: PoCL on this
+machine's CPU, through the ICD loader. PyOpenCL's own test suite run with
+and without the shim (no test worse), PyOpenCL arrays in reference cycles
+and a C program's buffer cache that run out without the shim and complete
+with it, what the runtime answers under the shim (errors included), the
+buffers the shim passes through, the leak report, the views, and the
+shim's declarations checked against the Khronos headers.
+
+Skips with the reason where there is no OpenCL platform; under CI=true
+(scripts/deps.sh installs PoCL) that is a failure."""
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import opencl_suite  # noqa: E402
+import pythons  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+MiB = 1 << 20
+
+
+def _unavailable(reason):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"OpenCL must not be skipped in CI: {reason}")
+    pytest.skip(reason)
+
+
+def base_env(tmp_path=None, **extra):
+    env = {k: v for k, v in os.environ.items()
+           if k != "LD_PRELOAD" and not k.startswith("SPYRESHIM_")}
+    # PoCL's compiled kernels, kept between runs (a cold cache costs each
+    # kernel a compile by LLVM).
+    env["POCL_CACHE_DIR"] = str(opencl_suite.cache_dir().parent / "pocl-kcache")
+    if tmp_path is not None:
+        env["SPYRESHIM_STATS"] = str(tmp_path / "stats.json")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def shim_env(tmp_path=None, **extra):
+    return base_env(tmp_path, LD_PRELOAD=pythons.shim_lib(), **extra)
+
+
+def stats(tmp_path):
+    return json.loads((tmp_path / "stats.json").read_text())
+
+
+def limited(kib, argv):
+    """argv under `ulimit -v kib`: host memory that runs out, as PoCL's
+    buffers are host memory."""
+    return ["bash", "-c", f'ulimit -v {kib} && exec "$@"', "limited", *map(str, argv)]
+
+
+@pytest.fixture(scope="module")
+def program(builddir):
+    exe = Path(builddir) / "tests" / "opencl_cache"
+    if not exe.exists():
+        _unavailable(f"{exe} was not built: libOpenCL or CL/cl.h is absent "
+                     f"(apt-get install ocl-icd-opencl-dev)")
+    r = pythons.run([exe, "info"], env=base_env(), timeout=120)
+    if r.returncode != 0:
+        _unavailable(f"no OpenCL platform ({exe} info: {r.stderr.strip()[-300:]}); "
+                     f"apt-get install pocl-opencl-icd")
+    return exe
+
+
+def info(out):
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+# ---- the shim's declarations ---------------------------------------------
+
+def test_the_shims_declarations_are_the_khronos_headers():
+    if not Path("/usr/include/CL/cl.h").exists():
+        _unavailable("/usr/include/CL/cl.h is absent (apt-get install opencl-c-headers)")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    r = subprocess.run([cc, "-std=gnu11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
+                        "-iquote", REPO / "hooks", REPO / "tests/programs/opencl_header_check.c"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+# ---- a C program linked to libOpenCL --------------------------------------
+
+def test_what_the_runtime_answers_is_the_same_under_the_shim_but_the_capped_sizes(program,
+                                                                              tmp_path):
+    """Buffer info, a second reference, and the runtime's own errors (size
+    0, two access flags) are unchanged; GLOBAL_MEM_SIZE and
+    MAX_MEM_ALLOC_SIZE are capped to SPYRESHIM_LIMIT and a request over the
+    cap is CL_INVALID_BUFFER_SIZE, as for a device of that size."""
+    bare = pythons.run([program, "info"], env=base_env(), timeout=120)
+    r = pythons.run([program, "info"], env=shim_env(tmp_path, SPYRESHIM_LIMIT="256M"), timeout=120)
+    assert bare.returncode == 0 and r.returncode == 0, bare.describe() + r.describe()
+    a, b = info(bare.stdout), info(r.stdout)
+    assert int(a["global_mem_size"]) > 256 * MiB
+    assert int(b["global_mem_size"]) == int(b["max_mem_alloc_size"]) == 256 * MiB
+    for k in ("mem_base_addr_align", "flags", "size", "offset", "associated", "host_ptr",
+              "refs", "zero_size", "bad_flags"):
+        assert a[k] == b[k], (k, a[k], b[k])
+    assert a["zero_size"] == "-61" and a["bad_flags"] == "-30"
+    assert a["over_max"] == b["over_max"] == "-61"   # CL_INVALID_BUFFER_SIZE
+    s = stats(tmp_path)
+    assert [d["name"] for d in s["runtimes"]] == ["opencl:0"]
+    assert s["allocs"] >= 1 and s["allocs"] == s["frees"], s
+
+
+def test_the_three_routes_to_clCreateBuffer_are_served(program, tmp_path):
+    """As linked, by dlsym on libOpenCL's handle (ctypes, cffi), and through
+    clGetExtensionFunctionAddressForPlatform where the runtime hands the
+    function out: each served, a kernel's writes read back."""
+    r = pythons.run([program, "routes"], env=shim_env(tmp_path), timeout=120)
+    assert r.returncode == 0 and "routes ok" in r.stdout, r.describe()
+    got = info(r.stdout)
+    assert got["dlsym_is_linked"] == "1"
+    assert got["icd"] in ("none", "linked"), got
+    s = stats(tmp_path)
+    assert s["allocs"] == s["frees"] == 2 + (got["icd"] == "linked"), s
+
+
+def test_a_buffer_cache_runs_out_without_the_shim_and_completes_with_it(program, tmp_path):
+    """A framework-style cache of buffers (parked, not released) of 40 x 32
+    MiB under 1 GiB of address space: PoCL backs buffers at first use and,
+    out of host memory, aborts the process. Under the shim, SPYRESHIM_LIMIT
+    is met in clCreateBuffer, where the program's pressure callback empties
+    its cache, and every buffer's kernel writes read back."""
+    argv = limited(1 << 20, [program, "cache", 40, 32])
+    bare = pythons.run(argv, env=base_env(), timeout=300)
+    assert bare.returncode != 0 and "cache ok" not in bare.stdout, bare.describe()
+    r = pythons.run(argv, env=shim_env(tmp_path, SPYRESHIM_LIMIT="256M"), timeout=300)
+    assert r.returncode == 0, r.describe()
+    assert "cache ok made=40 shim=1" in r.stdout, r.stdout
+    s = stats(tmp_path)
+    assert s["pressure_events"] > 0 and s["callback_runs"] > 0, s
+    assert s["allocs"] == s["frees"] == 40, s
+    assert s["runtimes"][0]["peak_reserved_bytes"] <= 256 * MiB, s
+
+
+def test_past_the_limit_clCreateBuffer_answers_allocation_failure(program, tmp_path):
+    """Every buffer kept: after the pressure event the 9th 32 MiB buffer is
+    refused with CL_MEM_OBJECT_ALLOCATION_FAILURE in clCreateBuffer (the
+    program goes on), and the shim says why."""
+    r = pythons.run([program, "keep", 40, 32], env=shim_env(tmp_path, SPYRESHIM_LIMIT="256M"),
+                    timeout=300)
+    assert r.returncode == 0 and "keep oom made=8" in r.stdout, r.describe()
+    assert "out of opencl memory for 33554432 bytes" in r.stderr, r.stderr
+    assert "verdict: limit" in r.stderr
+    s = stats(tmp_path)
+    assert s["failed_allocs"] >= 1 and s["pressure_events"] >= 1, s
+
+
+def test_buffers_the_shim_cannot_serve_pass_through_and_are_watched(program, tmp_path):
+    """CL_MEM_USE_HOST_PTR (the host's memory, mapped where it is),
+    CL_MEM_ALLOC_HOST_PTR and SVM are the runtime's, counted per family."""
+    bare = pythons.run([program, "watched"], env=base_env(), timeout=120)
+    assert bare.returncode == 0 and "watched ok" in bare.stdout, bare.describe()
+    r = pythons.run([program, "watched"], env=shim_env(tmp_path), timeout=120)
+    assert r.returncode == 0 and "watched ok" in r.stdout, r.describe()
+    fam = {p["family"]: p for p in stats(tmp_path)["passthrough"]}
+    assert fam["opencl-buffer"]["allocs"] == fam["opencl-buffer"]["frees"] == 2, fam
+    assert fam["opencl-buffer"]["peak_bytes"] == 2 * MiB
+    if "svm=1" in r.stdout:
+        assert fam["opencl-svm"]["allocs"] == fam["opencl-svm"]["frees"] == 1, fam
+    assert stats(tmp_path)["allocs"] == 0, "nothing of these is served from a region"
+
+
+def test_a_leaked_buffer_is_reported_at_its_line(program, tmp_path):
+    report = tmp_path / "leaks.json"
+    r = pythons.run([program, "leak"], env=shim_env(tmp_path, SPYRESHIM_LEAK_CHECK=1,
+                                                    SPYRESHIM_REPORT=report), timeout=120)
+    assert "leak ok" in r.stdout, r.describe()
+    assert r.returncode != 0, "leaks fail the process by default"
+    err = r.stderr
+    assert "Leak of 1048576 byte(s) in 1 allocation(s) of opencl:0 memory" in err, err
+    assert " in leak_one_buffer" in err and "opencl_cache.c:" in err, err
+    assert "SUMMARY: spyreshim: 1048576 byte(s) leaked in 1 allocation(s)." in err
+    data = json.loads(report.read_text())
+    (g,) = data["groups"]
+    assert g["runtime"].startswith("opencl"), g
+    assert g["frames"][0]["function"].startswith("leak_one_buffer")
+    assert g["frames"][0]["file"].endswith("opencl_cache.c") and g["frames"][0]["line"] > 0
+
+
+def test_the_trace_and_its_views_name_the_runtime_opencl(program, tmp_path):
+    trace = tmp_path / "t.trace"
+    r = pythons.run([program, "cache", 20, 32],
+                    env=shim_env(tmp_path, SPYRESHIM_LIMIT="256M", SPYRESHIM_TRACE=trace),
+                    timeout=300)
+    assert r.returncode == 0, r.describe()
+    cli = [sys.executable, REPO / "scripts" / "spyreshim", "report"]
+    v = pythons.run([*cli, "--view", "stats", trace], timeout=120)
+    assert v.returncode == 0, v.describe()
+    assert "peak of opencl:0: 256.0 MiB" in v.stdout, v.stdout
+    assert "Total allocations:\n\t20" in v.stdout
+    peak = pythons.run([*cli, "--view", "peak", trace], timeout=120)
+    assert peak.returncode == 0 and "opencl:0" in peak.stdout, peak.describe()
+    viz = tmp_path / "t.pickle"
+    m = pythons.run([*cli, "--memory-viz", viz, trace], timeout=120)
+    assert m.returncode == 0, m.describe()
+    snap = pickle.loads(viz.read_bytes())
+    assert snap["spyreshim_devices"] == ["opencl:0"]
+    acts = [e["action"] for e in snap["device_traces"][0]]
+    assert acts.count("alloc") == 20 and acts.count("free_completed") == 20, acts
+    assert acts.count("segment_alloc") == acts.count("segment_free") > 0
+
+
+# ---- PyOpenCL ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pyopencl(program):
+    try:
+        return opencl_suite.installed_version()
+    except opencl_suite.SuiteUnavailable as e:
+        _unavailable(str(e))
+
+
+def test_pyopencl_arrays_in_cycles_run_out_without_the_shim_and_complete_with_it(pyopencl,
+                                                                               tmp_path):
+    """With gc.disable(), 64 arrays of 32 MiB kept by reference cycles under
+    1.5 GiB of address space: without the shim PoCL aborts the process when
+    host memory runs out (PyOpenCL's own collect-and-retry never starts:
+    clCreateBuffer does not fail); with it the 512 MiB limit is met in
+    clCreateBuffer, the shim's collections free the cycles, and every array
+    holds what its kernel wrote."""
+    argv = limited(3 << 19, ["/usr/bin/python3", HERE / "opencl_cycles.py"])
+    bare = pythons.run(argv, env=base_env(), timeout=300)
+    assert bare.returncode != 0 and '"completed"' not in bare.stdout, bare.describe()
+    r = pythons.run(argv, env=shim_env(tmp_path, SPYRESHIM_LIMIT="512M"), timeout=300)
+    assert r.returncode == 0, r.describe()
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["outcome"] == "completed" and out["iterations"] == 64, out
+    assert out["global_mem_size"] == 512 * MiB, "the device PyOpenCL sees is the limit's"
+    s = stats(tmp_path)
+    assert s["gc_collections"] > 0 and s["gc_recovered_bytes"] > 0, s
+    assert s["allocs"] == s["frees"] == 64, s
+
+
+def test_pyopencl_suite_with_the_shim_is_no_worse_than_without(pyopencl, tmp_path_factory,
+                                                               builddir):
+    """PyOpenCL's own tests (its sdist's test/, opencl_suite.py), each run
+    without and with the shim: no test that passed without it fails with
+    it, and the counts agree. SPYRESHIM_OPENCL_SUITE=all runs every file."""
+    try:
+        tests = opencl_suite.suite_dir(pyopencl)
+    except opencl_suite.SuiteUnavailable as e:
+        _unavailable(str(e))
+    names = opencl_suite.files(tests)
+    work = tmp_path_factory.mktemp("pyopencl-suite")
+    stats_path = work / "stats.json"
+    without, r0 = opencl_suite.run(tests, names, work / "without", base_env())
+    assert without, f"the suite ran nothing without the shim:\n{r0.stdout[-3000:]}{r0.stderr[-2000:]}"
+    with_shim, r1 = opencl_suite.run(tests, names, work / "with",
+                                     shim_env(SPYRESHIM_STATS=stats_path))
+    t0, t1 = opencl_suite.totals(without), opencl_suite.totals(with_shim)
+    summary = {"files": names, "without": t0, "with": t1}
+    if stats_path.exists():
+        s = json.loads(stats_path.read_text())
+        summary["shim"] = {k: s[k] for k in ("allocs", "frees", "gc_collections")}
+        summary["passthrough"] = s["passthrough"]
+    (Path(builddir) / "opencl-suite.json").write_text(json.dumps(summary, indent=1))
+    bad = opencl_suite.worse(without, with_shim)
+    assert not bad, f"worse with the shim: {bad}\n{r1.stdout[-4000:]}"
+    assert t0 == t1, summary
+    assert t0.get("passed", 0) > 50, summary
+    s = json.loads(stats_path.read_text())
+    assert s["allocs"] > 100 and s["allocs"] == s["frees"], s
