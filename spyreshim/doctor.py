@@ -30,6 +30,7 @@ RUNTIMES = [
     ("CUDA driver", ["libcuda.so.1"], "cuMemAlloc & co."),
     ("CUDA runtime", ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
                       "libcudart.so.*"], "cudaMalloc & co., where a program loads it shared"),
+    ("OpenCL", ["libOpenCL.so.1"], "clCreateBuffer & co. through the ICD loader (docs/opencl.md)"),
 ]
 
 # What the shim collects garbage in and reads Python stacks of (README,

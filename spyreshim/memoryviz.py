@@ -22,6 +22,8 @@ What the page reads, and what we write:
   callorder.py), time_us (microseconds on the Unix epoch), and for 'oom'
   device_free (the runtime's free bytes then) with the failing request's
   frames.
+- snapshot.spyreshim_devices[device]: the runtime and ordinal of each
+  device_traces index ("cuda:0", "opencl:0"); the page ignores the key.
 - A page is the events [first, last] (--from/--to); the segments and
   blocks are the state after the last.
 - The page's own unpickler (unpickle() in MemoryViz.js) knows protocols 2
@@ -123,6 +125,7 @@ def _tile(t, d, lo, hi, blocks_sorted, j, cache):
 
 
 FRAMES_KEY = "spyreshim_frames"
+DEVICES_KEY = "spyreshim_devices"
 _EMPTY = []
 
 
@@ -292,6 +295,11 @@ def stream_write(t, f, first=None, last=None, spool_dir=None):
     for sp in spools.values():
         sp.close()
     segments = _segments(t, ndev, live, regions, runs, has_segments, cache)
+    # Each device_traces index's runtime and ordinal ("cuda:0", "opencl:0"):
+    # the viewer shows devices by number only and ignores keys it does not
+    # know, as it does spyreshim_frames.
+    names = [t.device_name(d) for d in range(ndev)]
+    f.write(_short_str(DEVICES_KEY) + out.piece(names))
     f.write(_short_str("segments") + out.piece(segments))
     f.write(b"u.")                                # SETITEMS, STOP
     return nev, len(segments)

@@ -346,6 +346,7 @@ def test_doctor_in_a_checkout(tmp_path):
     assert r.returncode == 0, r
     assert "libspyreshim.so  %s" % (REPO / "build" / "libspyreshim.so") in r.stdout, r.stdout
     assert "loads (preloaded into" in r.stdout, r.stdout
+    assert "\n  OpenCL " in r.stdout, "every runtime the shim serves is listed"
     # A library that does not load: the loader's reason, status 1.
     bad = tmp_path / "bad.so"
     bad.write_bytes(b"not an ELF file")
