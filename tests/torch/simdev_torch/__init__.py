@@ -1,16 +1,24 @@
 """PyTorch's PrivateUse1 device backed by the simulated accelerator.
 
     import torch, simdev_torch
-    x = torch.ones(4, device=simdev_torch.device)   # "privateuseone:0"
+    x = torch.ones(4, device=simdev_torch.device)  # "privateuseone:0" (1.13), "simdev:0" (2.x)
 
 Importing the package loads libsimdev_torch.so with torch.ops.load_library
-(its static registrations: the allocator, the device guard, the kernels and
-the CPU fallback). Tensors on the device live in simdev memory, allocated
-with simdevMalloc and freed with simdevFree when their storage dies: under
-LD_PRELOAD=libspyreshim.so the shim serves them. Built by meson where
-Debian's libtorch-dev is installed (tests/torch/meson.build); only the
-Python that torch was built for (Debian's /usr/bin/python3) imports it.
+(its static registrations: the allocator, the device guard, the kernels, the
+CPU fallback and, on 2.x, the PrivateUse1 hooks). Tensors on the device live
+in simdev memory, allocated with simdevMalloc and freed with simdevFree when
+their storage dies: under LD_PRELOAD=libspyreshim.so the shim serves them.
+
+On PyTorch 2.x the backend is renamed "simdev" and registered as the device
+module torch.simdev (device_module.py), with the generated Tensor/Module
+methods (x.simdev(), x.is_simdev); torch.accelerator names it where that
+exists. PyTorch 1.13 has none of this: the device is "privateuseone".
+
+Built by meson from one source for Debian's 1.13 (build/tests/torch) and for
+a PyTorch 2.x wheel (build/tests/torch2, -Dtorch2_python); each build
+imports only in the Python whose torch it was built against.
 """
+import atexit
 import os
 
 import torch
@@ -18,8 +26,34 @@ import torch
 _LIB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libsimdev_torch.so")
 torch.ops.load_library(_LIB)
 
-#: the device's name in PyTorch 1.13 (no renaming before 2.0)
-NAME = "privateuseone"
+if hasattr(torch.utils, "rename_privateuse1_backend"):
+    from . import device_module
+
+    # A process has one PrivateUse1 backend: renaming twice is refused
+    # (a second import of this package, under another name, finds it done).
+    if torch._C._get_privateuse1_backend_name() != "simdev":
+        torch.utils.rename_privateuse1_backend("simdev")
+        torch._register_device_module("simdev", device_module)
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
+    NAME = "simdev"
+
+    def _drain_autograd_worker():
+        # PyTorch 2.x's autograd worker thread for the device keeps the last
+        # backward's GraphTask, whose stashed contextvars.Context it drops
+        # when its next task arrives. At exit that is during Py_FinalizeEx,
+        # where the thread, taking the GIL, is ended by pthread_exit inside a
+        # noexcept destructor: "terminate called without an active exception"
+        # and SIGABRT. One empty backward through the device before
+        # finalization makes the worker drop it while Python still runs.
+        with torch.enable_grad():
+            torch.zeros((), device=device, requires_grad=True).backward()
+
+    atexit.register(_drain_autograd_worker)
+else:
+    #: the device's name in PyTorch 1.13 (no renaming before 2.0)
+    NAME = "privateuseone"
+
 #: the one simdev device
 device = torch.device(NAME, 0)
 

@@ -1,5 +1,9 @@
-// simdev_torch: PyTorch's PrivateUse1 device ("privateuseone", PyTorch 1.13
-// has no renaming) backed by the simulated accelerator (tests/simdev).
+// simdev_torch: PyTorch's PrivateUse1 device backed by the simulated
+// accelerator (tests/simdev). One source for Debian's PyTorch 1.13 (the
+// device is "privateuseone": no renaming before 2.0) and PyPI's 2.x (the
+// package renames it "simdev"; this file registers the PrivateUse1 hooks that
+// torch.accelerator and the generic 2.x code paths ask for). TORCH_VERSION_MAJOR
+// picks the few declarations that differ.
 //
 // Owns: the device's c10::Allocator (simdevMalloc; simdevFree in the
 // DataPtr's deleter, so a tensor's device memory lives exactly as long as its
@@ -15,8 +19,8 @@
 // simdevMemset. No lock of its own: simdev's calls are thread-safe and the
 // allocator keeps no state.
 //
-// Why each kernel is here (PyTorch 1.13 fails silently where one is missing;
-// tests/integration/test_torch_backend.py shows each failure):
+// Why each kernel is here (PyTorch fails silently where one of the first
+// six is missing; tests/integration/test_torch_backend.py shows each failure):
 //   empty.memory_format, empty_strided: without them the catch-all runs the
 //     CPU factory, and `.to(device)` returns a CPU tensor;
 //   as_strided, view, _reshape_alias: without them a view is a copy, and
@@ -25,13 +29,23 @@
 //     which read device memory (SIGSEGV);
 //   _copy_from_and_resize, resize_: the fallback writes out= results and
 //     in-place results back through them.
+// And the operators whose CPU kernel does not exist, so the fallback cannot
+// serve them: PyTorch routes an out-of-tree device to them where CUDA has
+// its own kernels (tests/torch_examples/train.py runs each):
+//   convolution_overrideable, convolution_backward_overrideable: every
+//     nn.Conv*d (at::_convolution picks the "overrideable" backend for any
+//     device it does not know); computed by the CPU's convolution;
+//   _thnn_fused_lstm_cell, _thnn_fused_lstm_cell_backward_impl: nn.LSTM
+//     takes CUDA's fused cell on PrivateUse1; the same arithmetic on the host.
 //
 // SIMDEV_TORCH_OMIT (read once, when the library is loaded) names kernels to
-// leave unregistered, comma-separated: empty_strided, views, copy_from. It
-// exists to demonstrate the failures above; unset, everything is registered.
+// leave unregistered, comma-separated: empty_strided, views, copy_from,
+// convolution. It exists to demonstrate the failures above; unset,
+// everything is registered.
 
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -39,12 +53,28 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR >= 2
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#endif
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "simdev.h"
+
+#if TORCH_VERSION_MAJOR >= 2
+// 2.x: optional is std::optional, and an allocator's allocate() is not const
+// (it may keep statistics); copy_data is how storages clone device bytes.
+template <class T> using Opt = std::optional<T>;
+#define SIMDEV_ALLOCATE_CONST
+#define INTS(x) C10_AS_INTARRAYREF_SLOW(x) // a symbolic size fails naming this line
+#else
+template <class T> using Opt = c10::optional<T>;
+#define SIMDEV_ALLOCATE_CONST const
+#define INTS(x) c10::asIntArrayRefSlow(x)
+#endif
 
 namespace {
 
@@ -61,7 +91,7 @@ void simdev_delete(void *p)
 }
 
 struct SimdevAllocator final : c10::Allocator {
-    c10::DataPtr allocate(size_t n) const override
+    c10::DataPtr allocate(size_t n) SIMDEV_ALLOCATE_CONST override
     {
         void *p = nullptr;
         if (n) {
@@ -74,6 +104,9 @@ struct SimdevAllocator final : c10::Allocator {
         return {p, p, &simdev_delete, kDevice};
     }
     c10::DeleterFnPtr raw_deleter() const override { return &simdev_delete; }
+#if TORCH_VERSION_MAJOR >= 2
+    void copy_data(void *dest, const void *src, size_t count) const override;
+#endif
 };
 
 SimdevAllocator g_alloc;
@@ -86,6 +119,13 @@ void memcpy_checked(void *dst, const void *src, size_t n, int kind)
     TORCH_CHECK(e == simdevSuccess, "simdevMemcpy(", n, " bytes, kind ", kind, "): ",
                 simdevGetErrorString(e));
 }
+
+#if TORCH_VERSION_MAJOR >= 2
+void SimdevAllocator::copy_data(void *dest, const void *src, size_t count) const
+{
+    memcpy_checked(dest, src, count, simdevMemcpyDeviceToDevice);
+}
+#endif
 
 // The bytes a strided tensor spans, from its first element (strides are
 // never negative in PyTorch).
@@ -131,6 +171,16 @@ void write_device(const at::Tensor &dst, const at::Tensor &src)
     memcpy_checked(dst.data_ptr(), staging.data_ptr(), bytes, simdevMemcpyHostToDevice);
 }
 
+// Gives a storage `bytes` of device memory, its first bytes kept.
+void resize_storage(c10::StorageImpl *st, size_t bytes)
+{
+    c10::DataPtr fresh = g_alloc.allocate(bytes);
+    memcpy_checked(fresh.get(), st->data(), std::min(bytes, st->nbytes()),
+                   simdevMemcpyDeviceToDevice);
+    st->set_data_ptr_noswap(std::move(fresh));
+    st->set_nbytes(bytes);
+}
+
 // Grows a device tensor's storage (contents kept) and sets contiguous sizes.
 void resize_device(const at::Tensor &t, c10::IntArrayRef size)
 {
@@ -140,32 +190,29 @@ void resize_device(const at::Tensor &t, c10::IntArrayRef size)
     c10::StorageImpl *st = impl->unsafe_storage().unsafeGetStorageImpl();
     if (impl->numel() == 0 || need <= st->nbytes())
         return;
-    c10::DataPtr fresh = g_alloc.allocate(need);
-    memcpy_checked(fresh.get(), st->data(), st->nbytes(), simdevMemcpyDeviceToDevice);
-    st->set_data_ptr_noswap(std::move(fresh));
-    st->set_nbytes(need);
+    resize_storage(st, need);
 }
 
 // ---- kernels ------------------------------------------------------------
 
-at::Tensor empty_memory_format(c10::SymIntArrayRef size, c10::optional<at::ScalarType> dtype,
-                               c10::optional<at::Layout> layout, c10::optional<at::Device> device,
-                               c10::optional<bool> pin_memory,
-                               c10::optional<at::MemoryFormat> memory_format)
+at::Tensor empty_memory_format(c10::SymIntArrayRef size, Opt<at::ScalarType> dtype,
+                               Opt<at::Layout> layout, Opt<at::Device> device,
+                               Opt<bool> pin_memory,
+                               Opt<at::MemoryFormat> memory_format)
 {
     (void)layout, (void)device, (void)pin_memory;
-    return at::detail::empty_generic(c10::asIntArrayRefSlow(size), &g_alloc,
+    return at::detail::empty_generic(INTS(size), &g_alloc,
                                      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                      c10::dtype_or_default(dtype), memory_format);
 }
 
 at::Tensor empty_strided(c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
-                         c10::optional<at::ScalarType> dtype, c10::optional<at::Layout> layout,
-                         c10::optional<at::Device> device, c10::optional<bool> pin_memory)
+                         Opt<at::ScalarType> dtype, Opt<at::Layout> layout,
+                         Opt<at::Device> device, Opt<bool> pin_memory)
 {
     (void)layout, (void)device, (void)pin_memory;
-    return at::detail::empty_strided_generic(c10::asIntArrayRefSlow(size),
-                                             c10::asIntArrayRefSlow(stride), &g_alloc,
+    return at::detail::empty_strided_generic(INTS(size),
+                                             INTS(stride), &g_alloc,
                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                              c10::dtype_or_default(dtype));
 }
@@ -200,35 +247,121 @@ at::Tensor copy_from_and_resize(const at::Tensor &self, const at::Tensor &dst)
 }
 
 const at::Tensor &resize_(const at::Tensor &self, c10::SymIntArrayRef size,
-                          c10::optional<at::MemoryFormat> memory_format)
+                          Opt<at::MemoryFormat> memory_format)
 {
     TORCH_CHECK(!memory_format || *memory_format == at::MemoryFormat::Contiguous ||
                     *memory_format == at::MemoryFormat::Preserve,
                 "simdev resize_: only contiguous tensors");
-    resize_device(self, c10::asIntArrayRefSlow(size));
+    resize_device(self, INTS(size));
     return self;
 }
 
 at::Tensor as_strided(const at::Tensor &self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
-                      c10::optional<c10::SymInt> storage_offset)
+                      Opt<c10::SymInt> storage_offset)
 {
-    c10::optional<int64_t> off;
+    Opt<int64_t> off;
     if (storage_offset)
         off = storage_offset->expect_int();
-    return at::native::as_strided_tensorimpl(self, c10::asIntArrayRefSlow(size),
-                                             c10::asIntArrayRefSlow(stride), off);
+    return at::native::as_strided_tensorimpl(self, INTS(size),
+                                             INTS(stride), off);
 }
 
 at::Tensor view(const at::Tensor &self, c10::SymIntArrayRef size)
 {
-    return at::native::view(self, c10::asIntArrayRefSlow(size));
+    return at::native::view(self, INTS(size));
 }
 
 at::Tensor reshape_alias(const at::Tensor &self, c10::SymIntArrayRef size,
                          c10::SymIntArrayRef stride)
 {
-    return at::native::_reshape_alias(self, c10::asIntArrayRefSlow(size),
-                                      c10::asIntArrayRefSlow(stride));
+    return at::native::_reshape_alias(self, INTS(size),
+                                      INTS(stride));
+}
+
+// ---- kernels without a CPU counterpart ---------------------------------------
+//
+// Each runs the CPU's operator on host copies (Tensor::cpu() goes through
+// _copy_from) and moves the results to the device: the arithmetic is the
+// CPU's, so a model computes what it computes on the CPU.
+
+at::Tensor host(const at::Tensor &t) { return t.defined() ? t.cpu() : t; }
+at::Tensor device_copy(const at::Tensor &t) { return t.defined() ? t.to(kDevice) : t; }
+
+// The integer lists are int[] on 1.13 and SymInt[] on 2.x; the dispatcher
+// takes an IntArrayRef kernel for both (it unpacks concrete SymInts).
+at::Tensor convolution_overrideable(const at::Tensor &input, const at::Tensor &weight,
+                                    const Opt<at::Tensor> &bias, at::IntArrayRef stride,
+                                    at::IntArrayRef padding, at::IntArrayRef dilation,
+                                    bool transposed, at::IntArrayRef output_padding,
+                                    int64_t groups)
+{
+    Opt<at::Tensor> bias_h;
+    if (bias && bias->defined())
+        bias_h = host(*bias);
+    return device_copy(at::convolution(host(input), host(weight), bias_h, stride, padding,
+                                       dilation, transposed, output_padding, groups));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+convolution_backward_overrideable(const at::Tensor &grad_output, const at::Tensor &input,
+                                  const at::Tensor &weight, at::IntArrayRef stride,
+                                  at::IntArrayRef padding, at::IntArrayRef dilation,
+                                  bool transposed, at::IntArrayRef output_padding, int64_t groups,
+                                  std::array<bool, 3> output_mask)
+{
+    // The bias's gradient is the output gradient summed: its size is the
+    // output channels, which the weight's shape gives (transposed: dim 1,
+    // per group).
+    int64_t out_channels = transposed ? weight.size(1) * groups : weight.size(0);
+    std::vector<int64_t> bias_sizes{out_channels};
+    at::OptionalIntArrayRef bias_opt;
+    if (output_mask[2])
+        bias_opt = at::IntArrayRef(bias_sizes);
+    auto r = at::convolution_backward(host(grad_output), host(input), host(weight), bias_opt,
+                                      stride, padding, dilation, transposed, output_padding,
+                                      groups, output_mask);
+    return {device_copy(std::get<0>(r)), device_copy(std::get<1>(r)),
+            device_copy(std::get<2>(r))};
+}
+
+// CUDA's fused LSTM cell (aten/src/ATen/native/cuda/RNN.cu), on the host:
+// the gates are input_gates + hidden_gates (+ both biases), chunked in the
+// order input, forget, cell, output; the workspace keeps the activated gates
+// for the backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+fused_lstm_cell(const at::Tensor &input_gates, const at::Tensor &hidden_gates, const at::Tensor &cx,
+                const Opt<at::Tensor> &input_bias, const Opt<at::Tensor> &hidden_bias)
+{
+    at::Tensor gates = host(input_gates) + host(hidden_gates);
+    if (input_bias && input_bias->defined())
+        gates = gates + host(*input_bias) + host(*hidden_bias);
+    auto g = gates.chunk(4, 1);
+    at::Tensor i = g[0].sigmoid(), f = g[1].sigmoid(), c = g[2].tanh(), o = g[3].sigmoid();
+    at::Tensor cy = f * host(cx) + i * c;
+    at::Tensor hy = o * cy.tanh();
+    return {device_copy(hy), device_copy(cy), device_copy(at::cat({i, f, c, o}, 1))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor>
+fused_lstm_cell_backward(const Opt<at::Tensor> &grad_hy, const Opt<at::Tensor> &grad_cy,
+                         const at::Tensor &cx, const at::Tensor &cy, const at::Tensor &workspace,
+                         bool has_bias)
+{
+    auto w = host(workspace).chunk(4, 1);
+    const at::Tensor &i = w[0], &f = w[1], &c = w[2], &o = w[3];
+    at::Tensor cy_h = host(cy), cx_h = host(cx);
+    // An output nobody used has no gradient: zero.
+    at::Tensor ghy = grad_hy && grad_hy->defined() ? host(*grad_hy) : at::zeros_like(cy_h);
+    at::Tensor gcy = grad_cy && grad_cy->defined() ? host(*grad_cy) : at::zeros_like(cy_h);
+    at::Tensor tcy = cy_h.tanh();
+    at::Tensor gc_total = ghy * o * (1 - tcy * tcy) + gcy;
+    at::Tensor gi = gc_total * c * i * (1 - i);
+    at::Tensor gf = gc_total * cx_h * f * (1 - f);
+    at::Tensor gg = gc_total * i * (1 - c * c);
+    at::Tensor go = ghy * tcy * o * (1 - o);
+    at::Tensor grad_gates = at::cat({gi, gf, gg, go}, 1);
+    at::Tensor grad_bias = has_bias ? grad_gates.sum(0) : at::Tensor();
+    return {device_copy(grad_gates), device_copy(gc_total * f), device_copy(grad_bias)};
 }
 
 bool omitted(const char *kernel)
@@ -262,11 +395,59 @@ struct SimdevGuard final : c10::impl::DeviceGuardImplInterface {
     // One device: autograd runs this device's backward on a worker thread
     // of its own (PyTorch's engine starts one per device).
     c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+
+#if TORCH_VERSION_MAJOR >= 2
+    // torch.accelerator.synchronize() and the profiler: simdev's calls are
+    // synchronous, nothing is ever pending.
+    void synchronizeDevice(c10::DeviceIndex) const override {}
+#endif
 };
+
+#if TORCH_VERSION_MAJOR >= 2
+// What 2.x asks a PrivateUse1 backend besides its kernels: torch.accelerator
+// (isAvailable, deviceCount), pinned-memory queries, storage resizing from
+// Python (UntypedStorage.resize_), the primary context autograd checks, and
+// a generator. The device has no generator of its own: its random kernels
+// (dropout, randn, ...) run on the CPU through the fallback and draw from the
+// CPU's default generator, the one handed out here.
+struct SimdevHooks final : at::PrivateUse1HooksInterface {
+    bool isBuilt() const override { return true; }
+    bool isAvailable() const override { return true; }
+    bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+    c10::DeviceIndex deviceCount() const override { return 1; }
+    c10::DeviceIndex getCurrentDevice() const override { return 0; }
+    at::Device getDeviceFromPtr(void *) const override { return kDevice; }
+    bool isPinnedPtr(const void *) const override { return false; }
+    c10::Allocator *getPinnedMemoryAllocator() const override
+    {
+        return at::getCPUAllocator();
+    }
+    const at::Generator &getDefaultGenerator(c10::DeviceIndex) const override
+    {
+        return at::detail::getDefaultCPUGenerator();
+    }
+    void resizePrivateUse1Bytes(const c10::Storage &storage, size_t newsize) const override
+    {
+        resize_storage(storage.unsafeGetStorageImpl(), newsize);
+    }
+};
+
+SimdevHooks g_hooks;
+
+// Registered when the library is loaded (torch.ops.load_library), before
+// any tensor of the device exists.
+const bool g_hooks_registered = [] {
+    at::RegisterPrivateUse1HooksInterface(&g_hooks);
+    return true;
+}();
+#endif
 
 } // namespace
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, SimdevGuard);
+// Storages made without a factory (UntypedStorage(n, device=...)) take the
+// device type's registered allocator.
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_alloc);
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
 {
@@ -283,9 +464,24 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
         m.impl("view", TORCH_FN(view));
         m.impl("_reshape_alias", TORCH_FN(reshape_alias));
     }
+    if (!omitted("convolution")) {
+        m.impl("convolution_overrideable", TORCH_FN(convolution_overrideable));
+        m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward_overrideable));
+    }
+    m.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
+    m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
 }
+
+namespace {
+// cpu_fallback's extra parameters (2.x) have defaults the boxed signature
+// cannot carry.
+void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
+{
+    at::native::cpu_fallback(op, stack);
+}
+} // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m)
 {
-    m.fallback(torch::CppFunction::makeFromBoxedFunction<&at::native::cpu_fallback>());
+    m.fallback(torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }

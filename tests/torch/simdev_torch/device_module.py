@@ -1,0 +1,58 @@
+"""torch.simdev: the device module PyTorch 2.x asks a renamed PrivateUse1
+backend for (torch._register_device_module). torch.device("simdev"),
+Module.to, autocast, torch.random.fork_rng and the generated methods look
+up these functions by name. One device, always there, synchronous: nothing
+to wait for. Random numbers of the device's kernels come from the CPU's
+generator (its kernels are the CPU's, through the fallback), so the RNG
+state functions are the CPU's."""
+import torch
+
+
+def is_available():
+    return True
+
+
+def device_count():
+    return 1
+
+
+def current_device():
+    return 0
+
+
+def set_device(device):
+    index = torch.device(device).index if not isinstance(device, int) else device
+    if index not in (None, 0):
+        raise ValueError(f"simdev has one device, not {device!r}")
+
+
+def is_initialized():
+    return True
+
+
+def _is_in_bad_fork():
+    return False
+
+
+def synchronize(device=None):
+    pass
+
+
+def manual_seed(seed):
+    torch.manual_seed(seed)
+
+
+def manual_seed_all(seed):
+    torch.manual_seed(seed)
+
+
+def get_rng_state(device="simdev"):
+    return torch.get_rng_state()
+
+
+def set_rng_state(new_state, device="simdev"):
+    torch.set_rng_state(new_state)
+
+
+def get_amp_supported_dtype():
+    return [torch.float16, torch.bfloat16]
