@@ -6,6 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+# PyTorch 2.x from PyPI in its own venv (cached), before the build, which
+# builds the PyTorch device for it too; absent, the 2.x torch tests fail in
+# CI mode and skip otherwise.
+scripts/torch2_venv.sh >/dev/null || echo "test.sh: scripts/torch2_venv.sh failed; PyTorch 2.x is absent" >&2
 export SPYRESHIM_BUILD=${SPYRESHIM_BUILD:-$PWD/build}
 scripts/build.sh
 # Debian unstable's CPython 3.14/3.15 for the matrix (cached; a failure

@@ -19,8 +19,9 @@ venv=$cache/venv-torch2
 py=$venv/bin/python
 spec=(torch==2.15.0 nvidia-nccl-cu13==2.30.7 nvidia-cusparselt-cu13==0.8.1
       nvidia-nvshmem-cu13==3.7.2 nvidia-cufile
-      filelock typing-extensions sympy mpmath networkx jinja2 MarkupSafe fsspec setuptools
-      pytest numpy)
+      filelock typing-extensions sympy mpmath networkx jinja2 MarkupSafe fsspec setuptools)
+# the test tools, with their own dependencies
+tools=(pytest numpy)
 
 toolkit_lib() {
   local nvcc d
@@ -64,5 +65,6 @@ if [ ! -x "$py" ] || ! LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   /usr/bin/python3 -m venv "$venv" >&2
   echo "torch2_venv: installing ${spec[0]} into $venv (about 540 MB, once)" >&2
   "$py" -m pip install -q --disable-pip-version-check --no-deps "${spec[@]}" >&2
+  "$py" -m pip install -q --disable-pip-version-check "${tools[@]}" >&2
 fi
 echo "$py"

@@ -1,10 +1,13 @@
 """The PyTorch device on simdev (tests/torch/simdev_torch), without the shim:
 tensors live in simdev memory (which the host cannot touch), views share
 storage, autograd runs the device's backward on a thread of its own, an MLP
-trains to the CPU's losses bit for bit, and each kernel PyTorch 1.13 cannot
-do without fails silently when it is missing (SIMDEV_TORCH_OMIT).
+trains to the CPU's losses bit for bit, convolutions and LSTMs compute what
+the CPU computes, each kernel PyTorch cannot do without fails when it is
+missing (SIMDEV_TORCH_OMIT), and on 2.x the renamed backend answers
+torch.accelerator, torch.simdev and the generated methods.
 
-Debian's python3 with python3-torch; each case in a child process."""
+Every case on Debian's 1.13 and on PyPI's 2.x (torchrun.VERSIONS), each in a
+child process."""
 import json
 import signal
 import sys
@@ -17,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchrun  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def torch_here(builddir):
-    return torchrun.require()
+@pytest.fixture(scope="module", autouse=True, params=torchrun.VERSIONS)
+def torch_here(request, builddir):
+    return torchrun.require(request.param)
 
 
 PRELUDE = textwrap.dedent("""\
@@ -53,8 +56,9 @@ def test_tensors_are_simdev_allocations_freed_with_their_storage():
         print(simdev_torch.NAME, torch.device(simdev_torch.NAME).type)
         """)
     assert r.returncode == 0, r.stderr
+    n = torchrun.NAME
     assert r.stdout.split("\n")[:5] == [
-        "privateuseone:0 4000000", "4000000", "4000000", "0", "privateuseone privateuseone"], r.stdout
+        f"{n}:0 4000000", "4000000", "4000000", "0", f"{n} {n}"], r.stdout
 
 
 def test_device_memory_is_not_host_memory():
@@ -100,7 +104,7 @@ def test_out_of_place_in_place_and_out_arguments_through_the_fallback():
         """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
-        "privateuseone:0 [9.0, 27.0] [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]] "
+        f"{torchrun.NAME}:0 [9.0, 27.0] [[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]] "
         "torch.Size([2, 3]) [169.0, 196.0, 225.0]",
         "1.5 torch.int64"], r.stdout
 
@@ -129,7 +133,8 @@ def test_backward_runs_on_autograd_device_thread():
         print(len(seen), seen[0][0] != main, seen[0][1], w.grad.device)
         """)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "1 True privateuseone:0 privateuseone:0", r.stdout
+    n = torchrun.NAME
+    assert r.stdout.strip() == f"1 True {n}:0 {n}:0", r.stdout
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -146,14 +151,14 @@ def test_mlp_losses_equal_the_cpu_run_bit_for_bit(optimizer, tmp_path):
     assert float.fromhex(losses["cpu"][-1]) < float.fromhex(losses["cpu"][0])
 
 
-# ---- each missing kernel, and what 1.13 does without it -------------------
+# ---- each missing kernel, and what PyTorch does without it ----------------
 
 def test_without_empty_strided_to_device_returns_a_cpu_tensor():
     src = """
         x = torch.ones(4).to(dev)
         print(x.device, used())
         """
-    assert run(src).stdout.strip() == "privateuseone:0 256"
+    assert run(src).stdout.strip() == f"{torchrun.NAME}:0 256"
     r = run(src, SIMDEV_TORCH_OMIT="empty_strided")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "cpu 0", r.stdout

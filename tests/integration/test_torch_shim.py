@@ -1,5 +1,5 @@
-"""The shim on real PyTorch (Debian's 1.13, /usr/bin/python3) through the
-simdev device (tests/torch/simdev_torch): the garbage-collection rescue in
+"""The shim on real PyTorch (Debian's 1.13 and PyPI's 2.x, torchrun.VERSIONS)
+through the simdev device (tests/torch/simdev_torch): the garbage-collection rescue in
 forward (main thread) and in backward (PyTorch's autograd thread for the
 device), the final out-of-memory report naming PyTorch's linear.py and the
 user's script in call order, the pytest plugin catching a cached nn.Linear
@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torchrun  # noqa: E402
 
 
-@pytest.fixture(scope="module", autouse=True)
-def torch_here(builddir, shim_lib):
-    return torchrun.require()
+@pytest.fixture(scope="module", autouse=True, params=torchrun.VERSIONS)
+def torch_here(request, builddir, shim_lib):
+    return torchrun.require(request.param)
 
 
 # Collections are seen through gc.callbacks: which phase of the step ran
@@ -232,7 +232,7 @@ def test_pytest_plugin_catches_a_cached_linear_output(tmp_path):
                     frames[0]), frames
     assert "in test_caches_the_output %s:%d [python]" % (
         tmp_path / "test_inner.py", line_of(PLUGIN_INNER, "CACHE LINE")) in frames[:3], frames
-    assert any("SimdevAllocator::allocate(unsigned long) const" in f for f in frames), frames
+    assert any(torchrun.ALLOCATE in f for f in frames), frames
 
 
 def test_trace_then_memory_viz_has_torch_frames(tmp_path):
@@ -302,8 +302,8 @@ def test_leak_report_names_cpp_functions_demangled(tmp_path):
     assert len(groups) == 1, data["groups"]
     native = [f for f in groups[0]["frames"] if f["kind"] == "native"]
     names = [f["function"] or "" for f in native]
-    assert names[0] == "(anonymous namespace)::SimdevAllocator::allocate(unsigned long) const", names
-    assert native[0]["raw"] == "_ZNK12_GLOBAL__N_115SimdevAllocator8allocateEm"
+    assert names[0] == torchrun.ALLOCATE, names
+    assert native[0]["raw"] == torchrun.ALLOCATE_RAW
     assert any(n.startswith("at::detail::empty_generic(c10::ArrayRef<long>") for n in names), names
     assert not any(n.startswith("_Z") for n in names), names
     # Every demangled name keeps its raw symbol; C names have none.
@@ -317,12 +317,12 @@ def test_leak_report_names_cpp_functions_demangled(tmp_path):
     # The text and the page show the same names.
     text = subprocess.run([str(torchrun.SCRIPT), "report", str(tmp_path / "r.json")],
                           capture_output=True, text=True, env=torchrun.env()).stdout
-    assert "in (anonymous namespace)::SimdevAllocator::allocate(unsigned long) const " in text, text
-    assert "_ZNK12" not in text
+    assert f"in {torchrun.ALLOCATE} " in text, text
+    assert torchrun.ALLOCATE_RAW not in text
     h = subprocess.run([str(torchrun.SCRIPT), "report", "--html", str(tmp_path / "r.html"),
                         str(tmp_path / "r.json")], capture_output=True, text=True,
                        env=torchrun.env())
     assert h.returncode == 0, h.stderr
     page = (tmp_path / "r.html").read_text()
-    assert "SimdevAllocator::allocate(unsigned long) const" in page
-    assert "_ZNK12_GLOBAL__N_115SimdevAllocator" not in page
+    assert torchrun.ALLOCATE.replace("(anonymous namespace)::", "") in page
+    assert torchrun.ALLOCATE_RAW not in page

@@ -38,12 +38,14 @@ def synchronize(device=None):
     pass
 
 
+# torch.manual_seed calls manual_seed_all here: seeding the CPU's generator
+# alone (not torch.manual_seed, which would come back here).
 def manual_seed(seed):
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
 
 
 def manual_seed_all(seed):
-    torch.manual_seed(seed)
+    torch.default_generator.manual_seed(seed)
 
 
 def get_rng_state(device="simdev"):

@@ -473,12 +473,90 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
 }
 
 namespace {
-// cpu_fallback's extra parameters (2.x) have defaults the boxed signature
-// cannot carry.
+
+bool written(const c10::Argument &a)
+{
+    const c10::AliasInfo *ai = a.alias_info();
+    if (!ai)
+        return false;
+    if (ai->isWrite())
+        return true;
+    for (const c10::AliasInfo &inner : ai->containedTypes())
+        if (inner.isWrite())
+            return true;
+    return false;
+}
+
+bool on_device(const c10::IValue &v)
+{
+    return v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == kDev;
+}
+
+// The boxed fallback. at::native::cpu_fallback copies back the tensors an
+// operator writes, but not those inside a tensor list: the optimizers'
+// in-place foreach kernels (_foreach_add_, _foreach_addcdiv_, ...: every
+// PyTorch 2.x optimizer's default on this device, foreach=True on 1.13)
+// would update host copies and lose the result. Operators with a written
+// tensor list run here instead: every device tensor in the arguments is
+// replaced by a host copy, the CPU kernel runs, the written ones are copied
+// back. (cpu_fallback's extra parameters in 2.x also have defaults the
+// boxed signature cannot carry.)
 void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
 {
-    at::native::cpu_fallback(op, stack);
+    const auto &args = op.schema().arguments();
+    bool list_written = false;
+    for (const c10::Argument &a : args)
+        if (a.type()->kind() == c10::TypeKind::ListType && written(a))
+            list_written = true;
+    if (!list_written) {
+        at::native::cpu_fallback(op, stack);
+        return;
+    }
+    std::vector<std::pair<at::Tensor, at::Tensor>> back; // (device tensor, its host copy)
+    size_t first = stack->size() - args.size();
+    for (size_t i = 0; i < args.size(); i++) {
+        c10::IValue &v = (*stack)[first + i];
+        bool w = written(args[i]);
+        if (on_device(v)) {
+            at::Tensor h = to_host(v.toTensor());
+            if (w)
+                back.emplace_back(v.toTensor(), h);
+            v = h;
+        } else if (v.isTensorList()) {
+            c10::List<at::Tensor> in = v.toTensorList(), out;
+            for (const at::Tensor &t : in) {
+                if (t.defined() && t.device().type() == kDev) {
+                    at::Tensor h = to_host(t);
+                    if (w)
+                        back.emplace_back(t, h);
+                    out.push_back(h);
+                } else {
+                    out.push_back(t);
+                }
+            }
+            v = out;
+        }
+    }
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    for (auto &[dev, h] : back)
+        write_device(dev, h);
+    // Results: tensors and lists of tensors the CPU kernel made, moved to
+    // the device (an in-place foreach kernel returns nothing).
+    const auto &rets = op.schema().returns();
+    size_t rfirst = stack->size() - rets.size();
+    for (size_t i = 0; i < rets.size(); i++) {
+        c10::IValue &v = (*stack)[rfirst + i];
+        if (v.isTensor() && v.toTensor().defined()) {
+            v = device_copy(v.toTensor());
+        } else if (v.isTensorList()) {
+            c10::List<at::Tensor> out;
+            for (const at::Tensor &t : v.toTensorList())
+                out.push_back(device_copy(t));
+            v = out;
+        }
+    }
 }
+
 } // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m)
