@@ -82,6 +82,7 @@ def select(version):
         PYTHON = "/usr/bin/python3"
         NAME = "privateuseone"
         ALLOCATE = "(anonymous namespace)::SimdevAllocator::allocate(unsigned long) const"
+        ALLOCATE_RAW = "_ZNK12_GLOBAL__N_115SimdevAllocator8allocateEm"
 
 
 def require(version="1.13"):

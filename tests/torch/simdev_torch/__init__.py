@@ -38,6 +38,21 @@ if hasattr(torch.utils, "rename_privateuse1_backend"):
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True)
     NAME = "simdev"
 
+    def _autograd_worker_running():
+        # PyTorch names its autograd worker threads pt_autograd_<device>.
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return True
+        for tid in tasks:
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    if f.read().startswith("pt_autograd_"):
+                        return True
+            except OSError:
+                pass
+        return False
+
     def _drain_autograd_worker():
         # PyTorch 2.x's autograd worker thread for the device keeps the last
         # backward's GraphTask, whose stashed contextvars.Context it drops
@@ -45,9 +60,14 @@ if hasattr(torch.utils, "rename_privateuse1_backend"):
         # where the thread, taking the GIL, is ended by pthread_exit inside a
         # noexcept destructor: "terminate called without an active exception"
         # and SIGABRT. One empty backward through the device before
-        # finalization makes the worker drop it while Python still runs.
+        # finalization makes the worker drop it while Python still runs. It
+        # runs only where the worker exists (starting one at exit brings the
+        # same abort) and allocates nothing (zero-size tensors).
+        if not _autograd_worker_running():
+            return
         with torch.enable_grad():
-            torch.zeros((), device=device, requires_grad=True).backward()
+            x = torch.empty(0, device=device, requires_grad=True)
+            x.backward(torch.empty(0, device=device))
 
     atexit.register(_drain_autograd_worker)
 else:
