@@ -252,8 +252,15 @@ class MnistTask:
             self.optimizer, step_size=1, gamma=0.7)
         self.data = ImageData(generator, (1, 28, 28), batch)
         self.device = device
+        # Forward hooks keep the convolutions' outputs for the step's
+        # record, as scripts that log or visualize activations do.
+        self.record = {}
+        for name in ("conv1", "conv2"):
+            getattr(self.model, name).register_forward_hook(
+                lambda module, inputs, output, name=name: self.record.__setitem__(name, output))
 
     def step(self, k):
+        self.record = {}
         data, target = self.data.draw(self.device)
         self.optimizer.zero_grad(set_to_none=True)
         features = self.model.features(data)
@@ -262,8 +269,9 @@ class MnistTask:
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
-        return {"data": data, "target": target, "features": features,
-                "output": output, "loss": loss}
+        self.record.update(data=data, target=target, features=features,
+                           output=output, loss=loss)
+        return self.record
 
 
 class LstmTask:
