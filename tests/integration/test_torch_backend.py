@@ -217,7 +217,8 @@ COMPARE = textwrap.dedent("""
         for d in ("cpu", dev):
             torch.manual_seed(0)
             m = make().to(d)
-            y = m(*[t.to(d) for t in inputs])
+            moved = {}  # one copy per tensor: MultiheadAttention checks `query is key`
+            y = m(*[moved.setdefault(id(t), t.to(d)) for t in inputs])
             y = y[0] if isinstance(y, tuple) else y
             y.sum().backward()
             out[str(d)] = [y.detach().cpu()] + [p.grad.cpu() for p in m.parameters()]
@@ -244,6 +245,23 @@ def test_convolutions_forward_and_backward_equal_the_cpu():
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["(3, True, 0.0)", "(2, True, 0.0)", "(3, True, 0.0)",
                                      "(3, True, 0.0)", "(5, True, 0.0)"], r.stdout
+
+
+def test_normalization_and_attention_equal_the_cpu():
+    """LayerNorm and GroupNorm have a composite kernel besides the CPU's,
+    which a device without its own would get; attention (2.x) picks its
+    kernel per device. The device runs the CPU's, bit for bit."""
+    r = run_compare("""
+        x = torch.randn(4, 6, 8)
+        print(compare(lambda: torch.nn.LayerNorm(8), [x]))
+        print(compare(lambda: torch.nn.GroupNorm(2, 6), [x]))
+        print(compare(lambda: torch.nn.MultiheadAttention(8, 2), [x, x, x]))
+        layer = lambda: torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+        print(compare(layer, [x]))
+        """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["(3, True, 0.0)", "(3, True, 0.0)", "(5, True, 0.0)",
+                                     "(13, True, 0.0)"], r.stdout
 
 
 def test_lstm_forward_and_backward_match_the_cpu():

@@ -56,6 +56,8 @@
 #include <torch/version.h>
 #if TORCH_VERSION_MAJOR >= 2
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_ops.h>
 #endif
 
 #include <cstdlib>
@@ -434,6 +436,20 @@ struct SimdevHooks final : at::PrivateUse1HooksInterface {
 
 SimdevHooks g_hooks;
 
+// scaled_dot_product_attention asks the device's _fused_sdp_choice_stub
+// which kernel to run, and takes the math decomposition where a device has
+// none: the CPU picks its flash kernel, which sums in another order. The
+// CPU's choice (it reads only shapes, dtypes and flags) keeps the device on
+// the CPU's kernel, which the fallback then runs.
+int64_t sdp_choice(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                   const std::optional<at::Tensor> &mask, double dropout_p, bool is_causal,
+                   std::optional<double> scale, bool enable_gqa)
+{
+    return at::_ops::_fused_sdp_choice::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   q, k, v, mask, dropout_p, is_causal, scale,
+                                                   enable_gqa);
+}
+
 // Registered when the library is loaded (torch.ops.load_library), before
 // any tensor of the device exists.
 const bool g_hooks_registered = [] {
@@ -441,6 +457,16 @@ const bool g_hooks_registered = [] {
     return true;
 }();
 #endif
+
+} // namespace
+
+#if TORCH_VERSION_MAJOR >= 2
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &sdp_choice);
+}
+#endif
+
+namespace {
 
 } // namespace
 
@@ -472,6 +498,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
     m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
 }
 
+// The operators with both a CPU kernel and a CompositeExplicitAutograd one:
+// a backend without its own kernel gets the composite (a decomposition that
+// rounds differently: nn.LayerNorm's output differed from the CPU's in the
+// last bit), not the fallback. These are sent to the CPU kernel by name.
+static void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
+{
+    for (const char *name : {"native_layer_norm", "native_group_norm", "addr"})
+        m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
+}
+
 namespace {
 
 bool written(const c10::Argument &a)
@@ -501,7 +538,9 @@ bool on_device(const c10::IValue &v)
 // replaced by a host copy, the CPU kernel runs, the written ones are copied
 // back. (cpu_fallback's extra parameters in 2.x also have defaults the
 // boxed signature cannot carry.)
-void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
+} // namespace
+
+static void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
 {
     const auto &args = op.schema().arguments();
     bool list_written = false;
@@ -556,8 +595,6 @@ void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
         }
     }
 }
-
-} // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m)
 {
