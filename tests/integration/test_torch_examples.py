@@ -52,7 +52,7 @@ def train(model, tmp_path, device, tag, cycles=False, **env):
         args.append("--cycles")
     r = torchrun.run(path=TRAIN, args=args, simdev_memory=memory, SPYRESHIM_LOG="warn", **env)
     m = re.search(r"^step (\d+): out of device memory: (.*)$", r.stdout, re.M)
-    done = re.search(r"^train: completed (\d+) steps$", r.stdout, re.M)
+    done = re.search(r"^train: completed (\d+) steps\b", r.stdout, re.M)
     steps = STEPS if done else (int(m.group(1)) - 1 if m else None)
     losses = json.loads(out.read_text()) if out.exists() else None
     return r, steps, losses
