@@ -244,7 +244,24 @@ def get_batch(source, i):
     return source[i:i + BPTT], source[i + 1:i + 1 + BPTT].reshape(-1)
 
 
-class MnistTask:
+class ImageTask:
+    """A classifier's training step on a batch of images, as in
+    mnist/main.py's train(); the model's forward is split into features()
+    and classify() so that the features are a tensor of the step's record."""
+
+    def classify_step(self, loss_fn):
+        data, target = self.data.draw(self.device)
+        self.optimizer.zero_grad(set_to_none=True)
+        features = self.model.features(data)
+        output = self.model.classify(features)
+        loss = loss_fn(output, target)
+        loss.backward()
+        self.optimizer.step()
+        return {"data": data, "target": target, "features": features,
+                "output": output, "loss": loss}
+
+
+class MnistTask(ImageTask):
     default_batch = 16
 
     def __init__(self, device, batch, steps, generator):
@@ -263,16 +280,8 @@ class MnistTask:
 
     def step(self, k):
         self.record = {}
-        data, target = self.data.draw(self.device)
-        self.optimizer.zero_grad(set_to_none=True)
-        features = self.model.features(data)
-        output = self.model.classify(features)
-        loss = F.nll_loss(output, target)
-        loss.backward()
-        self.optimizer.step()
+        self.record.update(self.classify_step(F.nll_loss))
         self.scheduler.step()
-        self.record.update(data=data, target=target, features=features,
-                           output=output, loss=loss)
         return self.record
 
 
@@ -323,7 +332,7 @@ class TransformerTask:
                 "loss": loss}
 
 
-class ResnetTask:
+class ResnetTask(ImageTask):
     default_batch = 16
 
     def __init__(self, device, batch, steps, generator):
@@ -335,15 +344,7 @@ class ResnetTask:
         self.device = device
 
     def step(self, k):
-        data, target = self.data.draw(self.device)
-        self.optimizer.zero_grad(set_to_none=True)
-        features = self.model.features(data)
-        output = self.model.classify(features)
-        loss = F.cross_entropy(output, target)
-        loss.backward()
-        self.optimizer.step()
-        return {"data": data, "target": target, "features": features,
-                "output": output, "loss": loss}
+        return self.classify_step(F.cross_entropy)
 
 
 TASKS = {"mnist": MnistTask, "lstm": LstmTask,
