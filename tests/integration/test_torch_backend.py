@@ -324,3 +324,52 @@ def test_2x_backend_is_named_simdev_with_accelerator_and_device_module():
     assert r.stdout.splitlines() == [
         "simdev 1 True", "simdev:0 True 1 True", "simdev:0 simdev",
         "simdev:0 4096 3840", "True"], r.stdout
+
+
+
+def test_a_process_ending_right_after_a_backward_exits_with_its_own_status():
+    # On 2.x each backward stashes a copy of the caller's contextvars.Context
+    # in the GraphTask, and the device's autograd worker may destroy the
+    # GraphTask (a decref under the GIL) after the caller has moved on: a
+    # program that ended right after a backward raced Py_FinalizeEx and
+    # aborted ("terminate called without an active exception", rc -6) in
+    # about 1 run of 4 here, with or without the shim. The package's exit
+    # drain closes the race. What it must leave is checked directly, by
+    # probes that only a stashed Context holds: the one of the program's
+    # last backward and one set in the exit's own context are both gone
+    # once the drain has run (this atexit handler, registered before the
+    # package's import, runs after it). Each run is a fresh process (the
+    # abort is at exit): a normal end and an uncaught exception in turn.
+    source = """
+        import atexit, contextvars, sys, weakref
+        class Probe: pass
+        cv = contextvars.ContextVar("probe")
+        probes = {}
+        def after_drain():
+            cv.set(None)
+            print("held by the engine:", sorted(k for k, w in probes.items() if w() is not None))
+            sys.stdout.flush()
+        atexit.register(after_drain)
+        import torch, simdev_torch
+        dev = simdev_torch.device
+        def at_exit():
+            p = Probe(); probes["exit"] = weakref.ref(p); cv.set(p)
+        atexit.register(at_exit)
+        m = torch.nn.LSTM(8, 16).to(dev)
+        def step():
+            p = Probe(); probes["last backward"] = weakref.ref(p); cv.set(p)
+            y, _ = m(torch.randn(5, 3, 8, device=dev))
+            y.sum().backward()
+        ctx = contextvars.copy_context()
+        ctx.run(step)
+        del ctx
+        if sys.argv[1] == "raise":
+            raise RuntimeError("the program's own error")
+        """
+    seen = []
+    for i in range(4):
+        mode = ("end", "raise")[i % 2]
+        r = torchrun.run(textwrap.dedent(source), args=(mode,))
+        seen.append((mode, r.returncode, r.stdout.strip(), "terminate called" in r.stderr))
+    assert seen == [(("end", "raise")[i % 2], i % 2, "held by the engine: []", False)
+                    for i in range(4)], seen

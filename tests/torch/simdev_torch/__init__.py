@@ -54,20 +54,32 @@ if hasattr(torch.utils, "rename_privateuse1_backend"):
         return False
 
     def _drain_autograd_worker():
-        # PyTorch 2.x's autograd worker thread for the device keeps the last
-        # backward's GraphTask, whose stashed contextvars.Context it drops
-        # when its next task arrives. At exit that is during Py_FinalizeEx,
-        # where the thread, taking the GIL, is ended by pthread_exit inside a
-        # noexcept destructor: "terminate called without an active exception"
-        # and SIGABRT. One empty backward through the device before
-        # finalization makes the worker drop it while Python still runs. It
-        # runs only where the worker exists (starting one at exit brings the
-        # same abort) and allocates nothing (zero-size tensors).
+        # PyTorch 2.x's backward stashes a copy of the caller's
+        # contextvars.Context in the thread-local state that each GraphTask
+        # captures (torch.autograd.graph._engine_run_backward), so a
+        # GraphTask holds a Python object. The device's autograd worker
+        # drops its reference to the GraphTask at the end of the task's last
+        # iteration, after it has woken the caller: when the caller's
+        # reference went first, the worker destroys the GraphTask and takes
+        # the GIL for the decref. A program that ends right after a backward
+        # (or whose last backward raised) races that with Py_FinalizeEx: a
+        # worker still waiting for the GIL when finalization begins is ended
+        # by pthread_exit inside a noexcept destructor, "terminate called
+        # without an active exception" and SIGABRT (PyTorch's own issue; a
+        # CUDA device has it too). An empty backward queued behind it makes
+        # the worker finish that last iteration while this thread waits
+        # without the GIL; it goes to the engine directly, not through
+        # _engine_run_backward, so its own GraphTask holds no Python object
+        # and may be destroyed on the worker at any time. It runs only where
+        # the worker exists (starting one at exit brings the same race) and
+        # allocates nothing (zero-size tensors).
         if not _autograd_worker_running():
             return
         with torch.enable_grad():
             x = torch.empty(0, device=device, requires_grad=True)
-            x.backward(torch.empty(0, device=device))
+            torch.autograd.Variable._execution_engine.run_backward(
+                (x,), (torch.empty(0, device=device),), False, False, (),
+                allow_unreachable=True, accumulate_grad=True)
 
     atexit.register(_drain_autograd_worker)
 else:
