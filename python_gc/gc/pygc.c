@@ -34,6 +34,7 @@
 #include "gcthread.h"
 #include "log.h"
 #include "options.h"
+#include "lock.h"
 #include "pressure.h"
 #include "device.h"
 #include "policy.h"
@@ -241,6 +242,10 @@ static bool is_main_thread(void)
 /* Allocator lock NOT held. */
 static void run_event(void)
 {
+    /* Checked (debug builds): every way on from here takes the GIL, or has
+     * the GC thread take it while this thread waits; an inline
+     * collection's finalizers drop and retake it. */
+    shim_lock_assert_none_held("the GIL");
     const shim_pyapi *api = shim_pyapi_get();
     if (!api) {
         atomic_fetch_add(&st.no_python, 1);

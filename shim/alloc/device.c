@@ -1,18 +1,18 @@
-/* The device and its registry: one device of an intercepted runtime (with
- * CUDA, one live context of a device: its regions are that context's, the
- * runtime frees them when the context goes, context.c), created on first
- * use, found by runtime, ordinal and context; its backend (the runtime's
- * reserve, release and memory info as the arenas call them); the hooks the
- * layers above register. The rest of a device is in the files
- * docs/architecture.md lists beside this one (device_internal.h holds the
- * records they share).
+/* The device: one device of an intercepted runtime (with CUDA, one live
+ * context of a device: its regions are that context's, the runtime frees
+ * them when the context goes, context.c), created on first use with its
+ * first shard and added to the registry (registry.c), found by runtime,
+ * ordinal and context; its backend (the runtime's reserve, release and
+ * memory info as the arenas call them). The rest of a device is in the
+ * files docs/architecture.md lists beside this one (device_internal.h
+ * holds the records they share).
  *
- * Locks: devices_mu guards the creation of devices and which context a
- * device serves (taken after the device lock and arena locks by a
- * teardown; it takes only the arena and table creation). The backend runs
- * under an arena lock, which it holds across the runtime's reserve and
- * release. Never dereferences a device address; never calls the runtime
- * with devices_mu held. */
+ * Locks: devices_mu (registry.c) guards the creation of devices and which
+ * context a device serves (taken after the device lock and arena locks by
+ * a teardown; it takes only the arena and table creation). The backend
+ * runs under an arena lock, which it holds across the runtime's reserve
+ * and release. Never dereferences a device address; never calls the
+ * runtime with devices_mu held. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -25,14 +25,6 @@
 #include "options.h"
 
 __thread __attribute__((tls_model("initial-exec"))) unsigned tls_in_backend;
-
-_Atomic(shim_capture_fn) capture_hook;
-_Atomic(shim_oom_fn) oom_hook;
-_Atomic(shim_event_fn) event_hook;
-
-pthread_mutex_t devices_mu = PTHREAD_MUTEX_INITIALIZER;
-shim_device *devices[SHIM_MAX_DEVICES];
-_Atomic size_t ndevices;
 
 bool shim_device_in_backend(void)
 {
@@ -166,17 +158,6 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal, uintptr_t
     return d;
 }
 
-void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom)
-{
-    atomic_store(&oom_hook, on_oom);
-    atomic_store(&capture_hook, capture);
-}
-
-void shim_device_set_event_hook(shim_event_fn fn)
-{
-    atomic_store(&event_hook, fn);
-}
-
 shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
 {
     return shim_device_get_context(rt, ordinal, 0);
@@ -244,14 +225,4 @@ int shim_device_for_caller(const shim_runtime *rt, shim_device **out)
 const char *shim_device_name(const shim_device *d)
 {
     return d->name;
-}
-
-size_t shim_device_count(void)
-{
-    return atomic_load_explicit(&ndevices, memory_order_acquire);
-}
-
-shim_device *shim_device_at(size_t i)
-{
-    return i < shim_device_count() ? devices[i] : NULL;
 }

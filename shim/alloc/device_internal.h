@@ -154,7 +154,7 @@ struct shim_device {
 /* Live bytes of every device, in the same steps as each device's own
  * total, and the highest such sum: the process's peak is the peak of the
  * sum, not the sum of the devices' peaks. */
-extern _Atomic int64_t live_all;   /* device_stats.c */
+extern _Atomic int64_t live_all;   /* live.c */
 extern _Atomic uint64_t peak_all;
 
 /* device.c: the calling thread is inside a call of a real runtime function. */
@@ -164,7 +164,7 @@ extern __thread __attribute__((tls_model("initial-exec"))) unsigned tls_in_backe
 extern __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_shard[SHIM_MAX_DEVICES];
 extern __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_moved[SHIM_MAX_DEVICES];
 
-/* device.c: leak hunting's hooks, set once at init by the layer above (the
+/* registry.c: leak hunting's hooks, set once at init by the layer above (the
  * allocator knows nothing of stacks or reports); NULL while leak hunting is
  * off. The trace's event hook: set once at init, NULL while tracing is
  * off. */
@@ -172,7 +172,7 @@ extern _Atomic(shim_capture_fn) capture_hook;
 extern _Atomic(shim_oom_fn) oom_hook;
 extern _Atomic(shim_event_fn) event_hook;
 
-/* device.c: the registry. devices_mu (a leaf but for the arena and table
+/* registry.c: the registry. devices_mu (a leaf but for the arena and table
  * creation) guards the creation of devices and which context a device
  * serves; devices[0 .. ndevices) are published with a release store. */
 extern pthread_mutex_t devices_mu;
@@ -235,7 +235,7 @@ static inline uint64_t seq_take(void)
     return seq_refill(e);
 }
 
-/* ---- the registry (device.c's concept) ----------------------------- */
+/* ---- the registry (registry.c's concept) --------------------------- */
 
 __attribute__((unused)) static bool same_runtime(const shim_device *d, const shim_runtime *rt)
 {

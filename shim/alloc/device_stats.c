@@ -15,14 +15,6 @@
 #include "clock.h"
 #include "device_internal.h"
 
-_Atomic int64_t live_all;
-_Atomic uint64_t peak_all;
-
-uint64_t shim_device_peak_all(void)
-{
-    return atomic_load_explicit(&peak_all, memory_order_relaxed);
-}
-
 int shim_device_mem_info(shim_device *d, size_t *free_out, size_t *total_out)
 {
     const shim_runtime *rt = d->rt;

@@ -2,7 +2,9 @@
  * owner word; `owner` is written only by the holder, read by anyone (the
  * contract checks and the re-entrant free path). Counted in the thread's
  * shim locks (mutex.h) like every other lock of ours, so that a loader
- * call made while holding it is caught.
+ * call made while holding it is caught; in debug builds also in a count of
+ * allocator locks of its own (shim_tls_alloc_locks_held), so that taking
+ * the GIL while holding one is caught.
  * Locks, their order and fork: docs/locking.md. */
 #include "lock.h"
 #include "log.h"
@@ -60,6 +62,19 @@ void shim_lock_fast_wake(spyreshim_lock *l)
 void shim_lock_assert_held_fail(const char *file, int line)
 {
     shim_warn("%s:%d: the allocator lock is not held by this thread", file, line);
+    abort();
+}
+
+/* initial-exec, as mutex.c's count: one %fs-relative access. */
+__thread unsigned shim_tls_alloc_locks_held __attribute__((tls_model("initial-exec")));
+
+/* The other way round can deadlock: a thread holding the GIL (an allocation
+ * from Python, a finalizer the collection runs) waits for this lock. */
+void shim_lock_order_fail(const char *what, const char *file, int line)
+{
+    shim_warn("%s:%d: lock order: allocator lock held while taking %s (%u held; the order is "
+              "allocator lock -> (release) -> %s, docs/locking.md)",
+              file, line, what, shim_tls_alloc_locks_held, what);
     abort();
 }
 #endif

@@ -44,6 +44,41 @@ void shim_lock_init_fast(spyreshim_lock *l);
 void shim_lock_fast_wait(spyreshim_lock *l);
 void shim_lock_fast_wake(spyreshim_lock *l);
 
+/* Debug builds (and TSan builds, debug by default): how many allocator
+ * locks (every spyreshim_lock: a device's, an arena's, the host account's)
+ * the calling thread holds, so that the order allocator lock -> (release)
+ * -> GIL is asserted where python_gc/ goes for the GIL
+ * (shim_lock_assert_none_held). Release builds keep no count: the acquire
+ * and release below run on every allocation and free. (The count of every
+ * shim lock, mutex.h, is kept in all builds; it cannot tell the allocator
+ * lock from a mutex of python_gc/.) */
+#ifdef NDEBUG
+#define shim_lock_count_acquired() ((void)0)
+#define shim_lock_count_released() ((void)0)
+#define shim_lock_assert_none_held(what) ((void)0)
+#else
+extern __thread unsigned shim_tls_alloc_locks_held __attribute__((tls_model("initial-exec")));
+
+static inline void shim_lock_count_acquired(void)
+{
+    shim_tls_alloc_locks_held++;
+}
+
+static inline void shim_lock_count_released(void)
+{
+    /* A release the thread did not count (a fork child's handler after a
+     * prepare on another path, a misuse) must not wrap around. */
+    if (shim_tls_alloc_locks_held)
+        shim_tls_alloc_locks_held--;
+}
+
+/* Aborts, after one line naming the order, unless the calling thread holds
+ * no allocator lock; `what` is the lock about to be taken ("the GIL"). */
+void shim_lock_order_fail(const char *what, const char *file, int line);
+#define shim_lock_assert_none_held(what) \
+    (shim_tls_alloc_locks_held == 0 ? (void)0 : shim_lock_order_fail(what, __FILE__, __LINE__))
+#endif
+
 /* Acquire, try, release and the ownership test run on every allocation and
  * free: inline.
  *
@@ -72,6 +107,7 @@ static inline void shim_lock_acquire(spyreshim_lock *l)
         shim_lock_fast_wait(l);
     atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
     shim_locks_note_acquired();
+    shim_lock_count_acquired();
 }
 
 /* Takes the lock only if no thread holds it: false when contended. */
@@ -81,12 +117,14 @@ static inline bool shim_lock_try(spyreshim_lock *l)
         return false;
     atomic_store_explicit(&l->owner, shim_lock_self(), memory_order_relaxed);
     shim_locks_note_acquired();
+    shim_lock_count_acquired();
     return true;
 }
 
 static inline void shim_lock_release(spyreshim_lock *l)
 {
     shim_locks_note_released();
+    shim_lock_count_released();
     atomic_store_explicit(&l->owner, 0, memory_order_relaxed);
     if (!l->fast)
         pthread_mutex_unlock(&l->mu);

@@ -60,8 +60,7 @@ static pthread_once_t moved_once = PTHREAD_ONCE_INIT;
 static void thread_gone(void *unused)
 {
     (void)unused;
-    /* The registry's count (read as shim_device_count does). */
-    size_t n = atomic_load_explicit(&ndevices, memory_order_acquire);
+    size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++)
         if (tls_moved[i]) {
             tls_moved[i] = 0;
