@@ -348,6 +348,9 @@ def test_doctor_in_a_checkout(tmp_path, shim_lib):
     assert "libspyreshim.so  %s" % shim_lib in r.stdout, r.stdout
     assert "loads (preloaded into" in r.stdout, r.stdout
     assert "\n  OpenCL " in r.stdout, "every runtime the shim serves is listed"
+    # simdev, a name of this project's: its row says what it is, found or not.
+    simdev = re.search(r"^  simdev +(.*)$", r.stdout, re.M).group(1)
+    assert "simulated device, for trying the shim without a GPU" in simdev, simdev
     # A library that does not load: the loader's reason, status 1.
     bad = tmp_path / "bad.so"
     bad.write_bytes(b"not an ELF file")

@@ -171,6 +171,9 @@ def test_version_and_doctor(venv):
                 "torch", "cupy", "numba", "jax", "rmm"):
         assert re.search(r"^  %s\s" % re.escape(row), out, re.M), (row, out)
     assert len(out.splitlines()) <= 30, out            # one screen
+    # A wheel has no simdev: its row says what the name is.
+    assert re.search(r"^  simdev +not found \(the project's simulated device, for trying the "
+                     r"shim without a GPU", out, re.M), out
     # A library that is not there: a line and status 1, no traceback.
     r = _run([v / "bin" / "spyreshim", "doctor"], env=_env(SPYRESHIM_LIB=work / "nope.so"),
              cwd=work)
