@@ -102,6 +102,9 @@ def answers(path, tmp):
     out["page"] = timeline.page(tr.stream(str(path)))
     out["peak"] = tracepeak.peak_text(tr.stream(str(path)))
     out["stats"] = tracepeak.stats_text(tr.stream(str(path)))
+    # The text rounds (a total to 0.1 GiB): its figures, exactly.
+    st = tracepeak._gather(tr.stream(str(path)))
+    out["stats figures"] = {k: v for k, v in vars(st).items() if k != "peaks"}
     out["gc"] = gcview.text(tr.stream(str(path)))
     p = tr.peaks(tr.stream(str(path)))
     out["peaks"] = (p.bytes, p.index, sorted(p.per_device.items()))
