@@ -274,6 +274,22 @@ def test_run_nested_does_not_preload_twice():
     assert r.stdout.strip() == LIBC + ":/a.so:/b.so"
 
 
+def test_run_does_not_preload_its_library_again_by_another_name(tmp_path):
+    # The same file as a symlink and as a path relative to the working
+    # directory (which ld.so resolves there): dropped, the others kept.
+    lib = tmp_path / "lib" / "libspyreshim.so"
+    lib.parent.mkdir()
+    shutil.copy(LIBC, lib)
+    (tmp_path / "link.so").symlink_to(lib)
+    other = "/lib/x86_64-linux-gnu/libm.so.6"
+    r = cli("run", "--", "sh", "-c", "echo $LD_PRELOAD", cwd=tmp_path,
+            env={"SPYRESHIM_LIB": str(lib),
+                 "LD_PRELOAD": "%s:lib/libspyreshim.so %s ./lib/../lib/libspyreshim.so"
+                               % (tmp_path / "link.so", other)})
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == "%s:%s" % (lib, other)
+
+
 def test_run_sets_only_what_was_asked():
     r = cli("run", "--", "env", env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": ""})
     assert r.returncode == 0, r
