@@ -314,6 +314,26 @@ def test_run_execs_the_command_in_place():
     assert p.returncode == -15
 
 
+# What `run` has no use for: it parses its options and execs. The binding
+# (ctypes, a thread lock), the readers and the other commands cost every
+# launch CPU time when imported.
+NOT_FOR_RUN = ("ctypes", "threading", "json", "tempfile", "spyreshim._preloaded",
+               "spyreshim.trace", "spyreshim.tracepeak", "spyreshim.timeline",
+               "spyreshim.presets", "spyreshim.doctor", "spyreshim.control")
+
+
+def test_run_imports_only_what_it_needs():
+    # -S: the modules of this interpreter's site (a .pth's) are not ours.
+    r = subprocess.run([sys.executable, "-S", "-X", "importtime", str(SCRIPT), "run", "--",
+                        "true"], capture_output=True, text=True, timeout=pythons.HANG_S,
+                       env=dict(os.environ, SPYRESHIM_LIB=LIBC))
+    assert r.returncode == 0, r
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert {"spyreshim", "spyreshim.cli", "argparse"} <= imported, r.stderr
+    assert not imported & set(NOT_FOR_RUN), sorted(imported & set(NOT_FOR_RUN))
+
+
 def test_run_without_double_dash():
     r = cli("run", "sh", "-c", "echo $0 $1", "--report", env={"SPYRESHIM_LIB": LIBC})
     assert r.returncode == 0 and r.stdout.strip() == "--report", r
