@@ -24,13 +24,17 @@ from . import presets
 
 # The runtimes whose entry points the shim intercepts (hooks/), one row
 # each: (name, sonames or glob patterns the loader would be asked for,
-# what the row means when found).
+# what the row means when found, what it is when not: a name a user may
+# not know says what it is).
+SIMDEV = "the project's simulated device, for trying the shim without a GPU"
 RUNTIMES = [
-    ("simdev", ["libsimdev.so"], "the simulated device (the project's test fixture)"),
-    ("CUDA driver", ["libcuda.so.1"], "cuMemAlloc & co."),
+    ("simdev", ["libsimdev.so"], SIMDEV,
+     "(%s: tests/simdev/ in a checkout)" % SIMDEV),
+    ("CUDA driver", ["libcuda.so.1"], "cuMemAlloc & co.", ""),
     ("CUDA runtime", ["libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0",
-                      "libcudart.so.*"], "cudaMalloc & co., where a program loads it shared"),
-    ("OpenCL", ["libOpenCL.so.1"], "clCreateBuffer & co. through the ICD loader (docs/opencl.md)"),
+                      "libcudart.so.*"], "cudaMalloc & co., where a program loads it shared", ""),
+    ("OpenCL", ["libOpenCL.so.1"], "clCreateBuffer & co. through the ICD loader (docs/opencl.md)",
+     ""),
 ]
 
 # What the shim collects garbage in and reads Python stacks of (README,
@@ -236,13 +240,14 @@ def main(candidates, python_dir, write):
                             "libdw.so.1 not found: native frames get names, not file:line "
                             "(apt-get install libdw1)"))
     write("\nruntimes (what the loader would give a program)\n")
-    for name, patterns, what in RUNTIMES:
+    for name, patterns, what, absent in RUNTIMES:
         path = None
         for p in patterns:
             path = finder.find(p)
             if path:
                 break
-        write("  %-16s %s\n" % (name, "%s: %s" % (path, what) if path else "not found"))
+        write("  %-16s %s\n" % (name, "%s: %s" % (path, what) if path else
+                                ("not found " + absent).rstrip()))
     write("\ninterpreters\n")
     write("  %-16s %s\n" % ("this one", interpreter_line()))
     write("  %-16s %s\n" % ("in programs", INTERPRETERS))

@@ -7,8 +7,6 @@ the HTML page share it. A file that does not follow the format is refused
 with a ReportError naming the file and the field, never a traceback.
 """
 
-import json
-
 from .escape import terminal as _t
 
 FORMAT = "spyreshim-report"
@@ -213,6 +211,9 @@ def load(path):
             raw = f.read()
     except OSError as e:
         raise ReportError("cannot read %s: %s" % (path, e.strerror or e))
+    # Imported here: `spyreshim run` imports this module (its option types)
+    # and reads no report; json costs every launch 3 ms of CPU.
+    import json
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:

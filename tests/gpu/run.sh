@@ -32,9 +32,9 @@ for prog in static shared; do
   for with in no yes; do
     rm -f "$out/stats.json"
     if [ $with = yes ]; then
-      res=$(LD_PRELOAD=$shim SPYRESHIM_STATS=$out/stats.json timeout 300 "$out/$prog" 2>"$out/err")
+      res=$(LD_PRELOAD=$shim SPYRESHIM_STATS=$out/stats.json timeout 900 "$out/$prog" 2>"$out/err")
     else
-      res=$(timeout 300 "$out/$prog" 2>"$out/err")
+      res=$(timeout 900 "$out/$prog" 2>"$out/err")
     fi
     rc=$?
     read -r allocs devs waits <<<"$(stat "$out/stats.json")"
@@ -52,11 +52,11 @@ if [ -n "$py" ]; then
   for with in no yes; do
     rm -f "$out/stats.json"
     if [ $with = yes ]; then
-      LD_PRELOAD=$shim SPYRESHIM_STATS=$out/stats.json timeout 300 "$py" \
+      LD_PRELOAD=$shim SPYRESHIM_STATS=$out/stats.json timeout 900 "$py" \
         tests/integration/cudadrv_numba_cycles.py --iterations 200 --array-bytes $((1 << 30)) \
         >"$out/res" 2>"$out/err"
     else
-      timeout 300 "$py" tests/integration/cudadrv_numba_cycles.py --iterations 200 \
+      timeout 900 "$py" tests/integration/cudadrv_numba_cycles.py --iterations 200 \
         --array-bytes $((1 << 30)) >"$out/res" 2>"$out/err"
     fi
     rc=$?

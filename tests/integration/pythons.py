@@ -31,7 +31,7 @@ Interpreter (frozen dataclass), one per expected interpreter, present or not:
                    a C program of ours that loads its libpython must run
                    under it (native_argv)
     available      property: skip_reason is None
-    require()      pytest.skip(skip_reason) unless available; returns self
+    require()      need(name, skip_reason) unless available; returns self
 
 NAMES                       every expected name, in a stable order (use it to
                             parametrize: absent ones then skip, with a reason)
@@ -55,17 +55,27 @@ module_env(interp, env=None, simdev_memory=None)
                             PYTHON*/LD_PRELOAD variables removed, `env` merged
                             last
 run_python(interp, source=None, path=None, args=(), preload=True,
-           simdev_memory="1G", env=None, timeout=60, cwd=None, simdev=True)
+           simdev_memory="1G", env=None, timeout=HANG_S, cwd=None, simdev=True)
                             runs a script (source text, written to a file
                             named script.py in a fresh temp dir, or an existing
                             `path`) in its own process group, with
                             LD_PRELOAD=<shim_lib()> when preload, and returns a
                             Result; on timeout the whole group is killed
-run(argv, env=None, timeout=60, cwd=None)
+run(argv, env=None, timeout=HANG_S, cwd=None)
                             the same for any program (returns a Result)
 Result                      returncode, stdout, stderr (str), timed_out (bool),
                             argv; .check() raises AssertionError showing all
                             of it unless returncode == 0
+HANG_S                      seconds a child may run before a test calls it
+                            hung and kills it: the one bound of every
+                            subprocess a test runs (a multiple of it for a
+                            whole suite), never a bound on speed
+need(what, reason)          a dependency `what` (a key of DEPENDENCIES) is
+                            missing: skips with `reason`, or fails under
+                            CI=true where a script of ours installs it; every
+                            skip of the integration tests goes through it
+DEPENDENCIES                what a test may miss -> the script that installs
+                            it, or None where none does (those always skip)
 
 The free-threaded tarball is searched in $SPYRESHIM_PYTHONS, then
 shared/pythons in the repo or one or two levels above it, and unpacked
@@ -89,10 +99,24 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
+# A child that has run this long makes no progress: the test kills it and
+# fails. The only time bound of the tests, sized for a hang on a loaded
+# 2-core machine (a cold cache, a sanitizer build), never for speed: how
+# fast a workload runs belongs in bench/. A subprocess that runs a whole
+# suite of workloads gets a multiple of it.
+HANG_S = 900
+
 # Interpreters whose cases CI must run: under CI=true their absence fails
 # the test instead of skipping it.
-REQUIRED_IN_CI = ("cpython3.11-shared", "cpython3.11-static", "cpython3.13t", "pypy3",
-                  "cpython3.14", "cpython3.14-dbg", "cpython3.15")
+REQUIRED_IN_CI = {
+    "cpython3.11-shared": "the CI image's pyenv",
+    "cpython3.11-static": "scripts/deps.sh (Debian's python3)",
+    "cpython3.13t": "the shared/pythons tarball",
+    "pypy3": "scripts/deps.sh",
+    "cpython3.14": "scripts/pythons.sh",
+    "cpython3.14-dbg": "scripts/pythons.sh",
+    "cpython3.15": "scripts/pythons.sh",
+}
 SIMDEV_SRC = REPO / "tests" / "simdev"
 
 NAMES = (
@@ -144,10 +168,7 @@ class Interpreter:
 
     def require(self):
         if not self.available:
-            import pytest
-            if self.name in REQUIRED_IN_CI and os.environ.get("CI"):
-                pytest.fail(f"{self.name} must not be skipped in CI: {self.skip_reason}")
-            pytest.skip(f"{self.name}: {self.skip_reason}")
+            need(self.name, f"{self.name}: {self.skip_reason}")
         return self
 
     def __str__(self):
@@ -171,6 +192,63 @@ class Result:
         what = "timed out and was killed" if self.timed_out else f"exit {self.returncode}"
         return (f"{' '.join(map(str, self.argv))}: {what}\n"
                 f"--- stdout ---\n{self.stdout}\n--- stderr ---\n{self.stderr}")
+
+
+# ---- what a test may lack ----------------------------------------------
+
+# Every dependency a test may skip for -> what installs it. Under CI=true
+# the absence of one that something of ours installs is a failure (CI ran
+# that script: the test would go green without testing anything); one that
+# nothing of ours installs (None: NVIDIA's toolkit, a GPU, root, a build
+# option, a feature an interpreter lacks) skips, saying why.
+DEPENDENCIES = {
+    **{name: REQUIRED_IN_CI.get(name) for name in NAMES},
+    "/usr/bin/python3": "scripts/deps.sh",
+    "chromium": "scripts/deps.sh",
+    "go": "scripts/deps.sh",
+    "g++": "scripts/deps.sh",
+    "meson": "scripts/deps.sh",
+    "numba": "scripts/deps.sh",
+    "numpy": "scripts/deps.sh",
+    "numpy-off": None,         # SPYRESHIM_NO_NUMPY: the run without numpy
+    "opencl": "scripts/deps.sh (PoCL, PyOpenCL)",
+    "torch": "scripts/deps.sh",
+    "torch2": "scripts/torch2_venv.sh",
+    "numba-cuda": "scripts/numba_cuda_venv.sh",
+    "cuda-toolkit": None,
+    "torch-cuda": None,        # Debian's torch is built without CUDA
+    "cupy": None,
+    "rmm": None,
+    "root": None,              # setuid programs
+    "setuid": None,            # a mount or a process that ignores the bit
+    "symbol-table": None,      # an unstripped libspyreshim.so
+    "tsan": None,              # a -Dtsan=true build (scripts/tsan_gc.sh)
+    "no-tsan": None,           # what ThreadSanitizer cannot run
+    "cpython": None,           # what only CPython has (PyPy lacks it)
+    "libpython": None,         # a shared libpython to embed
+    "subinterpreters": None,
+    "py-debug": None,          # a Py_DEBUG interpreter
+    "debug-offsets": None,     # CPython 3.13+'s _Py_DebugOffsets
+    "torch-rename": None,      # torch.utils.rename_privateuse1_backend (2.x)
+}
+
+
+def ci():
+    return os.environ.get("CI") == "true"
+
+
+def need(what, reason):
+    """`what` (a key of DEPENDENCIES) is missing: the test skips with
+    `reason`, or fails under CI=true where something of ours installs it."""
+    __tracebackhide__ = True    # pytest names the test's line, not this one
+    import pytest
+    if what not in DEPENDENCIES:
+        raise KeyError(f"pythons.need: {what!r} is not in pythons.DEPENDENCIES")
+    by = DEPENDENCIES[what]
+    if by and ci():
+        pytest.fail(f"{reason} [{what} must not be missing in CI: {by} installs it]",
+                    pytrace=False)
+    pytest.skip(reason)
 
 
 def builddir():
@@ -306,7 +384,7 @@ def _probe(name):
         return Interpreter(name=name, kind=kind, skip_reason=reason)
     try:
         out = subprocess.run([exe, "-c", _PROBE], capture_output=True, text=True,
-                             timeout=60, env=_clean_env())
+                             timeout=HANG_S, env=_clean_env())
     except (OSError, subprocess.TimeoutExpired) as e:
         return Interpreter(name=name, exe=exe, kind=kind, skip_reason=f"{exe} does not run: {e}")
     if out.returncode != 0:
@@ -409,7 +487,7 @@ def build_module(interp):
                 str(SIMDEV_SRC / "simdevmodule.c"),
                 "-o", str(target) + ".tmp",
                 "-L", str(lib.parent), "-lsimdev", f"-Wl,-rpath,{lib.parent}"]
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S)
         if res.returncode != 0:
             raise BuildError(f"building simdev for {interp.name} failed:\n{' '.join(argv)}\n{res.stderr}")
         os.replace(str(target) + ".tmp", target)
@@ -441,7 +519,7 @@ def module_env(interp, env=None, simdev_memory=None, simdev=True):
     return e
 
 
-def run(argv, env=None, timeout=60, cwd=None):
+def run(argv, env=None, timeout=HANG_S, cwd=None):
     argv = [str(a) for a in argv]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, env=env, cwd=cwd,
@@ -461,7 +539,7 @@ def run(argv, env=None, timeout=60, cwd=None):
 
 
 def run_python(interp, source=None, path=None, args=(), preload=True, simdev_memory="1G",
-               env=None, timeout=60, cwd=None, simdev=True):
+               env=None, timeout=HANG_S, cwd=None, simdev=True):
     interp.require()
     if (source is None) == (path is None):
         raise ValueError("run_python: give exactly one of source and path")

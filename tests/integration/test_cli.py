@@ -24,18 +24,19 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
 from spyreshim import report as rpt  # noqa: E402
+import pythons  # noqa: E402
 
 # Any library that is harmless to preload, for the tests of `run` that only
 # look at the environment: the real shim changes nothing for `sh`.
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 
-def cli(*args, env=None, timeout=60, cwd=None):
+def cli(*args, env=None, cwd=None):
     e = dict(os.environ)
     e.pop("SPYRESHIM_LIB", None)
     e.update(env or {})
     return subprocess.run([str(SCRIPT)] + [str(a) for a in args], env=e, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=pythons.HANG_S)
 
 
 def one_line_error(r, status=2):
@@ -220,7 +221,7 @@ def test_report_into_a_closed_pipe_is_quiet():
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdout.close()
     err = p.stderr.read().decode()
-    p.wait(timeout=60)
+    p.wait(timeout=pythons.HANG_S)
     assert "Traceback" not in err
 
 
@@ -273,6 +274,22 @@ def test_run_nested_does_not_preload_twice():
     assert r.stdout.strip() == LIBC + ":/a.so:/b.so"
 
 
+def test_run_does_not_preload_its_library_again_by_another_name(tmp_path):
+    # The same file as a symlink and as a path relative to the working
+    # directory (which ld.so resolves there): dropped, the others kept.
+    lib = tmp_path / "lib" / "libspyreshim.so"
+    lib.parent.mkdir()
+    shutil.copy(LIBC, lib)
+    (tmp_path / "link.so").symlink_to(lib)
+    other = "/lib/x86_64-linux-gnu/libm.so.6"
+    r = cli("run", "--", "sh", "-c", "echo $LD_PRELOAD", cwd=tmp_path,
+            env={"SPYRESHIM_LIB": str(lib),
+                 "LD_PRELOAD": "%s:lib/libspyreshim.so %s ./lib/../lib/libspyreshim.so"
+                               % (tmp_path / "link.so", other)})
+    assert r.returncode == 0, r
+    assert r.stdout.strip() == "%s:%s" % (lib, other)
+
+
 def test_run_sets_only_what_was_asked():
     r = cli("run", "--", "env", env={"SPYRESHIM_LIB": LIBC, "LD_PRELOAD": ""})
     assert r.returncode == 0, r
@@ -292,9 +309,29 @@ def test_run_execs_the_command_in_place():
     e = dict(os.environ, SPYRESHIM_LIB=LIBC)
     p = subprocess.Popen([str(SCRIPT), "run", "--", "sh", "-c", "echo $$; kill -TERM $$"],
                          stdout=subprocess.PIPE, text=True, env=e)
-    out, _ = p.communicate(timeout=60)
+    out, _ = p.communicate(timeout=pythons.HANG_S)
     assert int(out.strip()) == p.pid
     assert p.returncode == -15
+
+
+# What `run` has no use for: it parses its options and execs. The binding
+# (ctypes, a thread lock), the readers and the other commands cost every
+# launch CPU time when imported.
+NOT_FOR_RUN = ("ctypes", "threading", "json", "tempfile", "spyreshim._preloaded",
+               "spyreshim.trace", "spyreshim.tracepeak", "spyreshim.timeline",
+               "spyreshim.presets", "spyreshim.doctor", "spyreshim.control")
+
+
+def test_run_imports_only_what_it_needs():
+    # -S: the modules of this interpreter's site (a .pth's) are not ours.
+    r = subprocess.run([sys.executable, "-S", "-X", "importtime", str(SCRIPT), "run", "--",
+                        "true"], capture_output=True, text=True, timeout=pythons.HANG_S,
+                       env=dict(os.environ, SPYRESHIM_LIB=LIBC))
+    assert r.returncode == 0, r
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in r.stderr.splitlines()
+                if ln.startswith("import time:") and "|" in ln}
+    assert {"spyreshim", "spyreshim.cli", "argparse"} <= imported, r.stderr
+    assert not imported & set(NOT_FOR_RUN), sorted(imported & set(NOT_FOR_RUN))
 
 
 def test_run_without_double_dash():
@@ -335,22 +372,25 @@ def test_version_is_meson_builds():
     want = re.search(r"project\(\s*'spyreshim'[^)]*?\bversion\s*:\s*'([^']+)'",
                      (REPO / "meson.build").read_text()).group(1)
     for argv in ([str(SCRIPT), "--version"], [sys.executable, "-m", "spyreshim", "--version"]):
-        r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=60)
+        r = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=pythons.HANG_S)
         assert r.returncode == 0 and r.stdout.strip() == "spyreshim " + want, r
 
 
-def test_doctor_in_a_checkout(tmp_path):
-    if not (REPO / "build" / "libspyreshim.so").exists():
-        pytest.skip("build/libspyreshim.so is not built")
-    r = cli("doctor", env={"LD_PRELOAD": ""}, timeout=120)
+def test_doctor_in_a_checkout(tmp_path, shim_lib):
+    # The configured build folder ($SPYRESHIM_BUILD, else build/): the
+    # checkout's launcher finds it there, as the tests do.
+    r = cli("doctor", env={"LD_PRELOAD": ""})
     assert r.returncode == 0, r
-    assert "libspyreshim.so  %s" % (REPO / "build" / "libspyreshim.so") in r.stdout, r.stdout
+    assert "libspyreshim.so  %s" % shim_lib in r.stdout, r.stdout
     assert "loads (preloaded into" in r.stdout, r.stdout
     assert "\n  OpenCL " in r.stdout, "every runtime the shim serves is listed"
+    # simdev, a name of this project's: its row says what it is, found or not.
+    simdev = re.search(r"^  simdev +(.*)$", r.stdout, re.M).group(1)
+    assert "simulated device, for trying the shim without a GPU" in simdev, simdev
     # A library that does not load: the loader's reason, status 1.
     bad = tmp_path / "bad.so"
     bad.write_bytes(b"not an ELF file")
-    r = cli("doctor", env={"SPYRESHIM_LIB": str(bad)}, timeout=120)
+    r = cli("doctor", env={"SPYRESHIM_LIB": str(bad)})
     assert r.returncode == 1 and "Traceback" not in r.stderr, r
     assert "does not load: " in r.stdout, r.stdout
 
@@ -383,7 +423,7 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     """The installed launcher finds the installed package and library,
     relative to itself (here under a DESTDIR)."""
     if not shutil.which("meson"):
-        pytest.skip("meson not installed")
+        pythons.need("meson", "meson is not installed")
     src = tmp_path / "src"
     _copy_tree(src)
     for f in ("meson.build", "version.py.in"):
@@ -398,7 +438,8 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     b = tmp_path / "b"
     for argv in (["meson", "setup", "--prefix=/opt/sps", "--libdir=lib/x", b, src],
                  ["meson", "install", "-C", b, "--destdir", tmp_path / "dest"]):
-        r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                           timeout=pythons.HANG_S)
         assert r.returncode == 0, r.stdout + r.stderr
     root = tmp_path / "dest" / "opt" / "sps"
     script = root / "bin" / "spyreshim"
@@ -449,7 +490,6 @@ LEAK_LINE = 1 + LEAKY.splitlines().index(
 @pytest.fixture(scope="module")
 def real_shim():
     """(pythons module, interpreter, simdev module dir) for Debian's python3.11."""
-    import pythons
     assert pythons.shim_lib().exists(), "%s is not built" % pythons.shim_lib()
     interp = pythons.get("cpython3.11-static").require()
     return pythons, interp, pythons.build_module(interp)
@@ -462,7 +502,8 @@ def _run_leaky(real_shim, tmp_path, *cli_args):
                              simdev_memory="1G")
     return subprocess.run([str(SCRIPT), "run"] + [str(a) for a in cli_args] +
                           ["--", interp.exe, str(tmp_path / "leaky.py")],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+                          capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=pythons.HANG_S)
 
 
 def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
@@ -545,7 +586,8 @@ def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
                              simdev_memory="1G")
     r = subprocess.run([str(SCRIPT), "run", "--leak-check", "--report", tmp_path / "r-%p.json", "--",
                         interp.exe, tmp_path / "ranks.py"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+                       capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
     assert r.returncode == 23, r       # the workers' verdict, passed on by the launcher
     ranks = [int(p) for p in r.stdout.split()]
     files = {int(f.stem[2:]): f for f in tmp_path.glob("r-*.json")}
@@ -588,7 +630,8 @@ def test_e2e_what_held_memory_at_out_of_memory(real_shim, tmp_path):
                              simdev_memory="1G")
     r = subprocess.run([str(SCRIPT), "run", "--leak-check", "--limit", "64M",
                         "--report", tmp_path / "o-%p.json", "--", interp.exe, tmp_path / "oom.py"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+                       capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
     assert r.returncode == 0 and r.stdout.startswith("OOM"), r
     oom = list(tmp_path.glob("o-*.json.oom"))
     assert len(oom) == 1, (list(tmp_path.iterdir()), r.stderr)

@@ -172,7 +172,7 @@ def test_random_model_of_every_family(shim_lib, tmp_path, seed):
     Here: the statistics file per family and device agrees with the
     model's counts, and no region was given back during a capture."""
     r = run([built_tests() / "cuda_model", seed, MODEL_OPS, "8M", "8M"],
-            shim_env(tmp_path, SPYRESHIM_LIMIT="8M", SPYRESHIM_HOST_LIMIT="8M"), timeout=300)
+            shim_env(tmp_path, SPYRESHIM_LIMIT="8M", SPYRESHIM_HOST_LIMIT="8M"))
     assert r.returncode == 0 and f"ok after {MODEL_OPS} operations" in r.stdout, \
         r.stdout[-3000:] + r.stderr[-3000:]
     assert "refused to free region" not in r.stderr, r.stderr[-3000:]

@@ -33,9 +33,9 @@ def shim_env(tmp_path=None, **extra):
     return env
 
 
-def run(argv, env, timeout=120):
+def run(argv, env):
     return subprocess.run([str(a) for a in argv], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=pythons.HANG_S)
 
 
 def stats(tmp_path):
@@ -234,7 +234,7 @@ def test_numba_device_arrays_in_cycles_complete_under_the_shim(driver, shim_lib,
     env = numba_env(driver, CUDASTANDIN_MEMORY="64M", CUDASTANDIN_DEVICES="1",
                     LD_PRELOAD=shim_lib, SPYRESHIM_STATS=tmp_path / "stats.json")
     r = pythons.run(["/usr/bin/python3", HERE / "cudadrv_numba_cycles.py", "--iterations", "300"],
-                    env=env, timeout=300)
+                    env=env)
     assert r.returncode == 0, r.stdout + r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["outcome"] == "completed" and out["iterations"] == 300, out

@@ -43,7 +43,7 @@ def env_for(shim, tmp_path=None, **extra):
 
 def run(pattern, shim, tmp_path=None, **extra):
     r = subprocess.run([str(program()), pattern], env=env_for(shim, tmp_path, **extra),
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
     return r, r.stdout + r.stderr
 
 
@@ -239,7 +239,7 @@ def test_large_buffers_reallocated_each_step_cost_the_driver_nothing_by_default(
     env = env_for(True, tmp_path, SPYRESHIM_CUDA_IPC_MIN=ipc_min)
     env["CUDASTANDIN_MEMORY"] = "1G"
     r = subprocess.run(["/usr/bin/python3", "-c", LOOP, str(lib)], env=env,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr
     (s,) = all_stats(tmp_path)
     if ipc_min is None:

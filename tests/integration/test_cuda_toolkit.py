@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+import pythons
+
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
@@ -25,15 +27,16 @@ def find_nvcc():
 def toolkit():
     nvcc = find_nvcc()
     if nvcc is None:
-        pytest.skip("no CUDA toolkit installed (no nvcc on PATH or in /usr/local/cuda)")
+        pythons.need("cuda-toolkit", "no CUDA toolkit installed (no nvcc on PATH or in /usr/local/cuda)")
     include = nvcc.resolve().parent.parent / "include"
     if not (include / "cuda.h").exists():
-        pytest.skip(f"the toolkit of {nvcc} has no include/cuda.h")
+        pythons.need("cuda-toolkit", f"the toolkit of {nvcc} has no include/cuda.h")
     return nvcc, include
 
 
 def run(argv, **kw):
-    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=600,
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                          timeout=pythons.HANG_S,
                           **kw)
 
 

@@ -30,10 +30,7 @@ def _has_numba():
 @pytest.fixture(scope="module")
 def driver():
     if not _has_numba():
-        reason = "Debian's python3-numba is not installed (scripts/deps.sh installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pythons.need("numba", "Debian's python3-numba is not installed (scripts/deps.sh installs it)")
     lib = pythons.builddir() / "tests" / "cudadrv" / "libcuda.so.1"
     if not lib.exists():
         pytest.fail(f"{lib} is missing: ninja -C {pythons.builddir()}")
@@ -56,7 +53,7 @@ def numba_env(driver, **extra):
 
 
 def run_source(driver, source, **env):
-    return pythons.run([PYTHON, "-c", source], env=numba_env(driver, **env), timeout=120)
+    return pythons.run([PYTHON, "-c", source], env=numba_env(driver, **env))
 
 
 def last_json(result):
@@ -97,7 +94,7 @@ def test_numba_copies_through_the_stand_in(driver):
 def test_cycles_without_gc_end_in_numbas_out_of_memory(driver):
     r = pythons.run([PYTHON, HERE / "cudadrv_numba_cycles.py", "--array-bytes", 1 << 20,
                      "--iterations", 1000],
-                    env=numba_env(driver, CUDASTANDIN_MEMORY="64M"), timeout=300)
+                    env=numba_env(driver, CUDASTANDIN_MEMORY="64M"))
     r.check()
     out = last_json(r)
     assert out["outcome"] == "oom", out
@@ -130,7 +127,8 @@ def run_suite(python, driver, preload):
     env = numba_env(driver)
     if preload:
         env["LD_PRELOAD"] = str(pythons.shim_lib())
-    r = pythons.run([python, SUITE], env=env, timeout=900)
+    # A whole suite in one child: a multiple of the hang bound.
+    r = pythons.run([python, SUITE], env=env, timeout=3 * pythons.HANG_S)
     r.check()
     return last_json(r)
 
@@ -164,12 +162,10 @@ def numba_cuda_python():
     """numba-cuda from PyPI in the project's own virtual environment
     (scripts/numba_cuda_venv.sh, under the cache folder)."""
     r = subprocess.run([str(REPO / "scripts" / "numba_cuda_venv.sh")], capture_output=True,
-                       text=True, timeout=900)
+                       text=True, timeout=pythons.HANG_S)
     if r.returncode != 0:
-        reason = f"numba-cuda could not be installed from PyPI: {r.stderr.strip()[-300:]}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pythons.need("numba-cuda",
+                     f"numba-cuda could not be installed from PyPI: {r.stderr.strip()[-300:]}")
     return r.stdout.strip().splitlines()[-1]
 
 

@@ -45,7 +45,7 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     script = tmp_path / "leak.py"
     script.write_text(SCRIPT)
     a, b, trace = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "r.trace"
-    r = pythons.run_python(interp, path=script, args=[str(a), str(b), str(ROOT)], timeout=120,
+    r = pythons.run_python(interp, path=script, args=[str(a), str(b), str(ROOT)],
                            env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_TRACE": str(trace)})
     assert r.returncode == 0, r.describe()
     p = cli("--diff", a, b)

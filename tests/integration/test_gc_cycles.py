@@ -66,7 +66,7 @@ def test_no_python_means_no_collection(tmp_path, builddir, shim_lib):
     env = pythons._clean_env()
     env.update({"LD_PRELOAD": str(shim_lib), "SIMDEV_MEMORY": "4M",
                 "SPYRESHIM_STATS": str(stats)})
-    res = pythons.run([ops, "fill:1M", "F"], env=env, timeout=60)
+    res = pythons.run([ops, "fill:1M", "F"], env=env)
     res.check()
     assert "filled 4" in res.stdout, res.describe()
     data = json.loads(stats.read_text())
@@ -136,8 +136,7 @@ def test_required_interpreters_are_present(name):
 def test_demo_dies_without_the_shim_and_completes_with_it(interpreter, tmp_path):
     """scripts/demo_train.py, the README's demo."""
     demo = pythons.REPO / "scripts" / "demo_train.py"
-    res = pythons.run_python(interpreter, path=demo, preload=False, simdev_memory="256M",
-                             timeout=120)
+    res = pythons.run_python(interpreter, path=demo, preload=False, simdev_memory="256M")
     assert res.returncode == 1 and "OutOfMemoryError" in res.stdout, res.describe()
     res, stats = gc_support.run(interpreter, None, tmp_path, memory="256M", path=demo)
     res.check()

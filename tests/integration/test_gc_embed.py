@@ -22,14 +22,15 @@ PROBE = ("import sys, sysconfig, os; "
 
 def libpython_of(interp):
     if interp.kind != "cpython":
-        pytest.skip(f"{interp.name}: embedding PyPy is a different API (rpython_startup_code)")
-    res = subprocess.run([interp.exe, "-c", PROBE], capture_output=True, text=True, timeout=60)
+        pythons.need("cpython", f"{interp.name}: embedding PyPy is a different API (rpython_startup_code)")
+    res = subprocess.run([interp.exe, "-c", PROBE], capture_output=True, text=True,
+                         timeout=pythons.HANG_S)
     lib, prefix = res.stdout.split("\n")[:2]
     # pythons.py knows where a relocated build (the free-threaded tarball,
     # Debian unstable's builds) keeps it.
     lib = interp.libpython or lib
     if not lib or not Path(lib).exists():
-        pytest.skip(f"{interp.name}: no shared libpython found ({lib!r})")
+        pythons.need("libpython", f"{interp.name}: no shared libpython found ({lib!r})")
     return lib, prefix
 
 
@@ -43,7 +44,7 @@ def build_glue(interp, lib, tmp_path):
     out = tmp_path / "libglue.so"
     argv = [os.environ.get("CC", "cc"), "-shared", "-fPIC", str(src), "-o", str(out),
             "-Wl,--no-as-needed", lib, str(module)]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=pythons.HANG_S)
     assert res.returncode == 0, res.stderr
     return out, moddir
 
@@ -61,8 +62,7 @@ def test_embedder_init_fini_cycles(interpreter, tmp_path, builddir, shim_lib, pr
     prog = builddir / "tests" / "embed_cycles"
     # Debian unstable's libpython needs its own C library: the program runs
     # under that library's loader.
-    res = pythons.run(pythons.native_argv(interpreter, [prog, lib, glue, CYCLES]), env=env,
-                      timeout=240)
+    res = pythons.run(pythons.native_argv(interpreter, [prog, lib, glue, CYCLES]), env=env)
     res.check()
     assert f"{CYCLES} cycles" in res.stdout, res.describe()
     data = json.loads(stats.read_text())
@@ -83,5 +83,5 @@ def test_embedder_fails_without_the_shim(tmp_path, builddir):
     glue, moddir = build_glue(interp, lib, tmp_path)
     env = pythons._clean_env()
     env.update({"PYTHONHOME": prefix, "PYTHONPATH": str(moddir), "SIMDEV_MEMORY": "16M"})
-    res = pythons.run([builddir / "tests" / "embed_cycles", lib, glue, 2], env=env, timeout=120)
+    res = pythons.run([builddir / "tests" / "embed_cycles", lib, glue, 2], env=env)
     assert res.returncode == 1 and "OutOfMemoryError" in res.stderr, res.describe()

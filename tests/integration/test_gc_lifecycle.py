@@ -6,9 +6,8 @@ subinterpreters. Each case is its own process with a hard timeout."""
 import ast
 import textwrap
 
-import pytest
-
 import gc_support
+import pythons
 
 PRELUDE = """
 import gc, os, sys, threading, time, simdev
@@ -47,7 +46,7 @@ sys.exit(3)                                  # finalization with all of them all
 
 def test_threads_allocating_through_interpreter_exit(interpreter, tmp_path):
     res, stats = gc_support.run(interpreter, textwrap.dedent(EXIT_WHILE_ALLOCATING), tmp_path,
-                                memory="16M", timeout=120, helper=True,
+                                memory="16M", helper=True,
                                 env={"SPYRESHIM_GC_TIMEOUT_MS": "500"})
     assert not res.timed_out and res.returncode == 3, res.describe()
     assert "exiting" in res.stdout
@@ -77,7 +76,7 @@ print("done")
 
 def test_pressure_during_a_running_collection(interpreter, tmp_path):
     res, stats = gc_support.run(interpreter, textwrap.dedent(ALREADY_COLLECTING), tmp_path,
-                                memory="16M", timeout=120)
+                                memory="16M")
     res.check()
     assert "done" in res.stdout and "outcomes" in res.stdout, res.describe()
     line = [l for l in res.stdout.splitlines() if l.startswith("outcomes ")][0]
@@ -115,9 +114,9 @@ print("parent ok")
 
 def test_fork_after_the_gc_thread_started(interpreter, tmp_path):
     if gc_support.tsan_runtime():
-        pytest.skip("ThreadSanitizer cannot start threads after a multi-threaded fork")
+        pythons.need("no-tsan", "ThreadSanitizer cannot start threads after a multi-threaded fork")
     res, stats = gc_support.run(interpreter, textwrap.dedent(FORK), tmp_path, memory="16M",
-                                timeout=120, env={"PYTHONWARNINGS": "ignore"})
+                                env={"PYTHONWARNINGS": "ignore"})
     res.check()
     assert "parent ok" in res.stdout, res.describe()
 
@@ -154,9 +153,9 @@ print("main ok", sys.version_info[:2])
 
 def test_subinterpreters_never_deadlock(interpreter, tmp_path):
     if interpreter.kind != "cpython":
-        pytest.skip(f"{interpreter.name}: no subinterpreters")
+        pythons.need("subinterpreters", f"{interpreter.name}: no subinterpreters")
     res, stats = gc_support.run(interpreter, textwrap.dedent(SUBINTERP), tmp_path,
-                                memory="16M", timeout=120, env={"SPYRESHIM_GC_TIMEOUT_MS": "500"})
+                                memory="16M", env={"SPYRESHIM_GC_TIMEOUT_MS": "500"})
     res.check()
     assert "main ok" in res.stdout, res.describe()
     sub = [line for line in res.stdout.splitlines() if line.startswith("sub ")]

@@ -15,6 +15,7 @@ import pythons
 
 PRELUDE = """
 import gc, sys, threading, time, simdev
+HANG_S = %d  # pythons.HANG_S: a wait longer than that is a hang
 gc.disable()
 class Fin:
     # Python code in a finalizer: a collection running it lets other threads
@@ -32,7 +33,7 @@ def fill_with_garbage(nbytes=1 << 20):
     # Exactly full, without a pressure event: the next request needs one.
     while simdev.mem_info()[0] >= nbytes:
         garbage(1, nbytes=nbytes)
-"""
+""" % pythons.HANG_S
 
 PY_THREADS = PRELUDE + """
 # One pressure event on the main thread first. PyPy only: until the shim has
@@ -49,7 +50,7 @@ def worker(k):
         errors.append(repr(e))
 threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
 for t in threads: t.start()
-for t in threads: t.join(60)
+for t in threads: t.join(HANG_S)
 assert not any(t.is_alive() for t in threads), "a worker is stuck"
 assert not errors, errors
 print("threads ok")
@@ -63,7 +64,7 @@ def test_python_threads_allocating_under_pressure(interpreter, tmp_path, release
     # a collection freed to the others more than the default three times in
     # a row; the retry count is the allocator's policy, not the collector's.
     res, stats = gc_support.run(interpreter, textwrap.dedent(PY_THREADS.format(
-        release_gil=release_gil)), tmp_path, memory="48M", timeout=120,
+        release_gil=release_gil)), tmp_path, memory="48M",
         env={"SPYRESHIM_PRESSURE_ROUNDS": "16"})
     res.check()
     assert "threads ok" in res.stdout
@@ -80,14 +81,14 @@ def producer():
         garbage(5)
         time.sleep(0.001)
 tid = gchelper.start_c_thread(1 << 20, 60)
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + HANG_S
 while gchelper.c_thread_attempts(tid) == 0 and time.monotonic() < deadline:
     time.sleep(0.001)            # the first request is served by the GC thread
 producers = [threading.Thread(target=producer) for _ in range(2)]
 for p in producers: p.start()
-res = gchelper.join_c_thread(tid, 60.0)
+res = gchelper.join_c_thread(tid, HANG_S)
 stop = True
-for p in producers: p.join(60)
+for p in producers: p.join(HANG_S)
 assert res is not None, "the C thread is stuck"
 ok, oom, other, bad = res
 print("c thread", ok, oom, other, bad)
@@ -97,7 +98,7 @@ assert (ok, oom, other, bad) == (60, 0, 0, 0), res
 
 def test_c_thread_without_gil_gets_its_memory(interpreter, tmp_path):
     res, stats = gc_support.run(interpreter, textwrap.dedent(C_THREAD), tmp_path,
-                                memory="32M", timeout=120, helper=True)
+                                memory="32M", helper=True)
     res.check()
     assert stats["gc_thread_collections"] > 0, stats
 
@@ -113,7 +114,7 @@ gchelper.wait_c_holds_lock()
 t0 = time.monotonic()
 gchelper.block_on_lock()         # holds the GIL while blocked on L
 waited = time.monotonic() - t0
-res = gchelper.join_c_thread(tid, 60.0)
+res = gchelper.join_c_thread(tid, HANG_S)
 assert res is not None, "the C thread is stuck"
 ok, oom, other, bad = res
 print("foreign lock", ok, oom, round(waited, 3))
@@ -128,7 +129,7 @@ def test_foreign_lock_ends_within_the_bound(interpreter, tmp_path):
     # Short, to keep the test quick; ThreadSanitizer slows collections ~10x.
     bound_ms = "2000" if gc_support.tsan_runtime() else "300"
     res, stats = gc_support.run(interpreter, textwrap.dedent(FOREIGN_LOCK), tmp_path,
-                                memory="16M", timeout=120, helper=True,
+                                memory="16M", helper=True,
                                 env={"SPYRESHIM_GC_TIMEOUT_MS": bound_ms})
     res.check()
     assert "foreign lock 0 1" in res.stdout, res.describe()
@@ -141,7 +142,7 @@ def test_thread_sanitizer_run_fails_on_a_report(tmp_path):
     """Under scripts/tsan_gc.sh only: a deliberate lock-order inversion must
     make the process fail, or the runs above prove nothing."""
     if not gc_support.tsan_runtime():
-        pytest.skip("only under ThreadSanitizer (scripts/tsan_gc.sh)")
+        pythons.need("tsan", "only under ThreadSanitizer (scripts/tsan_gc.sh)")
     interp = pythons.get("cpython3.11-shared").require()
     res, _ = gc_support.run(interp, "import gchelper\ngchelper.lock_order_inversion()\n",
                             tmp_path, helper=True)

@@ -24,6 +24,9 @@ sys.path.insert(0, str(REPO))
 
 from spyreshim import flamegraph, report as rpt  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+import pythons  # noqa: E402
+
 VOID = {"meta", "br", "rect", "link", "img", "input", "hr", "path"}
 HOSTILE = "</script><script>alert('x')</script><b a=\"1\">&amp;"
 
@@ -93,7 +96,8 @@ def parse(page):
 def write_page(tmp_path, *files, args=()):
     out = tmp_path / "report.html"
     r = subprocess.run([str(SCRIPT), "report", "--html", str(out)] + list(args) +
-                       [str(f) for f in files], capture_output=True, text=True, timeout=60)
+                       [str(f) for f in files], capture_output=True, text=True,
+                       timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
     assert "wrote %s" % out in r.stderr
@@ -283,11 +287,11 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
 
 def chromium(tmp_path, *args):
     if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+        pythons.need("chromium", "chromium is not installed (Debian: apt-get install chromium)")
     profile = tmp_path / "profile"
     profile.mkdir(exist_ok=True)
     r = subprocess.run([CHROMIUM] + FLAGS + ["--user-data-dir=%s" % profile] + list(args),
-                       capture_output=True, timeout=120)
+                       capture_output=True, timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr.decode(errors="replace")[-2000:]
     return r
 

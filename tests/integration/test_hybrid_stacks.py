@@ -53,7 +53,7 @@ def run_script(interp, tmp_path, env=None, args=("--c-thread",)):
     report = tmp_path / "r.json"
     e = {"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": str(report), "SPYRESHIM_EXITCODE": "7"}
     e.update(env or {})
-    r = pythons.run_python(interp, path=script, args=list(args), timeout=120, env=e)
+    r = pythons.run_python(interp, path=script, args=list(args), env=e)
     assert r.returncode == 7, r.describe()
     return script, report, r
 
@@ -159,7 +159,7 @@ def test_python_frames_sit_where_the_interpreter_ran_them(name, builddir, shim_l
 def test_report_command_folds_and_shows_every_frame_on_request(builddir, shim_lib, tmp_path):
     interp = next((pythons.get(n) for n in CPYTHONS if pythons.get(n).available), None)
     if interp is None:
-        pytest.skip("no CPython")
+        pythons.need("/usr/bin/python3", "no CPython of the matrix is usable")
     script, report, _ = run_script(interp, tmp_path)
     folded = subprocess.run([str(CLI), "report", str(report)], capture_output=True, text=True)
     every = subprocess.run([str(CLI), "report", "--native-frames=all", str(report)],
@@ -177,7 +177,7 @@ def test_report_command_folds_and_shows_every_frame_on_request(builddir, shim_li
 def test_a_cut_stack_is_not_spliced_and_says_so(builddir, shim_lib, tmp_path):
     interp = next((pythons.get(n) for n in CPYTHONS if pythons.get(n).available), None)
     if interp is None:
-        pytest.skip("no CPython")
+        pythons.need("/usr/bin/python3", "no CPython of the matrix is usable")
     script, report, r = run_script(interp, tmp_path, env={"SPYRESHIM_STACK_DEPTH": "3"})
     g = by_size(report)[1000]
     assert g["order"] == "python-first" and "cut" in g["unspliced"]
@@ -190,7 +190,7 @@ def test_a_cut_stack_is_not_spliced_and_says_so(builddir, shim_lib, tmp_path):
 def test_suppressions_match_folded_frames(builddir, shim_lib, tmp_path):
     interp = next((pythons.get(n) for n in CPYTHONS if pythons.get(n).available), None)
     if interp is None:
-        pytest.skip("no CPython")
+        pythons.need("/usr/bin/python3", "no CPython of the matrix is usable")
     sup = tmp_path / "sup.txt"
     sup.write_text("leak:PyEval_EvalCode\n")
     script, report, _ = run_script(interp, tmp_path, env={"SPYRESHIM_SUPPRESSIONS": str(sup)})
@@ -217,7 +217,7 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 def test_flame_graph_reads_outermost_at_the_bottom_in_call_order(builddir, shim_lib, tmp_path):
     interp = next((pythons.get(n) for n in CPYTHONS if pythons.get(n).available), None)
     if interp is None:
-        pytest.skip("no CPython")
+        pythons.need("/usr/bin/python3", "no CPython of the matrix is usable")
     script, report, _ = run_script(interp, tmp_path)
     page = tmp_path / "flame.html"
     r = subprocess.run([str(CLI), "report", "--html", str(page), str(report)],
@@ -240,14 +240,14 @@ def test_flame_graph_reads_outermost_at_the_bottom_in_call_order(builddir, shim_
     assert [one[k] for k in cb] == [1, 2, 3, 4], depth
     assert "_PyEval_EvalFrameDefault" not in depth and "_start" not in depth
     if CHROMIUM is None:
-        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+        pythons.need("chromium", "chromium is not installed (Debian: apt-get install chromium)")
     profile = tmp_path / "profile"
     shot = tmp_path / "hybrid-flamegraph.png"
     r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                         "--disable-background-networking", "--disable-component-update",
                         "--disable-sync", "--hide-scrollbars", "--user-data-dir=%s" % profile,
                         "--screenshot=%s" % shot, "--window-size=1280,700", page.as_uri()],
-                       capture_output=True, timeout=120)
+                       capture_output=True, timeout=pythons.HANG_S)
     assert r.returncode == 0 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = os.environ.get("SPYRESHIM_SCREENSHOT_DIR")
     if d:

@@ -39,7 +39,7 @@ def run_leaks(programs, shim_lib, steps, tmp_path, env=None, program="leak_progr
     if report:
         e["SPYRESHIM_REPORT"] = str(path)
     e.update({k: str(v) for k, v in (env or {}).items()})
-    r = pythons.run([programs / program, *steps], env=e, timeout=60)
+    r = pythons.run([programs / program, *steps], env=e)
     assert not r.timed_out, r.describe()
     reports = sorted(tmp_path.glob("report.*.json"))
     data = json.loads(reports[0].read_text()) if reports else None
@@ -215,7 +215,7 @@ def test_a_fifo_as_suppressions_never_hangs_a_process_without_devices(shim_lib, 
     os.mkfifo(fifo)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LD_PRELOAD": str(shim_lib),
            "SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_SUPPRESSIONS": str(fifo)}
-    r = pythons.run(["/bin/true"], env=env, timeout=30)
+    r = pythons.run(["/bin/true"], env=env)
     assert not r.timed_out and r.returncode == 0, r.describe()
     assert len(r.stderr.splitlines()) <= 1, r.stderr
 
@@ -229,7 +229,7 @@ def test_leak_checking_opens_no_descriptor_at_start_up(shim_lib):
     for python in ("/usr/bin/python3", "/usr/bin/python3.11"):
         if not os.path.exists(python):
             continue
-        r = pythons.run([python, "-c", LIST_FDS], env=env, timeout=60)
+        r = pythons.run([python, "-c", LIST_FDS], env=env)
         assert r.returncode == 0, r.describe()
         # 0, 1, 2 and the listing's own descriptor, nothing of the shim's.
         assert r.stdout.split() == ["[0,", "1,", "2,", "3]"], r.describe()
@@ -281,7 +281,7 @@ def test_report_file_is_private_and_symlinks_are_not_followed(programs, shim_lib
 def test_cxx_exceptions_still_bind_to_libgcc(programs, shim_lib, tmp_path):
     prog = programs / "leak_exceptions"
     if not prog.exists():
-        pytest.skip("no C++ compiler: leak_exceptions was not built")
+        pythons.need("g++", "no C++ compiler: leak_exceptions was not built")
     r, data, _ = run_leaks(programs, shim_lib, [], tmp_path, program="leak_exceptions",
                            env={"LD_DEBUG": "bindings"})
     assert "caught 1000" in r.stdout, r.describe()
@@ -307,7 +307,7 @@ def test_cxx_exceptions_still_bind_to_libgcc(programs, shim_lib, tmp_path):
 
 def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_path):
     if os.geteuid() != 0:
-        pytest.skip("needs root to make a setuid program")
+        pythons.need("root", "needs root to make a setuid program")
     src = programs / "leak_program_linked"
     prog = tmp_path / "suid" / "leak_program_linked"
     prog.parent.mkdir()
@@ -319,10 +319,10 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     # Where the kernel ignores the setuid bit, the test does not apply; the
     # reasons are read from the system, never from the shim's output.
     if os.statvfs(prog).f_flag & os.ST_NOSUID:
-        pytest.skip(f"{tmp_path} is on a nosuid mount: the setuid bit has no effect here")
+        pythons.need("setuid", f"{tmp_path} is on a nosuid mount: the setuid bit has no effect here")
     with open("/proc/self/status") as f:
         if any(l.split() == ["NoNewPrivs:", "1"] for l in f):
-            pytest.skip("no_new_privs is set for this process: exec ignores the setuid bit")
+            pythons.need("setuid", "no_new_privs is set for this process: exec ignores the setuid bit")
     supp = tmp_path / "supp.txt"
     supp.write_text("leak:leak_small_blocks\n")
     os.chmod(supp, 0o644)
@@ -331,7 +331,7 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
                                  env={"SPYRESHIM_SUPPRESSIONS": supp, "SPYRESHIM_LOG": "debug",
                                       "SPYRESHIM_CONTROL": "1"})
     if "cannot open shared object" in r.stderr:
-        pytest.skip("the setuid user cannot read the build directory: " + r.stderr[-300:])
+        pythons.need("setuid", "the setuid user cannot read the build directory: " + r.stderr[-300:])
     # The kernel honoured the setuid bit (checked above, before the run):
     # the shim must have seen AT_SECURE. A shim that misses it fails here,
     # it does not skip.

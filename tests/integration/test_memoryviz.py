@@ -63,7 +63,7 @@ def run(tmp_path_factory, builddir):
     script.write_text(SCRIPT)
     trace, stats = tmp / "r.trace", tmp / "s.json"
     before = time.time()
-    r = pythons.run_python(interp, path=script, args=[], timeout=120,
+    r = pythons.run_python(interp, path=script, args=[],
                            env={"SPYRESHIM_TRACE": str(trace), "SPYRESHIM_STATS": str(stats),
                                 "SIMDEV_MEMORY": "64M"})
     after = time.time()

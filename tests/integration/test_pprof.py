@@ -140,13 +140,13 @@ def test_profile_at_a_moment(demo):
 def test_go_tool_pprof_reads_it(demo):
     go = shutil.which("go")
     if not go:
-        pytest.skip("Go is not installed (go tool pprof reads the profile where it is)")
+        pythons.need("go", "Go is not installed (go tool pprof reads the profile where it is)")
     tmp, trace, _t = demo
     out = tmp / "peak.pb.gz"
     subprocess.run([sys.executable, CLI, "report", "--pprof", out, trace], check=True,
                    capture_output=True)
     r = subprocess.run([go, "tool", "pprof", "-top", str(out)], capture_output=True, text=True,
-                       timeout=300)
+                       timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr
     assert "Tensor_new" in r.stdout and "inuse_space" in (r.stdout + r.stderr)
     # Two moments diffed by the tool people use: the peak against the end
@@ -155,7 +155,7 @@ def test_go_tool_pprof_reads_it(demo):
     subprocess.run([sys.executable, CLI, "report", "--pprof", end, "--at", "end", trace],
                    check=True, capture_output=True)
     r = subprocess.run([go, "tool", "pprof", "-top", "-diff_base", str(end), str(out)],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr
     top = [l.split() for l in r.stdout.splitlines() if l.strip().endswith("Tensor_new")]
     assert top and top[0][1] == "100%", r.stdout

@@ -9,13 +9,13 @@ import pytest
 import pythons
 
 
-def ops(*args, env=None, preload=True, timeout=60):
+def ops(*args, env=None, preload=True):
     exe = pythons.builddir() / "tests" / "simdev_ops"
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SIMDEV_MEMORY": "1G"}
     if preload:
         full["LD_PRELOAD"] = str(pythons.shim_lib())
     full.update(env or {})
-    return pythons.run([str(exe), *args], env=full, timeout=timeout)
+    return pythons.run([str(exe), *args], env=full)
 
 
 def stats_of(tmp_path, *args, env=None):
@@ -163,12 +163,12 @@ def test_stats_into_a_fifo_never_blocks(tmp_path, shim_lib):
     os.mkfifo(fifo)
     # No reader (a plain open for writing would block forever), then a
     # reader that waits (the write would block once the pipe is full).
-    r = ops("a:1M", env={"SPYRESHIM_STATS": str(fifo)}, timeout=30)
+    r = ops("a:1M", env={"SPYRESHIM_STATS": str(fifo)})
     assert not r.timed_out and r.returncode == 0, r
     assert len(stats_warnings(r)) == 1 and "not a regular file" in r.stderr, r.stderr
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        r = ops("a:1M", env={"SPYRESHIM_STATS": str(fifo)}, timeout=30)
+        r = ops("a:1M", env={"SPYRESHIM_STATS": str(fifo)})
         assert not r.timed_out and r.returncode == 0, r
         assert len(stats_warnings(r)) == 1 and "not a regular file" in r.stderr, r.stderr
         try:
@@ -185,7 +185,7 @@ def test_stats_never_overwrite_a_hard_link_or_another_users_file(tmp_path, shim_
     victim.write_text("precious")
     link = tmp_path / "stats.json"
     os.link(victim, link)
-    r = ops("a:1M", env={"SPYRESHIM_STATS": str(link)}, timeout=30)
+    r = ops("a:1M", env={"SPYRESHIM_STATS": str(link)})
     assert r.returncode == 0, r
     assert len(stats_warnings(r)) == 1 and "other links" in r.stderr, r.stderr
     assert victim.read_text() == "precious"
@@ -194,7 +194,7 @@ def test_stats_never_overwrite_a_hard_link_or_another_users_file(tmp_path, shim_
     other = tmp_path / "other.json"
     other.write_text("theirs")
     os.chown(other, 65534, 65534)
-    r = ops("a:1M", env={"SPYRESHIM_STATS": str(other)}, timeout=30)
+    r = ops("a:1M", env={"SPYRESHIM_STATS": str(other)})
     assert r.returncode == 0, r
     assert len(stats_warnings(r)) == 1 and "another user" in r.stderr, r.stderr
     assert other.read_text() == "theirs"
@@ -202,7 +202,7 @@ def test_stats_never_overwrite_a_hard_link_or_another_users_file(tmp_path, shim_
 
 @pytest.mark.parametrize("path", ["/dev/full", "/proc/version", "/dev/null"])
 def test_stats_into_a_device_or_proc_file_gives_one_warning(shim_lib, path):
-    r = ops("a:1M", env={"SPYRESHIM_STATS": path}, timeout=30)
+    r = ops("a:1M", env={"SPYRESHIM_STATS": path})
     assert not r.timed_out and r.returncode == 0, r
     w = stats_warnings(r)
     assert len(w) == 1 and path in w[0], r.stderr

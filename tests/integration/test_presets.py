@@ -37,14 +37,14 @@ def has(module):
     return r.returncode == 0
 
 
-def run_cli(*args, env=None, timeout=120):
+def run_cli(*args, env=None):
     e = {k: v for k, v in os.environ.items()
          if not k.startswith(("SPYRESHIM_", "PYTORCH_", "XLA_", "NUMBA_", "CUDASTANDIN_"))
          and k not in ("LD_PRELOAD", "PYTHONPATH")}
     e["SPYRESHIM_LIB"] = LIBC
     e.update(env or {})
     return subprocess.run([str(SCRIPT), "run", *[str(a) for a in args]], env=e,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=pythons.HANG_S)
 
 
 def child_env(*presets_, env=None):
@@ -86,7 +86,7 @@ def test_torch_preset_keeps_the_users_choice():
 
 def test_torch_observer_registers_when_torch_is_imported():
     if not has("torch"):
-        pytest.skip("PyTorch is not installed for /usr/bin/python3 (scripts/deps.sh)")
+        pythons.need("torch", "PyTorch is not installed for /usr/bin/python3 (scripts/deps.sh)")
     src = ("import torch, spyreshim.torch as t; "
            "print('API', hasattr(torch._C, '_cuda_attach_out_of_memory_observer')); "
            "print('INSTALLED', t._installed); print(t.install())")
@@ -97,7 +97,7 @@ def test_torch_observer_registers_when_torch_is_imported():
     if not api:
         # The import went through and install() says why, in one line.
         assert "INSTALLED False" in r.stdout and "no out-of-memory observer API" in r.stdout, r.stdout
-        pytest.skip("this PyTorch build lacks CUDA: no torch._C._cuda_attach_out_of_memory_observer")
+        pythons.need("torch-cuda", "this PyTorch build lacks CUDA: no torch._C._cuda_attach_out_of_memory_observer")
     assert "INSTALLED True" in r.stdout, r.stdout
 
 
@@ -112,7 +112,8 @@ def test_jax_install_in_process_before_import(tmp_path):
            "print(os.environ['XLA_PYTHON_CLIENT_ALLOCATOR'])")
     e = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
     e["PYTHONPATH"] = str(PKG)
-    r = subprocess.run([PYTHON, "-c", src], env=e, capture_output=True, text=True, timeout=60)
+    r = subprocess.run([PYTHON, "-c", src], env=e, capture_output=True, text=True,
+                       timeout=pythons.HANG_S)
     assert r.returncode == 0 and r.stdout.strip().endswith("platform"), r
 
 
@@ -127,12 +128,12 @@ def test_cupy_and_rmm_hooks(name):
     if not has(name):
         r = subprocess.run([PYTHON, "-c", f"import spyreshim.{name} as m; print(m.install())"],
                            env={**os.environ, "PYTHONPATH": str(PKG)}, capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=pythons.HANG_S)
         assert r.returncode == 0 and "(False," in r.stdout and "not installed" in r.stdout, r
-        pytest.skip(f"{name} is not installed for /usr/bin/python3: install() says so")
+        pythons.need(name, f"{name} is not installed for /usr/bin/python3: install() says so")
     r = subprocess.run([PYTHON, "-c", f"import spyreshim.{name} as m; print(m.install())"],
                        env={**os.environ, "PYTHONPATH": str(PKG)}, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0 and "(True," in r.stdout, r
 
 
@@ -155,7 +156,7 @@ def test_numba_preset_rescues_cycles_without_the_shims_collection(tmp_path):
     arrays held by cycles are collected by numba's own failing allocation,
     and the loop that ends in numba's out-of-memory without it completes."""
     if not has("numba"):
-        pytest.skip("Debian's python3-numba is not installed (scripts/deps.sh)")
+        pythons.need("numba", "Debian's python3-numba is not installed (scripts/deps.sh)")
     drv = pythons.builddir() / "tests" / "cudadrv" / "libcuda.so.1"
     lib = pythons.shim_lib()
     if not drv.exists() or not lib.exists():
@@ -165,10 +166,10 @@ def test_numba_preset_rescues_cycles_without_the_shims_collection(tmp_path):
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
     args = [PYTHON, HERE / "cudadrv_numba_cycles.py", "--array-bytes", 1 << 20,
             "--iterations", 300]
-    without = run_cli("--", *args, env=env, timeout=300)
+    without = run_cli("--", *args, env=env)
     assert without.returncode == 0, without.stderr
     assert json.loads(without.stdout.strip().splitlines()[-1])["outcome"] == "oom"
-    with_preset = run_cli("--preset", "numba", "--", *args, env=env, timeout=300)
+    with_preset = run_cli("--preset", "numba", "--", *args, env=env)
     assert with_preset.returncode == 0, with_preset.stderr
     out = json.loads(with_preset.stdout.strip().splitlines()[-1])
     assert out["outcome"] == "completed" and out["iterations"] == 300, out

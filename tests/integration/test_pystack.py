@@ -68,27 +68,27 @@ def make(name, body="return lib.pystack_test_capture(8)"):
 '''
 
 
-def run_hook(interp, hook, source, timeout=120):
+def run_hook(interp, hook, source):
     res = pythons.run_python(interp, PRELUDE + textwrap.dedent(source), preload=False,
-                             simdev=False, env={"PYSTACK_HOOK": hook}, timeout=timeout)
+                             simdev=False, env={"PYSTACK_HOOK": hook})
     res.check()
     return res
 
 
 def cpython(interp):
     if interp.kind != "cpython":
-        pytest.skip(f"{interp.name}: Python stacks are CPython only (PyPy: native stacks)")
+        pythons.need("cpython", f"{interp.name}: Python stacks are CPython only (PyPy: native stacks)")
     return interp
 
 
 def test_layout_matches_the_interpreters_headers(interpreter, hook, tmp_path):
     cpython(interpreter)
     if not interpreter.include or not os.path.exists(os.path.join(interpreter.include, "Python.h")):
-        pytest.skip(f"{interpreter.name}: no headers at {interpreter.include!r}")
+        pythons.need(interpreter.name, f"{interpreter.name}: no headers at {interpreter.include!r}")
     exe = tmp_path / "probe"
     cc = os.environ.get("CC", "cc")
     build = subprocess.run([cc, "-std=gnu11", *pythons.include_args(interpreter), PROBE_SRC,
-                            "-o", str(exe)], capture_output=True, text=True, timeout=120)
+                            "-o", str(exe)], capture_output=True, text=True, timeout=pythons.HANG_S)
     assert build.returncode == 0, build.stderr
     want = dict(line.split() for line in subprocess.check_output([str(exe)], text=True).splitlines())
     res = run_hook(interpreter, hook, """
@@ -303,7 +303,7 @@ def test_pypy_has_no_python_stacks(hook):
 def debug_offsets_interpreter(interp):
     cpython(interp)
     if tuple(interp.version[:2]) < (3, 13):
-        pytest.skip(f"{interp.name}: _Py_DebugOffsets exist from CPython 3.13 on")
+        pythons.need("debug-offsets", f"{interp.name}: _Py_DebugOffsets exist from CPython 3.13 on")
     return interp
 
 
@@ -407,7 +407,7 @@ def test_leak_report_shows_python_frames(interpreter, shim_lib, mode, tmp_path):
     script = tmp_path / "leaker.py"
     script.write_text(LEAKER)
     report = tmp_path / "r.json"
-    res = pythons.run_python(interpreter, path=script, args=[mode], timeout=120,
+    res = pythons.run_python(interpreter, path=script, args=[mode],
                              env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
                                   "SPYRESHIM_EXITCODE": "0"})
     res.check()
@@ -461,7 +461,7 @@ def test_daemon_threads_allocating_through_finalization(interpreter, shim_lib, t
     # they run the scenario once, newer interpreters three times.
     runs = 3 if tuple(interpreter.version[:2]) >= (3, 12) else 1
     for _ in range(runs):
-        res = pythons.run_python(interpreter, DAEMONS, timeout=120,
+        res = pythons.run_python(interpreter, DAEMONS,
                                  env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
                                       "SPYRESHIM_EXITCODE": "0"})
         res.check()
@@ -481,13 +481,13 @@ def test_embedder_init_fini_cycles_keep_their_own_frames(shim_lib, tmp_path):
     build = subprocess.run([cc, "-std=gnu11", "-I", interp.include,
                             os.path.join(HERE, "..", "pystack", "embed_cycles.c"), "-o", str(exe),
                             "-L", libdir, "-lpython3.11", f"-Wl,-rpath,{libdir}"],
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=pythons.HANG_S)
     assert build.returncode == 0, build.stderr
     report = tmp_path / "r.json"
     env = pythons.module_env(interp, simdev_memory="1G", env={
         "LD_PRELOAD": shim_lib, "SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
         "SPYRESHIM_EXITCODE": "0"})
-    pythons.run([exe, "4"], env=env, timeout=120).check()
+    pythons.run([exe, "4"], env=env).check()
     data = json.loads(report.read_text())
     by_size = {g["bytes"]: [f for f in g["frames"] if f["kind"] == "python"] for g in data["groups"]}
     for i in range(4):

@@ -19,6 +19,7 @@ REPO = HERE.parents[1]
 SCRIPT = REPO / "scripts" / "spyreshim"
 PKG = REPO
 sys.path.insert(0, str(HERE))
+import pythons  # noqa: E402
 
 # Debian's interpreter: the one with pytest installed.
 PYTEST_PYTHON = "/usr/bin/python3"
@@ -74,10 +75,9 @@ NOGIL_LINE = 1 + INNER.splitlines().index(
 @pytest.fixture(scope="module")
 def shim():
     """(pythons, interpreter, simdev module dir): Debian's python3.11."""
-    import pythons
     interp = pythons.get("cpython3.11-static").require()
     if os.path.realpath(interp.exe) != os.path.realpath(PYTEST_PYTHON):
-        pytest.skip("%s is not Debian's python3 (which has pytest)" % interp.exe)
+        pythons.need("/usr/bin/python3", "%s is not Debian's python3 (which has pytest)" % interp.exe)
     return pythons, interp, pythons.build_module(interp)
 
 
@@ -97,7 +97,8 @@ def inner_pytest(shim, tmp_path, *pytest_args, preload=True, cli_args=("--leak-c
         argv = [str(SCRIPT), "run"] + list(cli_args) + ["--"] + argv
     else:
         env["PYTHONPATH"] = env.get("PYTHONPATH", "") + os.pathsep + str(PKG)
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
     outcomes = dict((name, word) for word, name in
                     re.findall(r"^(PASSED|FAILED|ERROR) test_inner\.py::(\w+)", r.stdout, re.M))
     return r, outcomes
@@ -249,7 +250,8 @@ def run_api(pythons, interp, tmp_path, preload):
         argv = [str(SCRIPT), "run", "--leak-check", "--exitcode", "0", "--"] + argv
     else:
         env["PYTHONPATH"] = env.get("PYTHONPATH", "") + os.pathsep + str(PKG)
-    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stdout + r.stderr
     return r
 
@@ -263,7 +265,6 @@ def test_api_without_the_shim(shim, tmp_path):
 
 def test_api_with_the_shim(interpreter, tmp_path):
     """On every interpreter of pythons.NAMES (absent ones skip)."""
-    import pythons
     r = run_api(pythons, interpreter, tmp_path, preload=True)
     lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
     assert lines["available"] == "True"

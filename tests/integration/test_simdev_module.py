@@ -2,8 +2,6 @@
 without the shim (these tests are about the module and the device)."""
 import textwrap
 
-import pytest
-
 import pythons
 
 
@@ -136,7 +134,7 @@ def test_module_can_be_imported_twice(interpreter):
 
 def test_subinterpreter_imports_it(interpreter):
     if interpreter.kind == "pypy":
-        pytest.skip("PyPy has no subinterpreters")
+        pythons.need("subinterpreters", "PyPy has no subinterpreters")
     run(interpreter, """
         try:
             import _interpreters as subs
@@ -166,7 +164,7 @@ def test_subinterpreter_imports_it(interpreter):
 
 def test_debug_build_leaks_no_references(interpreter):
     if not interpreter.debug:
-        pytest.skip("sys.gettotalrefcount needs a debug build")
+        pythons.need("py-debug", "sys.gettotalrefcount needs a debug build")
     run(interpreter, """
         import gc, sys, simdev
         def churn():

@@ -83,7 +83,7 @@ class Target:
 
     def finish(self):
         self.go_on()
-        out, err = self.proc.communicate(timeout=60)
+        out, err = self.proc.communicate(timeout=pythons.HANG_S)
         return self.proc.returncode, out, err
 
     def kill(self):
@@ -94,12 +94,12 @@ class Target:
 
 def snapshot(*args, cwd=None):
     return subprocess.run([sys.executable, str(CLI), "snapshot"] + [str(a) for a in args],
-                          capture_output=True, text=True, cwd=cwd, timeout=120)
+                          capture_output=True, text=True, cwd=cwd, timeout=pythons.HANG_S)
 
 
 def report(*args):
     return subprocess.run([sys.executable, str(CLI), "report"] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=pythons.HANG_S)
 
 
 def frames(group):
@@ -264,7 +264,7 @@ os.waitpid(pid, 0)
         assert json.loads((tmp_path / "parent.json").read_text())["live_allocations"] == 1
         proc.stdin.write("\n")
         proc.stdin.flush()
-        _out, err = proc.communicate(timeout=60)
+        _out, err = proc.communicate(timeout=pythons.HANG_S)
         assert proc.returncode == 0, err
     finally:
         if proc.poll() is None:
@@ -274,7 +274,7 @@ os.waitpid(pid, 0)
 
 def ask(pid, data, shut=False):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(30)
+    s.settimeout(pythons.HANG_S)
     s.connect("\0spyreshim-control.%d" % pid)
     if data:
         s.sendall(data)
@@ -303,7 +303,7 @@ def test_bad_requests_get_one_line_and_the_target_keeps_serving(builddir, tmp_pa
                     "s.connect('\\0spyreshim-control.%d'); s.sendall(b'snapshot\\n'); "
                     "print(s.recv(4096).decode(), end='')" % t.pid)
             p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                               user=65534, group=65534, timeout=60)
+                               user=65534, group=65534, timeout=pythons.HANG_S)
             assert p.stdout == ("error: permission denied: only the process's own user may "
                                 "ask\n"), (p.stdout, p.stderr)
         got = ask(t.pid, b"snapshot\n")
@@ -325,7 +325,7 @@ def test_collections_section_attributes_what_each_collection_freed(builddir, tmp
     env = dict(os.environ, LD_PRELOAD=str(pythons.shim_lib()), SIMDEV_MEMORY="256M",
                SPYRESHIM_LEAK_CHECK="1", SPYRESHIM_REPORT=str(rep), SPYRESHIM_STATS=str(stats),
                PYTHONPATH=str(builddir / "tests" / "simdev"))
-    r = pythons.run([sys.executable, ROOT / "scripts" / "demo_train.py"], env=env, timeout=300)
+    r = pythons.run([sys.executable, ROOT / "scripts" / "demo_train.py"], env=env)
     assert r.returncode == 0, r.stderr
     c = json.loads(rep.read_text())["collections"]
     s = json.loads(stats.read_text())

@@ -21,7 +21,7 @@ def test_threads_with_a_cache_emptied_by_the_callback(shim_lib, tmp_path, arenas
            "SPYRESHIM_ARENAS": arenas, **gc_support.preload_env(shim_lib)}
     iters = "600" if gc_support.tsan_runtime() else "4000"
     r = pythons.run([str(pythons.builddir() / "tests" / "pressure_stress"), "4", iters],
-                    env=env, timeout=300)
+                    env=env)
     assert r.returncode == 0, r
     assert "corrupt=0" in r.stdout, r
     s = json.loads(stats.read_text())

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pythons  # noqa: E402
 import torchrun  # noqa: E402
 
 
@@ -303,7 +304,7 @@ def test_foreach_optimizers_update_device_parameters_as_on_the_cpu(optimizer):
 
 def test_2x_backend_is_named_simdev_with_accelerator_and_device_module():
     if torchrun.VERSION == "1.13":
-        pytest.skip("PyTorch 1.13 cannot rename PrivateUse1 (no torch.utils.rename_privateuse1_backend)")
+        pythons.need("torch-rename", "PyTorch 1.13 cannot rename PrivateUse1 (no torch.utils.rename_privateuse1_backend)")
     r = run("""
         print(torch.accelerator.current_accelerator(), torch.accelerator.device_count(),
               torch.accelerator.is_available())

@@ -72,7 +72,7 @@ def run_then_sigkill(prog, trace, builddir, settle_s):
         assert p.stdout.readline().strip() == "ready"
         time.sleep(settle_s)
         p.send_signal(signal.SIGKILL)
-        p.wait(timeout=30)
+        p.wait(timeout=pythons.HANG_S)
     finally:
         if p.poll() is None:
             p.kill()
@@ -143,7 +143,7 @@ def test_fork_child_writes_its_own_trace(tmp_path, builddir):
     env = shim_env(SIMDEV_MEMORY="64M", SPYRESHIM_TRACE=tmp_path / "f-%p.trace",
                    PYTHONPATH=builddir / "tests" / "simdev")
     r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True,
-                       timeout=60)
+                       timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr
     files = sorted(tmp_path.glob("f-*.trace"))
     # The child's _exit skips the destructor: its file holds what was

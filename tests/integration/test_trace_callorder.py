@@ -34,7 +34,7 @@ def run(name, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     report, trace = tmp_path / "r.json", tmp_path / "r.trace"
-    r = pythons.run_python(interp, path=script, args=[], timeout=120,
+    r = pythons.run_python(interp, path=script, args=[],
                            env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": str(report),
                                 "SPYRESHIM_EXITCODE": "7", "SPYRESHIM_TRACE": str(trace)})
     assert r.returncode == 7, r.describe()

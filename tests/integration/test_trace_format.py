@@ -52,7 +52,7 @@ def same_columns(a, b):
 
 def report(*args):
     return subprocess.run([sys.executable, str(SCRIPT), "report"] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=pythons.HANG_S)
 
 
 def test_the_same_events_in_version_1_and_2_read_back_identically(tmp_path):
@@ -98,7 +98,7 @@ def test_a_version_1_file_still_reads(tmp_path):
     for path, version in ((old, 1), (new, 2)):
         r = subprocess.run([sys.executable, str(REPO / "bench" / "trace_synth.py"), "--version",
                             str(version), "--threads", "3", str(path), "30000"],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=pythons.HANG_S)
         assert r.returncode == 0, r.stderr
     assert old.read_bytes()[8:12] == struct.pack("<I", 1)
     assert new.read_bytes()[8:12] == struct.pack("<I", 2)
@@ -137,7 +137,7 @@ def traced_stress(tmp_path, builddir, threads, iterations, **env):
     trace, stats = tmp_path / "p.trace", tmp_path / "p.json"
     r = pythons.run([builddir / "tests" / "pressure_stress", threads, iterations],
                     env=shim_env(SIMDEV_MEMORY="48M", SPYRESHIM_TRACE=trace,
-                                 SPYRESHIM_STATS=stats, **env), timeout=120)
+                                 SPYRESHIM_STATS=stats, **env))
     assert r.returncode == 0, r.stderr
     return trace, json.loads(stats.read_text()), r
 

@@ -28,6 +28,9 @@ sys.path.insert(0, str(REPO / "bench"))
 import trace_synth  # noqa: E402
 from spyreshim import gcview, memoryviz, pprof, timeline, trace as tr, tracepeak  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+import pythons  # noqa: E402
+
 NUMPY = tr.np
 
 
@@ -36,9 +39,7 @@ def numpy_here():
     if NUMPY is None:
         reason = ("numpy is not importable in %s (Debian's python3-numpy: scripts/deps.sh), "
                   "or SPYRESHIM_NO_NUMPY is set: there is one path only" % sys.executable)
-        if os.environ.get("CI") == "true" and not os.environ.get("SPYRESHIM_NO_NUMPY"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pythons.need("numpy-off" if os.environ.get("SPYRESHIM_NO_NUMPY") else "numpy", reason)
     yield
     tr.np = NUMPY
 
@@ -101,6 +102,9 @@ def answers(path, tmp):
     out["page"] = timeline.page(tr.stream(str(path)))
     out["peak"] = tracepeak.peak_text(tr.stream(str(path)))
     out["stats"] = tracepeak.stats_text(tr.stream(str(path)))
+    # The text rounds (a total to 0.1 GiB): its figures, exactly.
+    st = tracepeak._gather(tr.stream(str(path)))
+    out["stats figures"] = {k: v for k, v in vars(st).items() if k != "peaks"}
     out["gc"] = gcview.text(tr.stream(str(path)))
     p = tr.peaks(tr.stream(str(path)))
     out["peaks"] = (p.bytes, p.index, sorted(p.per_device.items()))
@@ -151,7 +155,7 @@ def test_spyreshim_no_numpy_turns_the_vectorized_path_off(traces, tmp_path):
              "import sys; from spyreshim import cli, trace; print(trace.np is None); "
              "sys.exit(cli.main(sys.argv[1:]))",
              "report", "--view", "timeline", "--html", str(out), str(traces["messy"])],
-            env=env, capture_output=True, text=True, timeout=300)
+            env=env, capture_output=True, text=True, timeout=pythons.HANG_S)
         assert r.returncode == 0, r.stderr
         return r.stdout.splitlines()[0], out.read_bytes()
 
@@ -168,10 +172,7 @@ def test_pypy3_without_numpy_writes_the_same_timeline_and_stats(traces, tmp_path
     import shutil
     pypy = shutil.which("pypy3")
     if pypy is None:
-        reason = "pypy3 is not installed (scripts/deps.sh installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
+        pythons.need("pypy3", "pypy3 is not installed (scripts/deps.sh installs it)")
     tr.np = NUMPY
     path = str(traces["messy"])
     code = ("import sys; sys.path.insert(0, %r)\n"
@@ -182,7 +183,7 @@ def test_pypy3_without_numpy_writes_the_same_timeline_and_stats(traces, tmp_path
             % str(REPO))
     page, stats = tmp_path / "p.html", tmp_path / "s.txt"
     r = subprocess.run([pypy, "-c", code, path, str(page), str(stats)],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr
     assert page.read_text() == timeline.page(tr.stream(path))
     assert stats.read_text() == tracepeak.stats_text(tr.stream(path))

@@ -19,6 +19,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 from spyreshim import memoryviz, timeline, trace as tr  # noqa: E402
 
+sys.path.insert(0, str(HERE))
+import pythons  # noqa: E402
+
 EV = struct.Struct("<QQQII")
 
 
@@ -165,7 +168,7 @@ def views(tmp, n):
 
 def peak_rss(path, args, package=REPO):
     r = subprocess.run([sys.executable, "-c", DRIVER, str(package)] + [str(a) for a in args] +
-                       [str(path)], capture_output=True, text=True, timeout=600)
+                       [str(path)], capture_output=True, text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0, r.stderr[-2000:]
     return int(re.search(r"maxrss (\d+)", r.stderr).group(1)), r
 

@@ -9,10 +9,12 @@ import json
 import os
 import pickle
 import pickletools
+import random
 import re
 import struct
 import subprocess
 import sys
+from array import array
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ sys.path.insert(0, str(HERE))
 import trace_synth  # noqa: E402
 from spyreshim import memoryviz, timeline, trace as tr, tracepeak  # noqa: E402
 from test_html_report import Page, chromium, png_size  # noqa: E402
+import pythons  # noqa: E402
 
 # The opcodes MemoryViz.js's unpickle() handles (its switch statement).
 VIZ_OPCODES = {"PROTO", "APPEND", "APPENDS", "LIST", "TUPLE", "NEWFALSE", "NEWTRUE", "NONE",
@@ -146,6 +149,49 @@ def test_timeline_page_is_self_contained_with_the_exact_peak(synth):
     assert len(data["snaps"]) == 300
     # The peak column's snapshot is the exact peak.
     assert sum(v for _s, v in data["snaps"][data["peak_bucket"]]) == peak.bytes
+
+
+def many_sites(path, nsites):
+    """One allocation at each of `nsites` sites, in a shuffled site order,
+    of sizes with many ties (a whole page apart: no two totals collide by
+    chance); nothing freed, so the last event is the peak. Returns the
+    trace and its live bytes by site."""
+    rnd = random.Random(nsites)
+    order = list(range(1, nsites + 1))
+    rnd.shuffle(order)
+    live = {s: 4096 * ((s * 37) % 50 + 1) for s in order}
+    rows = [(i + 1, 0x100000 * (i + 1), live[s], tr.ALLOC, 0, (i + 1) * 1000, s)
+            for i, s in enumerate(order)]
+    cols = {c: array(trace_synth.TYPECODES[c], [r[k] for r in rows])
+            for k, c in enumerate(trace_synth.COLUMNS)}
+    trace_synth.write_events(str(path), [(0, cols)], trace_synth.metadata(nsites))
+    return tr.load(str(path)), live
+
+
+# More sites than a snapshot lists; 400 also past the copy's bound (a heap
+# of the largest then, not a sort of them all).
+@pytest.mark.parametrize("nsites", [timeline.SNAPSHOT_SITES + 20, 5 * timeline.SNAPSHOT_SITES])
+@pytest.mark.parametrize("path", ["numpy", "pure-python"])
+def test_timeline_snapshot_lists_the_largest_sites_in_order_and_sums_the_rest(
+        tmp_path, monkeypatch, nsites, path):
+    if path == "pure-python":
+        monkeypatch.setattr(tr, "np", None)
+    elif tr.np is None:
+        pythons.need("numpy-off" if os.environ.get("SPYRESHIM_NO_NUMPY") else "numpy",
+                     "numpy is not importable here (or SPYRESHIM_NO_NUMPY is set)")
+    t, live = many_sites(tmp_path / "sites.trace", nsites)
+    # Largest first, equal bytes in site order, whatever order they came in.
+    ranked = sorted(live.items(), key=lambda kv: (-kv[1], kv[0]))
+    shown = ranked[:timeline.SNAPSHOT_SITES]
+    rest = sum(v for _s, v in ranked[timeline.SNAPSHOT_SITES:])
+    assert rest > 0 and len({v for _s, v in shown}) < len(shown)    # ties among the shown
+    want = [[s, v] for s, v in shown] + [[-1, rest]]
+    data = timeline.build(t)
+    assert data["peak"] == sum(live.values())
+    assert data["snaps"][data["peak_bucket"]] == want
+    # The page carries that snapshot as it is.
+    page = json.loads(re.search(r'id="data">(.*?)</script>', timeline.page(t), re.S).group(1))
+    assert page["snaps"][page["peak_bucket"]] == want
 
 
 def test_timeline_escapes_program_text(synth, monkeypatch):
