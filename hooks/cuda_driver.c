@@ -257,7 +257,21 @@ static int drv_sync(int ordinal, uintptr_t context)
         CUcontext popped;
         d->ctx_pop(&popped);
     }
-    return context_is_gone(rc) ? SHIM_SYNC_GONE : (int)rc;
+    if (!context_is_gone(rc))
+        return (int)rc;
+    shim_cuda_context_destroyed(want); /* the driver says it is gone */
+    return SHIM_SYNC_GONE;
+}
+
+/* Whether the driver has a live allocation at `addr` (an address of a
+ * region the shim forgot at its context's teardown). */
+static bool drv_holds(uintptr_t addr)
+{
+    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    return d->mem_get_address_range &&
+           d->mem_get_address_range(&base, &size, (CUdeviceptr)addr) == CUDA_SUCCESS;
 }
 
 /* Devices are shared with the runtime route (hooks/cuda_runtime.c) by name. */
@@ -273,6 +287,8 @@ static const shim_runtime driver_rt = {
     .current_context = drv_current_context,
     .sync_device = drv_sync,
     .in_capture = shim_cuda_capturing,
+    .contexts_of = shim_cuda_contexts_of,
+    .holds = drv_holds,
 };
 
 /* Requests of at least this size are served from a region of their own
@@ -905,14 +921,19 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 /* ---- context teardown ----------------------------------------------- */
 
-/* The primary context of each device as retained through the shim, and
- * how many retains the program holds: the release that drops the count
- * to zero destroys it. Only counts: the handle is the driver's. */
+/* The driver decides whether a context goes: the shim forgets one only
+ * after the driver's call succeeded (a refused cuCtxDestroy, of a primary
+ * context say, leaves every block live), and for a primary context only
+ * once the driver says it is no longer active. A primary context's handle
+ * is the driver's answer to its retains (the same for a device for as long
+ * as the process lives); nothing else is kept. Between the driver's
+ * teardown and the forgetting another thread may be given the addresses
+ * again: lookups find live regions before forgotten ones, and the
+ * program may not use the dying context's blocks meanwhile. */
 #define MAX_ORDINALS 64
 static _Atomic(CUcontext) primary[MAX_ORDINALS];
-static _Atomic int primary_refs[MAX_ORDINALS];
 
-/* The driver is about to free every allocation of `ctx`. */
+/* The driver freed every allocation of `ctx`. */
 static void context_gone(CUcontext ctx)
 {
     if (!ctx || shim_device_in_backend())
@@ -925,13 +946,21 @@ static CUcontext primary_of(CUdevice dev)
     return dev >= 0 && dev < MAX_ORDINALS ? atomic_load(&primary[dev]) : NULL;
 }
 
+static CUresult destroyed(CUresult rc, CUcontext ctx)
+{
+    if (rc == CUDA_SUCCESS) {
+        context_gone(ctx);
+        shim_cuda_context_destroyed(ctx);
+    }
+    return rc;
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     driver *drv = get_driver();
     if (!drv || !drv->ctx_destroy)
         return CUDA_ERROR_NOT_INITIALIZED;
-    context_gone(ctx);
-    return drv->ctx_destroy(ctx);
+    return destroyed(drv->ctx_destroy(ctx), ctx);
 }
 
 EXPORT CUresult cuCtxDestroy(CUcontext ctx)
@@ -939,8 +968,51 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
     driver *drv = get_driver();
     if (!drv || (!drv->ctx_destroy_v1 && !drv->ctx_destroy))
         return CUDA_ERROR_NOT_INITIALIZED;
-    context_gone(ctx);
-    return drv->ctx_destroy_v1 ? drv->ctx_destroy_v1(ctx) : drv->ctx_destroy(ctx);
+    return destroyed(drv->ctx_destroy_v1 ? drv->ctx_destroy_v1(ctx) : drv->ctx_destroy(ctx), ctx);
+}
+
+/* A context made: registered with its device, so that a freed block waits
+ * for its work too (hooks/cuda_contexts.c). */
+static CUresult created(CUresult rc, CUcontext *pctx, CUdevice dev)
+{
+    if (rc == CUDA_SUCCESS && pctx && !shim_device_in_backend())
+        shim_cuda_context_created(*pctx, dev);
+    return rc;
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_create)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return created(drv->ctx_create(pctx, flags, dev), pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->ctx_create_v1 && !drv->ctx_create))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return created(drv->ctx_create_v1 ? drv->ctx_create_v1(pctx, flags, dev)
+                                      : drv->ctx_create(pctx, flags, dev), pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                               unsigned flags, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_create_v3)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return created(drv->ctx_create_v3(pctx, params, n, flags, dev), pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned flags,
+                               CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_create_v4)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return created(drv->ctx_create_v4(pctx, params, flags, dev), pctx, dev);
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -949,33 +1021,21 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (!drv || !drv->primary_ctx_retain)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = drv->primary_ctx_retain(pctx, dev);
-    if (rc == CUDA_SUCCESS && pctx && dev >= 0 && dev < MAX_ORDINALS) {
+    if (rc == CUDA_SUCCESS && pctx && dev >= 0 && dev < MAX_ORDINALS)
         atomic_store(&primary[dev], *pctx);
-        atomic_fetch_add(&primary_refs[dev], 1);
-    }
-    return rc;
+    return created(rc, pctx, dev);
 }
 
+/* A release that succeeded: the context went if the driver says it is no
+ * longer active (the last release). Without the driver's answer, kept. */
 static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
 {
-    bool known = dev >= 0 && dev < MAX_ORDINALS;
-    int refs = known ? atomic_load(&primary_refs[dev]) : 0;
-    if (refs == 1)
-        context_gone(primary_of(dev)); /* the last release: before the driver frees */
     CUresult rc = real(dev);
-    if (rc != CUDA_SUCCESS || !known)
-        return rc;
-    if (refs > 0) {
-        atomic_fetch_sub(&primary_refs[dev], 1);
-        return rc;
-    }
-    /* Retained where the shim did not see it: ask whether that was the
-     * last release (late, but before the shim serves from it again). */
     driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
     unsigned flags;
     int active = 1;
-    if (drv->primary_ctx_get_state && drv->primary_ctx_get_state(dev, &flags, &active) ==
-                                          CUDA_SUCCESS && !active)
+    if (rc == CUDA_SUCCESS && drv->primary_ctx_get_state &&
+        drv->primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)
         context_gone(primary_of(dev));
     return rc;
 }
@@ -997,12 +1057,12 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
                                                        : drv->primary_ctx_release, dev);
 }
 
+/* A reset that succeeded freed every allocation of the context. */
 static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
 {
-    context_gone(primary_of(dev));
     CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS && dev >= 0 && dev < MAX_ORDINALS)
-        atomic_store(&primary_refs[dev], 0);
+    if (rc == CUDA_SUCCESS)
+        context_gone(primary_of(dev));
     return rc;
 }
 
@@ -1102,6 +1162,10 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuMemUnmap", 10020, 0, "cuMemUnmap", cuMemUnmap)                               \
     X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
     X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
+    X("cuCtxCreate", 2000, 3020, "cuCtxCreate", cuCtxCreate)                          \
+    X("cuCtxCreate", 3020, 11040, "cuCtxCreate_v2", cuCtxCreate_v2)                   \
+    X("cuCtxCreate", 11040, 12050, "cuCtxCreate_v3", cuCtxCreate_v3)                  \
+    X("cuCtxCreate", 12050, 0, "cuCtxCreate_v4", cuCtxCreate_v4)                      \
     X("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \
     X("cuDevicePrimaryCtxRelease", 7000, 11000, "cuDevicePrimaryCtxRelease",           \
       cuDevicePrimaryCtxRelease)                                                      \
