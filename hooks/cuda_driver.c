@@ -54,8 +54,11 @@
  * (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 32, the larger of the
  * two is what cudaMallocPitch returns). */
 #define PITCH_ALIGN ((size_t)512)
-/* cuda.h's handle of the legacy default stream. */
+/* cuda.h's handles of the legacy and the per-thread default stream. */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+/* Device ordinals the shim asks the driver about. */
+#define MAX_ORDINALS 64
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -531,7 +534,72 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
  * graph node): only the driver can keep those rules, so the shim passes
  * them through and records what the program holds (family cuda-async, on
  * the device of the calling thread's context), docs/cuda.md. */
-/* Charged to the calling context's device before the driver is asked
+/* The device of a pool, by the driver's answers: the device whose
+ * default or current pool it is, else the one device with read-write
+ * access to it (a pool's own device always has it); -1 when the driver
+ * cannot tell (then the calling context's device is charged). */
+static int pool_ordinal(driver *drv, CUmemoryPool pool)
+{
+    CUmemoryPool q;
+    for (int dev = 0; dev < MAX_ORDINALS && drv->device_get_default_mem_pool; dev++) {
+        CUresult rc = drv->device_get_default_mem_pool(&q, dev);
+        if (rc == CUDA_ERROR_INVALID_DEVICE)
+            break;
+        if ((rc == CUDA_SUCCESS && q == pool) ||
+            (drv->device_get_mem_pool && drv->device_get_mem_pool(&q, dev) == CUDA_SUCCESS &&
+             q == pool))
+            return dev;
+    }
+    int found = -1;
+    for (int dev = 0; dev < MAX_ORDINALS && drv->mem_pool_get_access; dev++) {
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+        CUmemAccess_flags flags = 0;
+        CUresult rc = drv->mem_pool_get_access(&flags, pool, &loc);
+        if (rc != CUDA_SUCCESS)
+            break; /* past the last device, or not a pool */
+        if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+            if (found >= 0)
+                return -1; /* shared with a peer: the driver does not say whose */
+            found = dev;
+        }
+    }
+    return found;
+}
+
+/* The device of a stream's context (the pool of cuMemAllocAsync is that
+ * device's current one), -1 for the default streams and when the driver
+ * cannot tell (the calling context's device then). */
+static int stream_ordinal(driver *drv, CUstream stream)
+{
+    CUcontext c = NULL, cur = NULL;
+    CUdevice dev = -1;
+    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD ||
+        !drv->stream_get_ctx || drv->stream_get_ctx(stream, &c) != CUDA_SUCCESS || !c ||
+        !drv->ctx_get_current || drv->ctx_get_current(&cur) != CUDA_SUCCESS || c == cur ||
+        !drv->ctx_push || !drv->ctx_pop || !drv->ctx_get_device)
+        return -1;
+    if (drv->ctx_push(c) != CUDA_SUCCESS)
+        return -1;
+    if (drv->ctx_get_device(&dev) != CUDA_SUCCESS)
+        dev = -1;
+    CUcontext popped;
+    drv->ctx_pop(&popped);
+    return dev;
+}
+
+/* The device memory of `ordinal` is charged to, from the calling
+ * context's device `d`: `d` itself when it is that device, else a
+ * context the shim serves on `ordinal` (NULL when there is none: then
+ * counted there, not limited). */
+static shim_device *device_for(shim_device *d, int ordinal)
+{
+    if (ordinal < 0 || !d || shim_passthrough_ordinal(d) == ordinal)
+        return d;
+    return shim_device_of_ordinal(&driver_rt, ordinal);
+}
+
+/* Charged to the device it is allocated on (the pool's, or the stream's
+ * for the device's current pool) before the driver is asked
  * (SPYRESHIM_LIMIT: over it, room is made as for a served request, then
  * out-of-memory; never a pressure event during a capture), given back when
  * the driver refuses; recorded when it accepts. `from_pool` NULL: the
@@ -542,8 +610,14 @@ static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
 {
     shim_device *d = NULL;
     bool watch = !shim_device_in_backend();
-    if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0)
+    int ordinal = -1;
+    if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0) {
         d = NULL;
+    } else {
+        driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
+        ordinal = from_pool ? pool_ordinal(drv, pool) : stream_ordinal(drv, stream);
+        d = device_for(d, ordinal);
+    }
     if (d) {
         CUresult rc = shim_passthrough_charge(d, size);
         if (rc != CUDA_SUCCESS)
@@ -558,7 +632,7 @@ static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
     if (d)
         shim_passthrough_add_charged(SHIM_PT_ASYNC, d, (uintptr_t)*dptr, size);
     else if (dptr && watch)
-        shim_passthrough_add(SHIM_PT_ASYNC, -1, (uintptr_t)*dptr, size);
+        shim_passthrough_add(SHIM_PT_ASYNC, ordinal, (uintptr_t)*dptr, size);
     return rc;
 }
 
@@ -846,12 +920,12 @@ EXPORT CUresult cuMemHostUnregister(void *p)
 
 /* cuMemCreate's physical allocations are the family cuda-vmm, keyed by
  * handle, charged to SPYRESHIM_LIMIT of the device they are created on
- * (when that is the calling thread's context's device: the shim's devices
- * are contexts; on another device they are counted, not limited). A
- * physical allocation lives while its handle is not released or a mapping
- * uses it (the driver's rule): the record and the charge go when both are
- * gone. Mappings are recorded on the handle's record, so that a leak
- * report names the range. Reservations, access and the shareable handles
+ * (the calling context's device, or a context the shim serves on that
+ * device: device_for; with none, counted there, not limited). A physical
+ * allocation lives while its handle is not released or a mapping uses it
+ * (the driver's rule): the record and the charge go when both are gone.
+ * Every mapping is recorded on the handle's record (a handle may be mapped
+ * at several addresses), and a leak report names the last one. Reservations, access and the shareable handles
  * go to the driver untouched; nothing is served from the shim's regions,
  * and pointer queries on a mapped address reach the driver (no region of
  * the shim holds it). */
@@ -864,9 +938,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     shim_device *d = NULL;
     if (!handle || !prop || size == 0 || flags != 0 ||
         prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || shim_device_in_backend() ||
-        shim_device_for_caller(&driver_rt, &d) != 0 ||
-        shim_passthrough_ordinal(d) != prop->location.id)
+        shim_device_for_caller(&driver_rt, &d) != 0)
         d = NULL;
+    else
+        d = device_for(d, prop->location.id);
     if (d) {
         CUresult rc = shim_passthrough_charge(d, size);
         if (rc != CUDA_SUCCESS)
@@ -930,7 +1005,6 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
  * teardown and the forgetting another thread may be given the addresses
  * again: lookups find live regions before forgotten ones, and the
  * program may not use the dying context's blocks meanwhile. */
-#define MAX_ORDINALS 64
 static _Atomic(CUcontext) primary[MAX_ORDINALS];
 
 /* The driver freed every allocation of `ctx`. */

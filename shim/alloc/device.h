@@ -127,6 +127,11 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
  * freed. A later free of one of its addresses is answered as the runtime
  * answers a dead pointer. No allocator lock may be held by the caller. */
 void shim_device_context_gone(const shim_runtime *rt, uintptr_t context);
+/* A live device of `rt`'s runtime on device `ordinal` (a context the shim
+ * serves there), the first made; NULL when there is none. For memory of a
+ * device whose context is not the caller's (a pool or VMM allocation of
+ * another device): counted and limited on that device. */
+shim_device *shim_device_of_ordinal(const shim_runtime *rt, int ordinal);
 /* The device current on the calling thread (rt->current_device). Returns
  * 0, the runtime's error when it has no current device, or err_oom when no
  * device can be created. */

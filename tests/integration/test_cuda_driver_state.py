@@ -6,6 +6,8 @@ the test asks for one, a limit may tell the two runs apart."""
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_cuda_driver import built_tests, run, shim_env, stats  # noqa: E402
 
@@ -79,3 +81,54 @@ def test_releases_and_resets_that_leave_the_context(shim_lib, tmp_path):
     assert_same(bare, shim, "releaseextra")
     s = stats(tmp_path)
     assert s["context_teardown_blocks"] == 0 and s["allocs"] == s["frees"] == 1, s
+
+
+@pytest.mark.parametrize("check", ["vmmtwice", "vmmpartial"])
+def test_a_handle_mapped_twice_is_freed_with_its_last_mapping(shim_lib, tmp_path, check):
+    """Mapped at two addresses, unmapped (one by one, or in one call), and
+    released (before or after): no leak at exit (the shim reported a
+    cuda-vmm leak, exit 23), every record gone."""
+    bare, shim = both(check, tmp_path)
+    assert_same(bare, shim, check)
+    s = stats(tmp_path)
+    assert s["vmm_allocs"] == s["vmm_frees"] and s["vmm_bytes"] == 0, s
+
+
+def answers(r, key):
+    """The return codes of the lines "<key> <bytes> <rc>"."""
+    rows = [l.split() for l in r.stdout.splitlines()]
+    return [int(w[2]) for w in rows if len(w) == 3 and w[0] == key and w[1].isdigit()]
+
+
+def test_pool_memory_of_another_device_is_that_devices(shim_lib, tmp_path):
+    """Without a limit, 4 MiB from device 1's default pool, from a pool made
+    there and on a stream of device 1 while device 0's context is current:
+    the same answers, and counted on device 1."""
+    bare, shim = both("poolother", tmp_path)
+    assert_same(bare, shim, "poolother")
+    s = stats(tmp_path)
+    fam = {(f["family"], f["device"]): f for f in s["passthrough"]}
+    assert fam[("cuda-async", 1)]["peak_bytes"] == 4 * MiB, s["passthrough"]
+    assert ("cuda-async", 0) not in fam, s["passthrough"]
+
+
+def test_pool_memory_of_another_device_is_under_that_devices_limit(shim_lib, tmp_path):
+    """Under SPYRESHIM_LIMIT=4M with 1 MiB served on device 1: 4 MiB more
+    there (from its pools, or on its stream, with device 0's context
+    current) is out of memory (2), 1 MiB is not; the bare device serves
+    all (the shim allowed 5 MiB on device 1)."""
+    bare, shim = both("poolother", tmp_path, SPYRESHIM_LIMIT="4M")
+    assert answers(bare, "other") == [0, 0] and answers(bare, "stream") == [0], bare.stdout
+    assert answers(bare, "made") == [0], bare.stdout
+    assert answers(shim, "other") == [2, 0] and answers(shim, "stream") == [2], shim.stdout
+    assert answers(shim, "made") == [2], shim.stdout
+    assert shim.returncode == 0 and "poolother ok" in shim.stdout, shim.stdout + shim.stderr
+
+
+def test_vmm_memory_of_another_device_is_under_that_devices_limit(shim_lib, tmp_path):
+    """cuMemCreate of device 1 with device 0's context current: counted
+    and limited on device 1, as the pools' memory."""
+    bare, shim = both("vmmother", tmp_path, SPYRESHIM_LIMIT="4M")
+    assert answers(bare, "vmmother") == [0, 0], bare.stdout
+    assert answers(shim, "vmmother") == [2, 0], shim.stdout
+    assert shim.returncode == 0 and "vmmother ok" in shim.stdout, shim.stdout + shim.stderr

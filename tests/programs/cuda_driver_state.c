@@ -25,11 +25,11 @@
  *                nothing left (the leak check's exit status tells)
  *   vmmpartial   one handle mapped in two halves at two addresses, one
  *                cuMemUnmap covering both, released
- *   poolother    cuMemAllocFromPoolAsync from device 1's pool while device
- *                0's context is current, and cuMemAllocAsync on a stream of
- *                device 1 while device 0's context is current: prints the
- *                answers ("other <bytes> <rc>"; under SPYRESHIM_LIMIT the
- *                test expects the limit of device 1)
+ *   poolother    cuMemAllocFromPoolAsync from device 1's default pool and
+ *                from a pool made on device 1, and cuMemAllocAsync on a
+ *                stream of device 1, while device 0's context is current:
+ *                prints the answers ("other|made|stream <bytes> <rc>";
+ *                under SPYRESHIM_LIMIT the test expects device 1's limit)
  *   vmmother     cuMemCreate of device 1 while device 0's context is current
  *                ("vmmother <bytes> <rc>") */
 #include <stdio.h>
@@ -237,6 +237,20 @@ static void check_poolother(void)
     printf("other 1048576 %d\n", rc);
     if (rc == CUDA_SUCCESS)
         printf("free %d\n", cuMemFreeAsync(p, NULL));
+    /* A pool the program made on device 1. */
+    CUmemoryPool made;
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 1;
+    CHECK(cuMemPoolCreate(&made, &props) == CUDA_SUCCESS, "a pool of device 1");
+    rc = cuMemAllocFromPoolAsync(&p, 4 * MiB, made, NULL);
+    printf("made 4194304 %d\n", rc);
+    if (rc == CUDA_SUCCESS)
+        printf("free %d\n", cuMemFreeAsync(p, NULL));
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS && cuMemPoolDestroy(made) == CUDA_SUCCESS,
+          "destroy the pool");
     CHECK(cuCtxSynchronize() == CUDA_SUCCESS, "synchronize");
     CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuStreamSynchronize(s1) == CUDA_SUCCESS &&
           cuStreamDestroy_v2(s1) == CUDA_SUCCESS && cuMemFree_v2(served) == CUDA_SUCCESS,
