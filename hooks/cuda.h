@@ -166,6 +166,8 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
     X(mem_map, cuMemMap, 1, CUresult,                                                            \
       (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))           \
     X(mem_unmap, cuMemUnmap, 1, CUresult, (CUdeviceptr, size_t))                                 \
+    X(mem_retain_allocation_handle, cuMemRetainAllocationHandle, 1, CUresult,                    \
+      (CUmemGenericAllocationHandle *, void *))                                                  \
     X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0, CUresult, (CUstreamCaptureMode *)) \
     X(stream_get_capture_info, cuStreamGetCaptureInfo, 0, CUresult,                              \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *))                                         \

@@ -994,6 +994,19 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
+/* A handle of a mapped allocation, one more reference of it: the record
+ * goes only once every reference is released and nothing maps it. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_retain_allocation_handle)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_retain_allocation_handle(handle, addr);
+    if (rc == CUDA_SUCCESS && handle && !shim_device_in_backend())
+        shim_passthrough_retained(SHIM_PT_VMM, (uintptr_t)*handle);
+    return rc;
+}
+
 /* ---- context teardown ----------------------------------------------- */
 
 /* The driver decides whether a context goes: the shim forgets one only
@@ -1234,6 +1247,8 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuMemRelease", 10020, 0, "cuMemRelease", cuMemRelease)                         \
     X("cuMemMap", 10020, 0, "cuMemMap", cuMemMap)                                     \
     X("cuMemUnmap", 10020, 0, "cuMemUnmap", cuMemUnmap)                               \
+    X("cuMemRetainAllocationHandle", 11000, 0, "cuMemRetainAllocationHandle",         \
+      cuMemRetainAllocationHandle)                                                    \
     X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
     X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
     X("cuCtxCreate", 2000, 3020, "cuCtxCreate", cuCtxCreate)                          \

@@ -41,6 +41,7 @@ typedef struct node {
     shim_pt_record r;
     pt_map *mapv; /* r.maps of them, live (VMM) */
     unsigned capv;
+    unsigned refs; /* references of a VMM handle: its creation's, each retain's */
 } node;
 
 static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -125,6 +126,7 @@ static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t
         n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
                                 .native_stack = ns, .python_stack = ps, .family = f,
                                 .ordinal = ordinal, .charged = charged};
+        n->refs = 1;
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
@@ -322,15 +324,30 @@ bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
-    bool kept = false;
+    bool kept = false, found = false;
     shim_mutex_lock(&pt_mu);
-    for (node *p = table[bucket(ptr)]; p && !kept; p = p->next)
-        if (p->r.ptr == ptr && p->r.family == f && !p->r.released && p->r.maps) {
-            p->r.released = true;
-            kept = true;
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && p->refs) {
+            found = true;
+            p->r.released = --p->refs == 0;
+            kept = !p->r.released || p->r.maps;
         }
     shim_mutex_unlock(&pt_mu);
-    return kept || shim_passthrough_remove(f, ptr);
+    return found && (kept || shim_passthrough_remove(f, ptr));
+}
+
+void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && (p->refs || p->r.maps)) {
+            p->refs++;
+            p->r.released = false;
+            break;
+        }
+    shim_mutex_unlock(&pt_mu);
 }
 
 static bool charged_to(node *x, void *pool)

@@ -91,12 +91,16 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
  * report names the last one mapped that is still live). unmapped: the
  * mappings starting in [va, va + size) went, of every record; records
  * released before and now unmapped are removed (as by remove); returns how
- * many were. release: the handle goes: removed at once when unmapped,
- * else kept (still live, still charged) until its last unmapping; false
- * when `ptr` is no live record of `f`. */
+ * many were. release: one reference of the handle goes (its creation's,
+ * or a retain's): the record is removed when none is left and nothing
+ * maps it, else kept (still live, still charged) until then; false when
+ * `ptr` is no live record of `f`. */
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size);
 size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size);
 bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr);
+/* One more reference of handle `ptr` (cuMemRetainAllocationHandle): each
+ * is released (release) before the record can go. */
+void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr);
 /* Whether `ptr` is a live record of `f`. */
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr);
 /* Whether any record of `f` is live: one relaxed load, inline, for hot

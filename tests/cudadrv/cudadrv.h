@@ -340,6 +340,7 @@ enum {
     X(CUresult, cuMemPoolGetAccess, (CUmemAccess_flags *flags, CUmemoryPool memPool, \
                                      CUmemLocation *location)) \
     X(CUresult, cuStreamGetCtx, (CUstream hStream, CUcontext *pctx)) \
+    X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr)) \
     X(unsigned long long, cudastandinSyncsDuringCapture, (void))
 
 #define CUDADRV_DECLARE(ret, name, params) CUAPI ret name params;

@@ -143,4 +143,5 @@
     X(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool) \
     X(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool) \
     X(cuMemPoolGetAccess, 11020, cuMemPoolGetAccess) \
-    X(cuStreamGetCtx, 9020, cuStreamGetCtx)
+    X(cuStreamGetCtx, 9020, cuStreamGetCtx) \
+    X(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)

@@ -94,6 +94,22 @@ def test_a_handle_mapped_twice_is_freed_with_its_last_mapping(shim_lib, tmp_path
     assert s["vmm_allocs"] == s["vmm_frees"] and s["vmm_bytes"] == 0, s
 
 
+def test_a_retained_handle_keeps_its_memory_until_released_and_unmapped(shim_lib, tmp_path):
+    """cuMemRetainAllocationHandle of a mapped address, both references
+    released: the memory lives until the unmapping. Without a limit the
+    same answers; under SPYRESHIM_LIMIT=4M 4 MiB more while it is mapped is
+    out of memory, after the unmapping it is not (the shim dropped the
+    record at the second release and allowed 6 MiB)."""
+    bare, shim = both("vmmretain", tmp_path)
+    assert "retain: 0, the same handle: 1" in bare.stdout, bare.stdout
+    assert_same(bare, shim, "vmmretain")
+    bare, shim = both("vmmretain", tmp_path, SPYRESHIM_LIMIT="4M")
+    assert answers(bare, "vmmretain") == [0, 0], bare.stdout
+    assert answers(shim, "vmmretain") == [2, 0], shim.stdout + shim.stderr
+    s = stats(tmp_path)
+    assert s["vmm_allocs"] == s["vmm_frees"] and s["vmm_bytes"] == 0, s
+
+
 def answers(r, key):
     """The return codes of the lines "<key> <bytes> <rc>"."""
     rows = [l.split() for l in r.stdout.splitlines()]

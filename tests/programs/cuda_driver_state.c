@@ -25,6 +25,10 @@
  *                nothing left (the leak check's exit status tells)
  *   vmmpartial   one handle mapped in two halves at two addresses, one
  *                cuMemUnmap covering both, released
+ *   vmmretain    a handle retained from its mapping (the same value), both
+ *                references released: the memory lives until the unmapping
+ *                ("vmmretain <bytes> <rc>": a cuMemCreate while it lives and
+ *                one after; under SPYRESHIM_LIMIT=4M the first is refused)
  *   poolother    cuMemAllocFromPoolAsync from device 1's default pool and
  *                from a pool made on device 1, and cuMemAllocAsync on a
  *                stream of device 1, while device 0's context is current:
@@ -32,6 +36,7 @@
  *                under SPYRESHIM_LIMIT the test expects device 1's limit)
  *   vmmother     cuMemCreate of device 1 while device 0's context is current
  *                ("vmmother <bytes> <rc>") */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,6 +216,34 @@ static void check_vmmpartial(void)
     printf("%s ok\n", check_name);
 }
 
+static void check_vmmretain(void)
+{
+    CUmemAllocationProp prop = vmm_prop(0);
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h, again = 0, more;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    CHECK(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) == CUDA_SUCCESS, "reserve");
+    CHECK(cuMemCreate(&h, 2 * MiB, &prop, 0) == CUDA_SUCCESS, "create");
+    CHECK(cuMemMap(va, 2 * MiB, 0, h, 0) == CUDA_SUCCESS, "map");
+    CUresult rc = cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)(va + 4096));
+    printf("retain: %d, the same handle: %d\n", rc, again == h);
+    printf("release: %d\n", cuMemRelease(h));
+    printf("release the retained: %d\n", cuMemRelease(again));
+    printf("release once more: %d\n", cuMemRelease(h));
+    /* Still mapped: the 2 MiB are live until the unmapping. */
+    rc = cuMemCreate(&more, 4 * MiB, &prop, 0);
+    printf("vmmretain 4194304 %d\n", rc);
+    if (rc == CUDA_SUCCESS)
+        printf("release %d\n", cuMemRelease(more));
+    printf("unmap: %d\n", cuMemUnmap(va, 2 * MiB));
+    rc = cuMemCreate(&more, 4 * MiB, &prop, 0);
+    printf("vmmretain 4194304 %d\n", rc);
+    if (rc == CUDA_SUCCESS)
+        printf("release %d\n", cuMemRelease(more));
+    CHECK(cuMemAddressFree(va, 2 * MiB) == CUDA_SUCCESS, "free the reservation");
+    printf("%s ok\n", check_name);
+}
+
 static void check_poolother(void)
 {
     CUmemoryPool pool1;
@@ -294,6 +327,7 @@ int main(int argc, char **argv)
         {"destroyprim", check_destroyprim}, {"releaseextra", check_releaseextra},
         {"vmmtwice", check_vmmtwice},       {"vmmpartial", check_vmmpartial},
         {"poolother", check_poolother},     {"vmmother", check_vmmother},
+        {"vmmretain", check_vmmretain},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
