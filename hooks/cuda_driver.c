@@ -956,7 +956,11 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (d)
         shim_passthrough_add_charged(SHIM_PT_VMM, d, (uintptr_t)*handle, size);
     else if (handle && prop)
-        shim_passthrough_add(SHIM_PT_VMM, prop->location.id, (uintptr_t)*handle, size);
+        /* A host location's id is no device ordinal. */
+        shim_passthrough_add(SHIM_PT_VMM,
+                             prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id
+                                                                                : -1,
+                             (uintptr_t)*handle, size);
     return rc;
 }
 

@@ -83,6 +83,17 @@ def test_releases_and_resets_that_leave_the_context(shim_lib, tmp_path):
     assert s["context_teardown_blocks"] == 0 and s["allocs"] == s["frees"] == 1, s
 
 
+def test_a_popped_context_and_its_teardown(shim_lib, tmp_path):
+    """A created context popped (none current): allocation refused, its
+    block freed with no context current, then its destroy; the same
+    answers."""
+    bare, shim = both("popped", tmp_path)
+    assert "pop: 0, the created one: 1" in bare.stdout, bare.stdout
+    assert_same(bare, shim, "popped")
+    s = stats(tmp_path)
+    assert s["allocs"] == s["frees"] == 1 and s["context_teardown_blocks"] == 0, s
+
+
 @pytest.mark.parametrize("check", ["vmmtwice", "vmmpartial"])
 def test_a_handle_mapped_twice_is_freed_with_its_last_mapping(shim_lib, tmp_path, check):
     """Mapped at two addresses, unmapped (one by one, or in one call), and

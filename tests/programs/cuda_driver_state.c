@@ -21,6 +21,9 @@
  *   releaseextra a release of a primary context retained once more than the
  *                program released keeps it; a release past the count is
  *                refused and keeps the blocks
+ *   popped       a created context popped, then destroyed while no longer
+ *                current: its block is freed with no context current, the
+ *                driver's answers before and after
  *   vmmtwice     one handle mapped at two addresses, both unmapped, released:
  *                nothing left (the leak check's exit status tells)
  *   vmmpartial   one handle mapped in two halves at two addresses, one
@@ -140,6 +143,23 @@ static void check_destroyprim(void)
     const char *bad = still(a, 4096, 0x5a);
     CHECK(!bad, "the block %s", bad);
     printf("cuMemFree_v2: %d\n", cuMemFree_v2(a));
+    printf("%s ok\n", check_name);
+}
+
+static void check_popped(void)
+{
+    CUcontext c, popped = NULL;
+    CUdeviceptr a, b;
+    CHECK(cuCtxCreate_v2(&c, 0, 1) == CUDA_SUCCESS, "create a context on device 1");
+    CHECK(written(&a, 4096, 0x77) == CUDA_SUCCESS, "alloc in it");
+    CUresult rc = cuCtxPopCurrent_v2(&popped);
+    printf("pop: %d, the created one: %d\n", rc, popped == c);
+    printf("pop again: %d\n", cuCtxPopCurrent_v2(&popped));
+    printf("alloc with no context: %d\n", cuMemAlloc_v2(&b, 4096));
+    printf("free the popped context's block with none: %d\n", cuMemFree_v2(a));
+    printf("destroy the popped context: %d\n", cuCtxDestroy_v2(c));
+    printf("free again: %d\n", cuMemFree_v2(a));
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
     printf("%s ok\n", check_name);
 }
 
@@ -327,7 +347,7 @@ int main(int argc, char **argv)
         {"destroyprim", check_destroyprim}, {"releaseextra", check_releaseextra},
         {"vmmtwice", check_vmmtwice},       {"vmmpartial", check_vmmpartial},
         {"poolother", check_poolother},     {"vmmother", check_vmmother},
-        {"vmmretain", check_vmmretain},
+        {"vmmretain", check_vmmretain},     {"popped", check_popped},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
