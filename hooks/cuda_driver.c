@@ -1062,8 +1062,8 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
     return destroyed(drv->ctx_destroy_v1 ? drv->ctx_destroy_v1(ctx) : drv->ctx_destroy(ctx), ctx);
 }
 
-/* A context made: registered with its device, so that a freed block waits
- * for its work too (hooks/cuda_contexts.c). */
+/* A context made or retained: registered with its device, so that a freed
+ * block waits for its work too (hooks/cuda_contexts.c). */
 static CUresult created(CUresult rc, CUcontext *pctx, CUdevice dev)
 {
     if (rc == CUDA_SUCCESS && pctx && !shim_device_in_backend())
@@ -1071,12 +1071,22 @@ static CUresult created(CUresult rc, CUcontext *pctx, CUdevice dev)
     return rc;
 }
 
+/* A new context: the driver hands out a handle no live context has, so
+ * regions the shim still keeps under it belong to one that ended unseen
+ * (the driver freed them). */
+static CUresult made(CUresult rc, CUcontext *pctx, CUdevice dev)
+{
+    if (rc == CUDA_SUCCESS && pctx && !shim_device_in_backend())
+        context_gone(*pctx);
+    return created(rc, pctx, dev);
+}
+
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
 {
     driver *drv = get_driver();
     if (!drv || !drv->ctx_create)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return created(drv->ctx_create(pctx, flags, dev), pctx, dev);
+    return made(drv->ctx_create(pctx, flags, dev), pctx, dev);
 }
 
 EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned flags, CUdevice dev)
@@ -1084,8 +1094,8 @@ EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned flags, CUdevice dev)
     driver *drv = get_driver();
     if (!drv || (!drv->ctx_create_v1 && !drv->ctx_create))
         return CUDA_ERROR_NOT_INITIALIZED;
-    return created(drv->ctx_create_v1 ? drv->ctx_create_v1(pctx, flags, dev)
-                                      : drv->ctx_create(pctx, flags, dev), pctx, dev);
+    return made(drv->ctx_create_v1 ? drv->ctx_create_v1(pctx, flags, dev)
+                                   : drv->ctx_create(pctx, flags, dev), pctx, dev);
 }
 
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
@@ -1094,7 +1104,7 @@ EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int
     driver *drv = get_driver();
     if (!drv || !drv->ctx_create_v3)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return created(drv->ctx_create_v3(pctx, params, n, flags, dev), pctx, dev);
+    return made(drv->ctx_create_v3(pctx, params, n, flags, dev), pctx, dev);
 }
 
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned flags,
@@ -1103,7 +1113,7 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsig
     driver *drv = get_driver();
     if (!drv || !drv->ctx_create_v4)
         return CUDA_ERROR_NOT_INITIALIZED;
-    return created(drv->ctx_create_v4(pctx, params, flags, dev), pctx, dev);
+    return made(drv->ctx_create_v4(pctx, params, flags, dev), pctx, dev);
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
