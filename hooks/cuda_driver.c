@@ -19,22 +19,23 @@
  * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
  * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
  * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister), VMM
- * physical memory (cuMemCreate, cuMemRelease, with cuMemMap/cuMemUnmap's
- * ranges) and stream-ordered memory (cuMemAllocAsync,
+ * physical memory (cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle,
+ * with cuMemMap/cuMemUnmap's ranges) and stream-ordered memory (cuMemAllocAsync,
  * cuMemAllocFromPoolAsync and _ptsz, freed by cuMemFreeAsync;
  * cuMemPoolTrimTo traced). Watched: stream captures
  * (cuStreamBeginCapture(_v2)(_ptsz), cuStreamEndCapture(_ptsz):
- * hooks/cuda_capture.c), and the context teardowns
- * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
+ * hooks/cuda_capture.c), the contexts made or retained (cuCtxCreate in
+ * every form, cuDevicePrimaryCtxRetain: hooks/cuda_contexts.c), and the
+ * context teardowns (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
- * regions before the driver frees them. Everything else goes to the
+ * regions once the driver freed them. Everything else goes to the
  * driver untouched. Which context is current is the key of the regions
  * (shim/alloc/device.c keeps a device per context).
  *
  * Owns: the real driver functions, resolved once into a table that is
  * published with one atomic store (no lock: resolving calls the loader,
  * whose lock a library constructor that allocates may hold while it waits
- * for us); the primary contexts' retain counts (atomics). Never
+ * for us); the primary contexts' handles (atomics). Never
  * dereferences a device address. */
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -533,7 +534,7 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
  * elsewhere after the free's event; during a capture the allocation is a
  * graph node): only the driver can keep those rules, so the shim passes
  * them through and records what the program holds (family cuda-async, on
- * the device of the calling thread's context), docs/cuda.md. */
+ * the device it is allocated on), docs/cuda.md. */
 /* The device of a pool, by the driver's answers: the device whose
  * default or current pool it is, else the one device with read-write
  * access to it (a pool's own device always has it); -1 when the driver
@@ -925,10 +926,11 @@ EXPORT CUresult cuMemHostUnregister(void *p)
  * allocation lives while its handle is not released or a mapping uses it
  * (the driver's rule): the record and the charge go when both are gone.
  * Every mapping is recorded on the handle's record (a handle may be mapped
- * at several addresses), and a leak report names the last one. Reservations, access and the shareable handles
- * go to the driver untouched; nothing is served from the shim's regions,
- * and pointer queries on a mapped address reach the driver (no region of
- * the shim holds it). */
+ * at several addresses), and a leak report names the last one; a retain
+ * is one more reference to release. Reservations, access and the
+ * shareable handles go to the driver untouched; nothing is served from the
+ * shim's regions, and pointer queries on a mapped address reach the driver
+ * (no region of the shim holds it). */
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
