@@ -1039,6 +1039,9 @@ static CUcontext primary_of(CUdevice dev)
     return dev >= 0 && dev < MAX_ORDINALS ? atomic_load(&primary[dev]) : NULL;
 }
 
+/* The driver answered `rc` to ending `ctx`: on success its memory is gone,
+ * and the context leaves the registry (a later retain of a primary context
+ * registers it again). */
 static CUresult destroyed(CUresult rc, CUcontext ctx)
 {
     if (rc == CUDA_SUCCESS) {
@@ -1139,7 +1142,7 @@ static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
     int active = 1;
     if (rc == CUDA_SUCCESS && drv->primary_ctx_get_state &&
         drv->primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)
-        context_gone(primary_of(dev));
+        destroyed(CUDA_SUCCESS, primary_of(dev));
     return rc;
 }
 
@@ -1163,10 +1166,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
 /* A reset that succeeded freed every allocation of the context. */
 static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
 {
-    CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS)
-        context_gone(primary_of(dev));
-    return rc;
+    return destroyed(real(dev), primary_of(dev));
 }
 
 /* cudaDeviceReset reaches this. */
