@@ -121,6 +121,22 @@ def test_a_retained_handle_keeps_its_memory_until_released_and_unmapped(shim_lib
     assert s["vmm_allocs"] == s["vmm_frees"] and s["vmm_bytes"] == 0, s
 
 
+def test_the_drivers_answers_the_shim_asks(shim_lib, tmp_path):
+    """The stand-in answers as the driver documents what the shim asks it:
+    a pool's own device has read-write access, another none, no device is
+    101; a stream's context, the default stream's (the current one); no
+    handle at an unmapped address (1)."""
+    bare, shim = both("queries", tmp_path)
+    for line in ("access of device 0 to device 1's pool: 0, flags 0",
+                 "access of device 1 to device 1's pool: 0, flags 3",
+                 "access of device 2 to device 1's pool: 101, flags 99",
+                 "the stream's context: 0, device 1's: 1",
+                 "the default stream's context: 0, the current one: 1",
+                 "retain at an unmapped address: 1"):
+        assert line in bare.stdout, bare.stdout
+    assert_same(bare, shim, "queries")
+
+
 def answers(r, key):
     """The return codes of the lines "<key> <bytes> <rc>"."""
     rows = [l.split() for l in r.stdout.splitlines()]

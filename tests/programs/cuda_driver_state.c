@@ -37,6 +37,10 @@
  *                stream of device 1, while device 0's context is current:
  *                prints the answers ("other|made|stream <bytes> <rc>";
  *                under SPYRESHIM_LIMIT the test expects device 1's limit)
+ *   queries      the driver's answers the shim asks: cuMemPoolGetAccess of
+ *                each device to a pool, cuStreamGetCtx of a stream and of
+ *                the default one, cuMemRetainAllocationHandle of an
+ *                unmapped address
  *   vmmother     cuMemCreate of device 1 while device 0's context is current
  *                ("vmmother <bytes> <rc>") */
 #include <stdint.h>
@@ -331,6 +335,34 @@ static void check_vmmother(void)
     printf("%s ok\n", check_name);
 }
 
+static void check_queries(void)
+{
+    CUmemoryPool pool1;
+    CUmemAccess_flags flags = 99;
+    CUstream s;
+    CUcontext c = NULL;
+    CHECK(cuDeviceGetDefaultMemPool(&pool1, 1) == CUDA_SUCCESS, "device 1's pool");
+    for (int dev = 0; dev < 3; dev++) {
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+        flags = 99;
+        CUresult rc = cuMemPoolGetAccess(&flags, pool1, &loc);
+        printf("access of device %d to device 1's pool: %d, flags %u\n", dev, rc,
+               rc == CUDA_SUCCESS ? flags : 99);
+    }
+    CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuStreamCreate(&s, 0) == CUDA_SUCCESS,
+          "a stream of device 1");
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "device 0's context");
+    CUresult rc = cuStreamGetCtx(s, &c);
+    printf("the stream's context: %d, device 1's: %d\n", rc, c == ctx[1]);
+    rc = cuStreamGetCtx(NULL, &c);
+    printf("the default stream's context: %d, the current one: %d\n", rc, c == ctx[0]);
+    CHECK(cuStreamDestroy_v2(s) == CUDA_SUCCESS, "destroy the stream");
+    CUmemGenericAllocationHandle h;
+    rc = cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)4096);
+    printf("retain at an unmapped address: %d\n", rc);
+    printf("%s ok\n", check_name);
+}
+
 int main(int argc, char **argv)
 {
     if (cuInit(0) != CUDA_SUCCESS) {
@@ -348,6 +380,7 @@ int main(int argc, char **argv)
         {"vmmtwice", check_vmmtwice},       {"vmmpartial", check_vmmpartial},
         {"poolother", check_poolother},     {"vmmother", check_vmmother},
         {"vmmretain", check_vmmretain},     {"popped", check_popped},
+        {"queries", check_queries},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
