@@ -94,6 +94,18 @@ def test_a_popped_context_and_its_teardown(shim_lib, tmp_path):
     assert s["allocs"] == s["frees"] == 1 and s["context_teardown_blocks"] == 0, s
 
 
+def test_a_context_destroyed_while_current_on_another_thread(shim_lib, tmp_path):
+    """There, calls that need it answer 709 (cuCtxDestroy's documentation;
+    the stand-in said 201) and the free of its block is refused; the same
+    answers with the shim, which forgot the context's block."""
+    bare, shim = both("elsewhere", tmp_path)
+    assert "there: alloc 709, info 709, synchronize 709, free of its block 1" in bare.stdout, \
+        bare.stdout
+    assert_same(bare, shim, "elsewhere")
+    s = stats(tmp_path)
+    assert s["context_teardown_blocks"] == 1 and s["invalid_frees"] == 1, s
+
+
 @pytest.mark.parametrize("check", ["vmmtwice", "vmmpartial"])
 def test_a_handle_mapped_twice_is_freed_with_its_last_mapping(shim_lib, tmp_path, check):
     """Mapped at two addresses, unmapped (one by one, or in one call), and

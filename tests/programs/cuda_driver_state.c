@@ -24,6 +24,10 @@
  *   popped       a created context popped, then destroyed while no longer
  *                current: its block is freed with no context current, the
  *                driver's answers before and after
+ *   elsewhere    a created context destroyed while current on another thread:
+ *                that thread's allocation, memory info and synchronization
+ *                are refused (709, as cuCtxDestroy documents), the free of
+ *                the context's block too (the driver freed it)
  *   vmmtwice     one handle mapped at two addresses, both unmapped, released:
  *                nothing left (the leak check's exit status tells)
  *   vmmpartial   one handle mapped in two halves at two addresses, one
@@ -43,6 +47,7 @@
  *                unmapped address
  *   vmmother     cuMemCreate of device 1 while device 0's context is current
  *                ("vmmother <bytes> <rc>") */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,6 +168,48 @@ static void check_popped(void)
     printf("free the popped context's block with none: %d\n", cuMemFree_v2(a));
     printf("destroy the popped context: %d\n", cuCtxDestroy_v2(c));
     printf("free again: %d\n", cuMemFree_v2(a));
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    printf("%s ok\n", check_name);
+}
+
+/* The other thread of check_elsewhere: the created context current, its
+ * block allocated, then (once main destroyed the context) the answers. */
+static struct {
+    CUcontext c;
+    CUdeviceptr a;
+    pthread_barrier_t made, destroyed;
+    CUresult alloc, info, sync, free_rc;
+} elsewhere;
+
+static void *elsewhere_thread(void *unused)
+{
+    (void)unused;
+    CUdeviceptr b;
+    size_t free_b, total;
+    cuCtxSetCurrent(elsewhere.c);
+    pthread_barrier_wait(&elsewhere.made);
+    pthread_barrier_wait(&elsewhere.destroyed);
+    elsewhere.alloc = cuMemAlloc_v2(&b, 4096);
+    elsewhere.info = cuMemGetInfo_v2(&free_b, &total);
+    elsewhere.sync = cuCtxSynchronize();
+    elsewhere.free_rc = cuMemFree_v2(elsewhere.a);
+    return NULL;
+}
+
+static void check_elsewhere(void)
+{
+    pthread_t t;
+    CHECK(cuCtxCreate_v2(&elsewhere.c, 0, 0) == CUDA_SUCCESS, "create a context");
+    CHECK(written(&elsewhere.a, 4096, 0x66) == CUDA_SUCCESS, "alloc in it");
+    pthread_barrier_init(&elsewhere.made, NULL, 2);
+    pthread_barrier_init(&elsewhere.destroyed, NULL, 2);
+    CHECK(pthread_create(&t, NULL, elsewhere_thread, NULL) == 0, "thread");
+    pthread_barrier_wait(&elsewhere.made);
+    printf("destroy while current on another thread: %d\n", cuCtxDestroy_v2(elsewhere.c));
+    pthread_barrier_wait(&elsewhere.destroyed);
+    pthread_join(t, NULL);
+    printf("there: alloc %d, info %d, synchronize %d, free of its block %d\n", elsewhere.alloc,
+           elsewhere.info, elsewhere.sync, elsewhere.free_rc);
     CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
     printf("%s ok\n", check_name);
 }
@@ -380,7 +427,7 @@ int main(int argc, char **argv)
         {"vmmtwice", check_vmmtwice},       {"vmmpartial", check_vmmpartial},
         {"poolother", check_poolother},     {"vmmother", check_vmmother},
         {"vmmretain", check_vmmretain},     {"popped", check_popped},
-        {"queries", check_queries},
+        {"queries", check_queries},         {"elsewhere", check_elsewhere},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
