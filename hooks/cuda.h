@@ -46,7 +46,9 @@
     X(CU_GET_PROC_ADDRESS_LEGACY_STREAM, 1)                 \
     X(CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, 2)     \
     X(CU_IPC_HANDLE_SIZE, 64)                               \
-    X(CU_MEM_LOCATION_TYPE_DEVICE, 1)
+    X(CU_MEM_LOCATION_TYPE_DEVICE, 1)                       \
+    X(CU_MEM_ACCESS_FLAGS_PROT_READWRITE, 3)                \
+    X(CUDA_ERROR_INVALID_DEVICE, 101)
 
 /* Sizes of the types the shim passes by value or through pointers. */
 #define SHIM_CUDA_SIZES(X) X(CUipcMemHandle, 64) X(CUdeviceptr, 8) X(CUresult, 4) X(CUdevice, 4) \
@@ -68,7 +70,10 @@
     X(CUstream, struct CUstream_st *)                      \
     X(CUmemPool_attribute, unsigned)                       \
     X(CUmemoryPool, struct CUmemPoolHandle_st *)           \
-    X(CUgraph, struct CUgraph_st *)
+    X(CUgraph, struct CUgraph_st *)                        \
+    X(CUmemAccess_flags, unsigned)                         \
+    X(CUexecAffinityParam, struct CUexecAffinityParam_st)  \
+    X(CUctxCreateParams, struct CUctxCreateParams_st)
 
 #ifndef SHIM_CUDA_CHECK
 #define SHIM_CUDA_TYPEDEF_(name, type) typedef type name;
@@ -121,6 +126,18 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
     X(ctx_push, cuCtxPushCurrent_v2, 0, CUresult, (CUcontext))                                   \
     X(ctx_pop, cuCtxPopCurrent_v2, 0, CUresult, (CUcontext *))                                   \
     X(ctx_destroy, cuCtxDestroy_v2, 1, CUresult, (CUcontext))                                    \
+    X(ctx_create_v1, cuCtxCreate, 1, CUresult, (CUcontext *, unsigned, CUdevice))                \
+    X(ctx_create, cuCtxCreate_v2, 1, CUresult, (CUcontext *, unsigned, CUdevice))                \
+    X(ctx_create_v3, cuCtxCreate_v3, 1, CUresult,                                                \
+      (CUcontext *, CUexecAffinityParam *, int, unsigned, CUdevice))                             \
+    X(ctx_create_v4, cuCtxCreate_v4, 1, CUresult,                                                \
+      (CUcontext *, CUctxCreateParams *, unsigned, CUdevice))                                    \
+    X(stream_get_ctx, cuStreamGetCtx, 0, CUresult, (CUstream, CUcontext *))                      \
+    X(device_get_default_mem_pool, cuDeviceGetDefaultMemPool, 0, CUresult,                       \
+      (CUmemoryPool *, CUdevice))                                                                \
+    X(device_get_mem_pool, cuDeviceGetMemPool, 0, CUresult, (CUmemoryPool *, CUdevice))          \
+    X(mem_pool_get_access, cuMemPoolGetAccess, 0, CUresult,                                      \
+      (CUmemAccess_flags *, CUmemoryPool, CUmemLocation *))                                      \
     X(ctx_destroy_v1, cuCtxDestroy, 1, CUresult, (CUcontext))                                    \
     X(primary_ctx_retain, cuDevicePrimaryCtxRetain, 1, CUresult, (CUcontext *, CUdevice))        \
     X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, 1, CUresult, (CUdevice))                \
@@ -149,6 +166,8 @@ enum { SHIM_CUDA_CONSTANTS(SHIM_CUDA_ENUM_) };
     X(mem_map, cuMemMap, 1, CUresult,                                                            \
       (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))           \
     X(mem_unmap, cuMemUnmap, 1, CUresult, (CUdeviceptr, size_t))                                 \
+    X(mem_retain_allocation_handle, cuMemRetainAllocationHandle, 1, CUresult,                    \
+      (CUmemGenericAllocationHandle *, void *))                                                  \
     X(exchange_capture_mode, cuThreadExchangeStreamCaptureMode, 0, CUresult, (CUstreamCaptureMode *)) \
     X(stream_get_capture_info, cuStreamGetCaptureInfo, 0, CUresult,                              \
       (CUstream, CUstreamCaptureStatus *, cuuint64_t *))                                         \
@@ -189,6 +208,15 @@ bool shim_cuda_capture_seen(void);
  * allocator then never waits for the device, reserves or gives back a
  * region, or collects. Slow paths only. */
 bool shim_cuda_capturing(void);
+
+/* The contexts the program made or retained (hooks/cuda_contexts.c): the
+ * driver lists none, and a freed block waits for the work of each context
+ * of its device, served in or not. Handles only; whether one still exists
+ * is the driver's answer at each wait. */
+void shim_cuda_context_created(CUcontext ctx, int ordinal);
+void shim_cuda_context_destroyed(CUcontext ctx);
+/* Up to `max` contexts of device `ordinal` into `out`; how many. */
+size_t shim_cuda_contexts_of(int ordinal, uintptr_t *out, size_t max);
 
 #endif
 

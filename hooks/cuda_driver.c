@@ -19,22 +19,23 @@
  * (shim/alloc/passthrough.c): managed memory (cuMemAllocManaged, freed by
  * cuMemFree_v2) and host-pinned memory (cuMemHostAlloc, cuMemAllocHost(_v2),
  * cuMemHostRegister(_v2), cuMemFreeHost, cuMemHostUnregister), VMM
- * physical memory (cuMemCreate, cuMemRelease, with cuMemMap/cuMemUnmap's
- * ranges) and stream-ordered memory (cuMemAllocAsync,
+ * physical memory (cuMemCreate, cuMemRelease, cuMemRetainAllocationHandle,
+ * with cuMemMap/cuMemUnmap's ranges) and stream-ordered memory (cuMemAllocAsync,
  * cuMemAllocFromPoolAsync and _ptsz, freed by cuMemFreeAsync;
  * cuMemPoolTrimTo traced). Watched: stream captures
  * (cuStreamBeginCapture(_v2)(_ptsz), cuStreamEndCapture(_ptsz):
- * hooks/cuda_capture.c), and the context teardowns
- * (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
+ * hooks/cuda_capture.c), the contexts made or retained (cuCtxCreate in
+ * every form, cuDevicePrimaryCtxRetain: hooks/cuda_contexts.c), and the
+ * context teardowns (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
  * cuDevicePrimaryCtxRelease), which make the shim forget the context's
- * regions before the driver frees them. Everything else goes to the
+ * regions once the driver freed them. Everything else goes to the
  * driver untouched. Which context is current is the key of the regions
  * (shim/alloc/device.c keeps a device per context).
  *
  * Owns: the real driver functions, resolved once into a table that is
  * published with one atomic store (no lock: resolving calls the loader,
  * whose lock a library constructor that allocates may hold while it waits
- * for us); the primary contexts' retain counts (atomics). Never
+ * for us); the primary contexts' handles (atomics). Never
  * dereferences a device address. */
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -54,8 +55,11 @@
  * (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT is 32, the larger of the
  * two is what cudaMallocPitch returns). */
 #define PITCH_ALIGN ((size_t)512)
-/* cuda.h's handle of the legacy default stream. */
+/* cuda.h's handles of the legacy and the per-thread default stream. */
 #define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
+/* Device ordinals the shim asks the driver about. */
+#define MAX_ORDINALS 64
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -257,7 +261,21 @@ static int drv_sync(int ordinal, uintptr_t context)
         CUcontext popped;
         d->ctx_pop(&popped);
     }
-    return context_is_gone(rc) ? SHIM_SYNC_GONE : (int)rc;
+    if (!context_is_gone(rc))
+        return (int)rc;
+    shim_cuda_context_destroyed(want); /* the driver says it is gone */
+    return SHIM_SYNC_GONE;
+}
+
+/* Whether the driver has a live allocation at `addr` (an address of a
+ * region the shim forgot at its context's teardown). */
+static bool drv_holds(uintptr_t addr)
+{
+    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    return d->mem_get_address_range &&
+           d->mem_get_address_range(&base, &size, (CUdeviceptr)addr) == CUDA_SUCCESS;
 }
 
 /* Devices are shared with the runtime route (hooks/cuda_runtime.c) by name. */
@@ -273,6 +291,8 @@ static const shim_runtime driver_rt = {
     .current_context = drv_current_context,
     .sync_device = drv_sync,
     .in_capture = shim_cuda_capturing,
+    .contexts_of = shim_cuda_contexts_of,
+    .holds = drv_holds,
 };
 
 /* Requests of at least this size are served from a region of their own
@@ -514,8 +534,73 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr ptr, CUstream stream)
  * elsewhere after the free's event; during a capture the allocation is a
  * graph node): only the driver can keep those rules, so the shim passes
  * them through and records what the program holds (family cuda-async, on
- * the device of the calling thread's context), docs/cuda.md. */
-/* Charged to the calling context's device before the driver is asked
+ * the device it is allocated on), docs/cuda.md. */
+/* The device of a pool, by the driver's answers: the device whose
+ * default or current pool it is, else the one device with read-write
+ * access to it (a pool's own device always has it); -1 when the driver
+ * cannot tell (then the calling context's device is charged). */
+static int pool_ordinal(driver *drv, CUmemoryPool pool)
+{
+    CUmemoryPool q;
+    for (int dev = 0; dev < MAX_ORDINALS && drv->device_get_default_mem_pool; dev++) {
+        CUresult rc = drv->device_get_default_mem_pool(&q, dev);
+        if (rc == CUDA_ERROR_INVALID_DEVICE)
+            break;
+        if ((rc == CUDA_SUCCESS && q == pool) ||
+            (drv->device_get_mem_pool && drv->device_get_mem_pool(&q, dev) == CUDA_SUCCESS &&
+             q == pool))
+            return dev;
+    }
+    int found = -1;
+    for (int dev = 0; dev < MAX_ORDINALS && drv->mem_pool_get_access; dev++) {
+        CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = dev};
+        CUmemAccess_flags flags = 0;
+        CUresult rc = drv->mem_pool_get_access(&flags, pool, &loc);
+        if (rc != CUDA_SUCCESS)
+            break; /* past the last device, or not a pool */
+        if (flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+            if (found >= 0)
+                return -1; /* shared with a peer: the driver does not say whose */
+            found = dev;
+        }
+    }
+    return found;
+}
+
+/* The device of a stream's context (the pool of cuMemAllocAsync is that
+ * device's current one), -1 for the default streams and when the driver
+ * cannot tell (the calling context's device then). */
+static int stream_ordinal(driver *drv, CUstream stream)
+{
+    CUcontext c = NULL, cur = NULL;
+    CUdevice dev = -1;
+    if (!stream || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD ||
+        !drv->stream_get_ctx || drv->stream_get_ctx(stream, &c) != CUDA_SUCCESS || !c ||
+        !drv->ctx_get_current || drv->ctx_get_current(&cur) != CUDA_SUCCESS || c == cur ||
+        !drv->ctx_push || !drv->ctx_pop || !drv->ctx_get_device)
+        return -1;
+    if (drv->ctx_push(c) != CUDA_SUCCESS)
+        return -1;
+    if (drv->ctx_get_device(&dev) != CUDA_SUCCESS)
+        dev = -1;
+    CUcontext popped;
+    drv->ctx_pop(&popped);
+    return dev;
+}
+
+/* The device memory of `ordinal` is charged to, from the calling
+ * context's device `d`: `d` itself when it is that device, else a
+ * context the shim serves on `ordinal` (NULL when there is none: then
+ * counted there, not limited). */
+static shim_device *device_for(shim_device *d, int ordinal)
+{
+    if (ordinal < 0 || !d || shim_passthrough_ordinal(d) == ordinal)
+        return d;
+    return shim_device_of_ordinal(&driver_rt, ordinal);
+}
+
+/* Charged to the device it is allocated on (the pool's, or the stream's
+ * for the device's current pool) before the driver is asked
  * (SPYRESHIM_LIMIT: over it, room is made as for a served request, then
  * out-of-memory; never a pressure event during a capture), given back when
  * the driver refuses; recorded when it accepts. `from_pool` NULL: the
@@ -526,8 +611,14 @@ static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
 {
     shim_device *d = NULL;
     bool watch = !shim_device_in_backend();
-    if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0)
+    int ordinal = -1;
+    if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0) {
         d = NULL;
+    } else {
+        driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
+        ordinal = from_pool ? pool_ordinal(drv, pool) : stream_ordinal(drv, stream);
+        d = device_for(d, ordinal);
+    }
     if (d) {
         CUresult rc = shim_passthrough_charge(d, size);
         if (rc != CUDA_SUCCESS)
@@ -542,7 +633,7 @@ static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
     if (d)
         shim_passthrough_add_charged(SHIM_PT_ASYNC, d, (uintptr_t)*dptr, size);
     else if (dptr && watch)
-        shim_passthrough_add(SHIM_PT_ASYNC, -1, (uintptr_t)*dptr, size);
+        shim_passthrough_add(SHIM_PT_ASYNC, ordinal, (uintptr_t)*dptr, size);
     return rc;
 }
 
@@ -830,15 +921,16 @@ EXPORT CUresult cuMemHostUnregister(void *p)
 
 /* cuMemCreate's physical allocations are the family cuda-vmm, keyed by
  * handle, charged to SPYRESHIM_LIMIT of the device they are created on
- * (when that is the calling thread's context's device: the shim's devices
- * are contexts; on another device they are counted, not limited). A
- * physical allocation lives while its handle is not released or a mapping
- * uses it (the driver's rule): the record and the charge go when both are
- * gone. Mappings are recorded on the handle's record, so that a leak
- * report names the range. Reservations, access and the shareable handles
- * go to the driver untouched; nothing is served from the shim's regions,
- * and pointer queries on a mapped address reach the driver (no region of
- * the shim holds it). */
+ * (the calling context's device, or a context the shim serves on that
+ * device: device_for; with none, counted there, not limited). A physical
+ * allocation lives while its handle is not released or a mapping uses it
+ * (the driver's rule): the record and the charge go when both are gone.
+ * Every mapping is recorded on the handle's record (a handle may be mapped
+ * at several addresses), and a leak report names the last one; a retain
+ * is one more reference to release. Reservations, access and the
+ * shareable handles go to the driver untouched; nothing is served from the
+ * shim's regions, and pointer queries on a mapped address reach the driver
+ * (no region of the shim holds it). */
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags)
 {
@@ -848,9 +940,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     shim_device *d = NULL;
     if (!handle || !prop || size == 0 || flags != 0 ||
         prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || shim_device_in_backend() ||
-        shim_device_for_caller(&driver_rt, &d) != 0 ||
-        shim_passthrough_ordinal(d) != prop->location.id)
+        shim_device_for_caller(&driver_rt, &d) != 0)
         d = NULL;
+    else
+        d = device_for(d, prop->location.id);
     if (d) {
         CUresult rc = shim_passthrough_charge(d, size);
         if (rc != CUDA_SUCCESS)
@@ -865,7 +958,11 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (d)
         shim_passthrough_add_charged(SHIM_PT_VMM, d, (uintptr_t)*handle, size);
     else if (handle && prop)
-        shim_passthrough_add(SHIM_PT_VMM, prop->location.id, (uintptr_t)*handle, size);
+        /* A host location's id is no device ordinal. */
+        shim_passthrough_add(SHIM_PT_VMM,
+                             prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id
+                                                                                : -1,
+                             (uintptr_t)*handle, size);
     return rc;
 }
 
@@ -903,16 +1000,33 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     return rc;
 }
 
+/* A handle of a mapped allocation, one more reference of it: the record
+ * goes only once every reference is released and nothing maps it. */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->mem_retain_allocation_handle)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult rc = drv->mem_retain_allocation_handle(handle, addr);
+    if (rc == CUDA_SUCCESS && handle && !shim_device_in_backend())
+        shim_passthrough_retained(SHIM_PT_VMM, (uintptr_t)*handle);
+    return rc;
+}
+
 /* ---- context teardown ----------------------------------------------- */
 
-/* The primary context of each device as retained through the shim, and
- * how many retains the program holds: the release that drops the count
- * to zero destroys it. Only counts: the handle is the driver's. */
-#define MAX_ORDINALS 64
+/* The driver decides whether a context goes: the shim forgets one only
+ * after the driver's call succeeded (a refused cuCtxDestroy, of a primary
+ * context say, leaves every block live), and for a primary context only
+ * once the driver says it is no longer active. A primary context's handle
+ * is the driver's answer to its retains (the same for a device for as long
+ * as the process lives); nothing else is kept. Between the driver's
+ * teardown and the forgetting another thread may be given the addresses
+ * again: lookups find live regions before forgotten ones, and the
+ * program may not use the dying context's blocks meanwhile. */
 static _Atomic(CUcontext) primary[MAX_ORDINALS];
-static _Atomic int primary_refs[MAX_ORDINALS];
 
-/* The driver is about to free every allocation of `ctx`. */
+/* The driver freed every allocation of `ctx`. */
 static void context_gone(CUcontext ctx)
 {
     if (!ctx || shim_device_in_backend())
@@ -925,13 +1039,24 @@ static CUcontext primary_of(CUdevice dev)
     return dev >= 0 && dev < MAX_ORDINALS ? atomic_load(&primary[dev]) : NULL;
 }
 
+/* The driver answered `rc` to ending `ctx`: on success its memory is gone,
+ * and the context leaves the registry (a later retain of a primary context
+ * registers it again). */
+static CUresult destroyed(CUresult rc, CUcontext ctx)
+{
+    if (rc == CUDA_SUCCESS) {
+        context_gone(ctx);
+        shim_cuda_context_destroyed(ctx);
+    }
+    return rc;
+}
+
 EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
 {
     driver *drv = get_driver();
     if (!drv || !drv->ctx_destroy)
         return CUDA_ERROR_NOT_INITIALIZED;
-    context_gone(ctx);
-    return drv->ctx_destroy(ctx);
+    return destroyed(drv->ctx_destroy(ctx), ctx);
 }
 
 EXPORT CUresult cuCtxDestroy(CUcontext ctx)
@@ -939,8 +1064,61 @@ EXPORT CUresult cuCtxDestroy(CUcontext ctx)
     driver *drv = get_driver();
     if (!drv || (!drv->ctx_destroy_v1 && !drv->ctx_destroy))
         return CUDA_ERROR_NOT_INITIALIZED;
-    context_gone(ctx);
-    return drv->ctx_destroy_v1 ? drv->ctx_destroy_v1(ctx) : drv->ctx_destroy(ctx);
+    return destroyed(drv->ctx_destroy_v1 ? drv->ctx_destroy_v1(ctx) : drv->ctx_destroy(ctx), ctx);
+}
+
+/* A context made or retained: registered with its device, so that a freed
+ * block waits for its work too (hooks/cuda_contexts.c). */
+static CUresult created(CUresult rc, CUcontext *pctx, CUdevice dev)
+{
+    if (rc == CUDA_SUCCESS && pctx && !shim_device_in_backend())
+        shim_cuda_context_created(*pctx, dev);
+    return rc;
+}
+
+/* A new context: the driver hands out a handle no live context has, so
+ * regions the shim still keeps under it belong to one that ended unseen
+ * (the driver freed them). */
+static CUresult made(CUresult rc, CUcontext *pctx, CUdevice dev)
+{
+    if (rc == CUDA_SUCCESS && pctx && !shim_device_in_backend())
+        context_gone(*pctx);
+    return created(rc, pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_create)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return made(drv->ctx_create(pctx, flags, dev), pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned flags, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || (!drv->ctx_create_v1 && !drv->ctx_create))
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return made(drv->ctx_create_v1 ? drv->ctx_create_v1(pctx, flags, dev)
+                                   : drv->ctx_create(pctx, flags, dev), pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
+                               unsigned flags, CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_create_v3)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return made(drv->ctx_create_v3(pctx, params, n, flags, dev), pctx, dev);
+}
+
+EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned flags,
+                               CUdevice dev)
+{
+    driver *drv = get_driver();
+    if (!drv || !drv->ctx_create_v4)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return made(drv->ctx_create_v4(pctx, params, flags, dev), pctx, dev);
 }
 
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
@@ -949,34 +1127,22 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (!drv || !drv->primary_ctx_retain)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUresult rc = drv->primary_ctx_retain(pctx, dev);
-    if (rc == CUDA_SUCCESS && pctx && dev >= 0 && dev < MAX_ORDINALS) {
+    if (rc == CUDA_SUCCESS && pctx && dev >= 0 && dev < MAX_ORDINALS)
         atomic_store(&primary[dev], *pctx);
-        atomic_fetch_add(&primary_refs[dev], 1);
-    }
-    return rc;
+    return created(rc, pctx, dev);
 }
 
+/* A release that succeeded: the context went if the driver says it is no
+ * longer active (the last release). Without the driver's answer, kept. */
 static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
 {
-    bool known = dev >= 0 && dev < MAX_ORDINALS;
-    int refs = known ? atomic_load(&primary_refs[dev]) : 0;
-    if (refs == 1)
-        context_gone(primary_of(dev)); /* the last release: before the driver frees */
     CUresult rc = real(dev);
-    if (rc != CUDA_SUCCESS || !known)
-        return rc;
-    if (refs > 0) {
-        atomic_fetch_sub(&primary_refs[dev], 1);
-        return rc;
-    }
-    /* Retained where the shim did not see it: ask whether that was the
-     * last release (late, but before the shim serves from it again). */
     driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
     unsigned flags;
     int active = 1;
-    if (drv->primary_ctx_get_state && drv->primary_ctx_get_state(dev, &flags, &active) ==
-                                          CUDA_SUCCESS && !active)
-        context_gone(primary_of(dev));
+    if (rc == CUDA_SUCCESS && drv->primary_ctx_get_state &&
+        drv->primary_ctx_get_state(dev, &flags, &active) == CUDA_SUCCESS && !active)
+        destroyed(CUDA_SUCCESS, primary_of(dev));
     return rc;
 }
 
@@ -997,13 +1163,10 @@ EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
                                                        : drv->primary_ctx_release, dev);
 }
 
+/* A reset that succeeded freed every allocation of the context. */
 static CUresult primary_reset(CUresult (*real)(CUdevice), CUdevice dev)
 {
-    context_gone(primary_of(dev));
-    CUresult rc = real(dev);
-    if (rc == CUDA_SUCCESS && dev >= 0 && dev < MAX_ORDINALS)
-        atomic_store(&primary_refs[dev], 0);
-    return rc;
+    return destroyed(real(dev), primary_of(dev));
 }
 
 /* cudaDeviceReset reaches this. */
@@ -1100,8 +1263,14 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr)
     X("cuMemRelease", 10020, 0, "cuMemRelease", cuMemRelease)                         \
     X("cuMemMap", 10020, 0, "cuMemMap", cuMemMap)                                     \
     X("cuMemUnmap", 10020, 0, "cuMemUnmap", cuMemUnmap)                               \
+    X("cuMemRetainAllocationHandle", 11000, 0, "cuMemRetainAllocationHandle",         \
+      cuMemRetainAllocationHandle)                                                    \
     X("cuCtxDestroy", 2000, 4000, "cuCtxDestroy", cuCtxDestroy)                       \
     X("cuCtxDestroy", 4000, 0, "cuCtxDestroy_v2", cuCtxDestroy_v2)                    \
+    X("cuCtxCreate", 2000, 3020, "cuCtxCreate", cuCtxCreate)                          \
+    X("cuCtxCreate", 3020, 11040, "cuCtxCreate_v2", cuCtxCreate_v2)                   \
+    X("cuCtxCreate", 11040, 12050, "cuCtxCreate_v3", cuCtxCreate_v3)                  \
+    X("cuCtxCreate", 12050, 0, "cuCtxCreate_v4", cuCtxCreate_v4)                      \
     X("cuDevicePrimaryCtxRetain", 7000, 0, "cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain) \
     X("cuDevicePrimaryCtxRelease", 7000, 11000, "cuDevicePrimaryCtxRelease",           \
       cuDevicePrimaryCtxRelease)                                                      \

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 
 #include "device_internal.h"
+#include "forgotten.h"
 #include "passthrough.h"
 #include "log.h"
 #include "options.h"
@@ -147,4 +148,21 @@ void shim_device_context_gone(const shim_runtime *rt, uintptr_t context)
             shim_passthrough_drop_pool(SHIM_PT_MANAGED, &d->pool);
         }
     }
+}
+
+/* The runtime frees a torn-down context's regions and may give their
+ * addresses out again by routes the shim does not serve (a stream-ordered
+ * pool's allocation, say): such an address is the runtime's live memory,
+ * and the runtime's answer outranks the ring. No allocator lock held (the
+ * runtime is asked). */
+bool shim_forgotten_dead(const shim_runtime *rt, uintptr_t addr)
+{
+    if (!shim_forgotten_contains(addr))
+        return false;
+    if (!rt->holds)
+        return true;
+    tls_in_backend++;
+    bool live = rt->holds(addr);
+    tls_in_backend--;
+    return !live;
 }

@@ -197,6 +197,17 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
     return d;
 }
 
+shim_device *shim_device_of_ordinal(const shim_runtime *rt, int ordinal)
+{
+    size_t n = atomic_load_explicit(&ndevices, memory_order_acquire);
+    for (size_t i = 0; i < n; i++) {
+        uintptr_t c = atomic_load_explicit(&devices[i]->context, memory_order_acquire);
+        if (devices[i]->ordinal == ordinal && c != SHIM_CONTEXT_VACANT && same_runtime(devices[i], rt))
+            return devices[i];
+    }
+    return NULL;
+}
+
 shim_device *shim_device_get(const shim_runtime *rt)
 {
     return shim_device_get_ordinal(rt, 0);

@@ -57,6 +57,18 @@ typedef struct shim_runtime {
      * by its own capture query (docs/cuda.md, "Stream capture"). Slow
      * paths only. */
     bool (*in_capture)(void);
+    /* Optional, with sync_device: the live contexts of device `ordinal`
+     * the runtime knows of (made or retained by the program), at most
+     * `max` into `out`; how many. A wait for the device waits for these
+     * too, the shim served in them or not: work queued in any context of a
+     * device may use a block of another (held.c). */
+    size_t (*contexts_of)(int ordinal, uintptr_t *out, size_t max);
+    /* Optional: whether the runtime itself holds a live allocation at
+     * `addr`. Asked only for an address in a region forgotten at its
+     * context's teardown, which the runtime may have given out again by a
+     * route the shim does not serve (a stream-ordered pool's): then the
+     * address is the runtime's, not a dead block of the shim's. */
+    bool (*holds)(uintptr_t addr);
 } shim_runtime;
 
 /* sync_device: the context is gone (destroyed, reset): its memory with it. */
@@ -115,6 +127,11 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
  * freed. A later free of one of its addresses is answered as the runtime
  * answers a dead pointer. No allocator lock may be held by the caller. */
 void shim_device_context_gone(const shim_runtime *rt, uintptr_t context);
+/* A live device of `rt`'s runtime on device `ordinal` (a context the shim
+ * serves there), the first made; NULL when there is none. For memory of a
+ * device whose context is not the caller's (a pool or VMM allocation of
+ * another device): counted and limited on that device. */
+shim_device *shim_device_of_ordinal(const shim_runtime *rt, int ordinal);
 /* The device current on the calling thread (rt->current_device). Returns
  * 0, the runtime's error when it has no current device, or err_oom when no
  * device can be created. */

@@ -425,6 +425,10 @@ shim_shard *shim_shard_lock_home(shim_device *d, bool *taken);
 
 /* context.c: device d's context is gone; forgets everything it holds. */
 void shim_context_forget(shim_device *d);
+/* context.c: whether `addr` is a dead address of a region forgotten at
+ * its context's teardown: in the ring, and not live memory the runtime
+ * gave out again (rt->holds). No allocator lock held. */
+bool shim_forgotten_dead(const shim_runtime *rt, uintptr_t addr);
 
 /* held.c: the device's free semantics (a block is reused only once a wait
  * for the device covered its free). */

@@ -186,7 +186,7 @@ __attribute__((noinline)) static int free_on_general(shim_device *d, const shim_
     for (size_t i = 0; i < n; i++)
         if (devices[i] != d && same_runtime(devices[i], caller) && owns(devices[i], (uintptr_t)ptr))
             return free_on(devices[i], caller, ptr, false);
-    if (shim_forgotten_contains((uintptr_t)ptr)) {
+    if (shim_forgotten_dead(rt, (uintptr_t)ptr)) {
         /* A block of a context torn down since: the runtime freed it, and
          * may have given the address to another owner since. */
         atomic_fetch_add_explicit(&d->invalid_frees, 1, memory_order_relaxed);

@@ -1,7 +1,7 @@
 /* The device's free semantics: a runtime with asynchronous work (CUDA)
  * may still be using a block the program freed, so the block is held
  * (held_block, out of the arena's reach) until a wait for the device,
- * on every live context of its device the shim knows, covers its free;
+ * on every live context of its device (served in or not), covers its free;
  * past HELD_MAX_BLOCKS or 1/HELD_MAX_FRACTION of the reserved bytes, a free
  * waits and reuses what is held. A context found gone during a wait is torn
  * down (context.c).
@@ -20,8 +20,9 @@
 
 /* Lets the device catch up with every free made before the call: a block
  * of one context may be used by work queued in any context of its device,
- * so every live context of d's device that the shim knows (it served it)
- * is waited for; none is made for the wait. A context found gone is torn
+ * so every live context of d's device is waited for: those the shim served
+ * in, and those the runtime knows the program made (contexts_of); none is
+ * made for the wait. A context found gone is torn
  * down (its blocks, d's own among them when it is d's, are forgotten).
  * Called without any allocator lock held by this thread (the wait blocks).
  * True when every wait succeeded; on another failure warns once and
@@ -63,6 +64,27 @@ __attribute__((noinline)) static bool wait_for_device(shim_device *d)
             if (!atomic_exchange(&warned, true))
                 shim_warn("%s: waiting for the device failed (error %d); the blocks freed "
                           "since the last wait stay unused", ctxs[i]->name, rc);
+        }
+    }
+    /* The contexts of the device where nothing was served: the runtime
+     * knows them, and their queued work may use the block too. */
+    uintptr_t others[64];
+    size_t k = mine && d->rt->contexts_of ? d->rt->contexts_of(d->ordinal, others, 64) : 0;
+    for (size_t i = 0; i < k; i++) {
+        bool served = false;
+        for (size_t j = 0; j < m && !served; j++)
+            served = atomic_load_explicit(&ctxs[j]->context, memory_order_acquire) == others[i];
+        if (served)
+            continue;
+        tls_in_backend++;
+        int rc = d->rt->sync_device(d->ordinal, others[i]);
+        tls_in_backend--;
+        if (rc != 0 && rc != SHIM_SYNC_GONE) {
+            ok = false;
+            static _Atomic bool warned;
+            if (!atomic_exchange(&warned, true))
+                shim_warn("%s: waiting for another context of the device failed (error %d); "
+                          "the blocks freed since the last wait stay unused", d->name, rc);
         }
     }
     atomic_fetch_add_explicit(&d->device_waits, 1, memory_order_relaxed);

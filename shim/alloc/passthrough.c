@@ -29,9 +29,19 @@
 #define BUCKETS 1024u
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
 
+/* A mapping of a VMM handle; a handle may be mapped at several addresses
+ * at once, and its memory lives while any is. */
+typedef struct pt_map {
+    uintptr_t va;
+    uint64_t size;
+} pt_map;
+
 typedef struct node {
     struct node *next;
     shim_pt_record r;
+    pt_map *mapv; /* r.maps of them, live (VMM) */
+    unsigned capv;
+    unsigned refs; /* references of a VMM handle: its creation's, each retain's */
 } node;
 
 static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -116,6 +126,7 @@ static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t
         n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
                                 .native_stack = ns, .python_stack = ps, .family = f,
                                 .ordinal = ordinal, .charged = charged};
+        n->refs = 1;
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
@@ -150,6 +161,7 @@ static void gone_record(node *gone, uint64_t seq)
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
         ev(false, r->family, seq, r->ptr, r->size, r->native_stack, r->python_stack);
+    free(gone->mapv);
     free(gone);
 }
 
@@ -196,28 +208,54 @@ void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va,
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return;
-    shim_mutex_lock(&pt_mu);
-    for (node *p = table[bucket(ptr)]; p; p = p->next)
-        if (p->r.ptr == ptr && p->r.family == f && !p->r.released) {
+    /* The record's list grows outside pt_mu (a leaf: no allocation under
+     * it): look, grow, look again. */
+    pt_map *spare = NULL;
+    unsigned spare_cap = 0;
+    for (;;) {
+        node *p = NULL;
+        shim_mutex_lock(&pt_mu);
+        for (p = table[bucket(ptr)]; p; p = p->next)
+            if (p->r.ptr == ptr && p->r.family == f && !p->r.released)
+                break;
+        if (p && p->r.maps == p->capv && spare_cap > p->r.maps) {
+            for (unsigned i = 0; i < p->r.maps; i++)
+                spare[i] = p->mapv[i];
+            pt_map *old = p->mapv;
+            p->mapv = spare;
+            p->capv = spare_cap;
+            spare = old;
+        }
+        bool room = p && p->r.maps < p->capv;
+        if (room) {
+            p->mapv[p->r.maps++] = (pt_map){va, size};
             p->r.va = va;
             p->r.va_size = size;
-            p->r.maps++;
-            break;
         }
-    shim_mutex_unlock(&pt_mu);
+        unsigned want = p && !room ? 2 * p->capv + 2 : 0;
+        shim_mutex_unlock(&pt_mu);
+        if (!want)
+            break;
+        free(spare);
+        spare = malloc(want * sizeof *spare);
+        spare_cap = spare ? want : 0;
+        if (!spare)
+            break; /* out of host memory: the mapping is not recorded */
+    }
+    free(spare);
 }
 
 /* Unlinks every record of `f` that `pick` chooses into a list (the node's
  * next), with its counters taken off and a free's sequence number in its
  * seq; pt_mu held. */
-static node *unlink_where(enum shim_pt_family f, bool (*pick)(shim_pt_record *r, void *arg),
+static node *unlink_where(enum shim_pt_family f, bool (*pick)(node *x, void *arg),
                           void *arg, size_t *n)
 {
     node *out = NULL;
     for (unsigned b = 0; b < BUCKETS; b++) {
         for (node **p = &table[b]; *p;) {
             node *x = *p;
-            if (x->r.family == f && pick(&x->r, arg)) {
+            if (x->r.family == f && pick(x, arg)) {
                 *p = x->next;
                 count_free(x);
                 x->r.seq = shim_device_seq_next();
@@ -246,15 +284,26 @@ struct range {
     size_t size;
 };
 
-/* Mappings starting in the range go; the record too once released. */
-static bool unmapped_in(shim_pt_record *r, void *arg)
+/* Every mapping of the record starting in the range goes (the driver
+ * unmaps whole mappings); the record too once released and unmapped
+ * everywhere. */
+static bool unmapped_in(node *x, void *arg)
 {
     const struct range *g = arg;
-    if (!r->maps || !r->va_size || r->va < g->va || r->va - g->va >= g->size)
+    shim_pt_record *r = &x->r;
+    unsigned kept = 0;
+    bool hit = false;
+    for (unsigned i = 0; i < r->maps; i++) {
+        if (x->mapv[i].va >= g->va && x->mapv[i].va - g->va < g->size)
+            hit = true;
+        else
+            x->mapv[kept++] = x->mapv[i];
+    }
+    if (!hit)
         return false;
-    r->maps--;
-    r->va = 0;
-    r->va_size = 0;
+    r->maps = kept;
+    r->va = kept ? x->mapv[kept - 1].va : 0;
+    r->va_size = kept ? x->mapv[kept - 1].size : 0;
     return r->released && r->maps == 0;
 }
 
@@ -275,20 +324,35 @@ bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
-    bool kept = false;
+    bool kept = false, found = false;
     shim_mutex_lock(&pt_mu);
-    for (node *p = table[bucket(ptr)]; p && !kept; p = p->next)
-        if (p->r.ptr == ptr && p->r.family == f && !p->r.released && p->r.maps) {
-            p->r.released = true;
-            kept = true;
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && p->refs) {
+            found = true;
+            p->r.released = --p->refs == 0;
+            kept = !p->r.released || p->r.maps;
         }
     shim_mutex_unlock(&pt_mu);
-    return kept || shim_passthrough_remove(f, ptr);
+    return found && (kept || shim_passthrough_remove(f, ptr));
 }
 
-static bool charged_to(shim_pt_record *r, void *pool)
+void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr)
 {
-    return r->charged == pool;
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && (p->refs || p->r.maps)) {
+            p->refs++;
+            p->r.released = false;
+            break;
+        }
+    shim_mutex_unlock(&pt_mu);
+}
+
+static bool charged_to(node *x, void *pool)
+{
+    return x->r.charged == pool;
 }
 
 size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)

@@ -87,15 +87,20 @@ size_t shim_passthrough_drop_pool(enum shim_pt_family f, struct shim_arena_pool 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
 /* Mappings of a record (VMM: a physical allocation lives while its
  * handle is not released or a mapping uses it). mapped: `ptr` was mapped
- * at [va, va + size), the range a leak report names (the last one mapped).
- * unmapped: the mappings starting in [va, va + size) went; records
+ * at [va, va + size) (a handle may be mapped at several addresses; a leak
+ * report names the last one mapped that is still live). unmapped: the
+ * mappings starting in [va, va + size) went, of every record; records
  * released before and now unmapped are removed (as by remove); returns how
- * many were. release: the handle goes: removed at once when unmapped,
- * else kept (still live, still charged) until its last unmapping; false
- * when `ptr` is no live record of `f`. */
+ * many were. release: one reference of the handle goes (its creation's,
+ * or a retain's): the record is removed when none is left and nothing
+ * maps it, else kept (still live, still charged) until then; false when
+ * `ptr` is no live record of `f`. */
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size);
 size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size);
 bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr);
+/* One more reference of handle `ptr` (cuMemRetainAllocationHandle): each
+ * is released (release) before the record can go. */
+void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr);
 /* Whether `ptr` is a live record of `f`. */
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr);
 /* Whether any record of `f` is live: one relaxed load, inline, for hot
@@ -127,7 +132,7 @@ typedef struct shim_pt_record {
     struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     uintptr_t va;                    /* where it is mapped (VMM), or 0 */
     uint64_t va_size;
-    unsigned maps;                   /* live mappings */
+    unsigned maps;                   /* live mappings (where: passthrough.c) */
     bool released;                   /* its handle went; it lives while mapped */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their

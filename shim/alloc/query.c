@@ -52,7 +52,7 @@ enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t a
                 return st;
         }
     }
-    return shim_forgotten_contains(addr) ? SHIM_BLOCK_DEAD : SHIM_BLOCK_NONE;
+    return shim_forgotten_dead(rt, addr) ? SHIM_BLOCK_DEAD : SHIM_BLOCK_NONE;
 }
 
 int shim_device_block_range(const shim_runtime *rt, uintptr_t addr, uintptr_t *base, size_t *size)

@@ -58,12 +58,19 @@ CUcontext cd_context_current(void)
     return c && cd_context_alive(c) ? c : NULL;
 }
 
+/* A created context destroyed by another thread while current here stays
+ * on this thread's stack, and every call that needs it answers
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED (cuCtxDestroy's documentation; a primary
+ * context's is never destroyed by cuCtxDestroy, and stays INVALID_CONTEXT).
+ * A context's `primary` never changes: read without the lock. */
 CUresult cd_context_require(CUcontext *out)
 {
     CD_REQUIRE_INIT();
+    CUcontext top = depth ? stack[depth - 1] : NULL;
     CUcontext c = cd_context_current();
     if (!c)
-        return CUDA_ERROR_INVALID_CONTEXT;
+        return top && !top->primary ? CUDA_ERROR_CONTEXT_IS_DESTROYED
+                                    : CUDA_ERROR_INVALID_CONTEXT;
     *out = c;
     return CUDA_SUCCESS;
 }

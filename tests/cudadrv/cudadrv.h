@@ -74,6 +74,7 @@ enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
 enum { CU_MEM_LOCATION_TYPE_INVALID = 0, CU_MEM_LOCATION_TYPE_DEVICE = 1 };
 enum { CU_MEM_ACCESS_FLAGS_PROT_NONE = 0, CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 };
+typedef unsigned CUmemAccess_flags; /* cuda.h's enum */
 enum { CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1 };
 /* Stream-ordered pools (mempool.c): cuda.h's types. */
 typedef struct cd_mempool *CUmemoryPool;
@@ -336,6 +337,10 @@ enum {
     X(CUresult, cuDeviceGetDefaultMemPool, (CUmemoryPool *pool_out, CUdevice dev)) \
     X(CUresult, cuDeviceGetMemPool, (CUmemoryPool *pool, CUdevice dev)) \
     X(CUresult, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool)) \
+    X(CUresult, cuMemPoolGetAccess, (CUmemAccess_flags *flags, CUmemoryPool memPool, \
+                                     CUmemLocation *location)) \
+    X(CUresult, cuStreamGetCtx, (CUstream hStream, CUcontext *pctx)) \
+    X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr)) \
     X(unsigned long long, cudastandinSyncsDuringCapture, (void))
 
 #define CUDADRV_DECLARE(ret, name, params) CUAPI ret name params;

@@ -141,4 +141,7 @@
     X(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute) \
     X(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool) \
     X(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool) \
-    X(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool)
+    X(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool) \
+    X(cuMemPoolGetAccess, 11020, cuMemPoolGetAccess) \
+    X(cuStreamGetCtx, 9020, cuStreamGetCtx) \
+    X(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)

@@ -548,3 +548,22 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     pthread_mutex_unlock(&mu);
     return rc;
 }
+
+/* A pool's own device has read-write access to it, always; no other
+ * device does here (cuMemPoolSetAccess, peer access, is not modelled). */
+CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool,
+                            CUmemLocation *location)
+{
+    CD_REQUIRE_INIT();
+    if (!flags || !location || location->type != CU_MEM_LOCATION_TYPE_DEVICE)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cd_device_valid(location->id))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    bool ok = valid(memPool);
+    if (ok)
+        *flags = memPool->dev == location->id ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                                              : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    pthread_mutex_unlock(&mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}

@@ -502,3 +502,17 @@ bool cd_stream_describe(CUstream h, CUcontext *ctx, bool *nonblocking)
     pthread_mutex_unlock(&sched);
     return found;
 }
+
+/* The context a stream belongs to; the default streams' is the current
+ * context (as the driver answers for them). */
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    CD_REQUIRE_INIT();
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    bool nonblocking;
+    if (is_default_handle(hStream))
+        return cd_context_require(pctx);
+    return cd_stream_describe(hStream, pctx, &nonblocking) ? CUDA_SUCCESS
+                                                           : CUDA_ERROR_INVALID_HANDLE;
+}

@@ -1,5 +1,6 @@
 /* vmm: virtual memory management (cuMemAddressReserve/Free, cuMemCreate,
- * cuMemRelease, cuMemMap, cuMemUnmap, cuMemSetAccess, the granularity, and
+ * cuMemRelease, cuMemRetainAllocationHandle, cuMemMap, cuMemUnmap,
+ * cuMemSetAccess, the granularity, and
  * POSIX file descriptor handles for export and import).
  *
  * A reservation is a real PROT_NONE mapping of the address space, so its
@@ -11,8 +12,9 @@
  * that memfd that only the stream workers' copies touch, like the heaps'.
  * Export hands out a duplicate of the memfd; import, in this process or
  * another, maps the same file: both processes see the same bytes. A
- * physical allocation lives while its handle is not released or a mapping
- * uses it (the driver's rule); the memory is given back when both are gone.
+ * physical allocation lives while a reference of its handle (cuMemCreate's,
+ * each cuMemRetainAllocationHandle's) is not released or a mapping uses it
+ * (the driver's rule); the memory is given back when both are gone.
  * An imported one was charged in the exporting process only.
  *
  * Mapped ranges answer cd_memory_find (memory.c asks vmm_find for addresses
@@ -45,7 +47,7 @@ struct phys {
     CUdevice dev;
     int handle_types;
     bool charged;        /* counted against dev's memory (not an import) */
-    bool released;       /* cuMemRelease was called */
+    unsigned refs;       /* handle references: cuMemCreate's, each retain's */
     unsigned maps;       /* live mappings using it */
     char *rw;            /* the bytes, for copies */
     unsigned long long id;
@@ -75,7 +77,7 @@ static unsigned long long next_id = 1ull << 62; /* apart from the heaps' buffer 
 static struct phys *phys_of(CUmemGenericAllocationHandle h)
 {
     for (struct phys *p = physs; p; p = p->next)
-        if ((uintptr_t)p == h && !p->released)
+        if ((uintptr_t)p == h && p->refs)
             return p;
     return NULL;
 }
@@ -100,7 +102,7 @@ static bool overlaps_mapping(uintptr_t va, size_t size)
  * the list (lock held); the caller frees it with phys_free. */
 static bool phys_unlink_if_dead(struct phys *p)
 {
-    if (!p->released || p->maps)
+    if (p->refs || p->maps)
         return false;
     for (struct phys **pp = &physs; *pp; pp = &(*pp)->next)
         if (*pp == p) {
@@ -208,7 +210,7 @@ static CUresult phys_new(int fd, size_t size, CUdevice dev, int types, bool char
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     *p = (struct phys){.fd = fd, .size = size, .dev = dev, .handle_types = types,
-                       .charged = charged, .rw = rw};
+                       .charged = charged, .rw = rw, .refs = 1};
     pthread_mutex_lock(&lock);
     p->id = next_id++;
     p->next = physs;
@@ -246,7 +248,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     return rc;
 }
 
-/* The handle goes; the memory stays while a mapping uses it. */
+/* One reference of the handle goes; the memory stays while another or a
+ * mapping uses it. */
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
     CD_REQUIRE_INIT();
@@ -254,7 +257,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
     struct phys *p = phys_of(handle);
     bool dead = false;
     if (p) {
-        p->released = true;
+        p->refs--;
         dead = phys_unlink_if_dead(p);
     }
     pthread_mutex_unlock(&lock);
@@ -474,4 +477,25 @@ bool cd_vmm_accessible(CUdeviceptr ptr, size_t len, CUdevice dev)
         }
     pthread_mutex_unlock(&lock);
     return !any || ok;
+}
+
+/* The handle of the allocation mapped at addr, the same value that was
+ * mapped, with one more reference (released by cuMemRelease): a released
+ * handle that is still mapped is usable again. */
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    CD_REQUIRE_INIT();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    for (struct mapping *m = mappings; m; m = m->next)
+        if ((uintptr_t)addr >= m->va && (uintptr_t)addr - m->va < m->size) {
+            m->p->refs++;
+            *handle = (uintptr_t)m->p;
+            rc = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&lock);
+    return rc;
 }
