@@ -61,16 +61,26 @@ def test_threads_every_event_in_order_and_the_peak_is_the_shims(tmp_path, buildd
     assert "work" in names
 
 
-def run_then_sigkill(prog, trace, builddir, settle_s):
+def run_then_sigkill(prog, trace, builddir, on_disk):
     """Runs `prog` with a trace flushed every 20 ms; once it prints "ready",
-    waits `settle_s` (several flush intervals) and kills it with SIGKILL.
-    Returns the loaded trace."""
+    reads the file as it grows until `on_disk(trace)` holds (the writer's
+    flushes are the progress waited for: no fixed pause, which a busy
+    machine can outlast) and then kills it with SIGKILL. Returns the trace
+    loaded after the kill."""
     env = shim_env(SIMDEV_MEMORY="64M", SPYRESHIM_TRACE=trace, SPYRESHIM_TRACE_FLUSH_MS=20,
                    PYTHONPATH=builddir / "tests" / "simdev")
     p = subprocess.Popen([sys.executable, "-c", prog], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "ready"
-        time.sleep(settle_s)
+        deadline = time.monotonic() + pythons.HANG_S
+        while True:
+            try:
+                if on_disk(tr.load(str(trace))):
+                    break
+            except (OSError, tr.rpt.ReportError):
+                pass        # not written yet, or a chunk half written
+            assert time.monotonic() < deadline, "the trace stopped growing (hang bound)"
+            time.sleep(0.02)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=pythons.HANG_S)
     finally:
@@ -79,17 +89,20 @@ def run_then_sigkill(prog, trace, builddir, settle_s):
     return tr.load(str(trace))
 
 
+def _allocs_of(t, size):
+    return sum(1 for i in range(len(t)) if t.kind[i] == tr.ALLOC and t.size[i] == size)
+
+
 def test_sigkill_leaves_a_parsable_file(tmp_path, builddir):
     trace = tmp_path / "k.trace"
     prog = ("import simdev, sys, time\n"
             "keep = [simdev.Tensor(4096) for _ in range(100)]\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
-    # Ten flush intervals: the 100 allocations are on disk (a flush happens
-    # at most every 20 ms while events wait).
-    t = run_then_sigkill(prog, trace, builddir, 0.2)
-    allocs = [i for i in range(len(t)) if t.kind[i] == tr.ALLOC and t.size[i] == 4096]
-    assert len(allocs) >= 100
+    # Killed once the 100 allocations are on disk (a flush happens at most
+    # every 20 ms while events wait): they stay readable after the kill.
+    t = run_then_sigkill(prog, trace, builddir, lambda t: _allocs_of(t, 4096) >= 100)
+    assert _allocs_of(t, 4096) >= 100
     # Killed: no names were written at exit, but stacks and the module map were.
     assert not t.symbols and t.maps and t.nstacks
     assert tr.peaks(t).bytes >= 100 * 4096
@@ -116,7 +129,8 @@ def test_exited_threads_events_reach_the_file_before_a_sigkill(tmp_path, builddi
             "[t.join() for t in ts]\n"
             "print('ready', flush=True)\n"
             "time.sleep(60)\n")
-    t = run_then_sigkill(prog, trace, builddir, 0.3)
+    t = run_then_sigkill(prog, trace, builddir,
+                         lambda t: _allocs_of(t, 1024) + _allocs_of(t, 4096) >= 4 * 5050)
     assert not t.truncated
     kinds = list(t.kind)
     assert kinds.count(tr.ALLOC) == 4 * 5050 and kinds.count(tr.FREE) == 4 * 5000
