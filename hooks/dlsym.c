@@ -163,6 +163,17 @@ void *shim_real_dlsym(void *handle, const char *name)
     return p;
 }
 
+bool shim_object_defines(const void *addr, const char *name)
+{
+    Dl_info info;
+    struct link_map *m = NULL;
+    shim_loader_check("dladdr1");
+    shim_fork_gate_enter();
+    int found = dladdr1(addr, &info, (void **)&m, RTLD_DL_LINKMAP);
+    shim_fork_gate_leave();
+    return found && m && defined_by(m, name) != NULL;
+}
+
 /* The registered lookups, one per runtime file that serves names by
  * dlsym (CUDA's driver, OpenCL); registered at load time, in constructor
  * order, each asked in turn. */
@@ -187,7 +198,7 @@ static void *pick_served(void *handle, const char *name, void *ret)
         shim_dlsym_lookup_fn fn = atomic_load_explicit(&lookups[i], memory_order_acquire);
         if (!fn)
             break;
-        void *p = fn(handle, name);
+        void *p = fn(handle, name, ret);
         if (p)
             return p;
     }

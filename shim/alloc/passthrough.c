@@ -5,7 +5,9 @@
  * family of its own, host memory), VMM physical allocations (by
  * handle, with the range they are mapped at) and stream-ordered
  * allocations (cuda-async: what the program holds from the driver's
- * pools, on the device of the calling context). Their limits are charge.c's:
+ * pools, on the device of the calling context), and OpenCL's memory
+ * objects and SVM (on their device, with the program's reference counts:
+ * the runtime's own count includes its references). Their limits are charge.c's:
  * a record only remembers the pool it was charged to.
  *
  * Owns the live records (pointer -> size, family, device, stacks,
@@ -25,6 +27,7 @@
 #include "device.h"
 #include "mutex.h"
 #include "pool.h"
+#include "pressure.h"
 
 #define BUCKETS 1024u
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
@@ -51,7 +54,7 @@ const char *shim_passthrough_family_name(enum shim_pt_family f)
         [SHIM_PT_HOST_PINNED] = "cuda-host-pinned",
         [SHIM_PT_VMM] = "cuda-vmm",
         [SHIM_PT_ASYNC] = "cuda-async",
-        [SHIM_PT_OPENCL_BUFFER] = "opencl-buffer",
+        [SHIM_PT_OPENCL_MEM] = "opencl",
         [SHIM_PT_OPENCL_SVM] = "opencl-svm",
     };
     return (unsigned)f < SHIM_PT_FAMILIES ? names[f] : "cuda";
@@ -92,8 +95,20 @@ static unsigned slot(int ordinal)
     return ordinal < ORDINALS ? (unsigned)ordinal + 1 : ORDINALS;
 }
 
-static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size,
-                       shim_arena_pool *charged)
+/* Families that are their device's own memory (OpenCL has no other):
+ * traced and reported on the device, not on a pseudo-device of theirs. */
+static bool on_device(enum shim_pt_family f)
+{
+    return f == SHIM_PT_OPENCL_MEM || f == SHIM_PT_OPENCL_SVM;
+}
+
+int shim_passthrough_reported_device(const shim_pt_record *r)
+{
+    return on_device(r->family) ? r->device : -1;
+}
+
+static void add_record(enum shim_pt_family f, int ordinal, int device, uintptr_t ptr,
+                       size_t size, shim_arena_pool *charged)
 {
     node *n = calloc(1, sizeof *n);
     shim_pt_capture_fn cap = atomic_load(&capture);
@@ -115,7 +130,8 @@ static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t
          * until exit, the safe side for a limit-free family. */
         n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
                                 .native_stack = ns, .python_stack = ps, .family = f,
-                                .ordinal = ordinal, .charged = charged};
+                                .ordinal = ordinal, .device = device, .charged = charged,
+                                .refs = 1};
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
@@ -124,20 +140,20 @@ static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t
     shim_mutex_unlock(&pt_mu);
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
-        ev(true, f, seq, ptr, size, ns, ps);
+        ev(true, f, on_device(f) ? device : -1, seq, ptr, size, ns, ps);
 }
 
 void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
 {
     if ((unsigned)f < SHIM_PT_FAMILIES)
-        add_record(f, ordinal, ptr, size, NULL);
+        add_record(f, ordinal, -1, ptr, size, NULL);
 }
 
-void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, shim_arena_pool *pool,
-                                 uintptr_t ptr, size_t size)
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, int device,
+                                 shim_arena_pool *pool, uintptr_t ptr, size_t size)
 {
     if ((unsigned)f < SHIM_PT_FAMILIES)
-        add_record(f, ordinal, ptr, size, pool);
+        add_record(f, ordinal, device, ptr, size, pool);
 }
 
 /* A record gone from the table (pt_mu not held): its charge given back,
@@ -145,11 +161,14 @@ void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, shim_arena_
 static void gone_record(node *gone, uint64_t seq)
 {
     const shim_pt_record *r = &gone->r;
-    if (r->charged)
+    if (r->charged) {
         shim_pool_give(r->charged, r->size);
+        shim_pressure_note_freed(r->size);
+    }
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
-        ev(false, r->family, seq, r->ptr, r->size, r->native_stack, r->python_stack);
+        ev(false, r->family, shim_passthrough_reported_device(r), seq, r->ptr, r->size,
+           r->native_stack, r->python_stack);
     free(gone);
 }
 
@@ -191,6 +210,49 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     return true;
 }
 
+bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return false;
+    bool found = false;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f) {
+            p->r.refs++;
+            found = true;
+        }
+    shim_mutex_unlock(&pt_mu);
+    return found;
+}
+
+long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return -1;
+    node *gone = NULL;
+    uint64_t seq = 0;
+    long left = -1;
+    shim_mutex_lock(&pt_mu);
+    /* The newest record of ptr (records go in at the head): the program
+     * holds that one; an older one is an object whose last release the
+     * shim did not see (a leak, as far as it knows). */
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
+        if ((*p)->r.ptr != ptr || (*p)->r.family != f)
+            continue;
+        left = (long)--(*p)->r.refs;
+        if (left == 0) {
+            gone = *p;
+            *p = gone->next;
+            count_free(gone);
+            seq = shim_device_seq_next();
+        }
+        break;
+    }
+    shim_mutex_unlock(&pt_mu);
+    if (gone)
+        gone_record(gone, seq);
+    return left;
+}
 
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
