@@ -1,10 +1,12 @@
-"""The shim's OpenCL layer (hooks/opencl.c) on a real runtime: PoCL on this
-machine's CPU, through the ICD loader. PyOpenCL's own test suite run with
-and without the shim (no test worse), PyOpenCL arrays in reference cycles
-and a C program's buffer cache that run out without the shim and complete
-with it, what the runtime answers under the shim (errors included), the
-buffers the shim passes through, the leak report, the views, and the
-shim's declarations checked against the Khronos headers.
+"""The shim's OpenCL layer (hooks/opencl_*.c) on a real runtime: PoCL on
+this machine's CPU, through the ICD loader. Every memory object is the
+runtime's, watched: the project's own programs for the cases a program
+must see as without the shim (opencl_same.c, opencl_dlopen.c, a ctypes
+binding) run without and with it, identical output; PyOpenCL's own test
+suite run with and without the shim (no test worse); PyOpenCL arrays in
+reference cycles and a C program's buffer cache that run out without the
+shim and complete with it; the limit per device; the leak report, the
+views; the shim's declarations checked against the Khronos headers.
 
 Skips with the reason where there is no OpenCL platform; under CI=true
 (scripts/deps.sh installs PoCL) that is a failure."""
@@ -218,6 +220,95 @@ def test_the_trace_and_its_views_name_the_runtime_opencl(program, tmp_path):
     acts = [e["action"] for e in snap["device_traces"][0]]
     assert acts.count("alloc") == 20 and acts.count("free_completed") == 20, acts
     assert acts.count("segment_alloc") == 0, "the shim reserves nothing in OpenCL"
+
+
+# ---- what a program sees: the same with and without the shim ----------------
+
+def built(builddir, name):
+    exe = Path(builddir) / "tests" / name
+    if not exe.exists():
+        _unavailable(f"{exe} was not built: libOpenCL or CL/cl.h is absent "
+                     f"(apt-get install ocl-icd-opencl-dev)")
+    return exe
+
+
+def same_both_ways(argv, tmp_path, timeout=300, **shim_extra):
+    """argv run without and with the shim: the same output and status
+    (the shim's own stderr lines aside); returns the run under the shim."""
+    bare = pythons.run(argv, env=base_env(), timeout=timeout)
+    r = pythons.run(argv, env=shim_env(tmp_path, **shim_extra), timeout=timeout)
+    assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout), bare.describe() + r.describe()
+    return r
+
+
+SAME = ["rect", "range", "hostflags", "image1d", "release", "contexts", "svmfree", "threads"]
+
+
+@pytest.mark.parametrize("check", SAME)
+def test_an_opencl_program_sees_what_it_sees_without_the_shim(program, builddir, tmp_path,
+                                                               check):
+    """tests/programs/opencl_same.c, each case of issue 43 printing what it
+    observes: rectangle copies between buffers (different pitches behind a
+    user event on an out-of-order queue: the copy's data and event type;
+    a whole-buffer rectangle between disjoint buffers), out-of-range
+    copies refused with the neighbouring buffer untouched, COPY_HOST_PTR
+    with the host access flags, IMAGE1D_BUFFER over a buffer, releases
+    that return while a user event is incomplete (with the destructor
+    callback after the command), contexts released while a queue holds
+    them, clEnqueueSVMFree, 4 threads in a context held by its queue only.
+    Identical output and status without and with the shim."""
+    r = same_both_ways([built(builddir, "opencl_same"), check], tmp_path)
+    assert f"{check} ok" in r.stdout or "svmfree none" in r.stdout, r.describe()
+    assert "gate_status=2 destroyed=0" in r.stdout or check != "release", r.stdout
+    s = stats(tmp_path)
+    assert s["allocs"] == 0, "nothing is served from a region"
+    if check != "svmfree":
+        f = family(s)
+        assert f["allocs"] == f["frees"] > 0 and f["bytes"] == 0, s
+
+
+def test_the_limit_is_per_device_whatever_the_contexts(program, builddir, tmp_path):
+    """40 contexts, each released while its queue holds it: under a 64 MiB
+    limit the 48 MiB buffer of the 40th context is refused while the
+    39th's is kept (the limit is the device's, not a context's), and
+    nothing is left charged at exit."""
+    r = pythons.run([built(builddir, "opencl_same"), "contexts"],
+                    env=shim_env(tmp_path, SPYRESHIM_LIMIT="64M", SPYRESHIM_LEAK_CHECK=1),
+                    timeout=300)
+    assert r.returncode == 0, r.describe()
+    assert "contexts round=38 err=0\ncontexts round=39 err=-4\n" in r.stdout, r.stdout
+    assert "out of opencl memory for 50331648 bytes" in r.stderr, r.stderr
+    assert [d["name"] for d in stats(tmp_path)["runtimes"]] == ["opencl:0"]
+
+
+def test_svm_freed_by_the_queue_is_uncharged(program, builddir, tmp_path):
+    """120 x 1 MiB clSVMAlloc under a 64 MiB limit, each given back with
+    clEnqueueSVMFree: none refused, nothing reported leaked, the same
+    output as without the shim."""
+    r = same_both_ways([built(builddir, "opencl_same"), "svmfree"], tmp_path,
+                       SPYRESHIM_LIMIT="64M", SPYRESHIM_LEAK_CHECK=1)
+    if "svmfree none" in r.stdout:
+        _unavailable("the OpenCL device has no SVM")
+    assert "svmfree failed=0" in r.stdout, r.stdout
+    f = family(stats(tmp_path), "opencl-svm")
+    assert f["allocs"] == f["frees"] == 120 and f["bytes"] == 0, f
+
+
+@pytest.mark.parametrize("how", ["c", "ctypes"])
+def test_a_program_that_loads_the_loader_itself_finds_its_platform(program, builddir, tmp_path,
+                                                                   how):
+    """clCreateBuffer looked up on the loader's handle before
+    clGetPlatformIDs (hashcat's order; a ctypes binding that sets restype
+    first): the loader's own lookups in PoCL get PoCL's functions, so the
+    platform is found as without the shim; the program's lookups get the
+    shim's (its buffer is watched)."""
+    argv = ([built(builddir, "opencl_dlopen")] if how == "c"
+            else ["/usr/bin/python3", HERE / "opencl_ctypes.py"])
+    r = same_both_ways(argv, tmp_path)
+    assert r.returncode == 0 and "platforms=1" in r.stdout, r.describe()
+    assert "buffer err=0 release=0" in r.stdout, r.stdout
+    f = family(stats(tmp_path))
+    assert f["allocs"] == f["frees"] == 1, f
 
 
 # ---- PyOpenCL ---------------------------------------------------------------
