@@ -39,6 +39,12 @@ typedef struct node {
 
 static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
 static node *table[BUCKETS];
+/* Nodes of removed records kept for the next ones (pt_mu): a create and
+ * release pair of OpenCL, a few hundred nanoseconds, would otherwise pay a
+ * malloc and a free. At most SPARE_MAX; the rest are freed. */
+#define SPARE_MAX 1024u
+static node *spare;
+static unsigned nspare;
 static shim_pt_counters counters[SHIM_PT_FAMILIES][ORDINALS + 1];
 static bool seen[SHIM_PT_FAMILIES][ORDINALS + 1];
 _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
@@ -110,13 +116,26 @@ int shim_passthrough_reported_device(const shim_pt_record *r)
 static void add_record(enum shim_pt_family f, int ordinal, int device, uintptr_t ptr,
                        size_t size, shim_arena_pool *charged)
 {
-    node *n = calloc(1, sizeof *n);
+    /* A spare node when there may be one (read without the lock: at worst
+     * a malloc too many, or one more look under it). */
+    node *n = __atomic_load_n(&nspare, __ATOMIC_RELAXED) ? NULL : malloc(sizeof *n);
     shim_pt_capture_fn cap = atomic_load(&capture);
     uint32_t ns = 0, ps = 0;
     if (cap)
         cap(&ns, &ps);
-    atomic_store(&used, true);
+    if (!atomic_load_explicit(&used, memory_order_relaxed))
+        atomic_store(&used, true);
     shim_mutex_lock(&pt_mu);
+    if (!n && spare) {
+        n = spare;
+        spare = n->next;
+        __atomic_store_n(&nspare, nspare - 1, __ATOMIC_RELAXED);
+    }
+    if (!n) { /* taken by another thread meanwhile */
+        shim_mutex_unlock(&pt_mu);
+        n = malloc(sizeof *n);
+        shim_mutex_lock(&pt_mu);
+    }
     shim_pt_counters *c = &counters[f][slot(ordinal)];
     seen[f][slot(ordinal)] = true;
     c->allocs++;
@@ -157,10 +176,9 @@ void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, int device,
 }
 
 /* A record gone from the table (pt_mu not held): its charge given back,
- * the trace told, the node freed. */
-static void gone_record(node *gone, uint64_t seq)
+ * the trace told. */
+static void record_gone(const shim_pt_record *r, uint64_t seq)
 {
-    const shim_pt_record *r = &gone->r;
     if (r->charged) {
         shim_pool_give(r->charged, r->size);
         shim_pressure_note_freed(r->size);
@@ -169,7 +187,25 @@ static void gone_record(node *gone, uint64_t seq)
     if (ev)
         ev(false, r->family, shim_passthrough_reported_device(r), seq, r->ptr, r->size,
            r->native_stack, r->python_stack);
+}
+
+/* The same for a node unlinked from the table, which is freed. */
+static void gone_record(node *gone, uint64_t seq)
+{
+    record_gone(&gone->r, seq);
     free(gone);
+}
+
+/* `n`, unlinked, kept as a spare or freed; pt_mu held. Its record is
+ * copied out first by the caller. */
+static node *keep_spare(node *n)
+{
+    if (nspare >= SPARE_MAX)
+        return n; /* the caller frees it after the lock */
+    n->next = spare;
+    spare = n;
+    __atomic_store_n(&nspare, nspare + 1, __ATOMIC_RELAXED);
+    return NULL;
 }
 
 /* Takes `n` out of the counters; pt_mu held. */
@@ -185,7 +221,8 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
-    node *gone = NULL;
+    node *gone = NULL, *extra = NULL;
+    shim_pt_record copy;
     uint64_t seq = 0;
     shim_mutex_lock(&pt_mu);
     /* The oldest record of ptr (records go in at the head): the free is
@@ -202,11 +239,14 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
         *at = gone->next;
         count_free(gone);
         seq = shim_device_seq_next();
+        copy = gone->r;
+        extra = keep_spare(gone);
     }
     shim_mutex_unlock(&pt_mu);
     if (!gone)
         return false;
-    gone_record(gone, seq);
+    free(extra);
+    record_gone(&copy, seq);
     return true;
 }
 
@@ -229,7 +269,8 @@ long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return -1;
-    node *gone = NULL;
+    node *gone = NULL, *extra = NULL;
+    shim_pt_record copy;
     uint64_t seq = 0;
     long left = -1;
     shim_mutex_lock(&pt_mu);
@@ -245,12 +286,16 @@ long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
             *p = gone->next;
             count_free(gone);
             seq = shim_device_seq_next();
+            copy = gone->r;
+            extra = keep_spare(gone);
         }
         break;
     }
     shim_mutex_unlock(&pt_mu);
-    if (gone)
-        gone_record(gone, seq);
+    if (gone) {
+        free(extra);
+        record_gone(&copy, seq);
+    }
     return left;
 }
 
