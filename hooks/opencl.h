@@ -20,6 +20,8 @@
     X(CL_INVALID_MEM_OBJECT, -38)                  \
     X(CL_INVALID_COMMAND_QUEUE, -36)               \
     X(CL_INVALID_BUFFER_SIZE, -61)                 \
+    X(CL_DEVICE_TYPE_CUSTOM, 1 << 4)               \
+    X(CL_DEVICE_TYPE_ALL, 0xFFFFFFFF)              \
     X(CL_DEVICE_MAX_MEM_ALLOC_SIZE, 0x1010)        \
     X(CL_DEVICE_GLOBAL_MEM_SIZE, 0x101F)           \
     X(CL_CONTEXT_DEVICES, 0x1081)                  \
@@ -37,6 +39,7 @@ typedef cl_bitfield cl_svm_mem_flags;
 typedef cl_ulong cl_properties;
 typedef cl_properties cl_mem_properties;
 typedef intptr_t cl_pipe_properties;
+typedef cl_bitfield cl_device_type;
 typedef cl_uint cl_device_info;
 typedef cl_uint cl_context_info;
 typedef cl_uint cl_mem_info;
@@ -97,6 +100,9 @@ typedef void (*shim_cl_svm_free_fn)(cl_command_queue, cl_uint, void *[], void *)
       (const char *))                                                                         \
     X(get_extension_function_address_for_platform, clGetExtensionFunctionAddressForPlatform,  \
       1, void *, (cl_platform_id, const char *))                                              \
+    X(get_platform_ids, clGetPlatformIDs, 0, cl_int, (cl_uint, cl_platform_id *, cl_uint *))  \
+    X(get_device_ids, clGetDeviceIDs, 0, cl_int,                                              \
+      (cl_platform_id, cl_device_type, cl_uint, cl_device_id *, cl_uint *))                   \
     X(get_context_info, clGetContextInfo, 0, cl_int,                                          \
       (cl_context, cl_context_info, size_t, void *, size_t *))                                \
     X(get_mem_object_info, clGetMemObjectInfo, 0, cl_int,                                     \

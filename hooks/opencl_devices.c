@@ -113,10 +113,50 @@ static shim_device *device_of_id(shim_cl_api *a, cl_device_id id)
     return NULL;
 }
 
+/* The system's only device, where it has one (PoCL's CPU here): then
+ * every context's memory is its (a sub-device's too: the same memory),
+ * known without asking the runtime at each creation. */
+static _Atomic(shim_device *) only_device;
+static _Atomic int devices_in_system = -1; /* -1: not counted yet */
+
+/* The devices of every platform (CL_DEVICE_TYPE_ALL leaves custom ones
+ * out): 1 with it in *only, or how many there are. */
+static int count_devices(shim_cl_api *a, cl_device_id *only)
+{
+    cl_platform_id plats[16];
+    cl_uint np = 0;
+    if (!a->get_platform_ids || !a->get_device_ids ||
+        a->get_platform_ids(16, plats, &np) != CL_SUCCESS || np > 16)
+        return 0;
+    int n = 0;
+    static const cl_device_type types[] = {CL_DEVICE_TYPE_ALL, CL_DEVICE_TYPE_CUSTOM};
+    for (cl_uint p = 0; p < np; p++) {
+        for (size_t t = 0; t < 2; t++) {
+            cl_uint k = 0;
+            if (a->get_device_ids(plats[p], types[t], 1, only, &k) == CL_SUCCESS)
+                n += (int)k;
+        }
+    }
+    return n;
+}
+
 shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
 {
     if (!ctx)
         return NULL;
+    shim_device *one = atomic_load_explicit(&only_device, memory_order_acquire);
+    if (one)
+        return one;
+    if (atomic_load_explicit(&devices_in_system, memory_order_relaxed) < 0) {
+        cl_device_id id = NULL;
+        int n = count_devices(a, &id);
+        one = n == 1 ? device_of_id(a, id) : NULL;
+        if (one)
+            atomic_store_explicit(&only_device, one, memory_order_release);
+        atomic_store_explicit(&devices_in_system, n, memory_order_relaxed);
+        if (one)
+            return one;
+    }
     cl_device_id ids[8];
     size_t len = 0;
     cl_int rc = a->get_context_info(ctx, CL_CONTEXT_DEVICES, sizeof ids, ids, &len);

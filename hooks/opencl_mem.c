@@ -60,11 +60,13 @@ static cl_int charge_before(shim_cl_api *a, cl_context ctx, size_t bytes, bool b
     return err;
 }
 
-EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size,
-                                     void *host_ptr, cl_int *errcode_ret)
+/* clCreateBuffer, and clCreateBufferWithProperties where `with_props`. */
+static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_properties *props,
+                            cl_mem_flags flags, size_t size, void *host_ptr,
+                            cl_int *errcode_ret)
 {
     shim_cl_api *a = shim_cl();
-    if (!a) {
+    if (!a || (with_props && !a->create_buffer_with_properties)) {
         shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
         return NULL;
     }
@@ -74,26 +76,23 @@ EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size,
         shim_cl_set_err(errcode_ret, err);
         return NULL;
     }
-    return watched(d, size, a->create_buffer(ctx, flags, size, host_ptr, errcode_ret));
+    return watched(d, size,
+                   with_props ? a->create_buffer_with_properties(ctx, props, flags, size,
+                                                                 host_ptr, errcode_ret)
+                              : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret));
+}
+
+EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void *host_ptr,
+                             cl_int *errcode_ret)
+{
+    return create_buffer(false, ctx, NULL, flags, size, host_ptr, errcode_ret);
 }
 
 EXPORT cl_mem clCreateBufferWithProperties(cl_context ctx, const cl_mem_properties *props,
-                                                   cl_mem_flags flags, size_t size,
-                                                   void *host_ptr, cl_int *errcode_ret)
+                                           cl_mem_flags flags, size_t size, void *host_ptr,
+                                           cl_int *errcode_ret)
 {
-    shim_cl_api *a = shim_cl();
-    if (!a || !a->create_buffer_with_properties) {
-        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
-        return NULL;
-    }
-    shim_device *d;
-    cl_int err = charge_before(a, ctx, size, true, &d);
-    if (err != CL_SUCCESS) {
-        shim_cl_set_err(errcode_ret, err);
-        return NULL;
-    }
-    return watched(d, size, a->create_buffer_with_properties(ctx, props, flags, size, host_ptr,
-                                                             errcode_ret));
+    return create_buffer(true, ctx, props, flags, size, host_ptr, errcode_ret);
 }
 
 /* The device of the context `m` was made in (NULL: unknown). */
