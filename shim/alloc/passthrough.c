@@ -93,6 +93,15 @@ static unsigned bucket(uintptr_t ptr)
     return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> 54) % BUCKETS;
 }
 
+/* Written under pt_mu only, read without it: a plain load and store, no
+ * locked instruction on the path of every record. */
+static void live_count_add(enum shim_pt_family f, int delta)
+{
+    uint64_t v = atomic_load_explicit(&shim_pt_live_count[f], memory_order_relaxed);
+    atomic_store_explicit(&shim_pt_live_count[f], v + (uint64_t)(int64_t)delta,
+                          memory_order_relaxed);
+}
+
 /* Ordinals past ORDINALS share the last slot: counted, not told apart. */
 static unsigned slot(int ordinal)
 {
@@ -154,7 +163,7 @@ static void add_record(enum shim_pt_family f, int ordinal, int device, uintptr_t
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
-        atomic_fetch_add_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
+        live_count_add(f, 1);
     }
     shim_mutex_unlock(&pt_mu);
     shim_pt_event_fn ev = atomic_load(&event_hook);
@@ -214,7 +223,7 @@ static void count_free(const node *n)
     shim_pt_counters *c = &counters[n->r.family][slot(n->r.ordinal)];
     c->frees++;
     c->bytes -= n->r.size;
-    atomic_fetch_sub_explicit(&shim_pt_live_count[n->r.family], 1, memory_order_relaxed);
+    live_count_add(n->r.family, -1);
 }
 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
