@@ -1,6 +1,6 @@
 /* dlsym interposition: a lookup on a handle (numba and other ctypes users
  * look driver functions up this way, `_v2` first) is offered to the lookups
- * the runtime files registered (hooks/cuda_driver.c, hooks/opencl.c: the
+ * the runtime files registered (hooks/cuda_driver.c, hooks/opencl_routes.c: the
  * shim's wrapper of a served function); every other lookup behaves exactly
  * as before. This file knows no runtime: the runtime files register
  * themselves.
