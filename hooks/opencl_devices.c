@@ -2,8 +2,9 @@
  * limit"): one device of the allocator, opencl:N, per cl_device_id that
  * memory is made on, whatever the number of contexts the program makes:
  * SPYRESHIM_LIMIT and what clGetDeviceInfo answers are the device's. A
- * context is only asked for its first device (CL_CONTEXT_DEVICES): the
- * shim keeps no record of contexts and holds no reference on any.
+ * context is only asked for its first device (CL_CONTEXT_DEVICES), and
+ * not even that where the system has one device (counted once): the shim
+ * keeps no record of contexts and holds no reference on any.
  *
  * Owns: the table of cl_device_ids seen, append-only (a slot claimed by
  * one compare-and-swap, never freed: cl_device_ids of root devices live
@@ -176,9 +177,11 @@ shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
 
 cl_int shim_cl_charge(shim_device *d, size_t bytes)
 {
+    /* Restored, not cleared: a pressure callback may make memory itself. */
+    int outer = tls_charging;
     tls_charging = shim_passthrough_ordinal(d);
     int rc = shim_passthrough_charge(d, bytes);
-    tls_charging = -1;
+    tls_charging = outer;
     return rc == 0 ? CL_SUCCESS : CL_MEM_OBJECT_ALLOCATION_FAILURE;
 }
 
