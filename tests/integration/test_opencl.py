@@ -265,6 +265,12 @@ def test_an_opencl_program_sees_what_it_sees_without_the_shim(program, builddir,
     if check != "svmfree":
         f = family(s)
         assert f["allocs"] == f["frees"] > 0 and f["bytes"] == 0, s
+    # Images are charged their size, an image over a buffer nothing: range
+    # makes 3 buffers of 4 KiB and a 64 x 64 RGBA image (16 KiB), image1d a
+    # buffer of 4 KiB and an image over it.
+    if check in ("range", "image1d"):
+        want = {"range": (4, 3 * 4096 + 64 * 64 * 4), "image1d": (2, 4096)}[check]
+        assert (f["allocs"], f["peak_bytes"]) == want, f
 
 
 def test_the_limit_is_per_device_whatever_the_contexts(program, builddir, tmp_path):
@@ -341,6 +347,20 @@ def test_pyopencl_arrays_in_cycles_run_out_without_the_shim_and_complete_with_it
     assert s["gc_collections"] > 0 and s["gc_recovered_bytes"] > 0, s
     f = family(s)
     assert f["allocs"] == f["frees"] >= 64 and f["peak_bytes"] <= 512 * MiB, s
+
+
+def test_a_leaked_pyopencl_buffer_is_reported_with_its_python_stack(pyopencl, tmp_path):
+    """A pyopencl.Buffer never released: the leak report names it as
+    opencl:0 memory with the Python frames that made it."""
+    report = tmp_path / "leaks.json"
+    r = pythons.run(["/usr/bin/python3", HERE / "opencl_leak.py"],
+                    env=shim_env(tmp_path, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=report),
+                    timeout=120)
+    assert "leak made" in r.stdout and r.returncode != 0, r.describe()
+    assert "Leak of 1048576 byte(s) in 1 allocation(s) of opencl:0 memory" in r.stderr, r.stderr
+    assert "in make_leak " in r.stderr and "opencl_leak.py:" in r.stderr, r.stderr
+    (g,) = json.loads(report.read_text())["groups"]
+    assert g["runtime"] == "opencl:0", g
 
 
 def test_pyopencl_suite_with_the_shim_is_no_worse_than_without(pyopencl, tmp_path_factory,
