@@ -32,10 +32,11 @@
  * driver untouched. Which context is current is the key of the regions
  * (shim/alloc/device.c keeps a device per context).
  *
- * Owns: the real driver functions, resolved once into a table that is
- * published with one atomic store (no lock: resolving calls the loader,
- * whose lock a library constructor that allocates may hold while it waits
- * for us); the primary contexts' handles (atomics). Never
+ * Owns: the real driver functions (a runtime table, runtime_table.h:
+ * learnt once, published with one compare-and-swap; no lock: resolving
+ * calls the loader, whose lock a library constructor that allocates may
+ * hold while it waits for us); the primary contexts' handles (atomics).
+ * Never
  * dereferences a device address. */
 #include <dlfcn.h>
 #include <stdatomic.h>
@@ -49,6 +50,7 @@
 #include "log.h"
 #include "passthrough.h"
 #include "pressure.h"
+#include "runtime_table.h"
 
 /* cuMemAllocPitch's pitch: the driver rounds the width up to its pitch
  * alignment, 512 bytes on every GPU since Fermi
@@ -79,76 +81,31 @@ typedef struct driver {
 #undef FIELD
 } driver;
 
-static _Atomic(driver *) the_driver;
+static bool driver_complete(const void *table)
+{
+    const driver *d = table;
+    return d->mem_alloc && d->mem_free && d->mem_get_info;
+}
+
+/* The real functions (runtime_table.h): from a handle of the driver
+ * library (dlsym route), or the process's scopes (link-time route). */
+SHIM_RT_TABLE(static, driver_table, driver, SHIM_CUDA_DRIVER, driver_complete,
+              "cuda: the driver's memory functions were not found in the process");
 static _Atomic bool routed; /* the runtime got our cuMemAlloc_v2 from cuGetProcAddress */
 
-/* Publishes `d` unless another thread was first; returns the table in use. */
-static driver *publish(driver *d)
-{
-    driver *expected = NULL;
-    if (atomic_compare_exchange_strong(&the_driver, &expected, d))
-        return d;
-    free(d);
-    return expected;
-}
-
-/* Where the real functions are found: in a handle of the driver library
- * (dlsym route; the shim's own definitions are not the driver's), or in
- * the process's scopes (link-time route), without loading anything. */
-static void *find_in_handle(void *handle, const char *name)
-{
-    void *p = shim_real_dlsym(handle, name);
-    return shim_is_own_address(p) ? NULL : p;
-}
-
-static void *find_in_scopes(void *unused, const char *name)
-{
-    (void)unused;
-    return shim_resolve_real(name);
-}
-
-/* The table in use, made with `find` when there is none yet; NULL while the
- * driver's memory functions cannot be found there. */
-static driver *learn(void *(*find)(void *where, const char *name), void *where)
-{
-    driver *cur = atomic_load_explicit(&the_driver, memory_order_acquire);
-    if (cur)
-        return cur;
-    driver *d = calloc(1, sizeof *d);
-    if (!d)
-        return NULL;
-#define FIND(f, sym, defined, ret, params) *(void **)&d->f = find(where, #sym);
-    SHIM_CUDA_DRIVER(FIND)
-#undef FIND
-    if (!d->mem_alloc || !d->mem_free || !d->mem_get_info) {
-        free(d);
-        return NULL;
-    }
-    return publish(d);
-}
-
-/* The table from a handle of the driver library (dlsym route). */
-static driver *learn_from_handle(void *handle)
-{
-    return learn(find_in_handle, handle);
-}
-
-__attribute__((noinline)) static driver *learn_from_scopes(void)
-{
-    driver *d = learn(find_in_scopes, NULL);
-    static _Atomic bool warned;
-    if (!d && !atomic_exchange(&warned, true))
-        shim_warn("cuda: the driver's memory functions were not found in the process");
-    return d;
-}
-
 /* The table, for every entry point: learnt from the process's scopes on
- * first use (link-time route) unless a route learnt it before. NULL while
- * no driver is loaded. */
+ * first use unless a route learnt it before. NULL while no driver is
+ * loaded. */
 static inline driver *get_driver(void)
 {
-    driver *cur = atomic_load_explicit(&the_driver, memory_order_acquire);
-    return cur ? cur : learn_from_scopes();
+    return shim_rt_table_get(&driver_table);
+}
+
+/* The published table, for the allocator's callbacks (a device exists:
+ * a hook learnt it). */
+static inline driver *the_driver(void)
+{
+    return shim_rt_table_peek(&driver_table);
 }
 
 bool shim_cuda_driver_routed(void)
@@ -177,7 +134,7 @@ static CUstreamCaptureMode capture_mode(driver *d)
  * allocator go on without a wait or a collection (room.c) and fail. */
 static int drv_reserve(void **ptr, size_t size)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     if (shim_cuda_capturing())
         return capture_mode(d) == CU_STREAM_CAPTURE_MODE_RELAXED
                    ? CUDA_ERROR_OUT_OF_MEMORY
@@ -190,20 +147,20 @@ static int drv_reserve(void **ptr, size_t size)
 
 static int drv_release(void *ptr)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     return d->mem_free((CUdeviceptr)(uintptr_t)ptr);
 }
 
 static int drv_mem_info(size_t *free, size_t *total)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     return d->mem_get_info(free, total);
 }
 
 /* The context current on the calling thread: the key of its regions. */
 static int drv_current_context(uintptr_t *context)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     if (!d->ctx_get_current) {
         *context = 1; /* a driver without contexts to tell (a minimal one): one key */
         return CUDA_SUCCESS;
@@ -222,7 +179,7 @@ static int drv_current_context(uintptr_t *context)
  * made then). */
 static int drv_current_device(int *ordinal, uintptr_t *context)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     int rc = drv_current_context(context);
     if (rc != CUDA_SUCCESS)
         return rc;
@@ -245,7 +202,7 @@ static bool context_is_gone(CUresult rc)
 static int drv_sync(int ordinal, uintptr_t context)
 {
     (void)ordinal;
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     if (!d->ctx_synchronize)
         return CUDA_SUCCESS;
     CUcontext want = (CUcontext)context, cur = NULL;
@@ -271,7 +228,7 @@ static int drv_sync(int ordinal, uintptr_t context)
  * region the shim forgot at its context's teardown). */
 static bool drv_holds(uintptr_t addr)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     CUdeviceptr base = 0;
     size_t size = 0;
     return d->mem_get_address_range &&
@@ -615,7 +572,7 @@ static CUresult alloc_async(CUresult (*plain)(CUdeviceptr *, size_t, CUstream),
     if (!dptr || size == 0 || !watch || shim_device_for_caller(&driver_rt, &d) != 0) {
         d = NULL;
     } else {
-        driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
+        driver *drv = the_driver();
         ordinal = from_pool ? pool_ordinal(drv, pool) : stream_ordinal(drv, stream);
         d = device_for(d, ordinal);
     }
@@ -1137,7 +1094,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 static CUresult primary_release(CUresult (*real)(CUdevice), CUdevice dev)
 {
     CUresult rc = real(dev);
-    driver *drv = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *drv = the_driver();
     unsigned flags;
     int active = 1;
     if (rc == CUDA_SUCCESS && drv->primary_ctx_get_state &&
@@ -1371,8 +1328,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
  * is a driver entry point the shim serves and `handle`'s object really
  * defines it (a CUDA driver); NULL for everything else. No lock held;
  * calls the loader. */
-static void *driver_lookup(void *handle, const char *name)
+static void *driver_lookup(void *handle, const char *name, const void *caller)
 {
+    (void)caller;
     void *ours = NULL;
 #define BY_NAME(base, from, until, exported, fn) \
     if (!ours && strcmp(name, exported) == 0)     \
@@ -1384,15 +1342,7 @@ static void *driver_lookup(void *handle, const char *name)
     /* Only where the handle's object (or its dependencies) defines the name
      * for real: any object that exports cuMemAlloc_v2 is a CUDA driver (the
      * real one, the toolkit's stub, a stand-in). */
-    void *real = shim_real_dlsym(handle, name);
-    if (!real || shim_is_own_address(real))
-        return NULL;
-    driver *drv = learn_from_handle(handle);
-    /* Learning probes names the driver may lack, each leaving an error for
-     * dlerror(); a successful lookup clears it, as the caller's own lookup
-     * of this name would have. */
-    shim_real_dlsym(handle, name);
-    return drv ? ours : NULL;
+    return shim_rt_table_lookup(&driver_table, handle, name, ours);
 }
 
 /* The pressure event's capture query (alloc/pressure.h): whether the
@@ -1405,7 +1355,7 @@ static void *driver_lookup(void *handle, const char *name)
  * no shim lock held. */
 static bool drv_may_be_capturing(void)
 {
-    driver *d = atomic_load_explicit(&the_driver, memory_order_acquire);
+    driver *d = the_driver();
     if (!d)
         return false;
     if (d->exchange_capture_mode) {

@@ -1,6 +1,6 @@
 /* dlsym interposition: a lookup on a handle (numba and other ctypes users
  * look driver functions up this way, `_v2` first) is offered to the lookups
- * the runtime files registered (hooks/cuda_driver.c, hooks/opencl.c: the
+ * the runtime files registered (hooks/cuda_driver.c, hooks/opencl_routes.c: the
  * shim's wrapper of a served function); every other lookup behaves exactly
  * as before. This file knows no runtime: the runtime files register
  * themselves.
@@ -163,6 +163,17 @@ void *shim_real_dlsym(void *handle, const char *name)
     return p;
 }
 
+bool shim_object_defines(const void *addr, const char *name)
+{
+    Dl_info info;
+    struct link_map *m = NULL;
+    shim_loader_check("dladdr1");
+    shim_fork_gate_enter();
+    int found = dladdr1(addr, &info, (void **)&m, RTLD_DL_LINKMAP);
+    shim_fork_gate_leave();
+    return found && m && defined_by(m, name) != NULL;
+}
+
 /* The registered lookups, one per runtime file that serves names by
  * dlsym (CUDA's driver, OpenCL); registered at load time, in constructor
  * order, each asked in turn. */
@@ -187,7 +198,7 @@ static void *pick_served(void *handle, const char *name, void *ret)
         shim_dlsym_lookup_fn fn = atomic_load_explicit(&lookups[i], memory_order_acquire);
         if (!fn)
             break;
-        void *p = fn(handle, name);
+        void *p = fn(handle, name, ret);
         if (p)
             return p;
     }

@@ -32,8 +32,14 @@ void *shim_real_dlsym(void *handle, const char *name);
  * A runtime file registers one at load time (dlsym.c asks it for
  * lookups on handles other than the special ones, made outside the shim);
  * dlsym.c knows no runtime. */
-typedef void *(*shim_dlsym_lookup_fn)(void *handle, const char *name);
+/* `caller`: the return address of the program's dlsym call (whose
+ * object made the lookup). */
+typedef void *(*shim_dlsym_lookup_fn)(void *handle, const char *name, const void *caller);
 void shim_dlsym_set_lookup(shim_dlsym_lookup_fn fn);
+/* Whether the object holding the code address `addr` defines `name`
+ * itself (its own symbol table, not its dependencies'): who made a call,
+ * e.g. an OpenCL library (dlsym.c). Calls the loader. */
+bool shim_object_defines(const void *addr, const char *name);
 /* True when `addr` lies inside the shim's own object (self.c). */
 bool shim_is_own_address(const void *addr);
 /* SPYRESHIM_CUDA_IPC_CALLERS (cuda_exporters.c): parses the names once,

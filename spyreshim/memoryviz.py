@@ -276,7 +276,10 @@ def stream_write(t, f, first=None, last=None, spool_dir=None):
     if (lo is not None and hi is not None and hi < lo) or (
             lo is None and hi is not None and first[0] == last[0] == "s" and last[1] < first[1]):
         raise rpt.ReportError("--to is before --from")
-    devices = set(t.devices) | set(spools) | set(live) | {d for d, _a in regions}
+    # The pass-through families' pseudo-devices are named in every trace
+    # that watched any memory: a list only for those that had events.
+    devices = ({d for d in t.devices if d not in tr.PASSTHROUGH_DEVICES} | set(spools)
+               | set(live) | {d for d, _a in regions})
     devices.discard(tr.DEVICE_NONE)
     ndev = (max(devices) + 1) if devices else 1
     f.write(b"a")                                 # device 0's list into the outer one

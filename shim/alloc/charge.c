@@ -53,6 +53,27 @@ static void told_failed(unsigned device, size_t bytes)
     ev(SHIM_EVENT_OOM, device, shim_device_seq_next(), 0, bytes, ns, ps);
 }
 
+/* The out-of-memory report of a refused charge (the leak room's, as for
+ * a served request): the limit, what the account holds, what the
+ * runtime says of the device. */
+static void report_failed(shim_device *d, size_t bytes, size_t limit)
+{
+    shim_oom_fn on_oom = atomic_load_explicit(&oom_hook, memory_order_relaxed);
+    if (!on_oom)
+        return;
+    shim_oom_facts facts = {
+        .request = bytes,
+        .limit = limit,
+        .reserved = atomic_load_explicit(&d->pool.reserved, memory_order_relaxed),
+    };
+    size_t dfree = 0, dtotal = 0;
+    facts.device_known = d->rt->real_mem_info &&
+                         d->backend.mem_info(d->backend.ctx, &dfree, &dtotal) == 0;
+    facts.device_free = facts.device_known ? dfree : 0;
+    facts.device_total = facts.device_known ? dtotal : 0;
+    on_oom(d->rt->name, bytes, &facts);
+}
+
 int shim_passthrough_charge(shim_device *d, size_t bytes)
 {
     size_t limit = shim_opts()->limit;
@@ -75,6 +96,8 @@ int shim_passthrough_charge(shim_device *d, size_t bytes)
     atomic_fetch_add_explicit(&d->failed, 1, memory_order_relaxed);
     shim_debug("%s: out of memory for %zu passed-through bytes (limit %zu)", d->name, bytes, limit);
     told_failed(d->index, bytes);
+    if (taken)
+        report_failed(d, bytes, limit);
     return d->rt->err_oom;
 }
 
@@ -131,9 +154,14 @@ void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr
                                   size_t size)
 {
     if (d)
-        shim_passthrough_add_pooled(f, d->ordinal, &d->pool, ptr, size);
+        shim_passthrough_add_pooled(f, d->ordinal, (int)d->index, &d->pool, ptr, size);
     else
-        shim_passthrough_add_pooled(f, -1, &host_pool, ptr, size);
+        shim_passthrough_add_pooled(f, -1, -1, &host_pool, ptr, size);
+}
+
+void shim_passthrough_add_on(enum shim_pt_family f, shim_device *d, uintptr_t ptr, size_t size)
+{
+    shim_passthrough_add_pooled(f, d->ordinal, (int)d->index, NULL, ptr, size);
 }
 
 /* fork(): a host event of a thread that does not exist in the child never

@@ -5,7 +5,9 @@
  * family of its own, host memory), VMM physical allocations (by
  * handle, with the range they are mapped at) and stream-ordered
  * allocations (cuda-async: what the program holds from the driver's
- * pools, on the device of the calling context). Their limits are charge.c's:
+ * pools, on the device of the calling context), and OpenCL's memory
+ * objects and SVM (on their device, with the program's reference counts:
+ * the runtime's own count includes its references). Their limits are charge.c's:
  * a record only remembers the pool it was charged to.
  *
  * Owns the live records (pointer -> size, family, device, stacks,
@@ -25,6 +27,7 @@
 #include "device.h"
 #include "mutex.h"
 #include "pool.h"
+#include "pressure.h"
 
 #define BUCKETS 1024u
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
@@ -41,11 +44,16 @@ typedef struct node {
     shim_pt_record r;
     pt_map *mapv; /* r.maps of them, live (VMM) */
     unsigned capv;
-    unsigned refs; /* references of a VMM handle: its creation's, each retain's */
 } node;
 
 static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
 static node *table[BUCKETS];
+/* Nodes of removed records kept for the next ones (pt_mu): a create and
+ * release pair of OpenCL, a few hundred nanoseconds, would otherwise pay a
+ * malloc and a free. At most SPARE_MAX; the rest are freed. */
+#define SPARE_MAX 1024u
+static node *spare;
+static unsigned nspare;
 static shim_pt_counters counters[SHIM_PT_FAMILIES][ORDINALS + 1];
 static bool seen[SHIM_PT_FAMILIES][ORDINALS + 1];
 _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
@@ -61,7 +69,7 @@ const char *shim_passthrough_family_name(enum shim_pt_family f)
         [SHIM_PT_HOST_PINNED] = "cuda-host-pinned",
         [SHIM_PT_VMM] = "cuda-vmm",
         [SHIM_PT_ASYNC] = "cuda-async",
-        [SHIM_PT_OPENCL_BUFFER] = "opencl-buffer",
+        [SHIM_PT_OPENCL_MEM] = "opencl",
         [SHIM_PT_OPENCL_SVM] = "opencl-svm",
     };
     return (unsigned)f < SHIM_PT_FAMILIES ? names[f] : "cuda";
@@ -94,6 +102,15 @@ static unsigned bucket(uintptr_t ptr)
     return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> 54) % BUCKETS;
 }
 
+/* Written under pt_mu only, read without it: a plain load and store, no
+ * locked instruction on the path of every record. */
+static void live_count_add(enum shim_pt_family f, int delta)
+{
+    uint64_t v = atomic_load_explicit(&shim_pt_live_count[f], memory_order_relaxed);
+    atomic_store_explicit(&shim_pt_live_count[f], v + (uint64_t)(int64_t)delta,
+                          memory_order_relaxed);
+}
+
 /* Ordinals past ORDINALS share the last slot: counted, not told apart. */
 static unsigned slot(int ordinal)
 {
@@ -102,16 +119,41 @@ static unsigned slot(int ordinal)
     return ordinal < ORDINALS ? (unsigned)ordinal + 1 : ORDINALS;
 }
 
-static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size,
-                       shim_arena_pool *charged)
+/* Families that are their device's own memory (OpenCL has no other):
+ * traced and reported on the device, not on a pseudo-device of theirs. */
+static bool on_device(enum shim_pt_family f)
 {
-    node *n = calloc(1, sizeof *n);
+    return f == SHIM_PT_OPENCL_MEM || f == SHIM_PT_OPENCL_SVM;
+}
+
+int shim_passthrough_reported_device(const shim_pt_record *r)
+{
+    return on_device(r->family) ? r->device : -1;
+}
+
+static void add_record(enum shim_pt_family f, int ordinal, int device, uintptr_t ptr,
+                       size_t size, shim_arena_pool *charged)
+{
+    /* A spare node when there may be one (read without the lock: at worst
+     * a malloc too many, or one more look under it). */
+    node *n = __atomic_load_n(&nspare, __ATOMIC_RELAXED) ? NULL : malloc(sizeof *n);
     shim_pt_capture_fn cap = atomic_load(&capture);
     uint32_t ns = 0, ps = 0;
     if (cap)
         cap(&ns, &ps);
-    atomic_store(&used, true);
+    if (!atomic_load_explicit(&used, memory_order_relaxed))
+        atomic_store(&used, true);
     shim_mutex_lock(&pt_mu);
+    if (!n && spare) {
+        n = spare;
+        spare = n->next;
+        __atomic_store_n(&nspare, nspare - 1, __ATOMIC_RELAXED);
+    }
+    if (!n) { /* taken by another thread meanwhile */
+        shim_mutex_unlock(&pt_mu);
+        n = malloc(sizeof *n);
+        shim_mutex_lock(&pt_mu);
+    }
     shim_pt_counters *c = &counters[f][slot(ordinal)];
     seen[f][slot(ordinal)] = true;
     c->allocs++;
@@ -125,44 +167,74 @@ static void add_record(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t
          * until exit, the safe side for a limit-free family. */
         n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
                                 .native_stack = ns, .python_stack = ps, .family = f,
-                                .ordinal = ordinal, .charged = charged};
-        n->refs = 1;
+                                .ordinal = ordinal, .device = device, .charged = charged,
+                                .refs = 1};
+        n->mapv = NULL;
+        n->capv = 0;
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
-        atomic_fetch_add_explicit(&shim_pt_live_count[f], 1, memory_order_relaxed);
+        live_count_add(f, 1);
     }
     shim_mutex_unlock(&pt_mu);
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
-        ev(true, f, seq, ptr, size, ns, ps);
+        ev(true, f, on_device(f) ? device : -1, seq, ptr, size, ns, ps);
 }
 
 void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, size_t size)
 {
     if ((unsigned)f < SHIM_PT_FAMILIES)
-        add_record(f, ordinal, ptr, size, NULL);
+        add_record(f, ordinal, -1, ptr, size, NULL);
 }
 
-void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, shim_arena_pool *pool,
-                                 uintptr_t ptr, size_t size)
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, int device,
+                                 shim_arena_pool *pool, uintptr_t ptr, size_t size)
 {
     if ((unsigned)f < SHIM_PT_FAMILIES)
-        add_record(f, ordinal, ptr, size, pool);
+        add_record(f, ordinal, device, ptr, size, pool);
 }
 
 /* A record gone from the table (pt_mu not held): its charge given back,
- * the trace told, the node freed. */
-static void gone_record(node *gone, uint64_t seq)
+ * the trace told. */
+static void record_gone(const shim_pt_record *r, uint64_t seq)
 {
-    const shim_pt_record *r = &gone->r;
-    if (r->charged)
+    if (r->charged) {
         shim_pool_give(r->charged, r->size);
+        shim_pressure_note_freed(r->size);
+    }
     shim_pt_event_fn ev = atomic_load(&event_hook);
     if (ev)
-        ev(false, r->family, seq, r->ptr, r->size, r->native_stack, r->python_stack);
-    free(gone->mapv);
-    free(gone);
+        ev(false, r->family, shim_passthrough_reported_device(r), seq, r->ptr, r->size,
+           r->native_stack, r->python_stack);
+}
+
+/* A node and its list of mappings freed (pt_mu not held); NULL: nothing. */
+static void node_free(node *n)
+{
+    if (n) {
+        free(n->mapv);
+        free(n);
+    }
+}
+
+/* The same for a node unlinked from the table, which is freed. */
+static void gone_record(node *gone, uint64_t seq)
+{
+    record_gone(&gone->r, seq);
+    node_free(gone);
+}
+
+/* `n`, unlinked, kept as a spare or freed; pt_mu held. Its record is
+ * copied out first by the caller. */
+static node *keep_spare(node *n)
+{
+    if (nspare >= SPARE_MAX || n->mapv)
+        return n; /* the caller frees it (node_free) after the lock */
+    n->next = spare;
+    spare = n;
+    __atomic_store_n(&nspare, nspare + 1, __ATOMIC_RELAXED);
+    return NULL;
 }
 
 /* Takes `n` out of the counters; pt_mu held. */
@@ -171,14 +243,15 @@ static void count_free(const node *n)
     shim_pt_counters *c = &counters[n->r.family][slot(n->r.ordinal)];
     c->frees++;
     c->bytes -= n->r.size;
-    atomic_fetch_sub_explicit(&shim_pt_live_count[n->r.family], 1, memory_order_relaxed);
+    live_count_add(n->r.family, -1);
 }
 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
-    node *gone = NULL;
+    node *gone = NULL, *extra = NULL;
+    shim_pt_record copy;
     uint64_t seq = 0;
     shim_mutex_lock(&pt_mu);
     /* The oldest record of ptr (records go in at the head): the free is
@@ -195,14 +268,65 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
         *at = gone->next;
         count_free(gone);
         seq = shim_device_seq_next();
+        copy = gone->r;
+        extra = keep_spare(gone);
     }
     shim_mutex_unlock(&pt_mu);
     if (!gone)
         return false;
-    gone_record(gone, seq);
+    node_free(extra);
+    record_gone(&copy, seq);
     return true;
 }
 
+bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return false;
+    bool found = false;
+    shim_mutex_lock(&pt_mu);
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f) {
+            p->r.refs++;
+            found = true;
+        }
+    shim_mutex_unlock(&pt_mu);
+    return found;
+}
+
+long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
+{
+    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+        return -1;
+    node *gone = NULL, *extra = NULL;
+    shim_pt_record copy;
+    uint64_t seq = 0;
+    long left = -1;
+    shim_mutex_lock(&pt_mu);
+    /* The newest record of ptr (records go in at the head): the program
+     * holds that one; an older one is an object whose last release the
+     * shim did not see (a leak, as far as it knows). */
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
+        if ((*p)->r.ptr != ptr || (*p)->r.family != f)
+            continue;
+        left = (long)--(*p)->r.refs;
+        if (left == 0) {
+            gone = *p;
+            *p = gone->next;
+            count_free(gone);
+            seq = shim_device_seq_next();
+            copy = gone->r;
+            extra = keep_spare(gone);
+        }
+        break;
+    }
+    shim_mutex_unlock(&pt_mu);
+    if (gone) {
+        node_free(extra);
+        record_gone(&copy, seq);
+    }
+    return left;
+}
 
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
@@ -327,9 +451,9 @@ bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
     bool kept = false, found = false;
     shim_mutex_lock(&pt_mu);
     for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
-        if (p->r.ptr == ptr && p->r.family == f && p->refs) {
+        if (p->r.ptr == ptr && p->r.family == f && p->r.refs) {
             found = true;
-            p->r.released = --p->refs == 0;
+            p->r.released = --p->r.refs == 0;
             kept = !p->r.released || p->r.maps;
         }
     shim_mutex_unlock(&pt_mu);
@@ -342,8 +466,8 @@ void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr)
         return;
     shim_mutex_lock(&pt_mu);
     for (node *p = table[bucket(ptr)]; p; p = p->next)
-        if (p->r.ptr == ptr && p->r.family == f && (p->refs || p->r.maps)) {
-            p->refs++;
+        if (p->r.ptr == ptr && p->r.family == f && (p->r.refs || p->r.maps)) {
+            p->r.refs++;
             p->r.released = false;
             break;
         }

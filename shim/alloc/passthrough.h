@@ -1,5 +1,6 @@
 /* Allocations the shim passes through to the runtime and only watches
- * (passthrough.c): CUDA managed memory and host-pinned memory. */
+ * (passthrough.c): CUDA managed, host-pinned, VMM and stream-ordered
+ * memory; every OpenCL memory object and SVM allocation. */
 #ifndef SHIM_PASSTHROUGH_H
 #define SHIM_PASSTHROUGH_H
 
@@ -13,13 +14,13 @@ enum shim_pt_family {
     SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
     SHIM_PT_VMM,         /* cuMemCreate's physical allocations, keyed by handle */
     SHIM_PT_ASYNC,       /* cuMemAllocAsync, cuMemAllocFromPoolAsync: held by the program */
-    SHIM_PT_OPENCL_BUFFER, /* clCreateBuffer the shim cannot serve (USE_HOST_PTR, ...), keyed by cl_mem */
-    SHIM_PT_OPENCL_SVM,    /* clSVMAlloc */
+    SHIM_PT_OPENCL_MEM,  /* every OpenCL memory object (buffers, images, pipes), keyed by cl_mem */
+    SHIM_PT_OPENCL_SVM,  /* clSVMAlloc */
     SHIM_PT_FAMILIES
 };
 
 /* The family's name in statistics and leak reports: "cuda-managed",
- * "cuda-host-pinned", "cuda-vmm", "cuda-async", "opencl-buffer", "opencl-svm". */
+ * "cuda-host-pinned", "cuda-vmm", "cuda-async", "opencl", "opencl-svm". */
 const char *shim_passthrough_family_name(enum shim_pt_family f);
 
 /* The leak room's stack capture (set by shim_leak_init; NULL: no stacks). */
@@ -28,9 +29,13 @@ void shim_passthrough_set_capture(shim_pt_capture_fn fn);
 
 /* The trace's hook (set by shim_trace_init): each allocation (alloc true)
  * and free, with the sequence number taken under the table's lock and the
- * allocation's stacks. Called with no shim lock held. */
-typedef void (*shim_pt_event_fn)(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t ptr,
-                                 size_t size, uint32_t native_stack, uint32_t python_stack);
+ * allocation's stacks. `device`: the index (shim_device_at) of the device
+ * a family traced as its device's own memory (OpenCL's: the runtime has
+ * no other) is on, else -1 (the family's pseudo-device). Called with no
+ * shim lock held. */
+typedef void (*shim_pt_event_fn)(bool alloc, enum shim_pt_family f, int device, uint64_t seq,
+                                 uintptr_t ptr, size_t size, uint32_t native_stack,
+                                 uint32_t python_stack);
 void shim_passthrough_set_event_hook(shim_pt_event_fn fn);
 /* The trace's hook for a stream-ordered pool's trim (cuMemPoolTrimTo):
  * the pool's handle and the bytes it gave back to the device. */
@@ -72,10 +77,14 @@ void shim_passthrough_charge_atfork_child(void);
  * gives the bytes back. */
 void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,
                                   size_t size);
-/* What add_charged does with the account's pool (passthrough.c knows
- * pools, not devices: the records never call back into the device). */
+/* A record on device `d` charged to nothing (an OpenCL sub-buffer: its
+ * parent's memory). */
+void shim_passthrough_add_on(enum shim_pt_family f, shim_device *d, uintptr_t ptr, size_t size);
+/* What add_charged and add_on do with the account's pool (NULL: none)
+ * and the device's index (-1: none): passthrough.c knows pools, not
+ * devices: the records never call back into the device. */
 struct shim_arena_pool;
-void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal,
+void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, int device,
                                  struct shim_arena_pool *pool, uintptr_t ptr, size_t size);
 /* The runtime freed every `f` allocation charged to `pool` (a device's:
  * its context was torn down): their records go, each told to the trace as
@@ -85,6 +94,13 @@ size_t shim_passthrough_drop_pool(enum shim_pt_family f, struct shim_arena_pool 
 /* The runtime freed `ptr` of family `f`: forget it. False when it was not
  * recorded (then nothing changes). */
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
+/* The program's references to a record (OpenCL's retain and release
+ * counts; a record is made with one): retain adds one, false when `ptr`
+ * is no live record of `f`; unref takes one from the newest record of
+ * `ptr` and, at the last, removes it as remove does. Returns the
+ * references left (0: removed), or -1 when `ptr` is no live record. */
+bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr);
+long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr);
 /* Mappings of a record (VMM: a physical allocation lives while its
  * handle is not released or a mapping uses it). mapped: `ptr` was mapped
  * at [va, va + size) (a handle may be mapped at several addresses; a leak
@@ -129,16 +145,21 @@ typedef struct shim_pt_record {
     uint32_t native_stack, python_stack;
     enum shim_pt_family family;
     int ordinal;
+    int device;                      /* its device's index (shim_device_at), or -1 */
     struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     uintptr_t va;                    /* where it is mapped (VMM), or 0 */
     uint64_t va_size;
     unsigned maps;                   /* live mappings (where: passthrough.c) */
     bool released;                   /* its handle went; it lives while mapped */
+    unsigned long refs;              /* the program's references (retain/unref) */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their
  * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0
  * when out of host memory. */
 shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n);
+/* The device a live record is reported on (its index), or -1 for a
+ * family reported under its own name (shim_passthrough_family_name). */
+int shim_passthrough_reported_device(const shim_pt_record *r);
 /* Whether anything was ever recorded (the at-exit reports' "touched"). */
 bool shim_passthrough_used(void);
 

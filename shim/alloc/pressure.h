@@ -107,6 +107,9 @@ void shim_pressure_atfork_child(void);
  * of the allocator (device.c registers its sum when it makes a device). */
 typedef uint64_t (*shim_pressure_freed_fn)(void);
 void shim_pressure_set_freed_source(shim_pressure_freed_fn fn);
+/* Watched memory charged to a limit and freed by the program
+ * (passthrough.c): counted with the allocator's frees. */
+void shim_pressure_note_freed(uint64_t bytes);
 uint64_t shim_pressure_freed_total(void);
 
 #endif

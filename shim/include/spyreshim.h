@@ -120,7 +120,7 @@ typedef struct spyreshim_alloc_info {
     uint64_t seq;            /* allocation sequence number (marks compare with it) */
     uint32_t native_stack;   /* 0: none recorded */
     uint32_t python_stack;   /* 0: none recorded */
-    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned", "cuda-vmm", "cuda-async", "opencl", "opencl-buffer", "opencl-svm" (watched) */
+    const char *runtime;     /* "simdev", "cuda"; "cuda-managed", "cuda-host-pinned", "cuda-vmm", "cuda-async" (watched); "opencl:0" for OpenCL's memory objects and SVM */
 } spyreshim_alloc_info;
 
 typedef struct spyreshim_snapshot spyreshim_snapshot;

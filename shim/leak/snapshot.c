@@ -132,7 +132,9 @@ spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_tim
             a->seq = pt[i].seq;
             a->native_stack = pt[i].native_stack;
             a->python_stack = pt[i].python_stack;
-            a->runtime = shim_passthrough_family_name(pt[i].family);
+            int dev = shim_passthrough_reported_device(&pt[i]);
+            a->runtime = dev >= 0 ? shim_device_name(shim_device_at((size_t)dev))
+                                  : shim_passthrough_family_name(pt[i].family);
             if (pt[i].va_size)
                 a->runtime = mapped_label(a->runtime, pt[i].va, pt[i].va_size);
             s->bytes += pt[i].size;

@@ -39,13 +39,15 @@ static void on_event(enum shim_event_kind kind, unsigned device, uint64_t seq, u
     shim_tracebuf_append(k, device, seq, addr, size, native_stack, python_stack);
 }
 
-static void on_passthrough(bool alloc, enum shim_pt_family f, uint64_t seq, uintptr_t addr,
-                           size_t size, uint32_t native_stack, uint32_t python_stack)
+static void on_passthrough(bool alloc, enum shim_pt_family f, int device, uint64_t seq,
+                           uintptr_t addr, size_t size, uint32_t native_stack,
+                           uint32_t python_stack)
 {
-    unsigned dev = f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
+    unsigned dev = device >= 0                 ? (unsigned)device
+                   : f == SHIM_PT_MANAGED       ? TRACE_DEVICE_MANAGED
                    : f == SHIM_PT_HOST_PINNED ? TRACE_DEVICE_HOST_PINNED
                    : f == SHIM_PT_ASYNC       ? TRACE_DEVICE_ASYNC
-                   : f == SHIM_PT_OPENCL_BUFFER ? TRACE_DEVICE_OPENCL_BUFFER
+                   : f == SHIM_PT_OPENCL_MEM    ? TRACE_DEVICE_OPENCL_MEM
                    : f == SHIM_PT_OPENCL_SVM    ? TRACE_DEVICE_OPENCL_SVM
                                               : TRACE_DEVICE_VMM;
     shim_tracebuf_append(alloc ? TRACE_ALLOC : TRACE_FREE, dev, seq, addr, size, native_stack,

@@ -198,7 +198,7 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
             {TRACE_DEVICE_HOST_PINNED, SHIM_PT_HOST_PINNED},
             {TRACE_DEVICE_VMM, SHIM_PT_VMM},
             {TRACE_DEVICE_ASYNC, SHIM_PT_ASYNC},
-            {TRACE_DEVICE_OPENCL_BUFFER, SHIM_PT_OPENCL_BUFFER},
+            {TRACE_DEVICE_OPENCL_MEM, SHIM_PT_OPENCL_MEM},
             {TRACE_DEVICE_OPENCL_SVM, SHIM_PT_OPENCL_SVM},
         };
         for (size_t i = 0; i < sizeof fam / sizeof fam[0]; i++) {

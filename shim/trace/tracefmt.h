@@ -88,8 +88,10 @@ _Static_assert(sizeof(trace_event) == 32, "event layout");
 #define TRACE_DEVICE_HOST_PINNED 0xfe
 #define TRACE_DEVICE_VMM 0xfc
 #define TRACE_DEVICE_ASYNC 0xfb /* stream-ordered allocations (cuda-async) */
-#define TRACE_DEVICE_OPENCL_BUFFER 0xfa /* OpenCL buffers passed through (opencl-buffer) */
-#define TRACE_DEVICE_OPENCL_SVM 0xf9    /* OpenCL shared virtual memory (opencl-svm) */
+/* OpenCL's memory objects (opencl) and SVM (opencl-svm) are traced on
+ * their device (opencl:N); these only where the device was not known. */
+#define TRACE_DEVICE_OPENCL_MEM 0xfa
+#define TRACE_DEVICE_OPENCL_SVM 0xf9
 #define TRACE_SIZE_MASK ((UINT64_C(1) << 48) - 1)
 
 /* Metadata records: tag, payload length, payload padded to 8 bytes. */

@@ -1,0 +1,248 @@
+/* OpenCL's memory objects (docs/opencl.md, "What is watched"): every
+ * buffer, sub-buffer, image and pipe is the runtime's own, made by the
+ * runtime's call with the program's arguments, and watched: charged to
+ * its device's SPYRESHIM_LIMIT before the runtime makes it (images:
+ * right after, once the runtime says their size), recorded
+ * (shim/alloc/passthrough.c, family "opencl": statistics, leak reports
+ * with their stacks, traces on the device opencl:N), and uncharged at the
+ * program's last release: the program's references are counted at
+ * creation, clRetainMemObject and clReleaseMemObject (the runtime's own
+ * count also holds its references, e.g. for commands in flight).
+ *
+ * A sub-buffer, or an image made over a buffer, is its parent's memory:
+ * recorded, charged nothing. Past the limit the charge makes room as for
+ * any device (pressure callbacks, the collection in an embedded Python)
+ * and only then refuses with the runtime's error for it,
+ * CL_MEM_OBJECT_ALLOCATION_FAILURE.
+ *
+ * Owns nothing: the records are passthrough.c's (its leaf lock). Never
+ * holds a reference of its own, never reads or writes an object's
+ * contents, never calls the runtime under a lock. */
+#include "opencl_internal.h"
+#include "passthrough.h"
+
+#define FAMILY SHIM_PT_OPENCL_MEM
+
+/* `m`, the runtime's answer to a request charged `bytes` on `d` (NULL:
+ * no device known, nothing charged): recorded, or the charge given back
+ * when the runtime refused. */
+static cl_mem watched(shim_device *d, size_t bytes, cl_mem m)
+{
+    if (!m) {
+        if (d && bytes)
+            shim_passthrough_uncharge(d, bytes);
+    } else if (d && bytes) {
+        shim_passthrough_add_charged(FAMILY, d, (uintptr_t)m, bytes);
+    } else if (d) {
+        shim_passthrough_add_on(FAMILY, d, (uintptr_t)m, 0);
+    } else {
+        shim_passthrough_add(FAMILY, -1, (uintptr_t)m, bytes);
+    }
+    return m;
+}
+
+/* The device `bytes` of `ctx` are charged to, before the runtime is
+ * asked: *d NULL when it is not known (the runtime answers alone).
+ * CL_SUCCESS, or the error the program gets instead of the object: a
+ * buffer past the CL_DEVICE_MAX_MEM_ALLOC_SIZE the program was told
+ * (capped to SPYRESHIM_LIMIT) is CL_INVALID_BUFFER_SIZE, the
+ * specification's answer for a device of that size. */
+static cl_int charge_before(shim_cl_api *a, cl_context ctx, size_t bytes, bool buffer,
+                            shim_device **d)
+{
+    *d = bytes ? shim_cl_device_of(a, ctx) : NULL;
+    if (!*d)
+        return CL_SUCCESS;
+    cl_int err = buffer && shim_cl_over_max_alloc(*d, bytes) ? CL_INVALID_BUFFER_SIZE
+                                                           : shim_cl_charge(*d, bytes);
+    if (err != CL_SUCCESS)
+        *d = NULL;
+    return err;
+}
+
+/* clCreateBuffer, and clCreateBufferWithProperties where `with_props`. */
+static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_properties *props,
+                            cl_mem_flags flags, size_t size, void *host_ptr,
+                            cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a || (with_props && !a->create_buffer_with_properties)) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    shim_device *d;
+    cl_int err = charge_before(a, ctx, size, true, &d);
+    if (err != CL_SUCCESS) {
+        shim_cl_set_err(errcode_ret, err);
+        return NULL;
+    }
+    return watched(d, size,
+                   with_props ? a->create_buffer_with_properties(ctx, props, flags, size,
+                                                                 host_ptr, errcode_ret)
+                              : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret));
+}
+
+EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void *host_ptr,
+                             cl_int *errcode_ret)
+{
+    return create_buffer(false, ctx, NULL, flags, size, host_ptr, errcode_ret);
+}
+
+EXPORT cl_mem clCreateBufferWithProperties(cl_context ctx, const cl_mem_properties *props,
+                                           cl_mem_flags flags, size_t size, void *host_ptr,
+                                           cl_int *errcode_ret)
+{
+    return create_buffer(true, ctx, props, flags, size, host_ptr, errcode_ret);
+}
+
+/* The device of the context `m` was made in (NULL: unknown). */
+static shim_device *device_of_mem(shim_cl_api *a, cl_mem m)
+{
+    cl_context ctx = NULL;
+    if (a->get_mem_object_info(m, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL) != CL_SUCCESS)
+        return NULL;
+    return shim_cl_device_of(a, ctx);
+}
+
+EXPORT cl_mem clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags,
+                                        cl_buffer_create_type type, const void *info,
+                                        cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_MEM_OBJECT);
+        return NULL;
+    }
+    cl_mem m = a->create_sub_buffer(buffer, flags, type, info, errcode_ret);
+    return m ? watched(device_of_mem(a, m), 0, m) : NULL;
+}
+
+/* An image the runtime made (NULL: refused, its error set): its size
+ * charged now that the runtime says it, unless it is a buffer's memory
+ * (CL_MEM_ASSOCIATED_MEMOBJECT). Past the limit it is released again and
+ * the program gets CL_MEM_OBJECT_ALLOCATION_FAILURE. */
+static cl_mem watch_image(shim_cl_api *a, cl_context ctx, cl_mem m, cl_int *errcode_ret)
+{
+    if (!m)
+        return NULL;
+    size_t size = 0;
+    cl_mem over = NULL;
+    shim_device *d = shim_cl_device_of(a, ctx);
+    if (d && (a->get_mem_object_info(m, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof over, &over, NULL) !=
+                  CL_SUCCESS ||
+              over ||
+              a->get_mem_object_info(m, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS))
+        size = 0;
+    if (d && size && shim_cl_charge(d, size) != CL_SUCCESS) {
+        a->release_mem_object(m);
+        shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
+        return NULL;
+    }
+    return watched(d, size, m);
+}
+
+EXPORT cl_mem clCreateImage(cl_context ctx, cl_mem_flags flags,
+                                    const cl_image_format *format, const cl_image_desc *desc,
+                                    void *host_ptr, cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a || !a->create_image) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    return watch_image(a, ctx, a->create_image(ctx, flags, format, desc, host_ptr, errcode_ret),
+                       errcode_ret);
+}
+
+EXPORT cl_mem clCreateImageWithProperties(cl_context ctx, const cl_mem_properties *props,
+                                                  cl_mem_flags flags,
+                                                  const cl_image_format *format,
+                                                  const cl_image_desc *desc, void *host_ptr,
+                                                  cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a || !a->create_image_with_properties) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    return watch_image(a, ctx,
+                       a->create_image_with_properties(ctx, props, flags, format, desc,
+                                                       host_ptr, errcode_ret),
+                       errcode_ret);
+}
+
+EXPORT cl_mem clCreateImage2D(cl_context ctx, cl_mem_flags flags,
+                                      const cl_image_format *format, size_t width,
+                                      size_t height, size_t row_pitch, void *host_ptr,
+                                      cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a || !a->create_image_2d) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    return watch_image(a, ctx,
+                       a->create_image_2d(ctx, flags, format, width, height, row_pitch,
+                                          host_ptr, errcode_ret),
+                       errcode_ret);
+}
+
+EXPORT cl_mem clCreateImage3D(cl_context ctx, cl_mem_flags flags,
+                                      const cl_image_format *format, size_t width,
+                                      size_t height, size_t depth, size_t row_pitch,
+                                      size_t slice_pitch, void *host_ptr, cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a || !a->create_image_3d) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    return watch_image(a, ctx,
+                       a->create_image_3d(ctx, flags, format, width, height, depth, row_pitch,
+                                          slice_pitch, host_ptr, errcode_ret),
+                       errcode_ret);
+}
+
+/* A pipe's packets are charged (the runtime's header is its own). */
+EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_size,
+                                   cl_uint max_packets, const cl_pipe_properties *props,
+                                   cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a || !a->create_pipe) {
+        shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
+        return NULL;
+    }
+    size_t bytes = (size_t)packet_size * max_packets; /* 32 x 32 bits: no overflow */
+    shim_device *d;
+    cl_int err = charge_before(a, ctx, bytes, false, &d);
+    if (err != CL_SUCCESS) {
+        shim_cl_set_err(errcode_ret, err);
+        return NULL;
+    }
+    return watched(d, bytes,
+                   a->create_pipe(ctx, flags, packet_size, max_packets, props, errcode_ret));
+}
+
+EXPORT cl_int clRetainMemObject(cl_mem mem)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a)
+        return CL_INVALID_MEM_OBJECT;
+    cl_int rc = a->retain_mem_object(mem);
+    if (rc == CL_SUCCESS && mem)
+        shim_passthrough_retain(FAMILY, (uintptr_t)mem);
+    return rc;
+}
+
+/* Counted before the runtime's call: once it returns, the object may be
+ * gone and its handle another thread's new object. */
+EXPORT cl_int clReleaseMemObject(cl_mem mem)
+{
+    shim_cl_api *a = shim_cl();
+    if (!a)
+        return CL_INVALID_MEM_OBJECT;
+    if (mem)
+        shim_passthrough_unref(FAMILY, (uintptr_t)mem);
+    return a->release_mem_object(mem);
+}
