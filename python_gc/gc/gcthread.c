@@ -26,11 +26,11 @@
  * nothing shared and exits.
  * Locks, their order and fork: docs/locking.md. */
 #include <errno.h>
-#include <stdio.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 

@@ -128,7 +128,12 @@ void shim_pressure_collection_begin(void)
 
 void shim_pressure_collection_end(uint64_t ns, uint64_t freed, long objects)
 {
-    if (atomic_fetch_sub(&collections_in_flight, 1) == 1) {
+    /* Never below 0: a fork child forgot the parent's other threads'
+     * collections, and a collection of its forking thread may end here. */
+    unsigned n = atomic_load(&collections_in_flight);
+    while (n && !atomic_compare_exchange_weak(&collections_in_flight, &n, n - 1))
+        ;
+    if (n == 1) {
         uint64_t mark = atomic_exchange(&failure_mark, 0);
         if (mark)
             atomic_store(&failure_outcome, shim_pressure_freed_total() - (mark - 1) + 1);
@@ -234,6 +239,10 @@ void shim_pressure_atfork_child(void)
             *pp = (*pp)->next;
     }
     pthread_cond_init(&run_ended, NULL);
+    /* The collections in flight were other threads' (one of this thread's
+     * that ends here finds the count at 0 and leaves it). */
+    atomic_store(&collections_in_flight, 0);
+    atomic_store(&failure_mark, 0);
     shim_mutex_unlock(&registry_mu);
 }
 
