@@ -19,4 +19,11 @@ typedef struct shim_collect_result {
  * repeats while that keeps freeing device memory (a few rounds at most). */
 void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r);
 
+/* Nanoseconds of CPU time the collections run by shim_collect_with_gil
+ * have used, those in flight included (each thread's CPU clock, read
+ * now): the progress that bounds the waits for them (progress.h). Takes a
+ * leaf lock only. */
+uint64_t shim_collect_progress(void);
+void shim_collect_atfork_child(void);
+
 #endif

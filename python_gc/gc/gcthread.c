@@ -6,8 +6,12 @@
  * Python thread inside Py_BEGIN_ALLOW_THREADS, as every PyTorch op is) must
  * not wait for the GIL without bound: the GIL holder may be waiting for a
  * lock that thread holds. It hands the collection to this thread and waits
- * with a bound; when the bound passes it gives up (its request fails) and
- * the collection completes later anyway.
+ * with a bound on the collection's progress (shim/alloc/progress.h: as
+ * long as the collection keeps using CPU, however busy the machine, up to
+ * SHIM_PROGRESS_CAP stretches of SPYRESHIM_GC_TIMEOUT_MS; a stretch
+ * without, waiting for the GIL or blocked in a finalizer, ends it); when
+ * the bound passes it gives up (its request fails, with one line saying
+ * why, once per collection) and the collection completes later anyway.
  *
  * Owns: the request/completion tickets and the thread itself, guarded by
  * gct_mu, a leaf mutex never held while calling Python. Allocations made on
@@ -26,6 +30,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,6 +40,7 @@
 #include "log.h"
 #include "mutex.h"
 #include "pressure.h"
+#include "progress.h"
 
 static pthread_mutex_t gct_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t req_cv;      /* a request arrived */
@@ -70,6 +76,8 @@ typedef struct job {
     unsigned long cycle;     /* interpreter cycle when the job started */
     bool in_gate;            /* under gct_mu */
     bool abandoned;          /* under gct_mu */
+    bool has_gil;            /* under gct_mu: collecting, not waiting for the GIL */
+    bool reported;           /* under gct_mu: a requester said it gave up on it */
     bool done;
 } job;
 
@@ -132,6 +140,9 @@ static void run_one(const shim_pyapi *api, job *j)
     j->in_gate = true;
     shim_mutex_unlock(&gct_mu);
     int g = api->gil_ensure();
+    shim_mutex_lock(&gct_mu);
+    j->has_gil = true;
+    shim_mutex_unlock(&gct_mu);
     if (api->pypy)
         shim_pypy_threads_init(api);
     enum shim_gcthread_status st = SHIM_GCT_COLLECTED;
@@ -203,6 +214,48 @@ static bool abandon_stuck_thread(unsigned long cycle_now)
     return true;
 }
 
+/* gct_mu held (released while waiting). Waits until `completed` reaches
+ * `ticket`, bounded by the collection's progress (progress.h). */
+static bool wait_progress(shim_progress_wait *w, uint64_t ticket, unsigned timeout_ms)
+{
+    shim_progress_wait_begin(w, timeout_ms);
+    for (;;) {
+        int rc = 0;
+        while (completed < ticket && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&done_cv, &gct_mu, &w->deadline);
+        if (completed >= ticket)
+            return true;
+        if (!shim_progress_wait_extend(w))
+            return false;
+    }
+}
+
+/* gct_mu held. Why a requester gave up on the current collection, in one
+ * line, the first time one does: what the GC thread was doing (waiting for
+ * the GIL, collecting without progress, collecting past the cap). Empty
+ * when said already. */
+static void say_why(const shim_progress_wait *w, unsigned timeout_ms, char *line, size_t cap)
+{
+    job *j = cur_job;
+    if (j && j->reported)
+        return;
+    if (j)
+        j->reported = true;
+    double ms = shim_progress_wait_ms(w);
+    if (!w->stalled)
+        snprintf(line, cap, "python_gc: the collection on the GC thread still runs after "
+                 "%.0f ms (%u x SPYRESHIM_GC_TIMEOUT_MS); this request fails with "
+                 "out-of-memory, the collection goes on", ms, SHIM_PROGRESS_CAP);
+    else if (j && j->has_gil)
+        snprintf(line, cap, "python_gc: the collection on the GC thread used no CPU for "
+                 "%u ms (a finalizer blocked?); this request fails with out-of-memory after "
+                 "%.0f ms, the collection goes on", timeout_ms, ms);
+    else
+        snprintf(line, cap, "python_gc: the GC thread has waited %.0f ms for the GIL (its "
+                 "holder may wait for a lock this thread holds); this request fails with "
+                 "out-of-memory", ms);
+}
+
 enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned timeout_ms,
                                                 shim_collect_result *out)
 {
@@ -232,15 +285,17 @@ enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned 
     req_api = api;
     uint64_t ticket = ++requested;
     pthread_cond_signal(&req_cv);
-    struct timespec deadline;
-    shim_deadline_after_ms(&deadline, timeout_ms);
-    int rc = 0;
-    while (completed < ticket && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&done_cv, &gct_mu, &deadline);
-    enum shim_gcthread_status st = completed >= ticket ? last_status : SHIM_GCT_TIMEOUT;
+    shim_progress_wait w;
+    bool done = wait_progress(&w, ticket, timeout_ms);
+    enum shim_gcthread_status st = done ? last_status : SHIM_GCT_TIMEOUT;
     if (st == SHIM_GCT_COLLECTED && out)
         *out = last_result;
+    char line[200] = "";
+    if (!done)
+        say_why(&w, timeout_ms, line, sizeof line);
     shim_mutex_unlock(&gct_mu);
+    if (line[0])
+        shim_warn("%s", line);
     return st;
 }
 
@@ -256,12 +311,10 @@ bool shim_gcthread_busy(void)
 bool shim_gcthread_wait_idle(unsigned timeout_ms)
 {
     pthread_once(&gct_once, gct_init_once);
-    struct timespec deadline;
-    shim_deadline_after_ms(&deadline, timeout_ms);
     shim_mutex_lock(&gct_mu);
-    int rc = 0;
-    while (running && requested != completed && rc != ETIMEDOUT)
-        rc = pthread_cond_timedwait(&done_cv, &gct_mu, &deadline);
+    shim_progress_wait w;
+    if (running)
+        wait_progress(&w, requested, timeout_ms);
     bool idle = !running || requested == completed;
     shim_mutex_unlock(&gct_mu);
     return idle;

@@ -16,15 +16,19 @@ enum shim_gcthread_status {
 };
 
 /* Asks the GC thread for a collection that starts after this call and
- * waits for it at most `timeout_ms`. Never holds any lock of the caller's;
- * takes only the GC thread's leaf mutex. `out` is filled when COLLECTED. */
+ * waits for it, bounded by its progress in stretches of `timeout_ms`
+ * (shim/alloc/progress.h); on TIMEOUT one line says why (once per
+ * collection). Never holds any lock of the caller's; takes only the GC
+ * thread's leaf mutex (and the collector's progress lock, a leaf). `out`
+ * is filled when COLLECTED. */
 enum shim_gcthread_status shim_gcthread_collect(const shim_pyapi *api, unsigned timeout_ms,
                                                 shim_collect_result *out);
 
 /* A collection was requested and has not completed (one whose requester
  * timed out, for instance). */
 bool shim_gcthread_busy(void);
-/* Waits at most `timeout_ms` for the collection in flight to complete. */
+/* Waits for the collection in flight to complete, bounded like
+ * shim_gcthread_collect's wait (no line). */
 bool shim_gcthread_wait_idle(unsigned timeout_ms);
 
 /* Called once by the GC thread for every collection it runs (stats). */

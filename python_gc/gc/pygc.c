@@ -9,9 +9,9 @@
  *
  * Paths: a thread attached to Python collects inline (it holds the GIL
  * already); any other thread hands the collection to the shim's GC thread
- * and waits with a bound (SPYRESHIM_GC_TIMEOUT_MS), failing just that one
- * request when the bound passes. Never PyGILState_Ensure on a thread the
- * shim does not own.
+ * and waits with a bound on its progress (gcthread.c: SPYRESHIM_GC_TIMEOUT_MS
+ * without progress), failing just that one request when the bound passes.
+ * Never PyGILState_Ensure on a thread the shim does not own.
  *
  * Where a collection may run is decided per failing call by the policy
  * (policy.c: who called the runtime, and what lock its allocator holds),
@@ -36,6 +36,7 @@
 #include "options.h"
 #include "lock.h"
 #include "pressure.h"
+#include "progress.h"
 #include "device.h"
 #include "policy.h"
 #include "pygc.h"
@@ -204,8 +205,10 @@ static bool collect_inline(const shim_pyapi *api, enum shim_py_attach a, shim_co
          * stopping the world): let it finish, detached, then retry. */
         atomic_fetch_add(&st.detaches, 1);
         shim_pytstate *ts = api->save_thread();
-        uint64_t deadline = shim_now_ns() + (uint64_t)timeout_ms * 1000000u;
-        while (shim_gate_collector_running() == 2 && shim_now_ns() < deadline) {
+        shim_progress_wait w;
+        shim_progress_wait_begin(&w, timeout_ms);
+        while (shim_gate_collector_running() == 2 &&
+               (!shim_progress_wait_past(&w) || shim_progress_wait_extend(&w))) {
             struct timespec pause = {0, 100000};
             nanosleep(&pause, NULL);
         }
@@ -239,8 +242,19 @@ static bool is_main_thread(void)
     return (pid_t)syscall(SYS_gettid) == getpid();
 }
 
+/* The wait for the GC thread's collection ended without it (gcthread.c
+ * said why). What it freed so far (PyPy frees cycles before it runs their
+ * finalizers) may serve the request: it retries when that is at least what
+ * it asks; otherwise it fails now, without another round of waiting. */
+static void gave_up_waiting(uint64_t freed0, size_t want)
+{
+    atomic_fetch_add(&st.timeouts, 1);
+    if (shim_pressure_freed_total() - freed0 < want)
+        shim_pressure_give_up();
+}
+
 /* Allocator lock NOT held. */
-static void run_event(void)
+static void run_event(size_t want)
 {
     /* Checked (debug builds): every way on from here takes the GIL, or has
      * the GC thread take it while this thread waits; an inline
@@ -290,8 +304,7 @@ static void run_event(void)
         enum shim_gcthread_status gs = shim_gcthread_collect(api, timeout_ms, &r);
         api->restore_thread(ts);
         if (gs == SHIM_GCT_TIMEOUT) {
-            atomic_fetch_add(&st.timeouts, 1);
-            shim_pressure_give_up();
+            gave_up_waiting(freed0, want);
             return;
         }
         if (gs != SHIM_GCT_COLLECTED) {
@@ -321,9 +334,9 @@ static void run_event(void)
             collected = true;
             break;
         case SHIM_GCT_TIMEOUT:
-            atomic_fetch_add(&st.timeouts, 1);
-            shim_pressure_give_up();
-            shim_debug("python_gc: no collection within %u ms; failing this request", timeout_ms);
+            gave_up_waiting(freed0, want);
+            shim_debug("python_gc: no collection in time (%u ms stretches); failing this request",
+                       timeout_ms);
             return;
         case SHIM_GCT_NOT_RUNNING:
             skip(SKIP_finalizing);
@@ -388,12 +401,11 @@ static bool gate(size_t want)
 
 static void pressure_cb(spyreshim_lock *lock, size_t want, void *user)
 {
-    (void)want;
     (void)user;
     spyreshim_lock_release(lock);
     uint64_t t0 = shim_now_ns();
     atomic_fetch_add(&st.events, 1);
-    run_event();
+    run_event(want);
     atomic_fetch_add(&st.event_ns, shim_now_ns() - t0);
     spyreshim_lock_acquire(lock);
 }
@@ -407,6 +419,7 @@ void shim_pygc_init(void)
     unsigned gate_ms = timeout_ms * 4 < 10000 ? 10000 : timeout_ms * 4;
     shim_gate_set_wait_ms(gate_ms > 60000 ? 60000 : gate_ms);
     shim_gcthread_set_observer(thread_observer);
+    shim_progress_set_source(shim_collect_progress);
     shim_pressure_set_wait_hooks(shim_pygc_detach, shim_pygc_reattach);
     shim_gc_policy_init();
     shim_pressure_set_gate(gate);
@@ -509,5 +522,6 @@ void shim_pygc_atfork_child(void)
     shim_python_find_atfork_child();
     shim_pyapi_atfork_child();
     shim_gcthread_atfork_child();
+    shim_collect_atfork_child();
     shim_gate_atfork_child();
 }

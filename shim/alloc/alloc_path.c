@@ -134,6 +134,7 @@ static int fail(shim_device *d, size_t size, bool taken)
                          d->backend.mem_info(d->backend.ctx, &dfree, &dtotal) == 0;
     facts.device_free = facts.device_known ? dfree : 0;
     facts.device_total = facts.device_known ? dtotal : 0;
+    facts.collecting = shim_pressure_failed_during_collection(&facts.collecting_ns);
     if (taken)
         shim_lock_release(&d->lock);
     shim_debug("%s: out of memory for %zu bytes", d->rt->name, size);

@@ -144,6 +144,20 @@ hand_out(shim_arena *a, uint32_t i, size_t size, uintptr_t *addr, uint32_t *node
     merge_last_free(a);
 }
 
+/* Free block `i` is a cached empty region made for a request of another
+ * size class than `need` units. Such a region serves its own class only:
+ * carved for a smaller request, its rest would be free memory only this
+ * arena can use, pinned by one block, where the runtime alone would have
+ * placed the next large request (tests/integration/test_capacity.py: a
+ * 14 MiB region freed and carved for a 4.5 MiB block, four times over,
+ * refused a 14 MiB request that the device alone served). */
+static bool foreign_dedicated(const shim_arena *a, uint32_t i, uint64_t need)
+{
+    const node *n = &a->nodes[i];
+    return n->addr_prev == NIL && n->addr_next == NIL &&
+           a->regions[node_region(n)].dedicated && n->units != need;
+}
+
 static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *addr,
                        uint32_t *node_out, size_t *block_bytes)
 {
@@ -191,6 +205,8 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
         quick_flush(a);
         i = bin_find(a, b);
     }
+    if (i != NIL && foreign_dedicated(a, i, need))
+        i = NIL;
     if (i != NIL) {
         bin_remove(a, i);
         node *n = &a->nodes[i];
@@ -200,13 +216,15 @@ static int alloc_block(shim_arena *a, size_t size, bool may_grow, uintptr_t *add
         return -1;
     } else {
         /* No merge left for later here (done above): growth and trimming see
-         * every free block and every empty region. */
+         * every free block and every empty region. The cached empty regions
+         * go back first: nothing here fits in them, and where they sit the
+         * runtime places the new region, as it would place the request
+         * without the shim (a region kept aside would push every later one
+         * past it). */
         a->reserve_error = 0;
-        i = shim_region_grow(a, need << a->shift, u << a->shift);
-        if (i == NIL && a->c.empty_bytes && !a->reserve_error) {
+        if (a->c.empty_bytes)
             shim_arena_trim(a, 0);
-            i = shim_region_grow(a, need << a->shift, u << a->shift);
-        }
+        i = shim_region_grow(a, need << a->shift, u << a->shift);
         if (i == NIL)
             return a->reserve_error ? a->reserve_error : -1;
         if (a->regions[node_region(&a->nodes[i])].dedicated)

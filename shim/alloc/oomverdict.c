@@ -6,6 +6,11 @@
  * Order of the tests, and why:
  * - limit: the shim's cap stopped it although the runtime had the room;
  *   nothing else is wrong.
+ * - collection: a collection run for pressure was still in flight when
+ *   the request gave up waiting for it, and (once it ended) what it freed
+ *   would have served the request: the live bytes were not all reachable
+ *   (issue 44: "fragmentation" was said while 7.3 of 8 MiB were live,
+ *   mostly cycles the collection in flight freed right after).
  * - foreign: the runtime's free is below total - reserved (what the shim
  *   accounts for), and that missing memory would have served the request.
  * - fragmentation: the free bytes inside the regions plus the runtime's
@@ -21,6 +26,7 @@ static const char *const names[] = {
     [SHIM_OOM_EXHAUSTED] = "exhausted",
     [SHIM_OOM_LIMIT] = "limit",
     [SHIM_OOM_FOREIGN] = "foreign",
+    [SHIM_OOM_COLLECTION] = "collection",
 };
 
 /* Bytes other allocations or processes hold: what the runtime lacks
@@ -41,6 +47,10 @@ enum shim_oom_kind shim_oom_verdict(const shim_oom_facts *f, const char **name)
     if (f->limit && f->reserved + f->request > f->limit && f->device_known &&
         f->device_free >= f->request)
         k = SHIM_OOM_LIMIT;
+    else if (f->collecting &&
+             (!f->unreachable_known ||
+              f->unreachable + f->free_in_regions + outside >= f->request))
+        k = SHIM_OOM_COLLECTION;
     else if (foreign && outside < f->request && outside + foreign >= f->request)
         k = SHIM_OOM_FOREIGN;
     else if (f->holes_known && f->largest_hole < f->request &&
@@ -72,6 +82,23 @@ const char *shim_oom_verdict_line(const shim_oom_facts *f, const char *runtime, 
                  " fewer than the shim accounts for (%" PRIu64 " total, %" PRIu64
                  " reserved): other allocations or processes hold the device",
                  runtime, f->device_free, foreign_bytes(f), f->device_total, f->reserved);
+        break;
+    case SHIM_OOM_COLLECTION:
+        if (f->unreachable_known)
+            snprintf(out, cap,
+                     "verdict: collection: %" PRIu64 " bytes live, of which %" PRIu64
+                     " unreachable (freed by the collection still running after %.0f ms "
+                     "when this request gave up) and %" PRIu64 " reachable, for a request of %"
+                     PRIu64,
+                     f->used, f->unreachable < f->used ? f->unreachable : f->used,
+                     (double)f->collecting_ns / 1e6,
+                     f->unreachable < f->used ? f->used - f->unreachable : 0, f->request);
+        else
+            snprintf(out, cap,
+                     "verdict: collection: %" PRIu64 " bytes live of %" PRIu64
+                     " reserved while a collection had run %.0f ms without ending (a finalizer "
+                     "blocked?); what it would free is unknown, for a request of %" PRIu64,
+                     f->used, f->reserved, (double)f->collecting_ns / 1e6, f->request);
         break;
     case SHIM_OOM_FRAGMENTATION:
         snprintf(out, cap,

@@ -17,6 +17,11 @@ typedef struct shim_oom_facts {
     uint64_t limit;            /* SPYRESHIM_LIMIT for this device, 0 = none */
     bool device_known;         /* the runtime answered its memory query */
     uint64_t device_free, device_total; /* what the runtime says */
+    bool collecting;           /* a collection run for pressure was still in flight */
+    uint64_t collecting_ns;    /* how long it had run then */
+    bool unreachable_known;    /* it has ended since (filled in later, at exit) */
+    uint64_t unreachable;      /* bytes freed from the failure to its end: what the
+                                  program no longer reached */
 } shim_oom_facts;
 
 enum shim_oom_kind {
@@ -24,6 +29,7 @@ enum shim_oom_kind {
     SHIM_OOM_EXHAUSTED,     /* the device is full of the program's live blocks */
     SHIM_OOM_LIMIT,         /* SPYRESHIM_LIMIT reached while the device had room */
     SHIM_OOM_FOREIGN,       /* the runtime's free is below what the shim accounts for */
+    SHIM_OOM_COLLECTION,    /* a collection still running would have freed it */
 };
 
 /* The verdict, its name ("fragmentation", ...) in *name. */

@@ -10,9 +10,11 @@
  * Only one event per device runs at a time: a thread that hits pressure
  * while another thread's event runs waits for that event to end and then
  * retries, instead of starting a second collection. That wait is bounded
- * (SPYRESHIM_GC_TIMEOUT_MS): the event's callback may need a lock the
- * waiting thread holds (a framework's lock, or one a finalizer takes); past
- * the bound that one request fails with out-of-memory (pressure_wait_timeouts).
+ * by the event's progress (progress.h: SPYRESHIM_GC_TIMEOUT_MS in which
+ * no collection used CPU, or the cap): the event's callback may need a
+ * lock the waiting thread holds (a framework's lock, or one a finalizer
+ * takes); past the bound that one request fails with out-of-memory
+ * (pressure_wait_timeouts).
  *
  * Unregistering quiesces: every callback run is listed (registry_mu) while
  * it runs, and spyreshim_unregister_pressure_callback waits until no other
@@ -30,6 +32,7 @@
 #include "mutex.h"
 #include "options.h"
 #include "pressure.h"
+#include "progress.h"
 
 #define MAX_CALLBACKS 32
 
@@ -104,8 +107,20 @@ void shim_pressure_set_collection_watch(shim_pressure_collection_fn fn)
     atomic_store(&collection_watch, fn);
 }
 
+/* Collections in flight, for the out-of-memory verdict: how many, since
+ * when (the start of the one that made the count leave 0), and, for a
+ * request that failed during one, what was freed from that failure to
+ * the end of the collections then in flight: memory the program no longer
+ * reached, which the collection would have given it. Marks are +1 so that
+ * 0 means none. Atomics: the failure path and collectors, no lock. */
+static _Atomic unsigned collections_in_flight;
+static _Atomic uint64_t collections_since_ns;
+static _Atomic uint64_t failure_mark, failure_outcome;
+
 void shim_pressure_collection_begin(void)
 {
+    if (atomic_fetch_add(&collections_in_flight, 1) == 0)
+        atomic_store(&collections_since_ns, shim_now_ns());
     shim_pressure_collection_fn fn = atomic_load_explicit(&collection_watch, memory_order_acquire);
     if (fn)
         fn(true, 0, 0, 0);
@@ -113,9 +128,39 @@ void shim_pressure_collection_begin(void)
 
 void shim_pressure_collection_end(uint64_t ns, uint64_t freed, long objects)
 {
+    /* Never below 0: a fork child forgot the parent's other threads'
+     * collections, and a collection of its forking thread may end here. */
+    unsigned n = atomic_load(&collections_in_flight);
+    while (n && !atomic_compare_exchange_weak(&collections_in_flight, &n, n - 1))
+        ;
+    if (n == 1) {
+        uint64_t mark = atomic_exchange(&failure_mark, 0);
+        if (mark)
+            atomic_store(&failure_outcome, shim_pressure_freed_total() - (mark - 1) + 1);
+    }
     shim_pressure_collection_fn fn = atomic_load_explicit(&collection_watch, memory_order_acquire);
     if (fn)
         fn(false, ns, freed, objects);
+}
+
+bool shim_pressure_failed_during_collection(uint64_t *running_ns)
+{
+    if (atomic_load(&collections_in_flight) == 0)
+        return false;
+    uint64_t since = atomic_load(&collections_since_ns);
+    uint64_t now = shim_now_ns();
+    *running_ns = now > since ? now - since : 0;
+    atomic_store(&failure_outcome, 0);
+    atomic_store(&failure_mark, shim_pressure_freed_total() + 1);
+    return true;
+}
+
+bool shim_pressure_failure_outcome(uint64_t *freed)
+{
+    uint64_t v = atomic_load(&failure_outcome);
+    if (v)
+        *freed = v - 1;
+    return v != 0;
 }
 
 /* Depth of pressure work on this thread: running an event's callbacks, or
@@ -194,6 +239,10 @@ void shim_pressure_atfork_child(void)
             *pp = (*pp)->next;
     }
     pthread_cond_init(&run_ended, NULL);
+    /* The collections in flight were other threads' (one of this thread's
+     * that ends here finds the count at 0 and leaves it). */
+    atomic_store(&collections_in_flight, 0);
+    atomic_store(&failure_mark, 0);
     shim_mutex_unlock(&registry_mu);
 }
 
@@ -270,8 +319,8 @@ static void check_contract(spyreshim_lock *lock, spyreshim_pressure_fn fn)
 #endif
 }
 
-/* Another thread's event is running: waits for it to end, at most
- * SPYRESHIM_GC_TIMEOUT_MS. Entered and left with `lock` held; released
+/* Another thread's event is running: waits for it to end, bounded by its
+ * progress (progress.h). Entered and left with `lock` held; released
  * around the wait hooks and while waiting. */
 static enum shim_relief wait_for_event(shim_pressure_state *ps, spyreshim_lock *lock)
 {
@@ -288,13 +337,13 @@ static enum shim_relief wait_for_event(shim_pressure_state *ps, spyreshim_lock *
     shim_pressure_reattach_fn reattach = atomic_load(&wait_reattach);
     void *py = detach ? detach() : NULL;
     shim_lock_acquire(lock);
-    struct timespec deadline;
     unsigned ms = shim_opts()->gc_timeout_ms ? shim_opts()->gc_timeout_ms : 1;
-    shim_deadline_after_ms(&deadline, ms);
+    shim_progress_wait w;
+    shim_progress_wait_begin(&w, ms);
     bool timed_out = false;
     while (ps->active && ps->generation == gen && !timed_out)
-        timed_out = shim_lock_timedwait(lock, &ps->done, &deadline) == ETIMEDOUT &&
-                    ps->active && ps->generation == gen;
+        timed_out = shim_lock_timedwait(lock, &ps->done, &w.deadline) == ETIMEDOUT &&
+                    ps->active && ps->generation == gen && !shim_progress_wait_extend(&w);
     if (timed_out)
         ps->wait_timeouts++;
     if (py && reattach) {
@@ -303,7 +352,8 @@ static enum shim_relief wait_for_event(shim_pressure_state *ps, spyreshim_lock *
         shim_lock_acquire(lock);
     }
     if (timed_out) {
-        shim_debug("pressure: another thread's event outlasted %u ms; failing this request", ms);
+        shim_debug("pressure: another thread's event made no progress for %u ms (%.0f ms in "
+                   "all); failing this request", ms, shim_progress_wait_ms(&w));
         return SHIM_RELIEF_NONE;
     }
     return SHIM_RELIEF_WAITED;

@@ -31,8 +31,8 @@ enum shim_relief {
 
 /* Entered with `lock` held after a request of `want` bytes failed. Runs one
  * pressure event (every callback, in registration order), or, when another
- * thread's event is running, waits for it to end, at most
- * SPYRESHIM_GC_TIMEOUT_MS (then SHIM_RELIEF_NONE). Returns with `lock` held.
+ * thread's event is running, waits for it to end, bounded by its progress
+ * (progress.h; then SHIM_RELIEF_NONE). Returns with `lock` held.
  * The wait hooks run around that wait (a thread attached to Python detaches:
  * the event may need the GIL). */
 enum shim_relief shim_pressure_relieve(shim_pressure_state *ps, spyreshim_lock *lock, size_t want);
@@ -67,6 +67,15 @@ typedef void (*shim_pressure_collection_fn)(bool begin, uint64_t ns, uint64_t fr
 void shim_pressure_set_collection_watch(shim_pressure_collection_fn fn);
 void shim_pressure_collection_begin(void);
 void shim_pressure_collection_end(uint64_t ns, uint64_t freed, long objects);
+
+/* The failure path (alloc_path.c): a request fails for good. True when a
+ * collection run for pressure is in flight (it outlasted this request's
+ * wait), with how long it has run; the bytes freed from now until the
+ * collections in flight end are then its outcome (for the last such
+ * failure): shim_pressure_failure_outcome says them once known. Atomics
+ * only. */
+bool shim_pressure_failed_during_collection(uint64_t *running_ns);
+bool shim_pressure_failure_outcome(uint64_t *freed);
 
 /* The policy gate: python_gc registers it at init. Asked once per relief
  * round of a failing request, before it runs or waits for a pressure event,

@@ -29,9 +29,11 @@
  *   for reuse (a loop that frees and reallocates a large tensor then costs
  *   no runtime call); an older empty region is released at that moment
  *   (when the free that emptied the newer one is merged: merge_last_free).
- *   shim_arena_trim releases cached ones (the owner calls it under
- *   pressure), and a request that cannot get a new region releases them and
- *   tries again before failing.
+ *   A cached dedicated region serves its own size class only (arena.c,
+ *   foreign_dedicated). shim_arena_trim releases cached ones (the owner
+ *   calls it under pressure), and a request that needs a new region
+ *   releases them first (where they were, the runtime places it, as it
+ *   would the request without the shim).
  *
  * Guarded by: the owner's allocator lock (the device's shard lock, device_internal.h); nothing here locks
  * (the pool is atomics: pool.c).

@@ -53,7 +53,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_GC", K_GCMODE, OFF(gc_mode), "auto", 0, 0,
      "auto|inline|thread|off: where garbage in the embedded Python is collected under memory pressure; auto decides per failing call from the caller's framework (docs/frameworks.md); 1 = auto, 0 = off"},
     {"SPYRESHIM_GC_TIMEOUT_MS", K_UINT, OFF(gc_timeout_ms), "2000", 1, 3600000,
-     "longest wait of a thread for pressure work done on its behalf: a collection by the GC thread, or another thread's pressure event"},
+     "longest a thread waits for pressure work done on its behalf (a collection by the GC thread, or another thread's pressure event) without that work making progress (its collection using CPU); a collection that keeps using CPU is waited for up to 30 times this"},
     {"SPYRESHIM_LEAK_CHECK", K_BOOL, OFF(leak_check), "0", 0, 0,
      "record stacks of live allocations; report leaks at exit"},
     {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "0", 0, 256,

@@ -29,6 +29,7 @@
 #include "mutex.h"
 #include "options.h"
 #include "passthrough.h"
+#include "pressure.h"
 #include "pystack.h"
 #include "report.h"
 #include "path.h"
@@ -235,6 +236,13 @@ void shim_leak_oom_at_exit(void)
         return;
     }
     const shim_options *o = shim_opts();
+    /* A collection in flight at the failure has ended since: what it freed
+     * after the failure was live but unreachable; the verdict says so. */
+    if (st->facts.collecting &&
+        shim_pressure_failure_outcome(&st->facts.unreachable)) {
+        st->facts.unreachable_known = true;
+        shim_oom_verdict_line(&st->facts, st->runtime, st->verdict, sizeof st->verdict);
+    }
     spyreshim_snapshot *s = st->snap;
     size_t n = spyreshim_snapshot_count(s);
     /* What holds memory, all of it: suppressions are for leak verdicts. */
@@ -249,18 +257,23 @@ void shim_leak_oom_at_exit(void)
         size_t hl = strlen(headline);
         snprintf(headline + hl, sizeof headline - hl, "\nspyreshim: %s", st->verdict);
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LIVE, headline, o->oom_report_top);
-        char oom_json[600];
+        char oom_json[700];
         const shim_oom_facts *f = &st->facts;
+        char unreachable[24] = "null";
+        if (f->unreachable_known)
+            snprintf(unreachable, sizeof unreachable, "%" PRIu64, f->unreachable);
         const char *name;
         shim_oom_verdict(f, &name);
         snprintf(oom_json, sizeof oom_json,
                  "{\"verdict\": \"%s\", \"request\": %" PRIu64 ", \"largest_hole\": %" PRIu64
                  ", \"free_in_regions\": %" PRIu64 ", \"free_outside_regions\": %" PRIu64
                  ", \"reserved\": %" PRIu64 ", \"used\": %" PRIu64 ", \"limit\": %" PRIu64
-                 ", \"device_free\": %" PRIu64 ", \"device_total\": %" PRIu64 "}",
+                 ", \"device_free\": %" PRIu64 ", \"device_total\": %" PRIu64
+                 ", \"collection_running_ns\": %" PRIu64 ", \"unreachable\": %s}",
                  name, f->request, f->largest_hole, f->free_in_regions,
                  f->device_known ? f->device_free : 0, f->reserved, f->used, f->limit,
-                 f->device_free, f->device_total);
+                 f->device_free, f->device_total, f->collecting ? f->collecting_ns : 0,
+                 unreachable);
         write_json(r, ".oom", "oom", "oom", oom_json);
         shim_report_free(r);
     }

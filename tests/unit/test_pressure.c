@@ -13,6 +13,7 @@
 #include "lock.h"
 #include "options.h"
 #include "pressure.h"
+#include "progress.h"
 
 #define MB ((size_t)1 << 20)
 
@@ -271,3 +272,39 @@ Test(pressure, debug_build_aborts_when_callback_keeps_lock_released, .signal = S
     shim_device_malloc(dev, &p, MB);
 }
 #endif
+
+/* Waits bounded by progress (shim/alloc/progress.c), against a source
+ * that says how much CPU the work used: the wait goes on while it used 1%
+ * of a stretch, ends after a stretch without (stalled), and at the cap. */
+static _Atomic uint64_t fake_cpu;
+static uint64_t fake_progress(void) { return atomic_load(&fake_cpu); }
+
+Test(pressure, a_wait_goes_on_while_the_work_uses_cpu_and_ends_when_it_stops)
+{
+    shim_progress_set_source(fake_progress);
+    shim_progress_wait w;
+    shim_progress_wait_begin(&w, 1000);
+    struct timespec first = w.deadline;
+    atomic_fetch_add(&fake_cpu, 10 * 1000000u);         /* 10 ms of 1000: progress */
+    cr_assert(shim_progress_wait_extend(&w));
+    cr_assert_eq(w.deadline.tv_sec, first.tv_sec + 1, "the deadline moved by one stretch");
+    atomic_fetch_add(&fake_cpu, 9 * 1000000u);          /* under 1%: stalled */
+    cr_assert_not(shim_progress_wait_extend(&w));
+    cr_assert(w.stalled);
+
+    shim_progress_wait_begin(&w, 10);                   /* 1 ms at least counts */
+    atomic_fetch_add(&fake_cpu, 999999u);
+    cr_assert_not(shim_progress_wait_extend(&w));
+
+    shim_progress_wait_begin(&w, 10);
+    unsigned stretches = 1;
+    for (;;) {
+        atomic_fetch_add(&fake_cpu, 5 * 1000000u);      /* spins forever */
+        if (!shim_progress_wait_extend(&w))
+            break;
+        stretches++;
+    }
+    cr_assert_eq(stretches, SHIM_PROGRESS_CAP, "the cap bounds it");
+    cr_assert_not(w.stalled);
+    shim_progress_set_source(NULL);
+}
