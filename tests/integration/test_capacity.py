@@ -43,7 +43,7 @@ def run(device, memory, shim, **env):
     if shim:
         e["LD_PRELOAD"] = str(pythons.shim_lib())
     e.update(env)
-    r = subprocess.run([str(prog)], env=e, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(prog)], env=e, capture_output=True, text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
     return r.stdout.splitlines()
 
