@@ -16,22 +16,26 @@ MUST_RUN = tuple(pythons.REQUIRED_IN_CI)
 
 
 def build_gchelper(interp):
+    """Builds gchelper<EXT_SUFFIX> for `interp` beside its simdev module,
+    once: under the folder's lock, since test files running in parallel
+    (pytest-xdist) ask for the same interpreter's helper at once."""
     out_dir = pythons.build_module(interp)
     target = out_dir / ("gchelper" + interp.ext_suffix)
     lib = pythons.libsimdev()
     srcs = [GCHELPER_SRC, lib, Path(__file__)]
-    if target.exists() and all(target.stat().st_mtime >= s.stat().st_mtime for s in srcs):
-        return out_dir
-    argv = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-g", "-std=gnu11",
-            "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
-            *pythons.include_args(interp), "-I", str(pythons.SIMDEV_SRC), str(GCHELPER_SRC),
-            "-o", str(target) + ".tmp", "-L", str(lib.parent), "-lsimdev",
-            f"-Wl,-rpath,{lib.parent}", "-lpthread"]
-    res = subprocess.run(argv, capture_output=True, text=True, timeout=pythons.HANG_S)
-    if res.returncode != 0:
-        raise pythons.BuildError(f"building gchelper for {interp.name} failed:\n"
-                                 f"{' '.join(argv)}\n{res.stderr}")
-    os.replace(str(target) + ".tmp", target)
+    with pythons.locked(out_dir / ".gchelper.lock"):
+        if target.exists() and all(target.stat().st_mtime >= s.stat().st_mtime for s in srcs):
+            return out_dir
+        argv = [os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-g", "-std=gnu11",
+                "-Wall", "-Wextra", "-Werror", "-Wno-missing-field-initializers",
+                *pythons.include_args(interp), "-I", str(pythons.SIMDEV_SRC), str(GCHELPER_SRC),
+                "-o", str(target) + ".tmp", "-L", str(lib.parent), "-lsimdev",
+                f"-Wl,-rpath,{lib.parent}", "-lpthread"]
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=pythons.HANG_S)
+        if res.returncode != 0:
+            raise pythons.BuildError(f"building gchelper for {interp.name} failed:\n"
+                                     f"{' '.join(argv)}\n{res.stderr}")
+        os.replace(str(target) + ".tmp", target)
     return out_dir
 
 

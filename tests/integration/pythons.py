@@ -317,7 +317,7 @@ def _free_threaded_exe():
     dist = builddir() / "pythons" / "_dist"
     dist.mkdir(parents=True, exist_ok=True)
     stamp = dist / (tarball.name + ".done")
-    with _locked(dist / ".lock"):
+    with locked(dist / ".lock"):
         if not stamp.exists():
             tmp = Path(tempfile.mkdtemp(prefix="unpack.", dir=dist))
             with tarfile.open(tarball) as tf:
@@ -437,7 +437,7 @@ def get(name):
 
 # ---- building the module -----------------------------------------------
 
-class _locked:
+class locked:
     """An exclusive flock on `path` (parallel test runs build once)."""
 
     def __init__(self, path):
@@ -477,7 +477,7 @@ def build_module(interp):
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / ("simdev" + interp.ext_suffix)
     sources = [SIMDEV_SRC / "simdevmodule.c", SIMDEV_SRC / "simdev.h", lib, Path(__file__)]
-    with _locked(out_dir / ".lock"):
+    with locked(out_dir / ".lock"):
         if target.exists() and all(target.stat().st_mtime >= s.stat().st_mtime for s in sources):
             return out_dir
         cc = os.environ.get("CC", "cc")
