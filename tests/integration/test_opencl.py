@@ -113,6 +113,7 @@ def test_what_the_runtime_answers_is_the_same_under_the_shim_but_the_capped_size
         assert a[k] == b[k], (k, a[k], b[k])
     assert a["zero_size"] == "-61" and a["bad_flags"] == "-30"
     assert a["over_max"] == b["over_max"] == "-61"   # CL_INVALID_BUFFER_SIZE
+    assert a["at_max"] == b["at_max"] == "0"         # the largest size it said is made
     s = stats(tmp_path)
     assert [d["name"] for d in s["runtimes"]] == ["opencl:0"]
     f = family(s)

@@ -291,6 +291,12 @@ static int run_info(void)
     printf("zero_size=%d\n", z ? 0 : err);
     cl_mem huge = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (size_t)max_alloc + 1, NULL, &err);
     printf("over_max=%d\n", huge ? 0 : err);
+    /* Exactly the largest buffer the device said it makes: made (PoCL
+     * allocates at first use, so no memory is taken here). */
+    cl_mem at_max = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (size_t)max_alloc, NULL, &err);
+    printf("at_max=%d\n", at_max ? 0 : err);
+    if (at_max)
+        CHECK(clReleaseMemObject(at_max));
     cl_mem bad = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY, 64, NULL, &err);
     printf("bad_flags=%d\n", bad ? 0 : err);
     printf("info ok\n");
