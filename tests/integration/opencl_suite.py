@@ -12,9 +12,10 @@ only under the shim; where the key differs it runs it both ways.
     python3 tests/integration/opencl_suite.py --record
     python3 tests/integration/opencl_suite.py [--with-shim LIB] [FILE...]
 
---record runs the default files without the shim and writes the recording;
-otherwise it prints one line per test (`outcome id`) and the totals. The
-tests (test_opencl.py) call the functions.
+--record runs the files (files(): SPYRESHIM_OPENCL_SUITE unset for the
+recording the test command uses) without the shim and writes the
+recording; otherwise it prints one line per test (`outcome id`) and the
+totals. The tests (test_opencl.py) call the functions.
 """
 import hashlib
 import html
