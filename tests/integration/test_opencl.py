@@ -16,6 +16,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -360,31 +361,61 @@ def test_a_leaked_pyopencl_buffer_is_reported_with_its_python_stack(pyopencl, tm
 
 def test_pyopencl_suite_with_the_shim_is_no_worse_than_without(pyopencl, tmp_path_factory,
                                                                builddir):
-    """PyOpenCL's own tests (its sdist's test/, opencl_suite.py), each run
-    without and with the shim: no test that passed without it fails with
-    it, and the counts agree. SPYRESHIM_OPENCL_SUITE=all runs every file."""
+    """PyOpenCL's own tests (its sdist's test/, opencl_suite.py) run under
+    the shim, each compared with its outcome without the shim: recorded in
+    data/opencl_suite_outcomes.json for these PoCL and PyOpenCL versions and
+    this suite, else (said in a warning) run here too. No test does worse;
+    one worse than the recording is run again here without the shim, and
+    if it does as badly, this machine is the cause, not the shim (reported,
+    as are the tests that do better). SPYRESHIM_OPENCL_SUITE=all runs every
+    file."""
     try:
         tests = opencl_suite.suite_dir(pyopencl)
+        here = opencl_suite.environment(base_env())
     except opencl_suite.SuiteUnavailable as e:
         _unavailable(str(e))
-    names = opencl_suite.files(tests)
+    groups = opencl_suite.files(tests)
     work = tmp_path_factory.mktemp("pyopencl-suite")
-    stats_path = work / "stats.json"
-    without, r0 = opencl_suite.run(tests, names, work / "without", base_env())
-    assert without, f"the suite ran nothing without the shim:\n{r0.stdout[-3000:]}{r0.stderr[-2000:]}"
-    with_shim, r1 = opencl_suite.run(tests, names, work / "with",
-                                     shim_env(SPYRESHIM_STATS=stats_path))
-    t0, t1 = opencl_suite.totals(without), opencl_suite.totals(with_shim)
-    summary = {"files": names, "without": t0, "with": t1}
-    if stats_path.exists():
-        s = json.loads(stats_path.read_text())
-        summary["shim"] = {k: s[k] for k in ("allocs", "frees", "gc_collections")}
-        summary["passthrough"] = s["passthrough"]
-    (Path(builddir) / "opencl-suite.json").write_text(json.dumps(summary, indent=1))
+    recorded, why = opencl_suite.recorded(opencl_suite.key(tests, groups, here))
+    # One statistics file per process: the groups run side by side.
+    r1 = opencl_suite.run(tests, groups, work / "with",
+                          shim_env(SPYRESHIM_STATS=work / "stats-%p.json"), here)
+    assert r1.outcomes and not r1.hung, f"the suite under the shim: {r1.describe()}"
+    with_shim = r1.outcomes
+    if recorded is None:
+        warnings.warn(f"PyOpenCL's suite run without the shim too: {why}")
+        r0 = opencl_suite.run(tests, groups, work / "without", base_env(), here)
+        assert r0.outcomes and not r0.hung, f"the suite without the shim: {r0.describe()}"
+        without = r0.outcomes
+    else:
+        without = recorded
     bad = opencl_suite.worse(without, with_shim)
-    assert not bad, f"worse with the shim: {bad}\n{r1.stdout[-4000:]}"
-    assert t0 == t1, summary
-    assert t0.get("passed", 0) > 50, summary
-    s = json.loads(stats_path.read_text())
-    f = family(s)   # watched, not served: the suite's buffers are the "opencl" family's
-    assert f["allocs"] > 100 and f["allocs"] == f["frees"], s
+    machine = []
+    if bad and recorded is not None:
+        # Their groups whole, as a test's outcome may depend on those before.
+        again = [g for g in groups if any(t.split("::")[0] in g for t, _, _ in bad)]
+        r0 = opencl_suite.run(tests, again, work / "without", base_env(), here)
+        assert not r0.hung, f"the suite without the shim: {r0.describe()}"
+        bare_here = {t: r0.outcomes.get(t, "missing") for t, _, _ in bad}
+        shims = {t for t, _, _ in opencl_suite.worse(bare_here, with_shim)}
+        machine = [b for b in bad if b[0] not in shims]
+        bad = [b for b in bad if b[0] in shims]
+    better = opencl_suite.better(without, with_shim)
+    for what, tids in (("better with the shim than without", better),
+                       ("worse than recorded, without the shim too here", machine)):
+        if tids:
+            warnings.warn(f"PyOpenCL's suite: {len(tids)} {what}: {tids}")
+    per_process = [json.loads(f.read_text()) for f in work.glob("stats-*.json")]
+    summary = {"files": groups, "compared with": "the recording" if recorded else why,
+               "without": opencl_suite.totals(without),
+               "with": opencl_suite.totals(with_shim),
+               "seconds with the shim": round(r1.seconds), "better": better,
+               "worse without the shim too": machine,
+               "shim": {k: sum(s[k] for s in per_process)
+                        for k in ("allocs", "frees", "gc_collections")},
+               "passthrough": [e for s in per_process for e in s["passthrough"]]}
+    (Path(builddir) / "opencl-suite.json").write_text(json.dumps(summary, indent=1))
+    assert not bad, f"worse with the shim: {bad}\n{r1.describe()}"
+    assert summary["with"].get("passed", 0) > 50, summary
+    shim = summary["shim"]
+    assert shim["allocs"] > 100 and shim["allocs"] == shim["frees"], shim
