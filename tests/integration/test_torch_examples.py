@@ -106,6 +106,10 @@ def test_example_losses_on_the_device_equal_the_cpu(model, tmp_path):
     else:
         assert dev == cpu
     assert b[-1] < b[0], b
+    # The shim serves the device's memory and changes nothing computed.
+    r, done, shim = train(model, tmp_path, "simdev", "shim", steps=steps, preload=True)
+    assert r.returncode == 0 and done == steps, r
+    assert shim == dev
     print(f"\n{torchrun.VERSION:>4} {model:<16} {steps} steps, loss {b[0]:.4f} -> {b[-1]:.4f} "
           f"on the CPU, largest relative difference on the device "
           f"{max(abs(x - y) / abs(y) for x, y in zip(a, b)):.1e}")
