@@ -20,6 +20,17 @@ MODEL is one of:
                BatchNorm2d, one with a downsampling shortcut, average
                pooling, linear) with SGD, momentum and weight decay, on
                3x16x16 images
+  forward_forward
+               mnist_forward_forward's Net: two linear layers trained one
+               after the other by the forward-forward goodness loss, each
+               with its own Adam built before the layer is moved to the
+               device, on 784-pixel images with labels overlaid
+  vae          vae/main.py's VAE (784-400-20 encoder, reparameterized
+               sample, 20-400-784 decoder) with Adam, the loss binary
+               cross-entropy plus KL divergence
+  mnist_rnn    mnist_rnn/main.py's Net (a batch-first LSTM over an image's
+               rows, BatchNorm1d, dropout, two linear layers) with
+               Adadelta and StepLR
 
 Options:
 
@@ -27,7 +38,7 @@ Options:
                    device attribute of the module given with --import
   --steps N        number of training steps
   --batch B        batch size (default: mnist 16, lstm 8, transformer 8,
-                   resnet 16)
+                   resnet 16, forward_forward 64, vae 32, mnist_rnn 32)
   --cycles         disable the garbage collector and leave each step's
                    activations in a reference cycle, as real scripts leak
                    them, so that their device memory is freed only by a
@@ -207,6 +218,89 @@ class TinyResNet(nn.Module):
         return self.classify(self.features(x))
 
 
+class VAE(nn.Module):
+    """vae/main.py's VAE: a 784-400-(20, 20) encoder giving the mean and log
+    variance of the latent code, a sample drawn from them by the
+    reparameterization trick, a 20-400-784 decoder with a clamped sigmoid."""
+
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(784, 400)
+        self.mu = nn.Linear(400, 20)
+        self.logvar = nn.Linear(400, 20)
+        self.dec1 = nn.Linear(20, 400)
+        self.dec2 = nn.Linear(400, 784)
+
+    def forward(self, x):
+        h = F.relu(self.enc(x.view(-1, 784)))
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + torch.randn_like(mu) * torch.exp(logvar / 2)
+        recon = torch.sigmoid(self.dec2(F.relu(self.dec1(z))))
+        return recon.clamp(1e-4, 1 - 1e-4), mu, logvar
+
+
+class RowLSTM(nn.Module):
+    """mnist_rnn/main.py's Net: an image read row by row by a batch-first
+    LSTM, its last output through BatchNorm1d, dropout and two linear
+    layers to log-probabilities."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(input_size=28, hidden_size=64, batch_first=True)
+        self.norm = nn.BatchNorm1d(64)
+        self.drop1 = nn.Dropout(0.25)
+        self.drop2 = nn.Dropout(0.5)
+        self.fc1 = nn.Linear(64, 32)
+        self.fc2 = nn.Linear(32, 10)
+
+    def forward(self, x):
+        out, _ = self.rnn(x.reshape(-1, 28, 28))
+        h = self.drop1(self.norm(out[:, -1]))
+        h = self.drop2(F.relu(self.fc1(h)))
+        return F.log_softmax(self.fc2(h), dim=1)
+
+
+class FFLayer(nn.Linear):
+    """mnist_forward_forward's Layer: a linear layer trained on its own by
+    the forward-forward goodness loss, with an Adam of its own built in
+    __init__, before the caller moves the layer to the device (the example
+    does; on the device that needs Module.to() to keep the Parameter
+    objects the optimizer holds)."""
+
+    threshold = 2.0
+
+    def __init__(self, in_features, out_features, lr=0.03):
+        super().__init__(in_features, out_features)
+        self.opt = torch.optim.Adam(self.parameters(), lr=lr)
+
+    def forward(self, x):
+        # The input's direction only: its length is the goodness of the
+        # layer below.
+        unit = x / (x.norm(2, 1, keepdim=True) + 1e-4)
+        return F.relu(torch.mm(unit, self.weight.T) + self.bias.unsqueeze(0))
+
+    def train_step(self, x_pos, x_neg):
+        """One Adam step pushing the goodness (mean squared activation) of
+        positive samples above the threshold and of negative ones below."""
+        good_pos = self.forward(x_pos).pow(2).mean(1)
+        good_neg = self.forward(x_neg).pow(2).mean(1)
+        margins = torch.cat([self.threshold - good_pos, good_neg - self.threshold])
+        loss = torch.log1p(torch.exp(margins)).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+
+
+def overlay_label(x, y, classes=10):
+    """mnist_forward_forward's overlay: the first `classes` pixels become a
+    one-hot label, the hot one set to the batch's largest value."""
+    out = x.clone()
+    out[:, :classes] = 0
+    out[torch.arange(len(x)), y] = x.max()
+    return out
+
+
 class ImageData:
     """Noisy copies of one random prototype per class: learnable in a few
     steps, unlike random labels."""
@@ -347,8 +441,83 @@ class ResnetTask(ImageTask):
         return self.classify_step(F.cross_entropy)
 
 
+class VaeTask:
+    """vae/main.py's training step: Adam, the loss the reconstruction's
+    binary cross-entropy summed plus the latent code's KL divergence from a
+    standard normal, on images squashed into [0, 1]."""
+    default_batch = 32
+
+    def __init__(self, device, batch, steps, generator):
+        self.model = VAE().to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        self.data = ImageData(generator, (1, 28, 28), batch)
+        self.device = device
+
+    def step(self, k):
+        data, _ = self.data.draw(self.device)
+        data = torch.sigmoid(data)
+        self.optimizer.zero_grad()
+        recon, mu, logvar = self.model(data)
+        bce = F.binary_cross_entropy(recon, data.view(-1, 784), reduction="sum")
+        kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
+        loss = bce + kld
+        loss.backward()
+        self.optimizer.step()
+        return {"data": data, "recon": recon, "loss": loss}
+
+
+class MnistRnnTask:
+    """mnist_rnn/main.py's training: Adadelta(lr=0.1), StepLR(gamma=0.7),
+    nll_loss."""
+    default_batch = 32
+
+    def __init__(self, device, batch, steps, generator):
+        self.model = RowLSTM().to(device)
+        self.optimizer = torch.optim.Adadelta(self.model.parameters(), lr=0.1)
+        self.scheduler = torch.optim.lr_scheduler.StepLR(self.optimizer, step_size=1, gamma=0.7)
+        self.data = ImageData(generator, (1, 28, 28), batch)
+        self.device = device
+
+    def step(self, k):
+        data, target = self.data.draw(self.device)
+        self.optimizer.zero_grad()
+        output = self.model(data)
+        loss = F.nll_loss(output, target)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return {"data": data, "output": output, "loss": loss}
+
+
+class ForwardForwardTask:
+    """mnist_forward_forward's training: the layers one after the other,
+    each on the outputs of the trained one below, positive samples carrying
+    their label and negative ones a wrong one; a step is one of a layer's
+    epochs, the steps shared out evenly."""
+    default_batch = 64
+    dims = (784, 100, 100)
+
+    def __init__(self, device, batch, steps, generator):
+        self.layers = [FFLayer(a, b).to(device) for a, b in zip(self.dims, self.dims[1:])]
+        x, y = ImageData(generator, (784,), batch).draw(device)
+        wrong = (y + torch.randint(1, 10, y.shape, generator=generator).to(device)) % 10
+        self.h_pos, self.h_neg = overlay_label(x, y), overlay_label(x, wrong)
+        self.per_layer = max(1, steps // len(self.layers))
+        self.current = 0
+
+    def step(self, k):
+        if k // self.per_layer > self.current and self.current + 1 < len(self.layers):
+            below = self.layers[self.current]
+            self.h_pos, self.h_neg = below(self.h_pos).detach(), below(self.h_neg).detach()
+            self.current += 1
+        loss = self.layers[self.current].train_step(self.h_pos, self.h_neg)
+        return {"positive": self.h_pos, "negative": self.h_neg, "loss": loss}
+
+
 TASKS = {"mnist": MnistTask, "lstm": LstmTask,
-         "transformer": TransformerTask, "resnet": ResnetTask}
+         "transformer": TransformerTask, "resnet": ResnetTask,
+         "forward_forward": ForwardForwardTask, "vae": VaeTask,
+         "mnist_rnn": MnistRnnTask}
 
 
 def parse_args(argv):

@@ -26,6 +26,21 @@ def set_device(device):
         raise ValueError(f"simdev has one device, not {device!r}")
 
 
+class device:
+    """torch.simdev.device(d): selects device d for a block, as
+    torch.cuda.device does (storage moves, torch.load's among them, select
+    the target device this way). There is one device: nothing to switch."""
+
+    def __init__(self, device):
+        set_device(device if device is not None else 0)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def is_initialized():
     return True
 

@@ -10,25 +10,31 @@
 // storage: a tensor kept only by a reference cycle holds it until Python's
 // collector runs), a device guard for one device, and the kernels the
 // dispatcher cannot do without: the factories, the copies between host and
-// device, resizing, and the views. Every other operator goes through the
-// boxed CPU fallback (at::native::cpu_fallback): inputs copied to the host
-// through _copy_from, the CPU kernel, results copied back.
+// device, resizing, the views, set_. Every other operator goes through the
+// boxed fallback (`fallback` below): the CPU's kernel on host mirrors of
+// the device tensors, one per device storage so that aliasing tensors stay
+// aliased (Mirrors), and what it wrote copied back.
 //
 // Never: dereferences a device pointer. simdev memory faults on a host load
 // or store (tests/simdev/simdev.h); every byte moves with simdevMemcpy or
 // simdevMemset. No lock of its own: simdev's calls are thread-safe and the
 // allocator keeps no state.
 //
-// Why each kernel is here (PyTorch fails silently where one of the first
-// six is missing; tests/integration/test_torch_backend.py shows each failure):
-//   empty.memory_format, empty_strided: without them the catch-all runs the
-//     CPU factory, and `.to(device)` returns a CPU tensor;
-//   as_strided, view, _reshape_alias: without them a view is a copy, and
-//     writes through it are lost;
-//   _copy_from: without it the fallback hands device storage to CPU kernels,
-//     which read device memory (SIGSEGV);
-//   _copy_from_and_resize, resize_: the fallback writes out= results and
-//     in-place results back through them.
+// Why each kernel is here (tests/integration/test_torch_backend.py shows
+// what happens without the first ones):
+//   empty.memory_format, empty_strided: the device's tensors come from
+//     them; without them the fallback runs the CPU's factory and moves its
+//     tensor to the device with the device's factory, the fallback again,
+//     until the stack runs out (SIGSEGV);
+//   _copy_from: every copy into or out of the device; without it
+//     `.to(device)` finds no kernel (the CPU has no _copy_from);
+//   as_strided, view, _reshape_alias: views without a trip to the host (the
+//     fallback makes the same views, from a host copy of the span);
+//   _copy_from_and_resize, resize_: the fallback writes out= results the
+//     CPU's kernel resized back through them;
+//   set_: storage copies (torch.save) view a device storage as a tensor;
+//   _has_compatible_shallow_copy_type: Module.to(device) keeps the module's
+//     Parameter objects, as on CUDA.
 // And the operators whose CPU kernel does not exist, so the fallback cannot
 // serve them: PyTorch routes an out-of-tree device to them where CUDA has
 // its own kernels (tests/torch_examples/train.py runs each):
@@ -46,7 +52,9 @@
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/native/CPUFallback.h>
+#include <ATen/MemoryOverlap.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/Resize.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -176,6 +184,7 @@ void write_device(const at::Tensor &dst, const at::Tensor &src)
 // Gives a storage `bytes` of device memory, its first bytes kept.
 void resize_storage(c10::StorageImpl *st, size_t bytes)
 {
+    TORCH_CHECK(st->resizable(), "Trying to resize storage that is not resizable");
     c10::DataPtr fresh = g_alloc.allocate(bytes);
     memcpy_checked(fresh.get(), st->data(), std::min(bytes, st->nbytes()),
                    simdevMemcpyDeviceToDevice);
@@ -194,6 +203,150 @@ void resize_device(const at::Tensor &t, c10::IntArrayRef size)
         return;
     resize_storage(st, need);
 }
+
+bool is_dev(const at::Tensor &t) { return t.defined() && t.device().type() == kDev; }
+
+// A device tensor's bytes in its storage: [first, last + 1).
+std::pair<size_t, size_t> byte_span(const at::Tensor &t)
+{
+    size_t lo = (size_t)t.storage_offset() * t.element_size();
+    return {lo, lo + span_elems(t) * t.element_size()};
+}
+
+// ---- host mirrors -----------------------------------------------------------
+//
+// The CPU's kernels compute on host copies of device tensors. Tensors that
+// share device memory must share host memory too, or an operator whose
+// arguments alias computes something else than on the CPU:
+// _foreach_add_([x, x], 1) would add 1 to each of two copies (the CPU adds
+// 2), x[1:].copy_(x[:-1]) would run where the CPU refuses the overlap. So
+// each device storage an operator touches gets one host buffer holding its
+// bytes at the same offsets (the span its tensors cover; the rest is never
+// read), and each device tensor a host tensor of the same dtype, sizes,
+// strides and storage offset on it: the CPU's kernel sees the aliasing the
+// device has, and raises or computes as it does on the CPU. What it wrote
+// goes back from there.
+class Mirrors {
+public:
+    // First every device tensor the kernel will see: the spans to copy.
+    void note(const at::Tensor &dev)
+    {
+        if (!is_dev(dev) || dev.numel() == 0)
+            return;
+        auto [lo, hi] = byte_span(dev);
+        Entry &e = entry(dev.storage());
+        e.lo = std::min(e.lo, lo);
+        e.hi = std::max(e.hi, hi);
+    }
+
+    // Then the host tensor of each (the same one for the same tensor, as
+    // the CPU's kernel would be given the same one twice); others as given.
+    at::Tensor host(const at::Tensor &dev)
+    {
+        if (!is_dev(dev))
+            return dev;
+        for (auto &[d, h] : tensors_)
+            if (d.unsafeGetTensorImpl() == dev.unsafeGetTensorImpl())
+                return h;
+        at::TensorOptions cpu = dev.options().device(at::kCPU);
+        at::Tensor h;
+        if (dev.numel() == 0) {
+            h = at::empty_strided(dev.sizes(), dev.strides(), cpu);
+        } else {
+            Entry &e = entry(dev.storage());
+            if (!e.host) {
+                e.host = c10::Storage(c10::Storage::use_byte_size_t(), e.hi, at::getCPUAllocator(),
+                                      /*resizable=*/true);
+                memcpy_checked(bytes(e.host) + e.lo, bytes(e.dev) + e.lo, e.hi - e.lo,
+                               simdevMemcpyDeviceToHost);
+            }
+            h = at::empty({0}, cpu).set_(e.host, dev.storage_offset(), dev.sizes(), dev.strides());
+        }
+        tensors_.emplace_back(dev, h);
+        return h;
+    }
+
+    // After the kernel: it wrote `dev` through its host tensor. A written
+    // tensor the kernel gave another shape (an out= argument resized) is
+    // copied back whole, resized on the device too.
+    void wrote(const at::Tensor &dev)
+    {
+        if (!is_dev(dev))
+            return;
+        at::Tensor h = host(dev);
+        bool same = h.sizes() == dev.sizes() && h.strides() == dev.strides() &&
+            h.storage_offset() == dev.storage_offset();
+        if (same && dev.numel() == 0)
+            return;
+        Entry *e = same ? find(dev.storage()) : nullptr;
+        if (e && h.storage().unsafeGetStorageImpl() == e->host.unsafeGetStorageImpl()) {
+            auto [lo, hi] = byte_span(dev);
+            e->wlo = std::min(e->wlo, lo);
+            e->whi = std::max(e->whi, hi);
+        } else {
+            reshaped_.emplace_back(dev, h);
+        }
+    }
+
+    void write_back()
+    {
+        for (Entry &e : entries_)
+            if (e.whi > e.wlo)
+                memcpy_checked(bytes(e.dev) + e.wlo, bytes(e.host) + e.wlo, e.whi - e.wlo,
+                               simdevMemcpyHostToDevice);
+        for (auto &[d, h] : reshaped_)
+            at::_copy_from_and_resize(h, d);
+    }
+
+    // The device tensor a tensor the kernel returned stands for: an
+    // argument's own (an in-place operator returns its argument), or a view
+    // of a device storage (the kernel made a view of a host tensor); else
+    // none.
+    at::Tensor device_of(const at::Tensor &h) const
+    {
+        for (auto &[d, x] : tensors_)
+            if (x.unsafeGetTensorImpl() == h.unsafeGetTensorImpl())
+                return d;
+        for (const Entry &e : entries_) {
+            if (!e.host || h.storage().unsafeGetStorageImpl() != e.host.unsafeGetStorageImpl())
+                continue;
+            if (at::detail::computeStorageNbytes(h.sizes(), h.strides(), h.element_size(),
+                                                 h.storage_offset()) > e.dev.nbytes())
+                break; // the kernel grew the host buffer: a copy, not a view
+            at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(
+                c10::Storage(e.dev), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), h.dtype());
+            v.unsafeGetTensorImpl()->set_sizes_and_strides(h.sizes(), h.strides(),
+                                                           h.storage_offset());
+            return v;
+        }
+        return {};
+    }
+
+private:
+    struct Entry {
+        c10::Storage dev, host;
+        size_t lo = SIZE_MAX, hi = 0;   // the bytes of dev the kernel's tensors span
+        size_t wlo = SIZE_MAX, whi = 0; // the bytes they were written in
+    };
+    static char *bytes(const c10::Storage &s) { return static_cast<char *>(s.data_ptr().get()); }
+    Entry *find(const c10::Storage &s)
+    {
+        for (Entry &e : entries_)
+            if (e.dev.unsafeGetStorageImpl() == s.unsafeGetStorageImpl())
+                return &e;
+        return nullptr;
+    }
+    Entry &entry(const c10::Storage &s)
+    {
+        if (Entry *e = find(s))
+            return *e;
+        entries_.push_back(Entry{s, {}});
+        return entries_.back();
+    }
+    std::vector<Entry> entries_;
+    std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;  // (device tensor, host tensor)
+    std::vector<std::pair<at::Tensor, at::Tensor>> reshaped_; // written, given another shape
+};
 
 // ---- kernels ------------------------------------------------------------
 
@@ -228,6 +381,19 @@ at::Tensor copy_from(const at::Tensor &self, const at::Tensor &dst, bool non_blo
                 "simdev _copy_from: sizes ", self.sizes(), " and ", dst.sizes(), " differ");
     if (dst.numel() == 0)
         return dst;
+    if (is_dev(self) && is_dev(dst) &&
+        self.storage().unsafeGetStorageImpl() == dst.storage().unsafeGetStorageImpl()) {
+        // Within one storage the tensors may overlap: the CPU's copy_ on one
+        // host mirror of it checks the overlap (x[1:].copy_(x[:-1]) raises)
+        // and reads and writes in the CPU's order.
+        Mirrors m;
+        m.note(self);
+        m.note(dst);
+        m.host(dst).copy_(m.host(self));
+        m.wrote(dst);
+        m.write_back();
+        return dst;
+    }
     at::Tensor src = self.sizes() == dst.sizes() ? self : self.expand_as(dst);
     if (dst.device().type() == kDev) {
         write_device(dst, src);
@@ -278,6 +444,80 @@ at::Tensor reshape_alias(const at::Tensor &self, c10::SymIntArrayRef size,
 {
     return at::native::_reshape_alias(self, INTS(size),
                                       INTS(stride));
+}
+
+// set_: a tensor onto a storage. Storage copies (UntypedStorage.copy_ and
+// .cpu(), through which torch.save writes every storage and torch.load
+// moves them back) view both storages as tensors with set_: through the
+// fallback the CPU's set_ would be handed the device's storage and refuse it.
+at::Tensor &set_geometry(at::Tensor &self, const c10::Storage &source, int64_t offset,
+                         at::IntArrayRef sizes, at::IntArrayRef given_strides)
+{
+    at::native::checkSetStorage(self, source, offset, sizes, given_strides);
+    // No strides given: contiguous.
+    std::vector<int64_t> strides(sizes.size(), 1);
+    if (given_strides.size() == sizes.size())
+        strides = given_strides.vec();
+    else
+        for (size_t d = sizes.size(); d-- > 1;)
+            strides[d - 1] = strides[d] * std::max<int64_t>(sizes[d], 1);
+    // A storage too small for the geometry grows, as CUDA's set_ grows it.
+    size_t need = at::detail::computeStorageNbytes(sizes, strides, self.element_size(), offset);
+    c10::StorageImpl *st = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    if (need > st->nbytes())
+        resize_storage(st, need);
+    self.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+    return self;
+}
+
+at::Tensor &set_storage_offset(at::Tensor &self, c10::Storage source, c10::SymInt offset,
+                               c10::SymIntArrayRef size, c10::SymIntArrayRef stride)
+{
+    return set_geometry(self, source, offset.expect_int(), INTS(size), INTS(stride));
+}
+
+at::Tensor &set_storage(at::Tensor &self, c10::Storage source)
+{
+    int64_t n = (int64_t)(source.nbytes() / self.element_size());
+    return set_geometry(self, source, 0, {n}, {});
+}
+
+at::Tensor &set_tensor(at::Tensor &self, const at::Tensor &source)
+{
+    if (self.unsafeGetTensorImpl() == source.unsafeGetTensorImpl())
+        return self;
+    return set_geometry(self, source.storage(), source.storage_offset(), source.sizes(),
+                        source.strides());
+}
+
+at::Tensor &set_empty(at::Tensor &self)
+{
+    c10::Storage empty(c10::Storage::use_byte_size_t(), 0, &g_alloc, /*resizable=*/true);
+    return set_geometry(self, empty, 0, {0}, {});
+}
+
+// Module.to(device) keeps a module's Parameter objects and swaps their data
+// (param.data = moved) where torch._has_compatible_shallow_copy_type says a
+// CPU tensor's data can be swapped for the moved one's; else it makes new
+// Parameters, and an optimizer built before .to() updates the old CPU
+// tensors. PyTorch's own answer (TensorImpl::has_compatible_shallow_copy_type)
+// counts dense tensors of the CPU, CUDA and a few in-tree devices alike,
+// not PrivateUse1's, and leaves a PrivateUse1 backend to answer in this
+// operator (dispatched on the device's key whenever one of the two is the
+// device's): a dense tensor of this device is as interchangeable with a
+// dense one of the CPU as CUDA's.
+bool dense(const at::Tensor &t)
+{
+    c10::DispatchKeySet ks = t.key_set();
+    return ks.has(c10::DispatchKey::Dense) &&
+        (ks.has_backend(c10::BackendComponent::CPUBit) ||
+         ks.has_backend(c10::BackendComponent::PrivateUse1Bit));
+}
+
+bool has_compatible_shallow_copy_type(const at::Tensor &self, const at::Tensor &from)
+{
+    return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+        (dense(self) && dense(from));
 }
 
 // ---- kernels without a CPU counterpart ---------------------------------------
@@ -485,6 +725,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
         m.impl("_copy_from", TORCH_FN(copy_from));
     m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
     m.impl("resize_", TORCH_FN(resize_));
+    m.impl("set_.source_Storage", TORCH_FN(set_storage));
+    m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+    m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+    m.impl("set_", TORCH_FN(set_empty));
+    m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
     if (!omitted("views")) {
         m.impl("as_strided", TORCH_FN(as_strided));
         m.impl("view", TORCH_FN(view));
@@ -496,6 +741,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
     }
     m.impl("_thnn_fused_lstm_cell", TORCH_FN(fused_lstm_cell));
     m.impl("_thnn_fused_lstm_cell_backward_impl", TORCH_FN(fused_lstm_cell_backward));
+}
+
+// The same answer above autograd (the answer has no gradient), where
+// Python's call lands: once the backend has its own kernel the composite
+// one no longer serves AutogradPrivateUse1, and 1.13 has no fallback
+// there.
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m)
+{
+    m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
 
 // The operators with both a CPU kernel and a CompositeExplicitAutograd one:
@@ -524,76 +778,94 @@ bool written(const c10::Argument &a)
     return false;
 }
 
-bool on_device(const c10::IValue &v)
+// Calls f on each tensor an argument holds: a tensor, or a list of tensors
+// or of optional tensors (index's indices).
+template <class F> void each_tensor(const c10::IValue &v, F f)
 {
-    return v.isTensor() && v.toTensor().defined() && v.toTensor().device().type() == kDev;
+    if (v.isTensor()) {
+        f(v.toTensor());
+    } else if (v.isTensorList()) {
+        for (const at::Tensor &t : v.toTensorList())
+            f(t);
+    } else if (v.isOptionalTensorList()) {
+        for (Opt<at::Tensor> t : v.toOptionalTensorList())
+            if (t)
+                f(*t);
+    }
 }
 
-// The boxed fallback. at::native::cpu_fallback copies back the tensors an
-// operator writes, but not those inside a tensor list: the optimizers'
-// in-place foreach kernels (_foreach_add_, _foreach_addcdiv_, ...: every
-// PyTorch 2.x optimizer's default on this device, foreach=True on 1.13)
-// would update host copies and lose the result. Operators with a written
-// tensor list run here instead: every device tensor in the arguments is
-// replaced by a host copy, the CPU kernel runs, the written ones are copied
-// back. (cpu_fallback's extra parameters in 2.x also have defaults the
-// boxed signature cannot carry.)
+// The value with each tensor replaced by f's: lists are new ones (the
+// caller's list is left as it was).
+template <class F> c10::IValue map_tensors(const c10::IValue &v, F f)
+{
+    if (v.isTensor())
+        return f(v.toTensor());
+    if (v.isTensorList()) {
+        c10::List<at::Tensor> out;
+        for (const at::Tensor &t : v.toTensorList())
+            out.push_back(f(t));
+        return out;
+    }
+    if (v.isOptionalTensorList()) {
+        c10::List<Opt<at::Tensor>> out;
+        for (Opt<at::Tensor> t : v.toOptionalTensorList())
+            out.push_back(t ? Opt<at::Tensor>(f(*t)) : Opt<at::Tensor>());
+        return out;
+    }
+    return v;
+}
+
+// The boxed fallback: every operator the device has no kernel for runs the
+// CPU's kernel on host mirrors of its device tensors (Mirrors: aliasing
+// arguments stay aliased), arguments in lists included (the optimizers'
+// in-place foreach kernels write lists: _foreach_add_, _foreach_addcdiv_,
+// ...); a device argument (a factory's) becomes the CPU. The written
+// arguments go back, and the results come back as device tensors: the
+// argument itself where the kernel returned its argument (in-place and out=
+// operators), a view of the device storage where it returned a view of
+// one, a given CPU tensor as itself, anything else copied to the device.
+// (at::native::cpu_fallback copies each argument separately, and not those
+// in a written list.)
 } // namespace
 
 static void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack)
 {
     const auto &args = op.schema().arguments();
-    bool list_written = false;
-    for (const c10::Argument &a : args)
-        if (a.type()->kind() == c10::TypeKind::ListType && written(a))
-            list_written = true;
-    if (!list_written) {
-        at::native::cpu_fallback(op, stack);
-        return;
-    }
-    std::vector<std::pair<at::Tensor, at::Tensor>> back; // (device tensor, its host copy)
     size_t first = stack->size() - args.size();
+    Mirrors m;
+    for (size_t i = 0; i < args.size(); i++)
+        each_tensor((*stack)[first + i], [&](const at::Tensor &t) { m.note(t); });
+    std::vector<at::Tensor> written_args, given_cpu;
     for (size_t i = 0; i < args.size(); i++) {
         c10::IValue &v = (*stack)[first + i];
         bool w = written(args[i]);
-        if (on_device(v)) {
-            at::Tensor h = to_host(v.toTensor());
+        each_tensor(v, [&](const at::Tensor &t) {
             if (w)
-                back.emplace_back(v.toTensor(), h);
-            v = h;
-        } else if (v.isTensorList()) {
-            c10::List<at::Tensor> in = v.toTensorList(), out;
-            for (const at::Tensor &t : in) {
-                if (t.defined() && t.device().type() == kDev) {
-                    at::Tensor h = to_host(t);
-                    if (w)
-                        back.emplace_back(t, h);
-                    out.push_back(h);
-                } else {
-                    out.push_back(t);
-                }
-            }
-            v = out;
-        }
+                written_args.push_back(t);
+            if (t.defined() && !is_dev(t))
+                given_cpu.push_back(t);
+        });
+        v = map_tensors(v, [&](const at::Tensor &t) { return m.host(t); });
+        if (v.isDevice() && v.toDevice().type() == kDev)
+            v = c10::Device(at::kCPU);
     }
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-    for (auto &[dev, h] : back)
-        write_device(dev, h);
-    // Results: tensors and lists of tensors the CPU kernel made, moved to
-    // the device (an in-place foreach kernel returns nothing).
-    const auto &rets = op.schema().returns();
-    size_t rfirst = stack->size() - rets.size();
-    for (size_t i = 0; i < rets.size(); i++) {
-        c10::IValue &v = (*stack)[rfirst + i];
-        if (v.isTensor() && v.toTensor().defined()) {
-            v = device_copy(v.toTensor());
-        } else if (v.isTensorList()) {
-            c10::List<at::Tensor> out;
-            for (const at::Tensor &t : v.toTensorList())
-                out.push_back(device_copy(t));
-            v = out;
-        }
-    }
+    for (const at::Tensor &t : written_args)
+        m.wrote(t);
+    m.write_back();
+    size_t rets = op.schema().returns().size();
+    for (size_t i = stack->size() - rets; i < stack->size(); i++)
+        (*stack)[i] = map_tensors((*stack)[i], [&](const at::Tensor &h) {
+            if (!h.defined())
+                return h;
+            at::Tensor d = m.device_of(h);
+            if (d.defined())
+                return d;
+            for (const at::Tensor &c : given_cpu)
+                if (c.unsafeGetTensorImpl() == h.unsafeGetTensorImpl())
+                    return h;
+            return device_copy(h);
+        });
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m)
