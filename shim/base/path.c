@@ -82,26 +82,47 @@ bool shim_path_has_pid(const char *tmpl)
 
 FILE *shim_path_open_write(const char *path)
 {
-    return shim_path_open_write_locked(path, false);
-}
-
-FILE *shim_path_open_write_locked(const char *path, bool lock)
-{
-    int flags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC;
-    int fd = open(path, flags | O_CREAT | O_EXCL, 0600);
-    if (fd >= 0 && lock && flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        /* Created by us an instant ago and locked by another already: it
-         * found our new file and is writing it. */
-        int err = errno == EWOULDBLOCK ? EBUSY : errno;
+    int fd = shim_path_open_write_fd(path, 0);
+    if (fd < 0)
+        return NULL;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        int err = errno;
         close(fd);
         errno = err;
-        return NULL;
     }
-    if (fd < 0 && errno == EEXIST) {
+    return f;
+}
+
+/* Locked (LOCK_EX, never waiting): EBUSY when another process holds it. */
+static int lock_now(int fd)
+{
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        return 0;
+    return errno == EWOULDBLOCK ? EBUSY : errno;
+}
+
+int shim_path_open_write_fd(const char *path, unsigned how)
+{
+    /* Kept files are read too: the caller looks at what is there. */
+    int access = (how & SHIM_PATH_KEEP) ? O_RDWR : O_WRONLY;
+    int flags = access | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && (how & SHIM_PATH_LOCK)) {
+        /* Created by us an instant ago and locked by another already: it
+         * found our new file and is writing it. */
+        int err = lock_now(fd);
+        if (err) {
+            close(fd);
+            errno = err;
+            return -1;
+        }
+    }
+    if (fd < 0 && errno == EEXIST && !(how & SHIM_PATH_NEW)) {
         /* O_NONBLOCK: a FIFO planted at the path must not hang us. */
         fd = open(path, flags | O_NONBLOCK);
         if (fd < 0)
-            return NULL;                 /* ELOOP for a symlink */
+            return -1;                   /* ELOOP for a symlink */
         struct stat st;
         int err = 0;
         if (fstat(fd, &st) != 0)
@@ -113,27 +134,42 @@ FILE *shim_path_open_write_locked(const char *path, bool lock)
         /* Locked before truncating: a file another process is writing is
          * left whole (flock, on the open file: a forked child shares the
          * parent's lock, another process never does). */
-        else if (lock && flock(fd, LOCK_EX | LOCK_NB) != 0)
-            err = errno == EWOULDBLOCK ? EBUSY : errno;
-        else if (ftruncate(fd, 0) != 0 || fchmod(fd, 0600) != 0)
+        else if ((how & SHIM_PATH_LOCK) && (err = lock_now(fd)) != 0)
+            ;
+        else if ((!(how & SHIM_PATH_KEEP) && ftruncate(fd, 0) != 0) || fchmod(fd, 0600) != 0)
             err = errno;
-        else if (fcntl(fd, F_SETFL, O_WRONLY) != 0)   /* back to blocking */
+        else if (fcntl(fd, F_SETFL, access) != 0)   /* back to blocking */
             err = errno;
         if (err) {
             close(fd);
             errno = err;
-            return NULL;
+            return -1;
         }
     }
+    return fd;
+}
+
+int shim_path_reopen_append(const char *path, dev_t dev, ino_t ino)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return NULL;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        int err = errno;
+        return -1;
+    struct stat st;
+    int err = 0;
+    if (fstat(fd, &st) != 0)
+        err = errno;
+    else if (st.st_dev != dev || st.st_ino != ino)
+        err = ESTALE;    /* another file is at the path now: not ours to write */
+    else if ((err = lock_now(fd)) != 0)
+        ;
+    else if (fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) != 0)
+        err = errno;
+    if (err) {
         close(fd);
         errno = err;
+        return -1;
     }
-    return f;
+    return fd;
 }
 
 char *shim_path_read(const char *path, size_t max, size_t *len)
@@ -212,6 +248,7 @@ const char *shim_path_why(int err)
     case EISDIR: return "it is a directory";
     case EFBIG: return "too large";
     case EBUSY: return "another process is writing it (it holds the file's lock)";
+    case ESTALE: return "another file is at the path now";
     default: return strerror(err);
     }
 }

@@ -164,24 +164,23 @@ Test(path, locked_file_is_left_whole)
 {
     char path[128], buf[16];
     snprintf(path, sizeof path, "%s/t.trace", dir);
-    FILE *a = shim_path_open_write_locked(path, true);
-    cr_assert_not_null(a);
-    fputs("first", a);
-    fflush(a);
+    int a = shim_path_open_write_fd(path, SHIM_PATH_LOCK);
+    cr_assert_geq(a, 0);
+    cr_assert_eq(write(a, "first", 5), 5);
     pid_t pid = fork();
     if (pid == 0) {
         /* Another process: the lock is on the open file, a fork shares
          * it, so a separate open is what another process does. */
-        FILE *b = shim_path_open_write_locked(path, true);
-        _exit(b == NULL && errno == EBUSY ? 0 : 1);
+        int b = shim_path_open_write_fd(path, SHIM_PATH_LOCK);
+        _exit(b < 0 && errno == EBUSY ? 0 : 1);
     }
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the second writer must get EBUSY");
     slurp(path, buf, sizeof buf);
     cr_assert_str_eq(buf, "first");
-    fclose(a);
-    FILE *c = shim_path_open_write_locked(path, true);
-    cr_assert_not_null(c, "free again once the first writer closed it");
-    fclose(c);
+    close(a);
+    int c = shim_path_open_write_fd(path, SHIM_PATH_LOCK);
+    cr_assert_geq(c, 0, "free again once the first writer closed it");
+    close(c);
 }

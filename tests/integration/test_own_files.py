@@ -1,0 +1,224 @@
+"""The files and descriptors the shim uses are its own: never the program's,
+never lost, never clobbered (issue 47). Each case runs tests/programs/
+own_files.c (or the command line) without and with the shim and compares
+what the program printed, its exit status and the files it wrote; then
+looks at what the shim recorded."""
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+import pythons  # noqa: E402
+from spyreshim import trace as tr  # noqa: E402
+
+SCRIPT = REPO / "scripts" / "spyreshim"
+
+
+def program(builddir):
+    return builddir / "tests" / "own_files"
+
+
+def nofile_1024():
+    # The soft limit many systems start programs with: the shim's high
+    # descriptors are then below 1024, where a close-fds loop reaches them.
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+
+def run_both(builddir, ops, tmp_path, shim_env, cwd_name="run"):
+    """The program with `ops` in a directory of its own, bare and under the
+    shim: (bare, shimmed, bare dir, shimmed dir)."""
+    out = []
+    for name, extra in (("bare", {}), ("shim", shim_env)):
+        d = tmp_path / name / cwd_name
+        d.mkdir(parents=True)
+        env = dict(os.environ, SIMDEV_MEMORY="64M")
+        if extra:
+            env.update(LD_PRELOAD=str(pythons.shim_lib()), **{k: str(v) for k, v in extra.items()})
+        r = subprocess.run([str(program(builddir))] + ops, env=env, cwd=d, capture_output=True,
+                           text=True, timeout=120, preexec_fn=nofile_1024)
+        out.append((r, d))
+    (bare, bd), (shim, sd) = out
+    return bare, shim, bd, sd
+
+
+def allocs(t):
+    return sum(1 for i in range(len(t)) if t.kind[i] == tr.ALLOC)
+
+
+def files_of(d):
+    return {p.name: p.read_bytes() for p in d.iterdir() if not p.name.endswith(".trace")}
+
+
+# ------------------------------------------------- the program's descriptors
+
+def test_a_program_that_closes_its_descriptors_keeps_its_files_and_the_trace_every_event(
+        tmp_path, builddir):
+    # 100 allocations flushed, then the program closes 3..1023 (the trace's
+    # descriptor with them) and opens its own file 1000 times (every number
+    # up to 1002, the trace's old one among them), writes one line, makes
+    # 200 more buffers, waits past a flush. Its file holds its line alone
+    # (it got the trace's chunks), the descriptor numbers it got are those
+    # of the bare run, and the trace has all 300 allocations (it had 100).
+    ops = ["open:first.txt", "a:100:4096", "sleep:200", "closefds", "open:mine.txt:1000",
+           "write:the program's line", "a:200:4096", "sleep:200", "close"]
+    bare, shim, bd, sd = run_both(builddir, ops, tmp_path,
+                                  {"SPYRESHIM_TRACE": tmp_path / "shim" / "t.trace",
+                                   "SPYRESHIM_TRACE_FLUSH_MS": 20})
+    assert bare.returncode == 0, bare.stdout
+    assert (shim.returncode, shim.stdout) == (0, bare.stdout), shim.stderr
+    assert "opened fd 3..1002" in bare.stdout
+    assert files_of(sd) == files_of(bd) == {"first.txt": b"",
+                                            "mine.txt": b"the program's line\n"}
+    assert shim.stderr == "", shim.stderr
+    t = tr.load(str(tmp_path / "shim" / "t.trace"))
+    assert not t.truncated and allocs(t) == 300
+
+
+def test_a_trace_the_program_closed_and_moved_stops_with_one_line(tmp_path, builddir):
+    # The program closes the trace's descriptor and moves the file away:
+    # the path names no trace of ours, so recording stops, said in one
+    # line; the moved file reads whole up to its last flush.
+    trace = tmp_path / "shim" / "t.trace"
+    ops = ["a:100:4096", "sleep:200", "closefds", "mv:%s:%s" % (trace, tmp_path / "moved"),
+           "a:5:4096", "sleep:200"]
+    bare, shim, bd, sd = run_both(builddir, ops, tmp_path,
+                                  {"SPYRESHIM_TRACE": trace, "SPYRESHIM_TRACE_FLUSH_MS": 20})
+    assert bare.returncode == 1 and "rename failed" in bare.stdout   # bare: no trace to move
+    assert shim.returncode == 0 and shim.stdout.endswith("moved\nallocated 5, 105 kept\n")
+    said = shim.stderr.splitlines()
+    assert len(said) == 1 and "closed the trace's descriptor" in said[0], shim.stderr
+    assert "recording stops" in said[0]
+    t = tr.load(str(tmp_path / "moved"))
+    assert allocs(t) == 100 and not t.truncated
+
+
+def test_the_program_s_descriptor_numbers_are_its_own_under_control(tmp_path, builddir):
+    # The control thread waits for clients in poll(), not in a blocking
+    # accept(), which held the lowest free number for its next connection:
+    # the program's first file was number 4 (3 bare). Its socket sits high.
+    ops = ["a:5:4096", "open:f.txt", "write:x", "a:5:4096", "close"]
+    bare, shim, bd, sd = run_both(builddir, ops, tmp_path, {"SPYRESHIM_CONTROL": 1})
+    assert "opened fd 3..3" in bare.stdout
+    assert (shim.returncode, shim.stdout) == (bare.returncode, bare.stdout), shim.stderr
+    assert files_of(sd) == files_of(bd)
+
+
+def snapshot_until_answered(pid, cwd):
+    """`spyreshim snapshot PID` until it is answered (the control thread
+    makes its socket again within a second of the program closing it)."""
+    deadline = time.monotonic() + 60
+    while True:
+        r = subprocess.run([sys.executable, str(SCRIPT), "snapshot", str(pid)], cwd=cwd,
+                           capture_output=True, text=True, timeout=60)
+        if r.returncode == 0 or time.monotonic() > deadline:
+            return r
+        time.sleep(0.2)
+
+
+def serve_clients(builddir, tmp_path, name, control):
+    """The server: closes 3..1023, listens on its own socket, serves two
+    clients; under `spyreshim run --control` a snapshot is taken before
+    the clients come. Its output, exit status and the answers."""
+    d = tmp_path / name
+    d.mkdir()
+    sock = d / "server.sock"
+    cmd = [str(program(builddir)), "a:3:4096", "closefds", "listen:" + str(sock), "serve:2"]
+    env = dict(os.environ, SIMDEV_MEMORY="64M", SPYRESHIM_LIB=str(pythons.shim_lib()))
+    if control:
+        cmd = [sys.executable, str(SCRIPT), "run", "--control", "--"] + cmd
+    p = subprocess.Popen(cmd, env=env, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=nofile_1024)
+    answers = []
+    try:
+        lines = [p.stdout.readline() for _ in range(3)]
+        assert lines[-1].startswith("listening on fd"), (lines, p.poll())
+        if control:
+            r = snapshot_until_answered(p.pid, d)   # `run` execs the program: its pid
+            assert r.returncode == 0, r.stderr
+            assert "3 live allocations" in r.stderr, r.stderr
+        for k in range(2):
+            c = socket.socket(socket.AF_UNIX)
+            c.settimeout(60)
+            c.connect(str(sock))
+            c.sendall(b"client %d\n" % k)
+            answers.append(c.recv(100))
+            c.close()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    return p.returncode, "".join(lines) + out, answers, err
+
+
+def test_a_server_that_closes_its_descriptors_gets_every_client_under_control(tmp_path,
+                                                                                builddir):
+    # It listens on the number the control socket had; after a snapshot the
+    # control thread accepted its clients ("error: permission denied") and
+    # the server waited for ever. Now it serves both, as bare.
+    bare = serve_clients(builddir, tmp_path, "bare", control=False)
+    shim = serve_clients(builddir, tmp_path, "shim", control=True)
+    assert bare[:3] == (0, "allocated 3, 3 kept\nclosed 3..1023\nlistening on fd 3\n"
+                           "served client 0\nserved client 1\n",
+                        [b"echo client 0\n", b"echo client 1\n"]), bare
+    assert shim[:3] == bare[:3], shim
+
+
+# ---------------------------------------------------------------- exec
+
+def test_an_exec_d_image_writes_its_own_trace_and_leaves_the_first_whole(tmp_path, builddir):
+    # 50 buffers, then execv (same pid, so the same %p name): the exec'd
+    # image truncated the file (3 allocations left of 53). Now the first
+    # image's file keeps its 50 and the exec'd one writes t.PID.2.trace,
+    # said in one line.
+    ops = ["a:50:4096", "sleep:100", "exec", "a:3:4096", "sleep:100"]
+    bare, shim, bd, sd = run_both(builddir, ops, tmp_path,
+                                  {"SPYRESHIM_TRACE": tmp_path / "shim" / "t.%p.trace",
+                                   "SPYRESHIM_TRACE_FLUSH_MS": 20})
+    assert bare.returncode == 0 and bare.stdout == "allocated 50, 50 kept\nallocated 3, 3 kept\n"
+    assert (shim.returncode, shim.stdout) == (0, bare.stdout), shim.stderr
+    first = list((tmp_path / "shim").glob("t.*.trace"))
+    pid = min(int(p.name.split(".")[1]) for p in first)
+    assert sorted(p.name for p in first) == ["t.%d.2.trace" % pid, "t.%d.trace" % pid]
+    said = shim.stderr.splitlines()
+    assert len(said) == 1 and "from before it exec'd" in said[0], shim.stderr
+    assert said[0].endswith("writes %s" % (tmp_path / "shim" / ("t.%d.2.trace" % pid)))
+    a = tr.load(str(tmp_path / "shim" / ("t.%d.trace" % pid)))
+    b = tr.load(str(tmp_path / "shim" / ("t.%d.2.trace" % pid)))
+    assert (allocs(a), allocs(b)) == (50, 3)
+    assert a.pid == b.pid == pid and not a.truncated and not b.truncated
+
+
+def test_a_trace_of_an_old_process_with_the_same_pid_is_replaced(tmp_path, builddir):
+    # A file left by an earlier process that had this pid (containers
+    # number their processes alike on every run) began before this process
+    # did: it is replaced, as any old trace is, not kept beside a new name.
+    # The same header begun now is an earlier image's: kept.
+    path = tmp_path / "t.trace"
+    for begun, kept in (("1", False), ("time.time_ns()", True)):
+        for p in tmp_path.glob("t*.trace"):
+            p.unlink()
+        launcher = ("import os, struct, sys, time\n"
+                    "open(sys.argv[1], 'wb').write(struct.pack('<8sIIQQ', b'SPYTRACE', 2, "
+                    "os.getpid(), %s, 0))\n"
+                    "os.execv(sys.argv[2], sys.argv[2:])\n" % begun)
+        env = dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
+                   SPYRESHIM_TRACE=str(path))
+        r = subprocess.run([sys.executable, "-c", launcher, str(path), str(program(builddir)),
+                            "a:2:4096"], env=env, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        if kept:
+            assert path.stat().st_size == 32 and "from before it exec'd" in r.stderr
+            assert allocs(tr.load(str(tmp_path / "t.2.trace"))) == 2
+        else:
+            assert r.stderr == "" and not (tmp_path / "t.2.trace").exists()
+            assert allocs(tr.load(str(path))) == 2
