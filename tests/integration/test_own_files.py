@@ -3,6 +3,7 @@ never lost, never clobbered (issue 47). Each case runs tests/programs/
 own_files.c (or the command line) without and with the shim and compares
 what the program printed, its exit status and the files it wrote; then
 looks at what the shim recorded."""
+import json
 import os
 import resource
 import socket
@@ -39,7 +40,7 @@ def run_both(builddir, ops, tmp_path, shim_env, cwd_name="run"):
     out = []
     for name, extra in (("bare", {}), ("shim", shim_env)):
         d = tmp_path / name / cwd_name
-        d.mkdir(parents=True)
+        d.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, SIMDEV_MEMORY="64M")
         if extra:
             env.update(LD_PRELOAD=str(pythons.shim_lib()), **{k: str(v) for k, v in extra.items()})
@@ -222,3 +223,28 @@ def test_a_trace_of_an_old_process_with_the_same_pid_is_replaced(tmp_path, build
         else:
             assert r.stderr == "" and not (tmp_path / "t.2.trace").exists()
             assert allocs(tr.load(str(path))) == 2
+
+
+# ---------------------------------------------------------------- chdir
+
+def test_relative_paths_are_resolved_where_the_shim_was_loaded(tmp_path, builddir):
+    # SPYRESHIM_TRACE, _REPORT and _STATS relative: the program chdir()s
+    # after its first buffers and before the trace's first flush; every
+    # file is where the process started (before: in the directory it went
+    # to), a `%` in that directory's name being its own (not an escape).
+    ops = ["a:10:4096", "chdir:sub", "a:5:4096", "sleep:100"]
+    for name in ("bare", "shim"):
+        (tmp_path / name / "run%p").mkdir(parents=True)
+        (tmp_path / name / "run%p" / "sub").mkdir()
+    bare, shim, bd, sd = run_both(builddir, ops, tmp_path,
+                                  {"SPYRESHIM_TRACE": "t.trace", "SPYRESHIM_REPORT": "r.json",
+                                   "SPYRESHIM_STATS": "s.json", "SPYRESHIM_LEAK_CHECK": 1,
+                                   "SPYRESHIM_EXITCODE": 0, "SPYRESHIM_TRACE_FLUSH_MS": 1000},
+                                  cwd_name="run%p")
+    assert bare.returncode == 0 and bare.stdout.endswith("in sub\nallocated 5, 15 kept\n")
+    assert (shim.returncode, shim.stdout) == (0, bare.stdout), shim.stderr
+    assert sorted(p.name for p in sd.iterdir()) == ["r.json", "s.json", "sub", "t.trace"]
+    assert list((sd / "sub").iterdir()) == []
+    assert allocs(tr.load(str(sd / "t.trace"))) == 15
+    assert json.loads((sd / "r.json").read_text())["live_allocations"] == 15
+    assert json.loads((sd / "s.json").read_text())["allocs"] == 15
