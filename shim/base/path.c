@@ -1,5 +1,8 @@
 /* The one safe-open policy for every file the shim writes (SPYRESHIM_REPORT,
- * SPYRESHIM_STATS, snapshot JSON) or reads (SPYRESHIM_SUPPRESSIONS).
+ * SPYRESHIM_STATS, snapshot JSON: whole files, written under a temporary
+ * name and renamed over the path, so that a reader never sees half of one
+ * and two writers never mix; the trace: appended to, under a lock) or
+ * reads (SPYRESHIM_SUPPRESSIONS).
  *
  * Owns no state. Both directions: regular files only; a FIFO or a device is
  * opened O_NONBLOCK (so opening it cannot block) and refused after fstat on
@@ -24,6 +27,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The one parser of a path template's escapes, for every caller (the
@@ -80,18 +84,79 @@ bool shim_path_has_pid(const char *tmpl)
     return expand(tmpl, NULL, 0) > 0;
 }
 
-FILE *shim_path_open_write(const char *path)
+/* What is at `path` now may be replaced by us: nothing, or a regular file
+ * of ours with one link. Never opened (a FIFO must not hang us), never
+ * followed (lstat). */
+static int replaceable(const char *path, struct stat *st)
 {
-    int fd = shim_path_open_write_fd(path, 0);
+    if (lstat(path, st) != 0)
+        return errno == ENOENT ? 0 : errno;
+    if (S_ISLNK(st->st_mode))
+        return ELOOP;
+    if (S_ISDIR(st->st_mode))
+        return EISDIR;
+    if (!S_ISREG(st->st_mode))
+        return EINVAL;
+    if (st->st_uid != geteuid() || st->st_nlink != 1)
+        return EPERM;
+    return 0;
+}
+
+FILE *shim_path_whole_open(struct shim_path_whole *w, const char *path)
+{
+    memset(w, 0, sizeof *w);
+    struct stat st;
+    int err = replaceable(path, &st);
+    if (!err && (size_t)snprintf(w->tmp, sizeof w->tmp, "%s.spyreshim-XXXXXX", path) >=
+                    sizeof w->tmp)
+        err = ENAMETOOLONG;
+    if (err) {
+        errno = err;
+        return NULL;
+    }
+    snprintf(w->path, sizeof w->path, "%s", path);
+    /* O_EXCL, a name of its own: two writers never share a file. */
+    int fd = mkostemp(w->tmp, O_CLOEXEC);
     if (fd < 0)
         return NULL;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        int err = errno;
+    if (fchmod(fd, 0600) != 0 || !(w->f = fdopen(fd, "w"))) {
+        err = errno;
         close(fd);
+        unlink(w->tmp);
         errno = err;
+        return NULL;
     }
-    return f;
+    return w->f;
+}
+
+int shim_path_whole_close(struct shim_path_whole *w, bool complete)
+{
+    int err = 0;
+    if (ferror(w->f))
+        err = errno ? errno : EIO;
+    if (fclose(w->f) != 0 && !err)
+        err = errno;
+    w->f = NULL;
+    struct stat st = {0};
+    if (!complete && !err)
+        err = ECANCELED;
+    if (!err)
+        err = replaceable(w->path, &st);
+    if (!err && st.st_nlink) {
+        /* Written since this process started: another process's (two
+         * runs given one path); an older file is a run before. */
+        uint64_t mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
+        uint64_t started = shim_path_process_start_ns();
+        w->replaced_newer = started && mtime >= started;
+    }
+    if (!err && rename(w->tmp, w->path) != 0)
+        err = errno;
+    if (err) {
+        unlink(w->tmp);
+        errno = err;
+        return -1;
+    }
+    return 0;
 }
 
 /* Locked (LOCK_EX, never waiting): EBUSY when another process holds it. */
@@ -170,6 +235,41 @@ int shim_path_reopen_append(const char *path, dev_t dev, ino_t ino)
         return -1;
     }
     return fd;
+}
+
+/* Where this process started, in CLOCK_REALTIME ns (0 when /proc says
+ * nothing): its age from /proc/self/stat (clock ticks since boot) taken
+ * from now. Here because files are judged by it: what a file holds was
+ * written by this process's lifetime (an exec'd image is the same process)
+ * or by another's. */
+uint64_t shim_path_process_start_ns(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* After the command's name (which may hold spaces and parentheses),
+     * field 3 on; the start time is field 22. */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p++;
+    for (int field = 3; field < 22 && p; field++)
+        p = strchr(p + 1, ' ');
+    long hz = sysconf(_SC_CLK_TCK);
+    struct timespec boot, real;
+    if (!p || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0 ||
+        clock_gettime(CLOCK_REALTIME, &real) != 0)
+        return 0;
+    unsigned long long ticks = strtoull(p + 1, NULL, 10);
+    uint64_t age = (uint64_t)boot.tv_sec * 1000000000u + (uint64_t)boot.tv_nsec -
+                   (uint64_t)(ticks * (1000000000ull / (unsigned long long)hz));
+    return (uint64_t)real.tv_sec * 1000000000u + (uint64_t)real.tv_nsec - age;
 }
 
 char *shim_path_read(const char *path, size_t max, size_t *len)

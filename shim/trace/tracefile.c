@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "device.h"
@@ -240,40 +239,6 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
 
 /* ---- the file ---- */
 
-/* Where this process started, in CLOCK_REALTIME ns (0 when /proc says
- * nothing): its age from /proc/self/stat (clock ticks since boot) taken
- * from now. An exec'd image is the same process, so it started before the
- * trace an earlier image wrote. */
-static uint64_t process_start_realtime_ns(void)
-{
-    char buf[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    buf[n] = '\0';
-    /* After the command's name (which may hold spaces and parentheses),
-     * field 3 on; the start time is field 22. */
-    char *p = strrchr(buf, ')');
-    if (!p)
-        return 0;
-    p++;
-    for (int field = 3; field < 22 && p; field++)
-        p = strchr(p + 1, ' ');
-    long hz = sysconf(_SC_CLK_TCK);
-    struct timespec boot, real;
-    if (!p || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0 ||
-        clock_gettime(CLOCK_REALTIME, &real) != 0)
-        return 0;
-    unsigned long long ticks = strtoull(p + 1, NULL, 10);
-    uint64_t age = (uint64_t)boot.tv_sec * 1000000000u + (uint64_t)boot.tv_nsec -
-                   (uint64_t)(ticks * (1000000000ull / (unsigned long long)hz));
-    return (uint64_t)real.tv_sec * 1000000000u + (uint64_t)real.tv_nsec - age;
-}
-
 /* Whether the file open at fd is a trace that an earlier image of this
  * process wrote before it exec'd (same pid, begun since this process
  * started): never truncated. A trace of an old process that had our pid
@@ -285,7 +250,7 @@ static bool earlier_image(int fd)
         h.pid != (uint32_t)getpid())
         return false;
     /* A clock tick of slack: /proc counts the start in ticks. */
-    uint64_t started = process_start_realtime_ns(), slack = 50000000u;
+    uint64_t started = shim_path_process_start_ns(), slack = 50000000u;
     return started == 0 || h.start_realtime_ns + slack >= started;
 }
 

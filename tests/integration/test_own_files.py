@@ -248,3 +248,37 @@ def test_relative_paths_are_resolved_where_the_shim_was_loaded(tmp_path, builddi
     assert allocs(tr.load(str(sd / "t.trace"))) == 15
     assert json.loads((sd / "r.json").read_text())["live_allocations"] == 15
     assert json.loads((sd / "s.json").read_text())["allocs"] == 15
+
+
+# ------------------------------------------------- two runs, one path
+
+def test_two_runs_given_one_report_path_replace_it_whole_and_say_so(tmp_path, builddir):
+    # A starts, B runs to its end and writes same.json, then A ends: its
+    # report replaces B's whole (written aside and renamed), and A says in
+    # one line that it replaced another process's. B, replacing nothing
+    # newer than itself, says nothing.
+    env = dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
+               SPYRESHIM_LEAK_CHECK="1", SPYRESHIM_EXITCODE="0",
+               SPYRESHIM_REPORT=str(tmp_path / "same.json"))
+    go = tmp_path / "go"
+    a = subprocess.Popen([str(program(builddir)), "a:2:4096", "wait:" + str(go)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert a.stdout.readline() == "allocated 2, 2 kept\n"
+        b = subprocess.run([str(program(builddir)), "a:3:4096"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert (b.returncode, b.stdout) == (0, "allocated 3, 3 kept\n")
+        assert "SPYRESHIM_REPORT" not in b.stderr, b.stderr
+        assert json.loads((tmp_path / "same.json").read_text())["live_allocations"] == 3
+        go.touch()
+        out, err = a.communicate(timeout=60)
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.communicate()
+    assert (a.returncode, out) == (0, "waited\n")
+    said = [ln for ln in err.splitlines() if "SPYRESHIM_REPORT" in ln]
+    assert len(said) == 1 and "written by another process since this one started" in said[0], err
+    assert "pid %d" % a.pid in said[0]
+    assert json.loads((tmp_path / "same.json").read_text())["live_allocations"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["go", "same.json"]

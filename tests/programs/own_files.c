@@ -5,6 +5,7 @@
  * is one operation:
  *   a:N:SIZE     allocate N simdev buffers of SIZE bytes, kept
  *   sleep:MS     sleep (past the trace writer's flush)
+ *   wait:PATH    wait until PATH exists (60 s at most)
  *   closefds     close descriptors 3..1023, as close-fds code does
  *   open:PATH[:N]  open PATH for writing (created, truncated): "the file";
  *                N times (the numbers a program holding many files gets);
@@ -58,6 +59,11 @@ int main(int argc, char **argv)
             long ms = atol(op + 6);
             struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
+        } else if (!strncmp(op, "wait:", 5)) {
+            struct timespec ts = {0, 10000000L};
+            for (int k = 0; k < 6000 && access(op + 5, F_OK) != 0; k++)
+                nanosleep(&ts, NULL);
+            printf("waited\n");
         } else if (!strcmp(op, "closefds")) {
             for (int fd = 3; fd < 1024; fd++)
                 close(fd);
