@@ -37,6 +37,7 @@ static bool g_has_pid;           /* it has a %p escape (path.c's one parser) */
 static char g_path[4096];        /* the file opened, for opening it again */
 static struct shim_ownfd g_own = SHIM_OWNFD_NONE;
 static uint64_t g_good;          /* bytes of whole records in the file */
+static uint64_t g_events;        /* events in them */
 static bool g_failed;
 static uint32_t sites_written;
 static size_t devices_written;
@@ -408,6 +409,7 @@ bool shim_tracefile_ready(void)
         return false;
     }
     g_good = 0;
+    g_events = 0;
     trace_header h = {.version = TRACE_VERSION, .pid = (uint32_t)getpid(),
                       .start_realtime_ns = shim_tracebuf_start_realtime_ns(),
                       .start_monotonic_ns = shim_tracebuf_start_monotonic_ns()};
@@ -438,11 +440,21 @@ void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
                          .seq_base = enc.seq_base, .thread = k ? thread : 0, .flags = enc.flags};
         if (write_record(&h, sizeof h, enc.body, enc.body_bytes, m ? m->p : NULL,
                          m ? m->len : 0) != 0) {
-            if (g_own.fd >= 0)   /* else still_ours said why */
-                shim_warn("SPYRESHIM_TRACE: write failed: %s; recording stops", strerror(errno));
+            if (g_own.fd >= 0) {  /* else still_ours said why */
+                /* A full disk took part of the record: the file is cut
+                 * back to its last whole one, which a reader reads as the
+                 * end (the cut also gives back the space it held). */
+                int err = errno;
+                bool cut = ftruncate(g_own.fd, (off_t)g_good) == 0;
+                shim_warn("SPYRESHIM_TRACE: writing %s failed: %s; recording stops: the trace "
+                          "ends after %llu events (%llu bytes%s)", g_path, strerror(err),
+                          (unsigned long long)g_events, (unsigned long long)g_good,
+                          cut ? "" : ", then part of a record");
+            }
             stop();
             return;
         }
+        g_events += k;
         m = NULL;
         ev += k;
         n -= k;

@@ -282,3 +282,46 @@ def test_two_runs_given_one_report_path_replace_it_whole_and_say_so(tmp_path, bu
     assert "pid %d" % a.pid in said[0]
     assert json.loads((tmp_path / "same.json").read_text())["live_allocations"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["go", "same.json"]
+
+
+# ------------------------------------------------- a full or read-only disk
+
+def mount_tmpfs(where, opts):
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (root only): " + r.stderr.strip())
+
+
+def test_a_full_disk_or_a_read_only_one_is_one_line_and_the_program_runs_on(tmp_path, builddir):
+    # 16 KiB of tmpfs holds the first flush's 8192 events, not the 40000:
+    # one line saying where the trace ends, the file cut back to its last
+    # whole record (read whole, not truncated), the program's output and
+    # status those of the bare run. A read-only mount: one line, no trace.
+    full, ro = tmp_path / "full", tmp_path / "ro"
+    mount_tmpfs(full, "size=16k")
+    try:
+        mount_tmpfs(ro, "ro")
+        try:
+            ops = ["a:20000:64", "sleep:100", "a:20000:64"]
+            bare, shim, _, _ = run_both(builddir, ops, tmp_path,
+                                        {"SPYRESHIM_TRACE": full / "t.trace",
+                                         "SPYRESHIM_TRACE_FLUSH_MS": 20})
+            assert (shim.returncode, shim.stdout) == (bare.returncode, bare.stdout) == (
+                0, "allocated 20000, 20000 kept\nallocated 20000, 40000 kept\n")
+            said = shim.stderr.splitlines()
+            assert len(said) == 1 and "No space left on device; recording stops" in said[0]
+            t = tr.load(str(full / "t.trace"))
+            assert not t.truncated and 0 < len(t) < 40000
+            assert "the trace ends after %d events (%d bytes)" % (
+                len(t), (full / "t.trace").stat().st_size) in said[0], said
+            bare, shim, _, _ = run_both(builddir, ["a:2:64"], tmp_path,
+                                        {"SPYRESHIM_TRACE": ro / "t.trace"}, cwd_name="ro")
+            assert (shim.returncode, shim.stdout) == (bare.returncode, bare.stdout)
+            assert shim.stderr == ("spyreshim: SPYRESHIM_TRACE: cannot write %s: Read-only file "
+                                   "system; no trace recorded\n" % (ro / "t.trace"))
+        finally:
+            subprocess.run(["umount", str(ro)])
+    finally:
+        subprocess.run(["umount", str(full)])
