@@ -344,12 +344,17 @@ static bool still_ours(void)
     int old = g_own.fd;
     g_own.fd = -1;  /* the program's number now: never closed, never written */
     int fd = shim_path_reopen_append(g_path, g_own.dev, g_own.ino);
-    if (fd < 0 || ftruncate(fd, (off_t)g_good) != 0 || shim_ownfd_take(&g_own, fd) != 0) {
+    if (fd >= 0 && ftruncate(fd, (off_t)g_good) != 0) {
+        int err = errno;
+        close(fd);   /* ours: just opened */
+        fd = -1;
+        errno = err;
+    }
+    /* shim_ownfd_take closes fd itself when it fails. */
+    if (fd < 0 || shim_ownfd_take(&g_own, fd) != 0) {
         shim_warn("SPYRESHIM_TRACE: the program closed the trace's descriptor (%d) and %s cannot "
                   "be opened again (%s); recording stops: the trace ends at its last flush", old,
                   g_path, shim_path_why(errno));
-        if (fd >= 0 && g_own.fd < 0)
-            close(fd);
         return false;
     }
     shim_debug("trace: the program closed the trace's descriptor (%d); %s opened again as %d",
