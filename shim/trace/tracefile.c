@@ -381,6 +381,18 @@ static int write_record(const void *a, size_t alen, const void *b, size_t blen, 
     return -1;
 }
 
+/* One state record, a chunk of its own: the reader knows from it whether
+ * the file reached its process's exit. */
+static void write_state(uint32_t state)
+{
+    struct trace_meta_buf m = {0};
+    uint32_t rec[2] = {state, 0};
+    shim_tracefile_meta_add(&m, TRACE_META_STATE, rec, sizeof rec, NULL, 0);
+    if (!m.oom)
+        shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
+    free(m.p);
+}
+
 bool shim_tracefile_failed(void)
 {
     return g_failed;
@@ -426,7 +438,14 @@ bool shim_tracefile_ready(void)
         stop();
         return false;
     }
-    return true;
+    write_state(TRACE_STATE_RECORDING);
+    return !g_failed;
+}
+
+void shim_tracefile_end(void)
+{
+    if (shim_tracefile_writable())
+        write_state(TRACE_STATE_ENDED);
 }
 
 void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,

@@ -19,7 +19,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
-from spyreshim import trace as tr  # noqa: E402
+from spyreshim import report as rpt, trace as tr  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "spyreshim"
 
@@ -81,7 +81,7 @@ def test_a_program_that_closes_its_descriptors_keeps_its_files_and_the_trace_eve
                                             "mine.txt": b"the program's line\n"}
     assert shim.stderr == "", shim.stderr
     t = tr.load(str(tmp_path / "shim" / "t.trace"))
-    assert not t.truncated and allocs(t) == 300
+    assert not t.truncated and allocs(t) == 300 and t.ended
 
 
 def test_a_trace_the_program_closed_and_moved_stops_with_one_line(tmp_path, builddir):
@@ -99,7 +99,7 @@ def test_a_trace_the_program_closed_and_moved_stops_with_one_line(tmp_path, buil
     assert len(said) == 1 and "closed the trace's descriptor" in said[0], shim.stderr
     assert "recording stops" in said[0]
     t = tr.load(str(tmp_path / "moved"))
-    assert allocs(t) == 100 and not t.truncated
+    assert allocs(t) == 100 and not t.truncated and t.ended is False   # it says it stopped
 
 
 def test_the_program_s_descriptor_numbers_are_its_own_under_control(tmp_path, builddir):
@@ -197,6 +197,7 @@ def test_an_exec_d_image_writes_its_own_trace_and_leaves_the_first_whole(tmp_pat
     b = tr.load(str(tmp_path / "shim" / ("t.%d.2.trace" % pid)))
     assert (allocs(a), allocs(b)) == (50, 3)
     assert a.pid == b.pid == pid and not a.truncated and not b.truncated
+    assert (a.ended, b.ended) == (False, True)   # the first image never reached an exit
 
 
 def test_a_trace_of_an_old_process_with_the_same_pid_is_replaced(tmp_path, builddir):
@@ -313,7 +314,7 @@ def test_a_full_disk_or_a_read_only_one_is_one_line_and_the_program_runs_on(tmp_
             said = shim.stderr.splitlines()
             assert len(said) == 1 and "No space left on device; recording stops" in said[0]
             t = tr.load(str(full / "t.trace"))
-            assert not t.truncated and 0 < len(t) < 40000
+            assert not t.truncated and 0 < len(t) < 40000 and t.ended is False
             assert "the trace ends after %d events (%d bytes)" % (
                 len(t), (full / "t.trace").stat().st_size) in said[0], said
             bare, shim, _, _ = run_both(builddir, ["a:2:64"], tmp_path,
@@ -325,3 +326,45 @@ def test_a_full_disk_or_a_read_only_one_is_one_line_and_the_program_runs_on(tmp_
             subprocess.run(["umount", str(ro)])
     finally:
         subprocess.run(["umount", str(full)])
+
+
+# ------------------------------------------------- a process killed
+
+def flushed(path, n):
+    """The trace at path holds n allocations (it may be half written)."""
+    try:
+        return allocs(tr.load(str(path))) == n
+    except (OSError, rpt.ReportError):
+        return False
+
+
+def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir):
+    # SIGKILL after a flush: the trace reads (what was flushed), and the
+    # report's first line says the file ends before its process's exit;
+    # the same program run to its end gets no such line.
+    env = dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
+               SPYRESHIM_TRACE_FLUSH_MS="20")
+    killed, ended = tmp_path / "killed.trace", tmp_path / "ended.trace"
+    p = subprocess.Popen([str(program(builddir)), "a:5:4096", "wait:" + str(tmp_path / "never")],
+                         env=dict(env, SPYRESHIM_TRACE=str(killed)), stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"allocated 5, 5 kept\n"
+        deadline = time.monotonic() + 60
+        while not flushed(killed, 5):
+            assert time.monotonic() < deadline, "no flush"
+            time.sleep(0.02)
+    finally:
+        p.kill()
+        p.communicate()
+    r = subprocess.run([str(program(builddir)), "a:5:4096"], env=dict(env, SPYRESHIM_TRACE=str(ended)),
+                       capture_output=True, timeout=60)
+    assert r.returncode == 0
+    for path, says in ((killed, True), (ended, False)):
+        rep = subprocess.run([sys.executable, str(SCRIPT), "report", str(path)],
+                             capture_output=True, text=True, timeout=120)
+        assert rep.returncode == 0, rep.stderr
+        first = rep.stderr.splitlines()[:1]
+        assert first == (["spyreshim report: %s ends before its process's exit (killed, _exit, "
+                          "exec, or recording stopped); reading what was flushed, without the "
+                          "names written at exit" % path] if says else []), rep.stderr
+        assert "20.0 KiB" in rep.stdout
