@@ -18,12 +18,13 @@
  * socket). The socket is a descriptor of the shim's own (shim/base/
  * ownfd.c): high, checked before each accept; a program that closed it
  * (and may listen on that number itself) never has a client of its
- * accepted here: the thread makes its socket again. A request is served on that thread: the live records copied
- * (shim_snapshot_take_timed: each arena lock held for its copy only, the
- * one moment allocating threads can be stopped, and timed), Python frames
- * still unresolved resolved with the GIL (shim_pystack_resolve_detached:
- * the moment Python threads are stopped), then,
- * with no lock held, the report built and written into memory and sent.
+ * accepted here: the thread makes its socket again. A request is served
+ * on that thread: the live records copied (shim_snapshot_take_timed: each
+ * arena lock held for its copy only, the one moment allocating threads can
+ * be stopped, and timed), Python frames still unresolved resolved with the
+ * GIL (shim_pystack_resolve_detached: the moment Python threads are
+ * stopped), then, with no lock held, the report built and written into
+ * memory and sent.
  * The answer is one line ("ok ..." with the figures, or "error: ...")
  * followed, for a snapshot, by the JSON of docs/report-format.md.
  *
@@ -242,7 +243,15 @@ static void *control_main(void *arg)
          * and the program's next open() would get another number than
          * without the shim. */
         struct pollfd p = {.fd = g_listen.fd, .events = POLLIN};
-        if (poll(&p, 1, IDLE_CHECK_MS) <= 0 || !(p.revents & POLLIN) || !still_listening())
+        int ready = poll(&p, 1, IDLE_CHECK_MS);
+        if (ready > 0 && !(p.revents & POLLIN)) {
+            /* Closed under us (POLLNVAL: still_listening() decides), or an
+             * error that would wake poll() at once again: never a busy loop. */
+            struct timespec pause = {0, 100000000};
+            nanosleep(&pause, NULL);
+            continue;
+        }
+        if (ready <= 0 || !still_listening())
             continue;
         int c = accept4(g_listen.fd, NULL, NULL, SOCK_CLOEXEC);
         if (c < 0) {
