@@ -31,7 +31,8 @@ def program(builddir):
 def nofile_1024():
     # The soft limit many systems start programs with: the shim's high
     # descriptors are then below 1024, where a close-fds loop reaches them.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
 
 
 def run_both(builddir, ops, tmp_path, shim_env, cwd_name="run"):
@@ -356,8 +357,8 @@ def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir
     finally:
         p.kill()
         p.communicate()
-    r = subprocess.run([str(program(builddir)), "a:5:4096"], env=dict(env, SPYRESHIM_TRACE=str(ended)),
-                       capture_output=True, timeout=60)
+    r = subprocess.run([str(program(builddir)), "a:5:4096"],
+                       env=dict(env, SPYRESHIM_TRACE=str(ended)), capture_output=True, timeout=60)
     assert r.returncode == 0
     for path, says in ((killed, True), (ended, False)):
         rep = subprocess.run([sys.executable, str(SCRIPT), "report", str(path)],
