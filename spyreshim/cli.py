@@ -293,6 +293,10 @@ def cmd_trace_report(args):
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
+    elif t.ended is False:
+        sys.stderr.write("%s report: %s ends before its process's exit (killed, _exit, exec, "
+                         "or recording stopped); reading what was flushed, without the names "
+                         "written at exit\n" % (PROG, args.files[0]))
     if args.pprof:
         from . import pprof
         if len(args.at or ()) > 1:

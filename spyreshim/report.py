@@ -204,11 +204,42 @@ def parse(data, name="<report>"):
     return out
 
 
+# How far a reader looks for the first byte of the JSON before it decides
+# the file is no report.
+_HEAD_BYTES = 1 << 16
+_JSON_SPACE = b" \t\r\n"
+
+
+def _read_report_bytes(path):
+    """The file's bytes, once its first byte past JSON's white space shows
+    a JSON object or array; anything else (a trace, a binary, /dev/zero, a
+    huge file by mistake) is refused from its first bytes, never read
+    whole."""
+    with open(path, "rb") as f:
+        head = b""
+        while len(head) < _HEAD_BYTES:
+            piece = f.read(_HEAD_BYTES - len(head))
+            if not piece:
+                break
+            head += piece
+            if head.lstrip(_JSON_SPACE):
+                break
+        body = head.lstrip(_JSON_SPACE)
+        if not body:
+            if len(head) < _HEAD_BYTES:
+                return head
+            raise ReportError("%s: not a spyreshim report (only white space in its first %d "
+                              "bytes)" % (path, _HEAD_BYTES))
+        if body[:1] not in (b"{", b"["):
+            raise ReportError("%s: not a spyreshim report (it begins with %s; a report is a "
+                              "JSON object)" % (path, repr(body[:8])))
+        return head + f.read()
+
+
 def load(path):
     """Reads and validates one report file."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = _read_report_bytes(path)
     except OSError as e:
         raise ReportError("cannot read %s: %s" % (path, e.strerror or e))
     # Imported here: `spyreshim run` imports this module (its option types)

@@ -58,7 +58,8 @@ DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
 SIZE_MASK = (1 << 48) - 1
 
-(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS) = range(1, 8)
+(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS, T_STATE) = range(1, 9)
+STATE_RECORDING, STATE_ENDED = 1, 2
 
 
 def is_trace(path):
@@ -99,6 +100,10 @@ class Trace(object):
         self.pid = None
         self.start_realtime_ns = 0
         self.truncated = False
+        # Whether the file reached its process's exit: None when it does
+        # not say (written before state records existed), False when it
+        # stopped before (killed, _exit, exec, a failed write).
+        self.ended = None
         self.chunks = 0
         self.file_bytes = 0
         self.kind = array("B")
@@ -232,7 +237,7 @@ def _parse_meta(t, b, base, path):
 
 _TAG_NAMES = {T_SITE: "site", T_NSTACK: "native stack", T_DEVICE: "device", T_MAPS: "maps",
               T_SYMBOL: "symbol", T_PYSTACK: "python stack",
-              T_PYMARKS: "python stack marks"}
+              T_PYMARKS: "python stack marks", T_STATE: "state"}
 
 
 def _parse_record(t, tag, p):
@@ -274,6 +279,13 @@ def _parse_record(t, tag, p):
         _need(p, 8, "record")
         sid, flags = struct.unpack_from("<II", p)
         t.pymarks[sid] = (flags, [bool(c) for c in p[8:]])
+    elif tag == T_STATE:
+        _need(p, 4, "record")
+        (state,) = struct.unpack_from("<I", p)
+        if state == STATE_RECORDING:
+            t.ended = False
+        elif state == STATE_ENDED:
+            t.ended = True
     elif tag == T_PYSTACK:
         _need(p, 8, "record")
         sid, nf = struct.unpack_from("<II", p)

@@ -30,6 +30,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 #include "mutex.h"
+#include "ownfd.h"
 #include "pyframes.h"
 
 /* Frames walked at most, whatever `max` says, so that a cycle in a
@@ -103,51 +104,39 @@ static const debug_positions debug_offsets[] = {
  * The pipe is created on first need, never at start-up (a process that
  * hands its descriptors to a child, or closes every descriptor it does not
  * know, must not find ours). A program may close our descriptors under us
- * and reuse the numbers: each end's identity (device, inode) and the pid
+ * and reuse the numbers: each end is kept high, its identity (device, inode) and the pid
  * that created them are remembered and checked with fstat before every
  * use, so the shim never writes into, reads from or closes a number that
  * is no longer its pipe; a child after fork() makes its own (the parent's
  * is shared with it and would mix their bytes). */
 static pthread_mutex_t pipe_lock = PTHREAD_MUTEX_INITIALIZER;
-static int pipe_fds[2] = { -1, -1 };
-static dev_t pipe_dev;
-static ino_t pipe_ino;
+static struct shim_ownfd pipe_ends[2] = {SHIM_OWNFD_NONE, SHIM_OWNFD_NONE};
 static pid_t pipe_pid;
 
-static bool pipe_end_is_ours(int fd)
-{
-    struct stat st;
-    return fd >= 0 && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode) && st.st_dev == pipe_dev &&
-           st.st_ino == pipe_ino;
-}
-
-/* Under pipe_lock: a usable pipe in pipe_fds, or false. */
+/* Under pipe_lock: a usable pipe in pipe_ends, or false. Its ends are
+ * kept high and checked before each use (shim/base/ownfd.c): a number the
+ * program closed and reused is never written or read. */
 static bool pipe_ready(void)
 {
-    bool ours0 = pipe_end_is_ours(pipe_fds[0]), ours1 = pipe_end_is_ours(pipe_fds[1]);
+    bool ours0 = shim_ownfd_is_ours(&pipe_ends[0]), ours1 = shim_ownfd_is_ours(&pipe_ends[1]);
     if (ours0 && ours1 && pipe_pid == getpid())
         return true;
     /* Close only what is still ours (an inherited copy in a child, or one
      * end of a half-closed pair); a reused number is left alone. */
-    if (ours0)
-        close(pipe_fds[0]);
-    if (ours1)
-        close(pipe_fds[1]);
-    pipe_fds[0] = pipe_fds[1] = -1;
+    shim_ownfd_close(&pipe_ends[0]);
+    shim_ownfd_close(&pipe_ends[1]);
     int fds[2];
-    struct stat st;
     if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0)
         return false;
-    if (fstat(fds[0], &st) != 0) {
-        close(fds[0]);
+    if (shim_ownfd_take(&pipe_ends[0], fds[0]) != 0) {
         close(fds[1]);
         return false;
     }
-    pipe_dev = st.st_dev;
-    pipe_ino = st.st_ino;
+    if (shim_ownfd_take(&pipe_ends[1], fds[1]) != 0) {
+        shim_ownfd_close(&pipe_ends[0]);
+        return false;
+    }
     pipe_pid = getpid();
-    pipe_fds[0] = fds[0];
-    pipe_fds[1] = fds[1];
     return true;
 }
 
@@ -158,8 +147,8 @@ void shim_pyframes_atfork_child(void) { shim_mutex_unlock(&pipe_lock); }
 bool shim_pyframes_pipe_read(void *dst, uintptr_t addr, size_t n)
 {
     shim_mutex_lock(&pipe_lock);
-    bool ok = pipe_ready() && write(pipe_fds[1], (const void *)addr, n) == (ssize_t)n &&
-              read(pipe_fds[0], dst, n) == (ssize_t)n;
+    bool ok = pipe_ready() && write(pipe_ends[1].fd, (const void *)addr, n) == (ssize_t)n &&
+              read(pipe_ends[0].fd, dst, n) == (ssize_t)n;
     shim_mutex_unlock(&pipe_lock);
     return ok;
 }

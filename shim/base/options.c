@@ -23,7 +23,11 @@
 #include "escape.h"
 #include "options.h"
 
-enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_LOGLEVEL, K_GCMODE };
+/* K_FILE: a path to a file the shim opens later (at exit, at the first
+ * flush), resolved at load against the working directory then: the
+ * program's later chdir() must not move it (issue 47). K_PATH: kept as
+ * given. */
+enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_FILE, K_LOGLEVEL, K_GCMODE };
 
 struct row {
     const char *name;
@@ -42,7 +46,7 @@ static const struct row rows[] = {
      "cap on bytes reserved from the runtime, per device (K/M/G/T suffixes, binary); 0 = the device's capacity"},
     {"SPYRESHIM_HOST_LIMIT", K_SIZE, OFF(host_limit), "0", 0, 0,
      "cap on CUDA host-pinned memory (cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister), all of it together (K/M/G/T suffixes, binary); 0 = no limit"},
-    {"SPYRESHIM_STATS", K_PATH, OFF(stats_path), "", 0, 0,
+    {"SPYRESHIM_STATS", K_FILE, OFF(stats_path), "", 0, 0,
      "write statistics as one JSON object to this path at exit (%p = pid); only processes that touched a runtime write it"},
     {"SPYRESHIM_REGION_SIZE", K_SIZE, OFF(region_size), "0", 1 << 20, 0,
      "size of the regions reserved from the runtime; 0 = adaptive"},
@@ -60,17 +64,17 @@ static const struct row rows[] = {
      "native frames recorded per allocation (and Python frames at most); 0 = 32, or 128 once Python frames are recorded"},
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
      "with leak checking or a trace, also record the Python stack of the allocating thread"},
-    {"SPYRESHIM_REPORT", K_PATH, OFF(report_path), "", 0, 0,
+    {"SPYRESHIM_REPORT", K_FILE, OFF(report_path), "", 0, 0,
      "write the leak report as JSON to this path at exit (%p = pid); only processes that touched a runtime write it"},
     {"SPYRESHIM_EXITCODE", K_INT, OFF(exitcode), "23", 0, 255,
      "exit status when leaks remain at exit (leak checking on)"},
-    {"SPYRESHIM_SUPPRESSIONS", K_PATH, OFF(suppressions), "", 0, 0,
+    {"SPYRESHIM_SUPPRESSIONS", K_FILE, OFF(suppressions), "", 0, 0,
      "file of leak:<pattern> lines; matching leaks are not reported"},
     {"SPYRESHIM_OOM_REPORT", K_UINT, OFF(oom_report_top), "10", 0, 1000,
      "stack groups printed at exit when the last failed request was never followed by a successful one (one line at the failure itself); 0 = none"},
     {"SPYRESHIM_CONTROL", K_BOOL, OFF(control), "0", 0, 0,
      "open a control socket (abstract, this process's pid in its name) on which `spyreshim snapshot PID` asks for the live allocations; same user only, ignored in secure mode"},
-    {"SPYRESHIM_TRACE", K_PATH, OFF(trace_path), "", 0, 0,
+    {"SPYRESHIM_TRACE", K_FILE, OFF(trace_path), "", 0, 0,
      "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid; docs/trace-format.md)"},
     {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,
      "longest time a recorded event waits in memory before it is written to the trace"},
@@ -207,6 +211,33 @@ static int parse_level(const char *s, int *out)
     return -1;
 }
 
+/* A malloc'ed copy of `path` made absolute against the working directory
+ * now, whose `%` are written `%%` (the path is a template: shim/base/
+ * path.c expands `%p`); as given when it is absolute or the directory
+ * cannot be named (then it follows the working directory). */
+static char *absolute(const char *path)
+{
+    char cwd[4096];
+    if (path[0] == '/' || !getcwd(cwd, sizeof cwd))
+        return strdup(path);
+    size_t pct = 0, n = strlen(cwd);
+    for (size_t i = 0; i < n; i++)
+        pct += cwd[i] == '%';
+    char *out = malloc(n + pct + 1 + strlen(path) + 1);
+    if (!out)
+        return strdup(path);
+    char *o = out;
+    for (size_t i = 0; i < n; i++) {
+        *o++ = cwd[i];
+        if (cwd[i] == '%')
+            *o++ = '%';
+    }
+    if (o == out || o[-1] != '/')
+        *o++ = '/';
+    strcpy(o, path);
+    return out;
+}
+
 /* Returns 0 and stores, or -1 with *why set. The default strings in the
  * table always parse. */
 static int apply(const struct row *r, const char *s, const char **why)
@@ -249,6 +280,11 @@ static int apply(const struct row *r, const char *s, const char **why)
         memcpy(field, &v, sizeof v);
         return 0;
     }
+    case K_FILE: {
+        const char *v = *s ? absolute(s) : NULL;
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
     case K_LOGLEVEL: {
         int v;
         if (parse_level(s, &v)) { *why = "expected debug, info, warn or off"; return -1; }
@@ -280,7 +316,7 @@ static void parse(void)
         const char *v = getenv(r->name);
         if (!v)
             continue;
-        if (r->kind == K_PATH && opts.secure)
+        if ((r->kind == K_PATH || r->kind == K_FILE) && opts.secure)
             continue; /* setuid: the environment is not trusted with paths */
         if (apply(r, v, &why) != 0) {
             warn_bad(r, v, why);
@@ -313,7 +349,8 @@ void shim_options_dump(int fd)
         case K_BOOL: { bool v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%d", v); break; }
         case K_UINT: { unsigned v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%u", v); break; }
         case K_INT: { int v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%d", v); break; }
-        case K_PATH: { const char *v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%s", v ? v : ""); break; }
+        case K_PATH:
+        case K_FILE: { const char *v; memcpy(&v, field, sizeof v); snprintf(val, sizeof val, "%s", v ? v : ""); break; }
         case K_LOGLEVEL: {
             static const char *names[] = {"debug", "info", "warn", "off"};
             int v; memcpy(&v, field, sizeof v);

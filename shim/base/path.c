@@ -1,5 +1,8 @@
 /* The one safe-open policy for every file the shim writes (SPYRESHIM_REPORT,
- * SPYRESHIM_STATS, snapshot JSON) or reads (SPYRESHIM_SUPPRESSIONS).
+ * SPYRESHIM_STATS, snapshot JSON: whole files, written under a temporary
+ * name and renamed over the path, so that a reader never sees half of one
+ * and two writers never mix; the trace: appended to, under a lock) or
+ * reads (SPYRESHIM_SUPPRESSIONS).
  *
  * Owns no state. Both directions: regular files only; a FIFO or a device is
  * opened O_NONBLOCK (so opening it cannot block) and refused after fstat on
@@ -24,6 +27,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* The one parser of a path template's escapes, for every caller (the
@@ -80,28 +84,110 @@ bool shim_path_has_pid(const char *tmpl)
     return expand(tmpl, NULL, 0) > 0;
 }
 
-FILE *shim_path_open_write(const char *path)
+/* What is at `path` now may be replaced by us: nothing, or a regular file
+ * of ours with one link. Never opened (a FIFO must not hang us), never
+ * followed (lstat). */
+static int replaceable(const char *path, struct stat *st)
 {
-    return shim_path_open_write_locked(path, false);
+    if (lstat(path, st) != 0)
+        return errno == ENOENT ? 0 : errno;
+    if (S_ISLNK(st->st_mode))
+        return ELOOP;
+    if (S_ISDIR(st->st_mode))
+        return EISDIR;
+    if (!S_ISREG(st->st_mode))
+        return EINVAL;
+    if (st->st_uid != geteuid() || st->st_nlink != 1)
+        return EPERM;
+    return 0;
 }
 
-FILE *shim_path_open_write_locked(const char *path, bool lock)
+FILE *shim_path_whole_open(struct shim_path_whole *w, const char *path)
 {
-    int flags = O_WRONLY | O_NOFOLLOW | O_CLOEXEC;
-    int fd = open(path, flags | O_CREAT | O_EXCL, 0600);
-    if (fd >= 0 && lock && flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        /* Created by us an instant ago and locked by another already: it
-         * found our new file and is writing it. */
-        int err = errno == EWOULDBLOCK ? EBUSY : errno;
-        close(fd);
+    memset(w, 0, sizeof *w);
+    struct stat st;
+    int err = replaceable(path, &st);
+    if (!err && (size_t)snprintf(w->tmp, sizeof w->tmp, "%s.spyreshim-XXXXXX", path) >=
+                    sizeof w->tmp)
+        err = ENAMETOOLONG;
+    if (err) {
         errno = err;
         return NULL;
     }
-    if (fd < 0 && errno == EEXIST) {
+    snprintf(w->path, sizeof w->path, "%s", path);
+    /* O_EXCL, a name of its own: two writers never share a file. */
+    int fd = mkostemp(w->tmp, O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    if (fchmod(fd, 0600) != 0 || !(w->f = fdopen(fd, "w"))) {
+        err = errno;
+        close(fd);
+        unlink(w->tmp);
+        errno = err;
+        return NULL;
+    }
+    return w->f;
+}
+
+int shim_path_whole_close(struct shim_path_whole *w, bool complete)
+{
+    int err = 0;
+    if (ferror(w->f))
+        err = errno ? errno : EIO;
+    if (fclose(w->f) != 0 && !err)
+        err = errno;
+    w->f = NULL;
+    struct stat st = {0};
+    if (!complete && !err)
+        err = ECANCELED;
+    if (!err)
+        err = replaceable(w->path, &st);
+    if (!err && st.st_nlink) {
+        /* Written since this process started: another process's (two
+         * runs given one path); an older file is a run before. */
+        uint64_t mtime = (uint64_t)st.st_mtim.tv_sec * 1000000000u + (uint64_t)st.st_mtim.tv_nsec;
+        uint64_t started = shim_path_process_start_ns();
+        w->replaced_newer = started && mtime >= started;
+    }
+    if (!err && rename(w->tmp, w->path) != 0)
+        err = errno;
+    if (err) {
+        unlink(w->tmp);
+        errno = err;
+        return -1;
+    }
+    return 0;
+}
+
+/* Locked (LOCK_EX, never waiting): EBUSY when another process holds it. */
+static int lock_now(int fd)
+{
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+        return 0;
+    return errno == EWOULDBLOCK ? EBUSY : errno;
+}
+
+int shim_path_open_write_fd(const char *path, unsigned how)
+{
+    /* Kept files are read too: the caller looks at what is there. */
+    int access = (how & SHIM_PATH_KEEP) ? O_RDWR : O_WRONLY;
+    int flags = access | O_NOFOLLOW | O_CLOEXEC;
+    int fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+    if (fd >= 0 && (how & SHIM_PATH_LOCK)) {
+        /* Created by us an instant ago and locked by another already: it
+         * found our new file and is writing it. */
+        int err = lock_now(fd);
+        if (err) {
+            close(fd);
+            errno = err;
+            return -1;
+        }
+    }
+    if (fd < 0 && errno == EEXIST && !(how & SHIM_PATH_NEW)) {
         /* O_NONBLOCK: a FIFO planted at the path must not hang us. */
         fd = open(path, flags | O_NONBLOCK);
         if (fd < 0)
-            return NULL;                 /* ELOOP for a symlink */
+            return -1;                   /* ELOOP for a symlink */
         struct stat st;
         int err = 0;
         if (fstat(fd, &st) != 0)
@@ -113,27 +199,77 @@ FILE *shim_path_open_write_locked(const char *path, bool lock)
         /* Locked before truncating: a file another process is writing is
          * left whole (flock, on the open file: a forked child shares the
          * parent's lock, another process never does). */
-        else if (lock && flock(fd, LOCK_EX | LOCK_NB) != 0)
-            err = errno == EWOULDBLOCK ? EBUSY : errno;
-        else if (ftruncate(fd, 0) != 0 || fchmod(fd, 0600) != 0)
+        else if ((how & SHIM_PATH_LOCK) && (err = lock_now(fd)) != 0)
+            ;
+        else if ((!(how & SHIM_PATH_KEEP) && ftruncate(fd, 0) != 0) || fchmod(fd, 0600) != 0)
             err = errno;
-        else if (fcntl(fd, F_SETFL, O_WRONLY) != 0)   /* back to blocking */
+        else if (fcntl(fd, F_SETFL, access) != 0)   /* back to blocking */
             err = errno;
         if (err) {
             close(fd);
             errno = err;
-            return NULL;
+            return -1;
         }
     }
+    return fd;
+}
+
+int shim_path_reopen_append(const char *path, dev_t dev, ino_t ino)
+{
+    int fd = open(path, O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
-        return NULL;
-    FILE *f = fdopen(fd, "w");
-    if (!f) {
-        int err = errno;
+        return -1;
+    struct stat st;
+    int err = 0;
+    if (fstat(fd, &st) != 0)
+        err = errno;
+    else if (st.st_dev != dev || st.st_ino != ino)
+        err = ESTALE;    /* another file is at the path now: not ours to write */
+    else if ((err = lock_now(fd)) != 0)
+        ;
+    else if (fcntl(fd, F_SETFL, O_WRONLY | O_APPEND) != 0)
+        err = errno;
+    if (err) {
         close(fd);
         errno = err;
+        return -1;
     }
-    return f;
+    return fd;
+}
+
+/* Where this process started, in CLOCK_REALTIME ns (0 when /proc says
+ * nothing): its age from /proc/self/stat (clock ticks since boot) taken
+ * from now. Here because files are judged by it: what a file holds was
+ * written by this process's lifetime (an exec'd image is the same process)
+ * or by another's. */
+uint64_t shim_path_process_start_ns(void)
+{
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = '\0';
+    /* After the command's name (which may hold spaces and parentheses),
+     * field 3 on; the start time is field 22. */
+    char *p = strrchr(buf, ')');
+    if (!p)
+        return 0;
+    p++;
+    for (int field = 3; field < 22 && p; field++)
+        p = strchr(p + 1, ' ');
+    long hz = sysconf(_SC_CLK_TCK);
+    struct timespec boot, real;
+    if (!p || hz <= 0 || clock_gettime(CLOCK_BOOTTIME, &boot) != 0 ||
+        clock_gettime(CLOCK_REALTIME, &real) != 0)
+        return 0;
+    unsigned long long ticks = strtoull(p + 1, NULL, 10);
+    uint64_t age = (uint64_t)boot.tv_sec * 1000000000u + (uint64_t)boot.tv_nsec -
+                   (uint64_t)(ticks * (1000000000ull / (unsigned long long)hz));
+    return (uint64_t)real.tv_sec * 1000000000u + (uint64_t)real.tv_nsec - age;
 }
 
 char *shim_path_read(const char *path, size_t max, size_t *len)
@@ -212,6 +348,7 @@ const char *shim_path_why(int err)
     case EISDIR: return "it is a directory";
     case EFBIG: return "too large";
     case EBUSY: return "another process is writing it (it holds the file's lock)";
+    case ESTALE: return "another file is at the path now";
     default: return strerror(err);
     }
 }

@@ -15,12 +15,16 @@
  *
  * Owns: the listening socket and the control thread, which blocks every
  * signal and does all the work; no lock (the thread alone uses the
- * socket). A request is served on that thread: the live records copied
- * (shim_snapshot_take_timed: each arena lock held for its copy only, the
- * one moment allocating threads can be stopped, and timed), Python frames
- * still unresolved resolved with the GIL (shim_pystack_resolve_detached:
- * the moment Python threads are stopped), then,
- * with no lock held, the report built and written into memory and sent.
+ * socket). The socket is a descriptor of the shim's own (shim/base/
+ * ownfd.c): high, checked before each accept; a program that closed it
+ * (and may listen on that number itself) never has a client of its
+ * accepted here: the thread makes its socket again. A request is served
+ * on that thread: the live records copied (shim_snapshot_take_timed: each
+ * arena lock held for its copy only, the one moment allocating threads can
+ * be stopped, and timed), Python frames still unresolved resolved with the
+ * GIL (shim_pystack_resolve_detached: the moment Python threads are
+ * stopped), then, with no lock held, the report built and written into
+ * memory and sent.
  * The answer is one line ("ok ..." with the figures, or "error: ...")
  * followed, for a snapshot, by the JSON of docs/report-format.md.
  *
@@ -34,6 +38,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -47,6 +52,7 @@
 #include "collections.h"
 #include "log.h"
 #include "options.h"
+#include "ownfd.h"
 #include "pystack.h"
 #include "report.h"
 #include "snapshot.h"
@@ -55,7 +61,9 @@
 
 #define REQUEST_MAX 64
 
-static int g_listen = -1;
+/* The listening socket: the control thread's alone once it runs (and the
+ * fork child's, to close it). */
+static struct shim_ownfd g_listen = SHIM_OWNFD_NONE;
 
 /* The abstract address of process `pid` ("\0spyreshim-control.PID"). */
 static socklen_t control_address(int pid, struct sockaddr_un *a)
@@ -64,6 +72,47 @@ static socklen_t control_address(int pid, struct sockaddr_un *a)
     a->sun_family = AF_UNIX;
     int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "spyreshim-control.%d", pid);
     return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* A socket listening on this process's name, moved where programs do not
+ * reuse numbers (shim/base/ownfd.c). -1 with errno set. */
+static int listen_socket(struct shim_ownfd *o)
+{
+    /* Non-blocking: a client gone between poll() and accept() costs an
+     * EAGAIN, never a wait. */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_un a;
+    socklen_t al = control_address((int)getpid(), &a);
+    if (bind(fd, (struct sockaddr *)&a, al) != 0 || listen(fd, 4) != 0) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return shim_ownfd_take(o, fd);
+}
+
+/* Before each accept: the number still names our socket. A program that
+ * closed it (close-fds code) may listen on that number now; accepting
+ * there would take its clients. The number is left to it and our socket
+ * made again (the old one, and its name, went with its last reference). */
+static bool still_listening(void)
+{
+    if (shim_ownfd_is_ours(&g_listen))
+        return true;
+    int old = g_listen.fd;
+    g_listen.fd = -1;   /* the program's now: never accepted on, never closed */
+    if (listen_socket(&g_listen) != 0) {
+        shim_warn("SPYRESHIM_CONTROL: the program closed the control socket (%d) and it cannot "
+                  "be opened again (%s); `spyreshim snapshot %d` is no longer answered", old,
+                  strerror(errno), (int)getpid());
+        return false;
+    }
+    shim_debug("control: the program closed the control socket (%d); listening again on %d",
+               old, g_listen.fd);
+    return true;
 }
 
 static int send_all(int fd, const char *p, size_t n)
@@ -181,54 +230,66 @@ static void serve(int fd)
     send_line(fd, "error: unknown request (expected \"snapshot\")\n");
 }
 
+/* How long the thread waits for a client before it looks again whether
+ * the program closed its socket. */
+#define IDLE_CHECK_MS 1000
+
 static void *control_main(void *arg)
 {
-    int lfd = (int)(intptr_t)arg;
-    for (;;) {
-        int c = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (c < 0) {
-            if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE ||
-                errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                if (errno != EINTR && errno != ECONNABORTED) {
-                    struct timespec pause = {0, 100000000};
-                    nanosleep(&pause, NULL);
-                }
-                continue;
-            }
-            return NULL;   /* the socket is gone */
+    (void)arg;
+    while (still_listening()) {
+        /* Waiting in poll(), never in accept(): a blocked accept holds the
+         * lowest free descriptor number for the connection it will make,
+         * and the program's next open() would get another number than
+         * without the shim. */
+        struct pollfd p = {.fd = g_listen.fd, .events = POLLIN};
+        int ready = poll(&p, 1, IDLE_CHECK_MS);
+        if (ready > 0 && !(p.revents & POLLIN)) {
+            /* Closed under us (POLLNVAL: still_listening() decides), or an
+             * error that would wake poll() at once again: never a busy loop. */
+            struct timespec pause = {0, 100000000};
+            nanosleep(&pause, NULL);
+            continue;
         }
-        serve(c);
+        if (ready <= 0 || !still_listening())
+            continue;
+        int c = accept4(g_listen.fd, NULL, NULL, SOCK_CLOEXEC);
+        if (c < 0) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                struct timespec pause = {0, 100000000};
+                nanosleep(&pause, NULL);
+            }
+            continue;   /* EAGAIN (the client left), EINTR, ECONNABORTED, ... */
+        }
+        /* Served up to 11 s (the timeouts): high, out of the program's way. */
+        struct shim_ownfd conn;
+        if (shim_ownfd_take(&conn, c) != 0)
+            continue;
+        serve(conn.fd);
         /* The answer first, then what the client sent beyond the request
          * (a bounded drain): closing with unread input would reset the
          * connection and could drop the answer's last line. */
-        shutdown(c, SHUT_WR);
+        shutdown(conn.fd, SHUT_WR);
         char sink[4096];
-        for (int k = 0; k < 16 && recv(c, sink, sizeof sink, 0) > 0; k++)
+        for (int k = 0; k < 16 && recv(conn.fd, sink, sizeof sink, 0) > 0; k++)
             ;
-        close(c);
+        shim_ownfd_close(&conn);
     }
+    return NULL;
 }
 
 void shim_control_init(void)
 {
     const shim_options *o = shim_opts();
-    if (!o->control || g_listen >= 0)
+    if (!o->control || g_listen.fd >= 0)
         return;
     if (o->secure) {
         shim_warn("SPYRESHIM_CONTROL is ignored in secure mode (AT_SECURE)");
         return;
     }
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        shim_warn("SPYRESHIM_CONTROL: no socket: %s", strerror(errno));
-        return;
-    }
-    struct sockaddr_un a;
-    socklen_t al = control_address((int)getpid(), &a);
-    if (bind(fd, (struct sockaddr *)&a, al) != 0 || listen(fd, 4) != 0) {
+    if (listen_socket(&g_listen) != 0) {
         shim_warn("SPYRESHIM_CONTROL: cannot listen on spyreshim-control.%d: %s",
                   (int)getpid(), strerror(errno));
-        close(fd);
         return;
     }
     /* The thread blocks every signal: the program's handlers never run on
@@ -240,23 +301,19 @@ void shim_control_init(void)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_t t;
-    int rc = pthread_create(&t, &attr, control_main, (void *)(intptr_t)fd);
+    int rc = pthread_create(&t, &attr, control_main, NULL);
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
         shim_warn("SPYRESHIM_CONTROL: no control thread: %s", strerror(rc));
-        close(fd);
+        shim_ownfd_close(&g_listen);
         return;
     }
-    g_listen = fd;
     shim_debug("control: listening on @spyreshim-control.%d", (int)getpid());
 }
 
 void shim_control_atfork_child(void)
 {
     /* The thread stayed in the parent; the socket is the parent's name. */
-    if (g_listen >= 0) {
-        close(g_listen);
-        g_listen = -1;
-    }
+    shim_ownfd_close(&g_listen);
 }

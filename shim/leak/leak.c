@@ -152,19 +152,19 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
     char path[4096];
     if (!report_path(suffix, path, sizeof path))
         return;
-    FILE *f = shim_path_open_write(path);
+    struct shim_path_whole w;
+    FILE *f = shim_path_whole_open(&w, path);
     if (!f) {
         shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
         return;
     }
     int rc = shim_report_write_json_extra(r, f, reason, key, extra);
-    int err = errno;
-    if (fclose(f) != 0 && rc == 0) {
-        rc = -1;
-        err = errno;
-    }
-    if (rc != 0)
-        shim_warn("writing report %s failed: %s", path, strerror(err));
+    if (shim_path_whole_close(&w, rc == 0) != 0)
+        shim_warn("writing report %s failed: %s", path, strerror(errno));
+    else if (w.replaced_newer)
+        shim_warn("SPYRESHIM_REPORT: %s was written by another process since this one started; "
+                  "replaced by this process's report (pid %ld): put %%p in the path for a "
+                  "report per process", path, (long)getpid());
 }
 
 /* The last out-of-memory, kept for the verdict at exit: a copy of the live

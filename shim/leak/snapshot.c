@@ -185,21 +185,23 @@ SPYRESHIM_API int spyreshim_snapshot_write_json(const spyreshim_snapshot *s, con
     char expanded[4096];
     if (shim_path_expand(path, expanded, sizeof expanded) != 0)
         return -1;
-    FILE *f = shim_path_open_write(expanded);
+    struct shim_path_whole w;
+    FILE *f = shim_path_whole_open(&w, expanded);
     if (!f)
         return -1;
     shim_report *r = shim_report_build(s->allocs, s->n, shim_suppressions_active());
     if (!r) {
-        fclose(f);
+        shim_path_whole_close(&w, false);
         errno = ENOMEM;
         return -1;
     }
     int rc = shim_report_write_json(r, f, "snapshot");
     int err = errno;
     shim_report_free(r);
-    if (fclose(f) != 0 && rc == 0) {
+    if (shim_path_whole_close(&w, rc == 0) != 0) {
+        if (rc == 0)
+            err = errno;
         rc = -1;
-        err = errno;
     }
     errno = err;
     return rc;

@@ -123,19 +123,18 @@ void shim_stats_at_exit(void)
         } else {
             /* The report files' policy: no symlink, no FIFO or device, never
              * another user's file or a hard link. */
-            FILE *f = shim_path_open_write(path);
+            struct shim_path_whole w;
+            FILE *f = shim_path_whole_open(&w, path);
             if (!f) {
                 shim_warn("SPYRESHIM_STATS: cannot write %s: %s", path, shim_path_why(errno));
             } else {
                 write_json(f, &s);
-                int bad = ferror(f);
-                int err = errno;
-                if (fclose(f) != 0 && !bad) {
-                    bad = 1;
-                    err = errno;
-                }
-                if (bad)
-                    shim_warn("SPYRESHIM_STATS: writing %s failed: %s", path, strerror(err));
+                if (shim_path_whole_close(&w, true) != 0)
+                    shim_warn("SPYRESHIM_STATS: writing %s failed: %s", path, strerror(errno));
+                else if (w.replaced_newer)
+                    shim_warn("SPYRESHIM_STATS: %s was written by another process since this "
+                              "one started; replaced by this process's (pid %ld): put %%p in "
+                              "the path for a file per process", path, (long)getpid());
             }
         }
     }

@@ -1,7 +1,9 @@
 /* The trace file (tracefile.h; the layout is tracefmt.h and
  * docs/trace-format.md).
  *
- * Owns: the path template, the open file, and what the file has been
+ * Owns: the path template, the open file (a descriptor of the shim's own:
+ * kept high and checked before each record, opened again at its path when
+ * the program closed it: shim/base/ownfd.c), and what the file has been
  * given so far (sites, native stacks, devices, the module map), so that
  * each is written once per file, before the first event that names it.
  *
@@ -10,7 +12,8 @@
  * destructor, the fork handlers. Never runs on an allocating thread, never
  * calls into the allocator or Python. Opening is shim/base/path.c's
  * safe-open policy (no symlink, no FIFO, never another user's file), with
- * an flock(2) held while the file is open: one writing process per file. */
+ * an flock(2) held while the file is open: one writing process per file
+ * (a second one, or an exec'd image, writes PATH.2). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -20,6 +23,7 @@
 
 #include "device.h"
 #include "log.h"
+#include "ownfd.h"
 #include "passthrough.h"
 #include "path.h"
 #include "stack.h"
@@ -30,8 +34,10 @@
 
 static char g_template[4096];    /* written once by init */
 static bool g_has_pid;           /* it has a %p escape (path.c's one parser) */
-static FILE *g_file;
-static int g_fd = -1;
+static char g_path[4096];        /* the file opened, for opening it again */
+static struct shim_ownfd g_own = SHIM_OWNFD_NONE;
+static uint64_t g_good;          /* bytes of whole records in the file */
+static uint64_t g_events;        /* events in them */
 static bool g_failed;
 static uint32_t sites_written;
 static size_t devices_written;
@@ -234,11 +240,81 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
 
 /* ---- the file ---- */
 
+/* Whether the file open at fd is a trace that an earlier image of this
+ * process wrote before it exec'd (same pid, begun since this process
+ * started): never truncated. A trace of an old process that had our pid
+ * began before we started. */
+static bool earlier_image(int fd)
+{
+    trace_header h;
+    if (pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.magic, TRACE_MAGIC, 8) != 0 ||
+        h.pid != (uint32_t)getpid())
+        return false;
+    /* A clock tick of slack: /proc counts the start in ticks. */
+    uint64_t started = shim_path_process_start_ns(), slack = 50000000u;
+    return started == 0 || h.start_realtime_ns + slack >= started;
+}
+
+/* PATH with ".N" before its extension (same.trace: same.2.trace). */
+static int numbered(const char *path, unsigned n, char *out, size_t size)
+{
+    const char *slash = strrchr(path, '/');
+    const char *dot = strrchr(slash ? slash + 1 : path, '.');
+    if (!dot || dot == (slash ? slash + 1 : path))
+        dot = path + strlen(path);
+    int k = snprintf(out, size, "%.*s.%u%s", (int)(dot - path), path, n, dot);
+    return k < 0 || (size_t)k >= size ? -1 : 0;
+}
+
+/* Opens the trace: `path`, or when another process holds it or it is this
+ * process's trace from before an exec, the first of PATH.2, PATH.3, ...
+ * that is neither (said in one line). The chosen name is left in
+ * g_path. -1 with errno set. */
+static int open_trace(const char *path)
+{
+    const char *taken = NULL;
+    for (unsigned n = 1; n < 100; n++) {
+        if (n == 1)
+            snprintf(g_path, sizeof g_path, "%s", path);
+        else if (numbered(path, n, g_path, sizeof g_path) != 0) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        /* Locked first, then looked at, then truncated: a file another
+         * process is writing, or an earlier image wrote, is left whole. */
+        int fd = shim_path_open_write_fd(g_path, SHIM_PATH_LOCK | SHIM_PATH_KEEP);
+        if (fd < 0 && errno != EBUSY)
+            return -1;
+        if (fd >= 0 && earlier_image(fd)) {
+            close(fd);
+            fd = -1;
+            if (n == 1)
+                taken = "holds this process's trace from before it exec'd";
+        } else if (fd < 0 && n == 1) {
+            taken = "is being written by another process (it holds the file's lock)";
+        }
+        if (fd < 0)
+            continue;
+        if (ftruncate(fd, 0) != 0) {
+            int err = errno;
+            close(fd);
+            errno = err;
+            return -1;
+        }
+        if (taken)
+            shim_warn("SPYRESHIM_TRACE: %s %s; this process (pid %ld) writes %s", path, taken,
+                      (long)getpid(), g_path);
+        return fd;
+    }
+    errno = EBUSY;
+    return -1;
+}
+
 static int write_all(const void *p, size_t n)
 {
     const char *s = p;
     while (n) {
-        ssize_t w = write(g_fd, s, n);
+        ssize_t w = write(g_own.fd, s, n);
         if (w < 0) {
             if (errno == EINTR)
                 continue;
@@ -256,6 +332,67 @@ static void stop(void)
     shim_tracebuf_stop();
 }
 
+/* Whether our descriptor still names the trace, checked before each
+ * record. A program that closed it (close-fds code) may have a file of its
+ * own at that number now: the number is never written again; the trace is
+ * opened again at its path, for appending, and a record the close cut is
+ * trimmed. Stops, with one line, when the file at the path is not ours. */
+static bool still_ours(void)
+{
+    if (shim_ownfd_is_ours(&g_own))
+        return true;
+    int old = g_own.fd;
+    g_own.fd = -1;  /* the program's number now: never closed, never written */
+    int fd = shim_path_reopen_append(g_path, g_own.dev, g_own.ino);
+    if (fd >= 0 && ftruncate(fd, (off_t)g_good) != 0) {
+        int err = errno;
+        close(fd);   /* ours: just opened */
+        fd = -1;
+        errno = err;
+    }
+    /* shim_ownfd_take closes fd itself when it fails. */
+    if (fd < 0 || shim_ownfd_take(&g_own, fd) != 0) {
+        shim_warn("SPYRESHIM_TRACE: the program closed the trace's descriptor (%d) and %s cannot "
+                  "be opened again (%s); recording stops: the trace ends at its last flush", old,
+                  g_path, shim_path_why(errno));
+        return false;
+    }
+    shim_debug("trace: the program closed the trace's descriptor (%d); %s opened again as %d",
+               old, g_path, g_own.fd);
+    return true;
+}
+
+/* One record, its pieces written in order, or nothing more of it: a
+ * descriptor closed under us gets the record again on the reopened file. */
+static int write_record(const void *a, size_t alen, const void *b, size_t blen, const void *c,
+                        size_t clen)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (!still_ours())
+            return -1;
+        if (write_all(a, alen) == 0 && (!blen || write_all(b, blen) == 0) &&
+            (!clen || write_all(c, clen) == 0)) {
+            g_good += alen + blen + clen;
+            return 0;
+        }
+        if (errno != EBADF)
+            break;
+    }
+    return -1;
+}
+
+/* One state record, a chunk of its own: the reader knows from it whether
+ * the file reached its process's exit. */
+static void write_state(uint32_t state)
+{
+    struct trace_meta_buf m = {0};
+    uint32_t rec[2] = {state, 0};
+    shim_tracefile_meta_add(&m, TRACE_META_STATE, rec, sizeof rec, NULL, 0);
+    if (!m.oom)
+        shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
+    free(m.p);
+}
+
 bool shim_tracefile_failed(void)
 {
     return g_failed;
@@ -263,12 +400,12 @@ bool shim_tracefile_failed(void)
 
 bool shim_tracefile_writable(void)
 {
-    return g_fd >= 0 && !g_failed;
+    return g_own.fd >= 0 && !g_failed;
 }
 
 bool shim_tracefile_ready(void)
 {
-    if (g_fd >= 0)
+    if (g_own.fd >= 0)
         return !g_failed;
     if (g_failed)
         return false;
@@ -279,36 +416,36 @@ bool shim_tracefile_ready(void)
         stop();
         return false;
     }
-    /* The one safe-open policy: no symlink, no FIFO, never another user's file. */
-    /* Locked for as long as it is open: one writer per file. A second
-     * process given the same path (no %p, or an exec'd child) finds the
-     * lock, leaves the file whole and records nothing. */
-    g_file = shim_path_open_write_locked(path, true);
-    if (!g_file) {
-        if (errno == EBUSY)
-            shim_warn("SPYRESHIM_TRACE: %s is being written by another process (it holds the "
-                      "file's lock); this process (pid %ld) records no trace: put %%p in the "
-                      "path for a file per process", path, (long)getpid());
-        else
-            shim_warn("SPYRESHIM_TRACE: cannot write %s: %s; no trace recorded", path,
-                      shim_path_why(errno));
+    /* The one safe-open policy (no symlink, no FIFO, never another user's
+     * file), locked for as long as it is open: one writer per file. */
+    int fd = open_trace(path);
+    if (fd < 0 || shim_ownfd_take(&g_own, fd) != 0) {
+        shim_warn("SPYRESHIM_TRACE: cannot write %s: %s; no trace recorded", g_path,
+                  shim_path_why(errno));
         stop();
         return false;
     }
-    g_fd = fileno(g_file);
+    g_good = 0;
+    g_events = 0;
     trace_header h = {.version = TRACE_VERSION, .pid = (uint32_t)getpid(),
                       .start_realtime_ns = shim_tracebuf_start_realtime_ns(),
                       .start_monotonic_ns = shim_tracebuf_start_monotonic_ns()};
     memcpy(h.magic, TRACE_MAGIC, 8);
-    if (write_all(&h, sizeof h) != 0) {
-        shim_warn("SPYRESHIM_TRACE: writing %s failed: %s; no trace recorded", path, strerror(errno));
-        fclose(g_file);
-        g_file = NULL;
-        g_fd = -1;
+    if (write_record(&h, sizeof h, NULL, 0, NULL, 0) != 0) {
+        shim_warn("SPYRESHIM_TRACE: writing %s failed: %s; no trace recorded", g_path,
+                  strerror(errno));
+        shim_ownfd_close(&g_own);
         stop();
         return false;
     }
-    return true;
+    write_state(TRACE_STATE_RECORDING);
+    return !g_failed;
+}
+
+void shim_tracefile_end(void)
+{
+    if (shim_tracefile_writable())
+        write_state(TRACE_STATE_ENDED);
 }
 
 void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,
@@ -325,13 +462,23 @@ void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
         trace_chunk h = {.magic = TRACE_CHUNK_MAGIC, .nevents = k,
                          .meta_bytes = m ? (uint32_t)m->len : 0, .body_bytes = enc.body_bytes,
                          .seq_base = enc.seq_base, .thread = k ? thread : 0, .flags = enc.flags};
-        if (write_all(&h, sizeof h) != 0 ||
-            (enc.body_bytes && write_all(enc.body, enc.body_bytes) != 0) ||
-            (m && m->len && write_all(m->p, m->len) != 0)) {
-            shim_warn("SPYRESHIM_TRACE: write failed: %s; recording stops", strerror(errno));
+        if (write_record(&h, sizeof h, enc.body, enc.body_bytes, m ? m->p : NULL,
+                         m ? m->len : 0) != 0) {
+            if (g_own.fd >= 0) {  /* else still_ours said why */
+                /* A full disk took part of the record: the file is cut
+                 * back to its last whole one, which a reader reads as the
+                 * end (the cut also gives back the space it held). */
+                int err = errno;
+                bool cut = ftruncate(g_own.fd, (off_t)g_good) == 0;
+                shim_warn("SPYRESHIM_TRACE: writing %s failed: %s; recording stops: the trace "
+                          "ends after %llu events (%llu bytes%s)", g_path, strerror(err),
+                          (unsigned long long)g_events, (unsigned long long)g_good,
+                          cut ? "" : ", then part of a record");
+            }
             stop();
             return;
         }
+        g_events += k;
         m = NULL;
         ev += k;
         n -= k;
@@ -340,11 +487,7 @@ void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
 
 void shim_tracefile_close(void)
 {
-    if (g_file) {
-        fclose(g_file);
-        g_file = NULL;
-        g_fd = -1;
-    }
+    shim_ownfd_close(&g_own);
 }
 
 void shim_tracefile_atfork_child(void)
@@ -358,12 +501,9 @@ void shim_tracefile_atfork_child(void)
     if (nstack_seen)
         memset(nstack_seen, 0, nstack_seen_bytes);
     maps_hash = 0;
-    if (g_file) {
-        /* The parent's descriptor: closed here, never written. */
-        fclose(g_file);
-        g_file = NULL;
-        g_fd = -1;
-    }
+    /* The parent's descriptor: closed here (when it still is the trace),
+     * never written. */
+    shim_ownfd_close(&g_own);
     if (!g_has_pid)
         shim_tracebuf_stop(); /* one file, the parent's */
 }

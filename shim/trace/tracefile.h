@@ -50,6 +50,9 @@ bool shim_tracefile_writable(void);
  * is there), then the metadata m. */
 void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,
                                 bool compress, const struct trace_meta_buf *m);
+/* The last record at the process's exit (after the names): the file
+ * reached it. */
+void shim_tracefile_end(void);
 void shim_tracefile_close(void);
 /* fork() child: the parent's file is closed here, never written; with %p
  * in the path the child writes a file of its own (every site and stack

@@ -177,6 +177,7 @@ void shim_tracewriter_close(void)
             if (!m.oom && !shim_tracefile_failed())
                 shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
             free(m.p);
+            shim_tracefile_end();
         }
         if (lost)
             shim_warn("SPYRESHIM_TRACE: %llu events were not recorded (out of host memory)",

@@ -8,6 +8,7 @@ Run: /usr/bin/python3 -m pytest tests/integration/test_cli.py
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -648,3 +649,23 @@ def test_e2e_what_held_memory_at_out_of_memory(real_shim, tmp_path):
     h = cli("report", "--html", tmp_path / "oom.html", oom[0])
     assert h.returncode == 0, h.stderr
     assert "at out-of-memory" in (tmp_path / "oom.html").read_text()
+
+
+def test_report_decides_from_the_first_bytes_in_bounded_memory(tmp_path):
+    # A 1 GiB file (sparse: zeros) took 2.1 GB to be refused, /dev/zero ran
+    # until memory ran out: both are one line now, within 512 MiB of
+    # address space, as is a file of white space.
+    big = tmp_path / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)
+    spaces = tmp_path / "spaces.json"
+    spaces.write_bytes(b" " * (1 << 20) + b"{}")
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+    for p, why in ((big, "it begins with b'\\x00"), ("/dev/zero", "it begins with b'\\x00"),
+                   (spaces, "only white space in its first 65536 bytes")):
+        r = subprocess.run([sys.executable, str(SCRIPT), "report", str(p)], capture_output=True,
+                           text=True, timeout=120, preexec_fn=cap)
+        line = one_line_error(r)
+        assert line.startswith("spyreshim: %s: not a spyreshim report (%s" % (p, why)), line

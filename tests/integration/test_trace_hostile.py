@@ -1,6 +1,6 @@
 """Traces and reports against what users and attackers feed them (issue 26):
 one writer per trace file (`%%p` is literal; a second process on the same
-path writes nothing and says so), bounded memory on a hostile device index,
+path writes a file of its own and says so), bounded memory on a hostile device index,
 one line and exit status 2 for every bad input (a seeded fuzz of a fixed
 count), names that cannot forge terminal output or break a page's script,
 non-UTF-8 paths that round-trip, fork-aware views."""
@@ -75,7 +75,8 @@ def test_escaped_percent_p_forked_children_never_reopen_the_parents_file(tmp_pat
     assert allocs(t) == [1 << 20, 2 << 20, 3 << 20, 4 << 20]
 
 
-def test_two_processes_on_one_path_the_second_writes_nothing_and_says_so(tmp_path, builddir):
+def test_two_processes_on_one_path_the_second_writes_its_own_file_and_says_so(tmp_path,
+                                                                            builddir):
     path = tmp_path / "same.trace"
     ready = tmp_path / "ready"
     first = ("import os, sys, time, simdev\n"
@@ -85,7 +86,8 @@ def test_two_processes_on_one_path_the_second_writes_nothing_and_says_so(tmp_pat
              "open(sys.argv[2], 'w').close()\n"
              "while not os.path.exists(sys.argv[2] + '.go'): time.sleep(0.01)\n"
              "b = simdev.Tensor(6 << 20)\n")
-    second = "import simdev\nc = simdev.Tensor(7 << 20)\nd = simdev.Tensor(9 << 20)\n"
+    second = ("import os, simdev\nprint(os.getpid())\n"
+              "c = simdev.Tensor(7 << 20)\nd = simdev.Tensor(9 << 20)\n")
     env = shim_env(builddir, SPYRESHIM_TRACE=path, SPYRESHIM_TRACE_FLUSH_MS=10)
     a = subprocess.Popen([sys.executable, "-c", first, str(path), str(ready)], env=env,
                          stderr=subprocess.PIPE, text=True)
@@ -97,8 +99,10 @@ def test_two_processes_on_one_path_the_second_writes_nothing_and_says_so(tmp_pat
         b = subprocess.run([sys.executable, "-c", second], env=env, capture_output=True,
                            text=True, timeout=pythons.HANG_S)
         assert b.returncode == 0, b.stderr
+        b_pid = int(b.stdout)
         said = [ln for ln in b.stderr.splitlines() if "SPYRESHIM_TRACE" in ln]
         assert len(said) == 1 and "being written by another process" in said[0], b.stderr
+        assert said[0].endswith("writes %s" % (tmp_path / "same.2.trace")), said
         Path(str(ready) + ".go").touch()
         assert a.wait(timeout=pythons.HANG_S) == 0, a.stderr.read()
     finally:
@@ -109,6 +113,9 @@ def test_two_processes_on_one_path_the_second_writes_nothing_and_says_so(tmp_pat
     t = tr.load(str(path))
     assert not t.truncated and t.pid == a.pid
     assert allocs(t) == [5 << 20, 6 << 20]
+    t2 = tr.load(str(tmp_path / "same.2.trace"))
+    assert not t2.truncated and t2.pid == b_pid
+    assert allocs(t2) == [7 << 20, 9 << 20]
 
 
 def test_a_fifo_or_a_long_trace_path_says_why(tmp_path, builddir):

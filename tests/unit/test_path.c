@@ -1,6 +1,7 @@
 /* Files the shim writes (shim/base/path.c): never follow symlinks, 0600, never
  * overwrite another user's file, never hang on a FIFO. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -50,6 +51,18 @@ Test(path, expands_pid_and_percent)
     cr_assert_eq(errno, ENAMETOOLONG);
 }
 
+static struct shim_path_whole whole;
+
+static FILE *shim_path_open_write(const char *path)
+{
+    return shim_path_whole_open(&whole, path);
+}
+
+static void close_whole(void)
+{
+    cr_assert_eq(shim_path_whole_close(&whole, true), 0, "%s", strerror(errno));
+}
+
 Test(path, new_file_is_0600_whatever_the_umask)
 {
     char path[128];
@@ -59,7 +72,7 @@ Test(path, new_file_is_0600_whatever_the_umask)
     umask(old);
     cr_assert_not_null(f);
     fputs("{}", f);
-    fclose(f);
+    close_whole();
     struct stat st;
     cr_assert_eq(stat(path, &st), 0);
     cr_assert_eq(st.st_mode & 07777, 0600, "mode %o", st.st_mode & 07777);
@@ -76,7 +89,10 @@ Test(path, own_file_is_replaced)
     f = shim_path_open_write(path);
     cr_assert_not_null(f);
     fputs("new", f);
-    fclose(f);
+    fflush(f);
+    slurp(path, buf, sizeof buf);
+    cr_assert_str_eq(buf, "old contents, longer than the new ones", "replaced at once, not before");
+    close_whole();
     slurp(path, buf, sizeof buf);
     cr_assert_str_eq(buf, "new");
     struct stat st;
@@ -158,30 +174,54 @@ Test(path, escaped_percent_p_is_not_the_pid)
     cr_assert_not(shim_path_has_pid("t-%"));
 }
 
+/* A whole file that was not completed leaves the old one and no
+ * temporary file behind. */
+Test(path, an_incomplete_whole_file_leaves_the_old_one)
+{
+    char path[128], buf[64];
+    snprintf(path, sizeof path, "%s/kept.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("old", f);
+    fclose(f);
+    f = shim_path_open_write(path);
+    cr_assert_not_null(f);
+    fputs("half", f);
+    errno = 0;
+    cr_assert_eq(shim_path_whole_close(&whole, false), -1);
+    cr_assert_eq(errno, ECANCELED);
+    slurp(path, buf, sizeof buf);
+    cr_assert_str_eq(buf, "old");
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    cr_assert_eq(n, 1, "a temporary file was left");
+}
+
 /* A file locked by another writer is refused (EBUSY) and left whole: the
  * lock is taken before the truncation. */
 Test(path, locked_file_is_left_whole)
 {
     char path[128], buf[16];
     snprintf(path, sizeof path, "%s/t.trace", dir);
-    FILE *a = shim_path_open_write_locked(path, true);
-    cr_assert_not_null(a);
-    fputs("first", a);
-    fflush(a);
+    int a = shim_path_open_write_fd(path, SHIM_PATH_LOCK);
+    cr_assert_geq(a, 0);
+    cr_assert_eq(write(a, "first", 5), 5);
     pid_t pid = fork();
     if (pid == 0) {
         /* Another process: the lock is on the open file, a fork shares
          * it, so a separate open is what another process does. */
-        FILE *b = shim_path_open_write_locked(path, true);
-        _exit(b == NULL && errno == EBUSY ? 0 : 1);
+        int b = shim_path_open_write_fd(path, SHIM_PATH_LOCK);
+        _exit(b < 0 && errno == EBUSY ? 0 : 1);
     }
     int st;
     cr_assert_eq(waitpid(pid, &st, 0), pid);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the second writer must get EBUSY");
     slurp(path, buf, sizeof buf);
     cr_assert_str_eq(buf, "first");
-    fclose(a);
-    FILE *c = shim_path_open_write_locked(path, true);
-    cr_assert_not_null(c, "free again once the first writer closed it");
-    fclose(c);
+    close(a);
+    int c = shim_path_open_write_fd(path, SHIM_PATH_LOCK);
+    cr_assert_geq(c, 0, "free again once the first writer closed it");
+    close(c);
 }
