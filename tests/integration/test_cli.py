@@ -666,6 +666,6 @@ def test_report_decides_from_the_first_bytes_in_bounded_memory(tmp_path):
     for p, why in ((big, "it begins with b'\\x00"), ("/dev/zero", "it begins with b'\\x00"),
                    (spaces, "only white space in its first 65536 bytes")):
         r = subprocess.run([sys.executable, str(SCRIPT), "report", str(p)], capture_output=True,
-                           text=True, timeout=120, preexec_fn=cap)
+                           text=True, timeout=pythons.HANG_S, preexec_fn=cap)
         line = one_line_error(r)
         assert line.startswith("spyreshim: %s: not a spyreshim report (%s" % (p, why)), line

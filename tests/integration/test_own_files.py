@@ -46,7 +46,7 @@ def run_both(builddir, ops, tmp_path, shim_env, cwd_name="run"):
         if extra:
             env.update(LD_PRELOAD=str(pythons.shim_lib()), **{k: str(v) for k, v in extra.items()})
         r = subprocess.run([str(program(builddir))] + ops, env=env, cwd=d, capture_output=True,
-                           text=True, timeout=120, preexec_fn=nofile_1024)
+                           text=True, timeout=pythons.HANG_S, preexec_fn=nofile_1024)
         out.append((r, d))
     (bare, bd), (shim, sd) = out
     return bare, shim, bd, sd
@@ -120,7 +120,7 @@ def snapshot_until_answered(pid, cwd):
     deadline = time.monotonic() + 60
     while True:
         r = subprocess.run([sys.executable, str(SCRIPT), "snapshot", str(pid)], cwd=cwd,
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=pythons.HANG_S)
         if r.returncode == 0 or time.monotonic() > deadline:
             return r
         time.sleep(0.2)
@@ -154,7 +154,7 @@ def serve_clients(builddir, tmp_path, name, control):
             c.sendall(b"client %d\n" % k)
             answers.append(c.recv(100))
             c.close()
-        out, err = p.communicate(timeout=60)
+        out, err = p.communicate(timeout=pythons.HANG_S)
     finally:
         if p.poll() is None:
             p.kill()
@@ -217,7 +217,7 @@ def test_a_trace_of_an_old_process_with_the_same_pid_is_replaced(tmp_path, build
         env = dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
                    SPYRESHIM_TRACE=str(path))
         r = subprocess.run([sys.executable, "-c", launcher, str(path), str(program(builddir)),
-                            "a:2:4096"], env=env, capture_output=True, text=True, timeout=60)
+                            "a:2:4096"], env=env, capture_output=True, text=True, timeout=pythons.HANG_S)
         assert r.returncode == 0, r.stderr
         if kept:
             assert path.stat().st_size == 32 and "from before it exec'd" in r.stderr
@@ -268,12 +268,12 @@ def test_two_runs_given_one_report_path_replace_it_whole_and_say_so(tmp_path, bu
     try:
         assert a.stdout.readline() == "allocated 2, 2 kept\n"
         b = subprocess.run([str(program(builddir)), "a:3:4096"], env=env, capture_output=True,
-                           text=True, timeout=60)
+                           text=True, timeout=pythons.HANG_S)
         assert (b.returncode, b.stdout) == (0, "allocated 3, 3 kept\n")
         assert "SPYRESHIM_REPORT" not in b.stderr, b.stderr
         assert json.loads((tmp_path / "same.json").read_text())["live_allocations"] == 3
         go.touch()
-        out, err = a.communicate(timeout=60)
+        out, err = a.communicate(timeout=pythons.HANG_S)
     finally:
         if a.poll() is None:
             a.kill()
@@ -358,11 +358,11 @@ def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir
         p.kill()
         p.communicate()
     r = subprocess.run([str(program(builddir)), "a:5:4096"],
-                       env=dict(env, SPYRESHIM_TRACE=str(ended)), capture_output=True, timeout=60)
+                       env=dict(env, SPYRESHIM_TRACE=str(ended)), capture_output=True, timeout=pythons.HANG_S)
     assert r.returncode == 0
     for path, says in ((killed, True), (ended, False)):
         rep = subprocess.run([sys.executable, str(SCRIPT), "report", str(path)],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=pythons.HANG_S)
         assert rep.returncode == 0, rep.stderr
         first = rep.stderr.splitlines()[:1]
         assert first == (["spyreshim report: %s ends before its process's exit (killed, _exit, "
