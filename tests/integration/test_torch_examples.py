@@ -87,7 +87,14 @@ def test_example_on_the_device_equals_the_cpu_and_the_shim_rescues_its_cycles(mo
 
 # Programs whose losses are compared with the CPU's only: model: (steps,
 # relative tolerance; 0: exact). mnist_rnn's LSTM rounds as the lstm model's.
-COMPARED = {"forward_forward": (40, 0), "vae": (8, 0), "mnist_rnn": (8, 1e-5)}
+COMPARED = {"forward_forward": (40, 0), "vae": (8, 0), "mnist_rnn": (8, 1e-5),
+            "regression": (20, 0)}
+
+
+def warning_lines(stderr):
+    """The Python warnings a run printed (their message lines)."""
+    return sorted(line.split("Warning: ", 1)[1] for line in stderr.splitlines()
+                  if "Warning: " in line)
 
 
 @pytest.mark.parametrize("model", sorted(COMPARED))
@@ -98,8 +105,12 @@ def test_example_losses_on_the_device_equal_the_cpu(model, tmp_path):
     steps, tolerance = COMPARED[model]
     r, done, cpu = train(model, tmp_path, "cpu", "cpu", steps=steps)
     assert r.returncode == 0 and done == steps, r
+    cpu_warnings = warning_lines(r.stderr)
     r, done, dev = train(model, tmp_path, "simdev", "device", steps=steps)
     assert r.returncode == 0 and done == steps, r
+    # No warning the CPU's run does not give (the reducing losses' out=
+    # path warned on every F.smooth_l1_loss and F.mse_loss on the device).
+    assert warning_lines(r.stderr) == cpu_warnings, r.stderr
     a, b = [float.fromhex(x) for x in dev], [float.fromhex(x) for x in cpu]
     if tolerance:
         assert a == pytest.approx(b, rel=tolerance), (dev, cpu)

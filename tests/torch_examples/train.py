@@ -514,10 +514,41 @@ class ForwardForwardTask:
         return {"positive": self.h_pos, "negative": self.h_neg, "loss": loss}
 
 
+class RegressionTask:
+    """regression/main.py: a linear layer fitted to a degree-4 polynomial
+    of random inputs (features x, x^2, x^3, x^4), smooth L1 loss, and the
+    example's own update, each parameter moved by -0.1 times its gradient
+    in place (no optimizer). The target and the batches are drawn on the
+    CPU from the run's generator, so both devices see the same numbers."""
+    default_batch = 32
+    degree = 4
+
+    def __init__(self, device, batch, steps, generator):
+        self.w_target = (torch.randn(self.degree, 1, generator=generator) * 5).to(device)
+        self.b_target = (torch.randn(1, generator=generator) * 5).item()
+        self.fc = nn.Linear(self.degree, 1).to(device)
+        self.generator, self.batch, self.device = generator, batch, device
+
+    def features(self, x):
+        x = x.unsqueeze(1)
+        return torch.cat([x ** i for i in range(1, self.degree + 1)], 1)
+
+    def step(self, k):
+        x = self.features(torch.randn(self.batch, generator=self.generator).to(self.device))
+        y = x.mm(self.w_target) + self.b_target
+        self.fc.zero_grad()
+        output = F.smooth_l1_loss(self.fc(x), y)
+        output.backward()
+        with torch.no_grad():
+            for param in self.fc.parameters():
+                param.add_(-0.1 * param.grad)
+        return {"x": x, "y": y, "loss": output}
+
+
 TASKS = {"mnist": MnistTask, "lstm": LstmTask,
          "transformer": TransformerTask, "resnet": ResnetTask,
          "forward_forward": ForwardForwardTask, "vae": VaeTask,
-         "mnist_rnn": MnistRnnTask}
+         "mnist_rnn": MnistRnnTask, "regression": RegressionTask}
 
 
 def parse_args(argv):
