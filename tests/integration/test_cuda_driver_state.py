@@ -202,6 +202,23 @@ def test_pool_memory_of_another_device_is_under_that_devices_limit(shim_lib, tmp
     assert shim.returncode == 0 and "poolother ok" in shim.stdout, shim.stdout + shim.stderr
 
 
+def test_a_pool_two_devices_write_is_charged_to_the_calling_contexts_device(shim_lib, tmp_path):
+    """A pool made on device 1 that device 0 was given read-write access
+    to: the driver does not say whose its memory is, so the calling
+    context's device (0, 1 MiB served) is charged. Without a limit the same
+    answers as bare; under SPYRESHIM_LIMIT=4M 4 MiB from it is out of
+    memory (2) where the bare device serves it (charged to device 1, the
+    last device with access, it was allowed)."""
+    bare, shim = both("poolpeer", tmp_path)
+    assert "access given: 0" in bare.stdout and "access of device 0: 0, flags 3" in bare.stdout, \
+        bare.stdout
+    assert_same(bare, shim, "poolpeer")
+    bare, shim = both("poolpeer", tmp_path, SPYRESHIM_LIMIT="4M")
+    assert answers(bare, "poolpeer") == [0], bare.stdout
+    assert answers(shim, "poolpeer") == [2], shim.stdout + shim.stderr
+    assert shim.returncode == 0 and "poolpeer ok" in shim.stdout, shim.stdout + shim.stderr
+
+
 def test_vmm_memory_of_another_device_is_under_that_devices_limit(shim_lib, tmp_path):
     """cuMemCreate of device 1 with device 0's context current: counted
     and limited on device 1, as the pools' memory."""

@@ -51,6 +51,11 @@
  *                prints the answers ("other|made|stream <bytes> <rc>", and
  *                the current context after the stream's allocation;
  *                under SPYRESHIM_LIMIT the test expects device 1's limit)
+ *   poolpeer     1 MiB served on device 0, then 4 MiB from a pool made on
+ *                device 1 that device 0 was given read-write access to
+ *                ("poolpeer <bytes> <rc>"; under SPYRESHIM_LIMIT=4M the test
+ *                expects the calling context's device charged: whose a
+ *                shared pool's memory is, the driver does not say)
  *   queries      the driver's answers the shim asks: cuMemPoolGetAccess of
  *                each device to a pool, cuStreamGetCtx of a stream and of
  *                the default one, cuMemRetainAllocationHandle of an
@@ -378,6 +383,35 @@ static void check_vmmretainlate(void)
     printf("%s ok\n", check_name);
 }
 
+static void check_poolpeer(void)
+{
+    CUdeviceptr served, p;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS && cuMemAlloc_v2(&served, MiB) == CUDA_SUCCESS,
+          "1 MiB on device 0");
+    CUmemoryPool made;
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 1;
+    CHECK(cuMemPoolCreate(&made, &props) == CUDA_SUCCESS, "a pool of device 1");
+    CUmemAccessDesc peer = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    printf("access given: %d\n", cuMemPoolSetAccess(made, &peer, 1));
+    CUmemAccess_flags flags = 0;
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    CUresult asked = cuMemPoolGetAccess(&flags, made, &loc);
+    printf("access of device 0: %d, flags %d\n", asked, (int)flags);
+    CUresult rc = cuMemAllocFromPoolAsync(&p, 4 * MiB, made, NULL);
+    printf("poolpeer 4194304 %d\n", rc);
+    if (rc == CUDA_SUCCESS)
+        printf("free %d\n", cuMemFreeAsync(p, NULL));
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS && cuMemPoolDestroy(made) == CUDA_SUCCESS,
+          "destroy the pool");
+    CHECK(cuMemFree_v2(served) == CUDA_SUCCESS, "free device 0's");
+    printf("%s ok\n", check_name);
+}
+
 static void check_poolother(void)
 {
     CUmemoryPool pool1;
@@ -498,6 +532,7 @@ int main(int argc, char **argv)
         {"vmmretain", check_vmmretain},     {"popped", check_popped},
         {"queries", check_queries},         {"elsewhere", check_elsewhere},
         {"vmmadjacent", check_vmmadjacent}, {"vmmretainlate", check_vmmretainlate},
+        {"poolpeer", check_poolpeer},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
