@@ -339,6 +339,8 @@ enum {
     X(CUresult, cuDeviceSetMemPool, (CUdevice dev, CUmemoryPool pool)) \
     X(CUresult, cuMemPoolGetAccess, (CUmemAccess_flags *flags, CUmemoryPool memPool, \
                                      CUmemLocation *location)) \
+    X(CUresult, cuMemPoolSetAccess, (CUmemoryPool pool, const CUmemAccessDesc *map, \
+                                     size_t count)) \
     X(CUresult, cuStreamGetCtx, (CUstream hStream, CUcontext *pctx)) \
     X(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *handle, void *addr)) \
     X(unsigned long long, cudastandinSyncsDuringCapture, (void))

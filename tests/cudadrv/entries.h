@@ -143,5 +143,6 @@
     X(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool) \
     X(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool) \
     X(cuMemPoolGetAccess, 11020, cuMemPoolGetAccess) \
+    X(cuMemPoolSetAccess, 11020, cuMemPoolSetAccess) \
     X(cuStreamGetCtx, 9020, cuStreamGetCtx) \
     X(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)

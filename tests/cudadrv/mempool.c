@@ -1,7 +1,8 @@
 /* mempool: stream-ordered allocation (cuMemAllocAsync, cuMemFreeAsync,
  * cuMemAllocFromPoolAsync and their _ptsz forms) and memory pools
  * (cuMemPoolCreate/Destroy/TrimTo/SetAttribute/GetAttribute,
- * cuDeviceGetDefaultMemPool, cuDeviceGetMemPool, cuDeviceSetMemPool), with
+ * cuDeviceGetDefaultMemPool, cuDeviceGetMemPool, cuDeviceSetMemPool,
+ * cuMemPoolGetAccess/SetAccess), with
  * the driver's documented semantics:
  *
  * - a pool reserves chunks of its device's memory (memory.c, owned by no
@@ -61,6 +62,7 @@ struct cd_mempool {
     struct cd_mempool *next;
     CUdevice dev;
     bool is_default, destroyed;
+    unsigned peers; /* other devices given read-write access, a bit each */
     int follow_events, opportunistic, internal_deps;
     cuuint64_t threshold;
     size_t reserved, used, reserved_high, used_high;
@@ -549,8 +551,8 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
     return rc;
 }
 
-/* A pool's own device has read-write access to it, always; no other
- * device does here (cuMemPoolSetAccess, peer access, is not modelled). */
+/* A pool's own device has read-write access to it, always; another device
+ * once cuMemPoolSetAccess gave it (peer access is every pair's here). */
 CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool,
                             CUmemLocation *location)
 {
@@ -562,8 +564,41 @@ CUresult cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool,
     pthread_mutex_lock(&mu);
     bool ok = valid(memPool);
     if (ok)
-        *flags = memPool->dev == location->id ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                                              : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+        *flags = memPool->dev == location->id || (memPool->peers >> location->id & 1u)
+                     ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                     : CU_MEM_ACCESS_FLAGS_PROT_NONE;
     pthread_mutex_unlock(&mu);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* Read-write or none (a pool has no read-only access); the pool's own
+ * device cannot lose its access. All or nothing: every entry is checked
+ * before any applies. */
+CUresult cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    CD_REQUIRE_INIT();
+    if (!map && count)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+            (map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE &&
+             map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE))
+            return CUDA_ERROR_INVALID_VALUE;
+        if (!cd_device_valid(map[i].location.id))
+            return CUDA_ERROR_INVALID_DEVICE;
+    }
+    pthread_mutex_lock(&mu);
+    CUresult rc = valid(pool) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count && rc == CUDA_SUCCESS; i++)
+        if (map[i].location.id == pool->dev && map[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+            rc = CUDA_ERROR_INVALID_DEVICE;
+    for (size_t i = 0; i < count && rc == CUDA_SUCCESS; i++) {
+        unsigned bit = 1u << map[i].location.id;
+        if (map[i].location.id == pool->dev)
+            continue;
+        pool->peers = map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? pool->peers | bit
+                                                                         : pool->peers & ~bit;
+    }
+    pthread_mutex_unlock(&mu);
+    return rc;
 }

@@ -173,6 +173,16 @@ def test_peak_used_is_the_peak_of_the_sum_over_devices(shim_lib, tmp_path):
     assert names["cuda:1"]["peak_used_bytes"] == 1 << 20, names
 
 
+def test_peak_used_counts_devices_holding_memory_at_once(shim_lib, tmp_path):
+    """1 MiB held on each device at once, both freed before exit: the
+    process's peak is 2 MiB, above either device's peak and what is live
+    at exit (the peak is the process's own, not rebuilt from those)."""
+    r, s = run_check("peaksum", tmp_path)
+    assert s["peak_used_bytes"] == 2 << 20 and s["used_bytes"] == 0, s
+    names = {d["name"]: d for d in s["runtimes"]}
+    assert names["cuda:0"]["peak_used_bytes"] == names["cuda:1"]["peak_used_bytes"] == 1 << 20
+
+
 def test_dlsym_on_a_driver_leaves_dlerror_clean(shim_lib):
     """The POSIX idiom on a driver that exports only the three memory
     functions: the shim's probes of the names it lacks leave no error."""

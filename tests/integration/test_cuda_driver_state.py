@@ -133,6 +133,24 @@ def test_a_retained_handle_keeps_its_memory_until_released_and_unmapped(shim_lib
     assert s["vmm_allocs"] == s["vmm_frees"] and s["vmm_bytes"] == 0, s
 
 
+@pytest.mark.parametrize("check", ["vmmadjacent", "vmmretainlate"])
+def test_a_handle_lives_while_a_mapping_or_a_reference_holds_it(shim_lib, tmp_path, check):
+    """Two handles mapped side by side, the first unmapped (the range ends
+    where the second mapping begins); or a handle released while mapped,
+    retained from its mapping, then unmapped: 2 MiB still live, so under
+    SPYRESHIM_LIMIT=4M 4 MiB more is out of memory (2) until the last
+    unmapping or release, then not; the bare device serves both. Without
+    a limit the same answers as bare and nothing left at exit."""
+    bare, shim = both(check, tmp_path)
+    assert_same(bare, shim, check)
+    s = stats(tmp_path)
+    assert s["vmm_allocs"] == s["vmm_frees"] and s["vmm_bytes"] == 0, s
+    bare, shim = both(check, tmp_path, SPYRESHIM_LIMIT="4M")
+    assert answers(bare, check) == [0, 0], bare.stdout
+    assert answers(shim, check) == [2, 0], shim.stdout + shim.stderr
+    assert shim.returncode == 0 and f"{check} ok" in shim.stdout, shim.stdout + shim.stderr
+
+
 def test_the_drivers_answers_the_shim_asks(shim_lib, tmp_path):
     """The stand-in answers as the driver documents what the shim asks it:
     a pool's own device has read-write access, another none, no device is
@@ -158,8 +176,12 @@ def answers(r, key):
 def test_pool_memory_of_another_device_is_that_devices(shim_lib, tmp_path):
     """Without a limit, 4 MiB from device 1's default pool, from a pool made
     there and on a stream of device 1 while device 0's context is current:
-    the same answers, and counted on device 1."""
+    the same answers (the context stack too after the stream's),
+    and counted on device 1."""
     bare, shim = both("poolother", tmp_path)
+    # The stream's device is asked of its context, which the shim pushes
+    # and pops: the thread's context stack is the program's.
+    assert "contexts on the stack after it: 1" in bare.stdout, bare.stdout
     assert_same(bare, shim, "poolother")
     s = stats(tmp_path)
     fam = {(f["family"], f["device"]): f for f in s["passthrough"]}
@@ -178,6 +200,23 @@ def test_pool_memory_of_another_device_is_under_that_devices_limit(shim_lib, tmp
     assert answers(shim, "other") == [2, 0] and answers(shim, "stream") == [2], shim.stdout
     assert answers(shim, "made") == [2], shim.stdout
     assert shim.returncode == 0 and "poolother ok" in shim.stdout, shim.stdout + shim.stderr
+
+
+def test_a_pool_two_devices_write_is_charged_to_the_calling_contexts_device(shim_lib, tmp_path):
+    """A pool made on device 1 that device 0 was given read-write access
+    to: the driver does not say whose its memory is, so the calling
+    context's device (0, 1 MiB served) is charged. Without a limit the same
+    answers as bare; under SPYRESHIM_LIMIT=4M 4 MiB from it is out of
+    memory (2) where the bare device serves it (charged to device 1, the
+    last device with access, it was allowed)."""
+    bare, shim = both("poolpeer", tmp_path)
+    assert "access given: 0" in bare.stdout and "access of device 0: 0, flags 3" in bare.stdout, \
+        bare.stdout
+    assert_same(bare, shim, "poolpeer")
+    bare, shim = both("poolpeer", tmp_path, SPYRESHIM_LIMIT="4M")
+    assert answers(bare, "poolpeer") == [0], bare.stdout
+    assert answers(shim, "poolpeer") == [2], shim.stdout + shim.stderr
+    assert shim.returncode == 0 and "poolpeer ok" in shim.stdout, shim.stdout + shim.stderr
 
 
 def test_vmm_memory_of_another_device_is_under_that_devices_limit(shim_lib, tmp_path):

@@ -284,6 +284,37 @@ def test_the_limit_is_per_device_whatever_the_contexts(program, builddir, tmp_pa
     assert [d["name"] for d in stats(tmp_path)["runtimes"]] == ["opencl:0"]
 
 
+
+def test_a_retained_buffer_is_charged_until_its_last_release(program, builddir, tmp_path):
+    """A 24 MiB buffer retained once more and released once is alive: under
+    a 64 MiB limit a 48 MiB buffer is refused until its last release, then
+    made; without the shim both are made, and the other answers are the
+    same (the shim that counted only the program's creates dropped the
+    record at the first release and allowed 72 MiB)."""
+    argv = [built(builddir, "opencl_same"), "retained"]
+    bare = pythons.run(argv, env=base_env())
+    assert bare.returncode == 0 and "retained ok" in bare.stdout, bare.describe()
+    assert "retained round=0 err=0\nlast release=0\nretained round=1 err=0\n" in bare.stdout
+    r = pythons.run(argv, env=shim_env(tmp_path, SPYRESHIM_LIMIT="64M", SPYRESHIM_LEAK_CHECK=1))
+    assert r.returncode == 0, r.describe()
+    assert r.stdout == bare.stdout.replace("retained round=0 err=0", "retained round=0 err=-4"), \
+        bare.describe() + r.describe()
+    f = family(stats(tmp_path))
+    assert f["allocs"] == f["frees"] and f["bytes"] == 0, f
+
+
+def test_what_the_runtime_refuses_is_not_charged(program, builddir, tmp_path):
+    """8 x 16 MiB buffers the runtime refuses (CL_INVALID_HOST_PTR), then a
+    48 MiB buffer, and the same with SVM (an alignment of 3), under a 64 MiB
+    limit: the same answers as without the
+    shim (the shim that kept the charge of a refused create answered
+    out of memory from the 5th on)."""
+    r = same_both_ways([built(builddir, "opencl_same"), "refused"], tmp_path,
+                       SPYRESHIM_LIMIT="64M", SPYRESHIM_LEAK_CHECK=1)
+    assert "refused" + " -37" * 8 + "\nthen 48 MiB err=0\n" in r.stdout, r.stdout
+    if "refused svm" in r.stdout:
+        assert "refused svm" + " 0" * 8 + "\nthen 48 MiB of svm: 1\n" in r.stdout, r.stdout
+
 def test_svm_freed_by_the_queue_is_uncharged(program, builddir, tmp_path):
     """120 x 1 MiB clSVMAlloc under a 64 MiB limit, each given back with
     clEnqueueSVMFree: none refused, nothing reported leaked, the same

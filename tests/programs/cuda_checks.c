@@ -31,6 +31,9 @@
  *   freeasync cuMemFreeAsync of a served block is the shim's free
  *   peak      1 MiB on device 0, freed, then 1 MiB on device 1 (the test
  *             reads peak_used_bytes from the statistics)
+ *   peaksum   1 MiB on device 0 held while 1 MiB on device 1 is allocated
+ *             and freed, then freed (the peak of the sum is 2 MiB, above
+ *             either device's peak and what is live at exit)
  *   procaddr  cuGetProcAddress hands out the shim's teardown, pointer-query
  *             and stream-ordered-free functions at their ABI versions (the
  *             route of the CUDA runtime); prints "<name>@<version> <object>" */
@@ -424,6 +427,18 @@ static void check_peak(void)
     printf("peak ok\n");
 }
 
+static void check_peaksum(void)
+{
+    CUdeviceptr a, b;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS && cuMemAlloc_v2(&a, 1 << 20) == CUDA_SUCCESS,
+          "1 MiB on device 0");
+    CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuMemAlloc_v2(&b, 1 << 20) == CUDA_SUCCESS &&
+          cuMemFree_v2(b) == CUDA_SUCCESS, "1 MiB on device 1 while device 0's is held");
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS && cuMemFree_v2(a) == CUDA_SUCCESS,
+          "device 0's freed");
+    printf("peaksum ok\n");
+}
+
 static void check_procaddr(void)
 {
     static const struct { const char *name; int version; cuuint64_t flags; } rows[] = {
@@ -530,6 +545,7 @@ int main(int argc, char **argv)
         {"ipc", check_ipc}, {"pitch", check_pitch}, {"reset", check_reset},
         {"destroy", check_destroy}, {"stale", check_stale}, {"cross", check_cross},
         {"attrs", check_attrs}, {"freeasync", check_freeasync}, {"peak", check_peak},
+        {"peaksum", check_peaksum},
         {"procaddr", check_procaddr}, {"hostmem", check_hostmem}, {"hostleak", check_hostleak},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);

@@ -36,11 +36,26 @@
  *                references released: the memory lives until the unmapping
  *                ("vmmretain <bytes> <rc>": a cuMemCreate while it lives and
  *                one after; under SPYRESHIM_LIMIT=4M the first is refused)
+ *   vmmadjacent  two handles mapped side by side, both released while mapped,
+ *                the first unmapped: the second's memory lives until its own
+ *                unmapping ("vmmadjacent <bytes> <rc>": a cuMemCreate while
+ *                it lives and one after; under SPYRESHIM_LIMIT=4M the first
+ *                is refused)
+ *   vmmretainlate a handle released while mapped, then retained from its
+ *                mapping and unmapped: the retained reference keeps the
+ *                memory until its release ("vmmretainlate <bytes> <rc>", as
+ *                vmmadjacent)
  *   poolother    cuMemAllocFromPoolAsync from device 1's default pool and
  *                from a pool made on device 1, and cuMemAllocAsync on a
  *                stream of device 1, while device 0's context is current:
- *                prints the answers ("other|made|stream <bytes> <rc>";
+ *                prints the answers ("other|made|stream <bytes> <rc>", and
+ *                the current context after the stream's allocation;
  *                under SPYRESHIM_LIMIT the test expects device 1's limit)
+ *   poolpeer     1 MiB served on device 0, then 4 MiB from a pool made on
+ *                device 1 that device 0 was given read-write access to
+ *                ("poolpeer <bytes> <rc>"; under SPYRESHIM_LIMIT=4M the test
+ *                expects the calling context's device charged: whose a
+ *                shared pool's memory is, the driver does not say)
  *   queries      the driver's answers the shim asks: cuMemPoolGetAccess of
  *                each device to a pool, cuStreamGetCtx of a stream and of
  *                the default one, cuMemRetainAllocationHandle of an
@@ -315,6 +330,88 @@ static void check_vmmretain(void)
     printf("%s ok\n", check_name);
 }
 
+/* A cuMemCreate of 4 MiB, its answer printed as "<key> <bytes> <rc>" and
+ * the handle released when made. */
+static void create_4mib(const char *key, const CUmemAllocationProp *prop)
+{
+    CUmemGenericAllocationHandle more;
+    CUresult rc = cuMemCreate(&more, 4 * MiB, prop, 0);
+    printf("%s %zu %d\n", key, 4 * MiB, rc);
+    if (rc == CUDA_SUCCESS)
+        printf("release %d\n", cuMemRelease(more));
+}
+
+static void check_vmmadjacent(void)
+{
+    CUmemAllocationProp prop = vmm_prop(0);
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h1, h2;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    CHECK(cuMemAddressReserve(&va, 4 * MiB, 0, 0, 0) == CUDA_SUCCESS, "reserve");
+    CHECK(cuMemCreate(&h1, 2 * MiB, &prop, 0) == CUDA_SUCCESS &&
+          cuMemCreate(&h2, 2 * MiB, &prop, 0) == CUDA_SUCCESS, "create two");
+    CHECK(cuMemMap(va, 2 * MiB, 0, h1, 0) == CUDA_SUCCESS &&
+          cuMemMap(va + 2 * MiB, 2 * MiB, 0, h2, 0) == CUDA_SUCCESS, "map side by side");
+    printf("release both: %d %d\n", cuMemRelease(h1), cuMemRelease(h2));
+    /* The range ends where the second mapping begins. */
+    printf("unmap the first: %d\n", cuMemUnmap(va, 2 * MiB));
+    create_4mib("vmmadjacent", &prop);
+    printf("unmap the second: %d\n", cuMemUnmap(va + 2 * MiB, 2 * MiB));
+    create_4mib("vmmadjacent", &prop);
+    CHECK(cuMemAddressFree(va, 4 * MiB) == CUDA_SUCCESS, "free the reservation");
+    printf("%s ok\n", check_name);
+}
+
+static void check_vmmretainlate(void)
+{
+    CUmemAllocationProp prop = vmm_prop(0);
+    CUdeviceptr va;
+    CUmemGenericAllocationHandle h, again = 0;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "set context");
+    CHECK(cuMemAddressReserve(&va, 2 * MiB, 0, 0, 0) == CUDA_SUCCESS, "reserve");
+    CHECK(cuMemCreate(&h, 2 * MiB, &prop, 0) == CUDA_SUCCESS, "create");
+    CHECK(cuMemMap(va, 2 * MiB, 0, h, 0) == CUDA_SUCCESS, "map");
+    printf("release while mapped: %d\n", cuMemRelease(h));
+    CUresult rc = cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)va);
+    printf("retain: %d, the same handle: %d\n", rc, again == h);
+    printf("unmap: %d\n", cuMemUnmap(va, 2 * MiB));
+    /* Unmapped, but the retained reference holds the 2 MiB. */
+    create_4mib("vmmretainlate", &prop);
+    printf("release the retained: %d\n", cuMemRelease(again));
+    create_4mib("vmmretainlate", &prop);
+    CHECK(cuMemAddressFree(va, 2 * MiB) == CUDA_SUCCESS, "free the reservation");
+    printf("%s ok\n", check_name);
+}
+
+static void check_poolpeer(void)
+{
+    CUdeviceptr served, p;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS && cuMemAlloc_v2(&served, MiB) == CUDA_SUCCESS,
+          "1 MiB on device 0");
+    CUmemoryPool made;
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = 1;
+    CHECK(cuMemPoolCreate(&made, &props) == CUDA_SUCCESS, "a pool of device 1");
+    CUmemAccessDesc peer = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0},
+                            .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    printf("access given: %d\n", cuMemPoolSetAccess(made, &peer, 1));
+    CUmemAccess_flags flags = 0;
+    CUmemLocation loc = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0};
+    CUresult asked = cuMemPoolGetAccess(&flags, made, &loc);
+    printf("access of device 0: %d, flags %d\n", asked, (int)flags);
+    CUresult rc = cuMemAllocFromPoolAsync(&p, 4 * MiB, made, NULL);
+    printf("poolpeer 4194304 %d\n", rc);
+    if (rc == CUDA_SUCCESS)
+        printf("free %d\n", cuMemFreeAsync(p, NULL));
+    CHECK(cuCtxSynchronize() == CUDA_SUCCESS && cuMemPoolDestroy(made) == CUDA_SUCCESS,
+          "destroy the pool");
+    CHECK(cuMemFree_v2(served) == CUDA_SUCCESS, "free device 0's");
+    printf("%s ok\n", check_name);
+}
+
 static void check_poolother(void)
 {
     CUmemoryPool pool1;
@@ -335,6 +432,12 @@ static void check_poolother(void)
     }
     rc = cuMemAllocAsync(&q, 4 * MiB, s1);
     printf("stream 4194304 %d\n", rc);
+    /* The calling thread's context stack as the program left it. */
+    int depth = 0;
+    for (CUcontext top = NULL; depth < 8 && cuCtxPopCurrent_v2(&top) == CUDA_SUCCESS && top;)
+        depth++;
+    printf("contexts on the stack after it: %d\n", depth);
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "device 0's context current again");
     if (rc == CUDA_SUCCESS)
         printf("free %d\n", cuMemFreeAsync(q, s1));
     rc = cuMemAllocFromPoolAsync(&p, MiB, pool1, NULL);
@@ -428,6 +531,8 @@ int main(int argc, char **argv)
         {"poolother", check_poolother},     {"vmmother", check_vmmother},
         {"vmmretain", check_vmmretain},     {"popped", check_popped},
         {"queries", check_queries},         {"elsewhere", check_elsewhere},
+        {"vmmadjacent", check_vmmadjacent}, {"vmmretainlate", check_vmmretainlate},
+        {"poolpeer", check_poolpeer},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }

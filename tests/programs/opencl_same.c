@@ -20,6 +20,15 @@
  *            after it; 10 large buffers made and released meanwhile
  * contexts   40 contexts each released while a queue holds it, a 48 MiB
  *            buffer made in each (kept across two contexts)
+ * retained   a 24 MiB buffer retained once more and released once (still
+ *            alive), then a 48 MiB buffer made; again after its last
+ *            release (under SPYRESHIM_LIMIT=64M the test expects the first
+ *            refused: the retained buffer is charged until its last release)
+ * refused    8 x 16 MiB buffers the runtime refuses (CL_MEM_USE_HOST_PTR
+ *            without a host pointer), then a 48 MiB buffer; the same with
+ *            SVM (an alignment of 3) where the device has it: the answers
+ *            (under SPYRESHIM_LIMIT=64M too: what the runtime refused holds
+ *            nothing)
  * svmfree    120 x 1 MiB clSVMAlloc, each given back by clEnqueueSVMFree
  * threads    4 threads creating and releasing buffers in a context whose
  *            only reference is its queue's
@@ -328,6 +337,67 @@ static void check_contexts(void)
     printf("contexts ok\n");
 }
 
+static void check_retained(void)
+{
+    cl_context c = new_context();
+    CHECK(c, "no context");
+    cl_int err;
+    cl_mem a = clCreateBuffer(c, CL_MEM_READ_WRITE, 24 << 20, NULL, &err);
+    CHECK(a, "no 24 MiB buffer: %d", err);
+    cl_int retained = clRetainMemObject(a);
+    printf("retain=%d release=%d\n", retained, clReleaseMemObject(a));
+    size_t size = 0;
+    printf("still alive=%d size=%zu\n",
+           clGetMemObjectInfo(a, CL_MEM_SIZE, sizeof size, &size, NULL), size);
+    for (int round = 0; round < 2; round++) {
+        cl_mem b = clCreateBuffer(c, CL_MEM_READ_WRITE, 48 << 20, NULL, &err);
+        printf("retained round=%d err=%d\n", round, err);
+        if (b)
+            clReleaseMemObject(b);
+        if (round == 0)
+            printf("last release=%d\n", clReleaseMemObject(a));
+    }
+    clReleaseContext(c);
+    printf("retained ok\n");
+}
+
+static void check_refused(void)
+{
+    cl_context c = new_context();
+    CHECK(c, "no context");
+    cl_int err;
+    printf("refused");
+    for (int i = 0; i < 8; i++) {
+        cl_mem m = clCreateBuffer(c, CL_MEM_USE_HOST_PTR, 16 << 20, NULL, &err);
+        printf(" %d", err);
+        if (m)
+            clReleaseMemObject(m);
+    }
+    cl_mem b = clCreateBuffer(c, CL_MEM_READ_WRITE, 48 << 20, NULL, &err);
+    printf("\nthen 48 MiB err=%d\n", err);
+    if (b)
+        clReleaseMemObject(b);
+    cl_device_svm_capabilities caps = 0;
+    if (clGetDeviceInfo(dev, CL_DEVICE_SVM_CAPABILITIES, sizeof caps, &caps, NULL) ==
+            CL_SUCCESS &&
+        caps) {
+        /* An alignment that is no power of two: refused by the runtime. */
+        printf("refused svm");
+        for (int i = 0; i < 8; i++) {
+            void *p = clSVMAlloc(c, CL_MEM_READ_WRITE, 16 << 20, 3);
+            printf(" %d", p != NULL);
+            if (p)
+                clSVMFree(c, p);
+        }
+        void *p = clSVMAlloc(c, CL_MEM_READ_WRITE, 48 << 20, 0);
+        printf("\nthen 48 MiB of svm: %d\n", p != NULL);
+        if (p)
+            clSVMFree(c, p);
+    }
+    clReleaseContext(c);
+    printf("refused ok\n");
+}
+
 static void check_svmfree(void)
 {
     cl_device_svm_capabilities caps = 0;
@@ -407,7 +477,8 @@ int main(int argc, char **argv)
     static const struct named_check checks[] = {
         {"rect", check_rect},       {"range", check_range},   {"hostflags", check_hostflags},
         {"image1d", check_image1d}, {"release", check_release}, {"contexts", check_contexts},
-        {"svmfree", check_svmfree}, {"threads", check_threads},
+        {"svmfree", check_svmfree}, {"threads", check_threads},   {"retained", check_retained},
+        {"refused", check_refused},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }
