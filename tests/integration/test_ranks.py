@@ -1,0 +1,127 @@
+"""Many ranks, one answer (issue 49): which worker of a launch wrote each
+file. Output paths take %r, %l, %R and %h besides %p; a ranked process's
+template without %r gets the rank in its name; the trace's process record
+and the report's fields say rank, local rank, world size, restart, run id
+and host. The program sees what it sees bare: its output is compared."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SCRIPT = REPO / "scripts" / "spyreshim"
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from spyreshim import trace as tr  # noqa: E402
+import pythons  # noqa: E402
+
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                 "SLURM_PROCID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                 "SLURM_LOCALID", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS",
+                 "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID")
+
+# Leaks one tensor (so that the report is written) and prints what it sees
+# of the launcher's variables: the same with the shim as without.
+WORKER = textwrap.dedent("""\
+    import ctypes
+    import os
+    import simdev
+
+    t = simdev.Tensor(1 << 20)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+    print(sorted((k, v) for k, v in os.environ.items()
+                 if "RANK" in k or "TORCHELASTIC" in k or k == "WORLD_SIZE"))
+    """)
+
+
+@pytest.fixture(scope="module")
+def shim():
+    assert pythons.shim_lib().exists(), "%s is not built" % pythons.shim_lib()
+    interp = pythons.get("cpython3.11-static").require()
+    pythons.build_module(interp)
+    return interp
+
+
+def _env(interp, launch):
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    for k in LAUNCHER_VARS:
+        env.pop(k, None)
+    env.update(launch)
+    return env
+
+
+def _run(interp, tmp_path, launch, *options):
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = _env(interp, launch)
+    bare = subprocess.run([interp.exe, "worker.py"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=pythons.HANG_S)
+    r = subprocess.run([str(SCRIPT), "run", "--exitcode", "0"] + [str(o) for o in options] +
+                       ["--", interp.exe, "worker.py"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    assert r.returncode == 0 and bare.returncode == 0, (r, bare)
+    assert r.stdout == bare.stdout, (r.stdout, bare.stdout)
+    return r
+
+
+TORCHRUN = {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+            "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_RUN_ID": "job-7"}
+
+
+def test_tokens_name_the_rank_and_the_records_say_it(shim, tmp_path):
+    r = _run(shim, tmp_path, TORCHRUN, "--trace", "t-%r-%l-%R-%h.trace",
+             "--report", "r-%r.%R.json")
+    host = socket.gethostname()
+    names = sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".trace", ".json"))
+    assert names == ["r-3.2.json", "t-3-1-2-%s.trace" % host], (names, r.stderr)
+    rep = json.loads((tmp_path / "r-3.2.json").read_text())
+    assert {k: rep.get(k) for k in ("rank", "local_rank", "world_size", "restart", "run_id",
+                                    "host")} == {"rank": 3, "local_rank": 1, "world_size": 4,
+                                                 "restart": 2, "run_id": "job-7", "host": host}
+    t = tr.stream(tmp_path / ("t-3-1-2-%s.trace" % host))
+    assert t.process == {"rank": 3, "local_rank": 1, "world_size": 4, "restart": 2,
+                         "run_id": "job-7", "host": host}
+
+
+def test_a_name_without_the_rank_gets_it(shim, tmp_path):
+    """No two ranks, no two restarts, one file: `.rank<N>` (and after a
+    restart `.restart<N>`) before the first dot of the file's name."""
+    (tmp_path / "sub.d").mkdir()
+    _run(shim, tmp_path, TORCHRUN, "--trace", "out.trace", "--report", "sub.d/rep.json")
+    assert (tmp_path / "out.rank3.restart2.trace").is_file(), list(tmp_path.iterdir())
+    assert not (tmp_path / "out.trace").exists()
+    # The dot of a folder is not the file's; the report's .oom companion
+    # would be rep.rank3.restart2.json.oom.
+    assert [p.name for p in (tmp_path / "sub.d").iterdir()] == ["rep.rank3.restart2.json"]
+
+
+def test_mpi_and_slurm_ranks_and_the_first_restart(shim, tmp_path):
+    (tmp_path / "d").mkdir()
+    _run(shim, tmp_path, {"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                          "SLURM_PROCID": "9", "TORCHELASTIC_RESTART_COUNT": "0"},
+         "--trace", "d/%l-t.trace", "--report", "d/rep")
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["0-t.rank5.trace",
+                                                                 "rep.rank5"]
+    rep = json.loads((tmp_path / "d" / "rep.rank5").read_text())
+    assert rep["rank"] == 5 and rep["local_rank"] == 0 and "world_size" not in rep
+
+
+def test_no_launcher_no_change(shim, tmp_path):
+    """Outside a launch the names are as before, and %r, %l, %R expand to
+    nothing; the records hold the host alone."""
+    _run(shim, tmp_path, {"RANK": "not-a-number"}, "--trace", "a%r%l%R.trace",
+         "--report", "rep-%p.json")
+    names = [p.name for p in tmp_path.iterdir() if p.suffix in (".trace", ".json")]
+    assert "a.trace" in names and len(names) == 2, names
+    t = tr.stream(tmp_path / "a.trace")
+    assert t.process == {"host": socket.gethostname()}
+    rep = json.loads(next(tmp_path.glob("rep-*.json")).read_text())
+    assert "rank" not in rep and rep["host"] == socket.gethostname()
