@@ -58,7 +58,8 @@ DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
 SIZE_MASK = (1 << 48) - 1
 
-(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS, T_PROCESS) = range(1, 9)
+(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS, T_PROCESS,
+ T_CAPACITY) = range(1, 10)
 # The process record's keys whose values are numbers (the others: text).
 PROCESS_NUMBERS = ("rank", "local_rank", "world_size", "restart")
 
@@ -120,6 +121,7 @@ class Trace(object):
         # The launcher's identity (rank, local_rank, world_size, restart:
         # int; run_id, host: str), what the process record holds.
         self.process = {}
+        self.capacity = {}   # device index -> bytes the program may have there
         self.maps = []       # (start, end, offset, path) of executable mappings
         self.foreign_frees = 0   # frees of blocks allocated before fork() (not counted)
         self.foreign_bytes = 0
@@ -237,7 +239,8 @@ def _parse_meta(t, b, base, path):
 
 _TAG_NAMES = {T_SITE: "site", T_NSTACK: "native stack", T_DEVICE: "device", T_MAPS: "maps",
               T_SYMBOL: "symbol", T_PYSTACK: "python stack",
-              T_PYMARKS: "python stack marks", T_PROCESS: "process"}
+              T_PYMARKS: "python stack marks", T_PROCESS: "process",
+              T_CAPACITY: "device capacity"}
 
 
 def _parse_record(t, tag, p):
@@ -275,6 +278,12 @@ def _parse_record(t, tag, p):
         t.symbols[a] = (fn, file, line, obj)
         if flags:
             t.symbol_flags[a] = flags
+    elif tag == T_CAPACITY:
+        _need(p, 16, "record")
+        idx, _, cap = struct.unpack_from("<IIQ", p)
+        if idx >= MAX_DEVICES:
+            raise _Bad("device index %d out of range (0 to %d)" % (idx, MAX_DEVICES - 1))
+        t.capacity[idx] = cap
     elif tag == T_PROCESS:
         words, _ = _cstrings(p, p.count(b"\0") & ~1)
         out = {}

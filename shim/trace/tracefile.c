@@ -38,6 +38,7 @@ static uint32_t sites_written;
 static size_t devices_written;
 static bool families_written; /* the pass-through families' device records */
 static bool process_written;  /* the launcher's identity (TRACE_META_PROCESS) */
+static bool capacity_written[SHIM_MAX_DEVICES]; /* TRACE_META_CAPACITY, once known */
 static uint8_t *nstack_seen;    /* bitmap by native stack id */
 static size_t nstack_seen_bytes;
 static uint32_t *nstacks;       /* native stack ids written, in order */
@@ -218,6 +219,14 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
         const char *name = shim_device_name(shim_device_at(devices_written));
         shim_tracefile_meta_add(m, TRACE_META_DEVICE, d, sizeof d, name, strlen(name) + 1);
     }
+    for (size_t i = 0; i < ndev && i < SHIM_MAX_DEVICES; i++) {
+        uint64_t cap = capacity_written[i] ? 0 : shim_device_capacity(shim_device_at(i));
+        if (cap) {
+            uint32_t d[2] = {(uint32_t)i, 0};
+            shim_tracefile_meta_add(m, TRACE_META_CAPACITY, d, sizeof d, &cap, sizeof cap);
+            capacity_written[i] = !m->oom;
+        }
+    }
     /* The pass-through families' pseudo-devices, named once when any
      * such memory was seen. */
     if (!families_written && shim_passthrough_used()) {
@@ -386,6 +395,7 @@ void shim_tracefile_atfork_child(void)
     devices_written = 0;
     families_written = false;
     process_written = false;
+    memset(capacity_written, 0, sizeof capacity_written);
     n_nstacks = 0;
     if (nstack_seen)
         memset(nstack_seen, 0, nstack_seen_bytes);

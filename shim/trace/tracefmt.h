@@ -109,6 +109,7 @@ enum trace_tag {
     TRACE_META_PYSTACK = 6,  /* u32 id, u32 n, then n times: i32 line, function\0 file\0 (at exit) */
     TRACE_META_PYMARKS = 7,  /* u32 id, u32 SHIM_PYSTACK_* flags, u8 entry[n] (at exit, after 6) */
     TRACE_META_PROCESS = 8,  /* key\0value\0 pairs: the launcher's identity (base/rank.h) */
+    TRACE_META_CAPACITY = 9, /* u32 device index, u32 0, u64 bytes the program may have there */
 };
 
 /* A symbol record's flags (0 in files written before they existed). */
