@@ -5,6 +5,7 @@ and the report's fields say rank, local rank, world size, restart, run id
 and host. The program sees what it sees bare: its output is compared."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -125,3 +126,123 @@ def test_no_launcher_no_change(shim, tmp_path):
     assert t.process == {"host": socket.gethostname()}
     rep = json.loads(next(tmp_path.glob("rep-*.json")).read_text())
     assert "rank" not in rep and rep["host"] == socket.gethostname()
+
+
+# Training-like steps that leave their tensors in reference cycles with the
+# collector off: only the shim's collection frees them. "hang" stops after
+# the steps, so that the test can kill it mid-run.
+CYCLES = textwrap.dedent("""\
+    import gc
+    import sys
+    import time
+    import simdev
+
+    gc.disable()
+
+    def step():
+        d = {"t": simdev.Tensor(2 << 20)}
+        d["self"] = d
+
+    for _ in range(40):
+        step()
+    print("steps done", flush=True)
+    if sys.argv[1:] == ["hang"]:
+        time.sleep(600)
+    """)
+
+
+def _rank(interp, tmp_path, rank, memory, *args, hang=False):
+    env = _env(interp, {"RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(rank),
+                        "TORCHELASTIC_RUN_ID": "cycles"})
+    env["SIMDEV_MEMORY"] = memory
+    env["SPYRESHIM_TRACE_FLUSH_MS"] = "50"
+    argv = [str(SCRIPT), "run", "--trace", str(tmp_path / "t" / "w.trace"), "--",
+            interp.exe, "cycles.py", *args]
+    if hang:
+        return subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    return subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=pythons.HANG_S)
+
+
+def test_cross_rank_report(shim, tmp_path):
+    (tmp_path / "cycles.py").write_text(CYCLES)
+    (tmp_path / "t").mkdir()
+    env = _env(shim, {})
+    env["SIMDEV_MEMORY"] = "32M"
+    bare = subprocess.run([shim.exe, "cycles.py"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=pythons.HANG_S)
+    assert bare.returncode != 0 and "steps done" not in bare.stdout, bare
+    r0 = _rank(shim, tmp_path, 0, "256M")
+    r1 = _rank(shim, tmp_path, 1, "32M")
+    assert r0.returncode == 0 and r1.returncode == 0, (r0, r1)
+    assert r0.stdout == r1.stdout == "steps done\n"
+    # Rank 2 killed with SIGKILL once its steps are done: its trace is cut.
+    p = _rank(shim, tmp_path, 2, "256M", "hang", hang=True)
+    try:
+        assert p.stdout.readline() == "steps done\n"
+        import time
+        time.sleep(0.5)      # two flush intervals: the steps' events are in the file
+    finally:
+        p.kill()
+        p.wait()
+    names = sorted(f.name for f in (tmp_path / "t").iterdir())
+    assert names == ["w.rank0.trace", "w.rank1.trace", "w.rank2.trace"], names
+
+    out = subprocess.run([str(SCRIPT), "report", str(tmp_path / "t")], capture_output=True,
+                         text=True, timeout=pythons.HANG_S)
+    assert out.returncode == 0, out
+    text = out.stdout
+    lines = text.splitlines()
+    assert lines[0] == "spyreshim: 3 processes, run id cycles, world size 3", text
+    head = re.split(r"\s{2,}", lines[1])
+    rows = {c[0]: dict(zip(head, c)) for c in (re.split(r"\s{2,}", ln) for ln in lines[2:5])}
+    assert sorted(rows) == ["rank 0", "rank 1", "rank 2"], text
+    # Rank 0 held every step's tensor (80 MiB, no collection needed); rank 1
+    # collected to stay under 32 MiB.
+    assert "highest peak:   rank 0, 80.0 MiB" in text, text
+    assert "least headroom: rank 1," in text and "of 32.0 MiB" in text, text
+    assert "first OOM:      none" in text
+    assert rows["rank 0"]["collections (freed)"] == "0 (0 B)", text
+    assert not rows["rank 1"]["collections (freed)"].startswith("0 "), text
+    assert rows["rank 1"]["headroom"] == "0 B", text
+    # The killed rank's trace is read as far as it was flushed: every step.
+    assert rows["rank 2"]["peak in use"] == "80.0 MiB", text
+
+    d = subprocess.run([str(SCRIPT), "report", "--diff-ranks", "1", "0",
+                        *map(str, (tmp_path / "t").iterdir())],
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert d.returncode == 0, d
+    assert "at rank 0's peak beyond rank 1's" in d.stdout, d.stdout
+    assert "Grew by 50331648 byte(s) (48.0 MiB) in 24 allocation(s)" in d.stdout, d.stdout
+    assert "in step %s:9 [python]" % (tmp_path / "cycles.py") in d.stdout, d.stdout
+
+
+# A launcher that scrubs its workers' environment (as Ray's and some
+# schedulers' do) puts them under the shim with spyreshim.child_env().
+LAUNCHER = textwrap.dedent("""\
+    import os
+    import subprocess
+    import sys
+    import spyreshim
+
+    ours = spyreshim.child_env(full=False)
+    print(sorted(ours))
+    print(ours["LD_PRELOAD"].split(":")[0] == spyreshim.library_path())
+    scrubbed = {k: v for k, v in os.environ.items()
+                if k != "LD_PRELOAD" and not k.startswith("SPYRESHIM_")}
+    probe = "import spyreshim; print(spyreshim.available())"
+    for env in (scrubbed, spyreshim.child_env(scrubbed)):
+        subprocess.run([sys.executable, "-c", probe], env=env, check=True)
+    """)
+
+
+def test_child_env_puts_a_worker_under_the_shim(shim, tmp_path):
+    (tmp_path / "launcher.py").write_text(LAUNCHER)
+    env = _env(shim, {"LD_PRELOAD": "/lib/x86_64-linux-gnu/libc.so.6"})
+    r = subprocess.run([str(SCRIPT), "run", "--stack-depth", "8", "--", shim.exe, "launcher.py"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=pythons.HANG_S)
+    assert r.returncode == 0, r
+    assert r.stdout.splitlines() == [
+        "['LD_PRELOAD', 'PYTHONPATH', 'SPYRESHIM_LIB', 'SPYRESHIM_STACK_DEPTH']", "True",
+        "False", "True"], r.stdout
