@@ -160,6 +160,10 @@ def _parser():
     rep.add_argument("--diff-ranks", nargs=2, metavar=("A", "B"),
                      help="what rank B held at its peak that rank A did not, by site (their "
                           "traces among the files)")
+    rep.add_argument("--chrome-trace", metavar="OUT.json",
+                     help="write the traces in the Trace Event Format (Perfetto, "
+                          "chrome://tracing): a process per rank, counters of bytes in use and "
+                          "reserved per device, collections, pressure and OOMs as instants")
     rep.add_argument("--view", choices=("peak", "timeline", "stats", "gc"), default=None,
                      help="for a trace: peak (default; what was live at the peak), timeline "
                           "(an HTML page, needs --html), stats (text) or gc (what each collection "
@@ -398,6 +402,18 @@ def cmd_ranks(args):
     from . import diff
     from . import ranks
     rows = ranks.gather(args.files)
+    if args.chrome_trace:
+        from . import chrometrace
+        try:
+            n = chrometrace.write(rows, args.chrome_trace)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.chrome_trace,
+                                                              e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %d trace events of %d process%s (open it in "
+                         "https://ui.perfetto.dev or chrome://tracing)\n" % (
+                             PROG, args.chrome_trace, n, len(rows),
+                             "" if len(rows) == 1 else "es"))
+        return 0
     if args.diff_ranks:
         r, title = ranks.diff_ranks(rows, *args.diff_ranks)
         sys.stdout.write(escape.text_out(diff.text(r, title)))
@@ -408,7 +424,7 @@ def cmd_ranks(args):
 
 def cmd_report(args):
     from . import trace as tr
-    if args.ranks or args.diff_ranks or _many(args.files):
+    if args.ranks or args.diff_ranks or args.chrome_trace or _many(args.files):
         return cmd_ranks(args)
     if args.diff:
         return cmd_diff(args)

@@ -145,6 +145,8 @@ CYCLES = textwrap.dedent("""\
 
     for _ in range(40):
         step()
+    if sys.argv[1:] == ["spike"]:
+        simdev.Tensor(16 << 20)          # freed at once: a peak between two samples
     print("steps done", flush=True)
     if sys.argv[1:] == ["hang"]:
         time.sleep(600)
@@ -164,6 +166,30 @@ def _rank(interp, tmp_path, rank, memory, *args, hang=False):
                           timeout=pythons.HANG_S)
 
 
+def _check_trace_event_format(doc):
+    """The JSON Object Format of the Trace Event Format (Google's "Trace
+    Event Format" document): what this export uses of it, checked field by
+    field. Returns the events."""
+    assert set(doc) <= {"traceEvents", "displayTimeUnit", "otherData"}, set(doc)
+    assert doc.get("displayTimeUnit", "ms") in ("ms", "ns")
+    events = doc["traceEvents"]
+    assert isinstance(events, list) and events
+    for e in events:
+        assert isinstance(e["name"], str) and isinstance(e["pid"], int), e
+        assert isinstance(e["tid"], int), e
+        ph = e["ph"]
+        assert ph in ("M", "C", "i"), e
+        if ph == "M":
+            assert e["name"] in ("process_name", "process_sort_index"), e
+            continue
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0, e
+        if ph == "C":        # counters: every arg a number, one series each
+            assert e["args"] and all(isinstance(v, (int, float)) for v in e["args"].values()), e
+        else:
+            assert e["s"] in ("g", "p", "t"), e
+    return events
+
+
 def test_cross_rank_report(shim, tmp_path):
     (tmp_path / "cycles.py").write_text(CYCLES)
     (tmp_path / "t").mkdir()
@@ -172,7 +198,7 @@ def test_cross_rank_report(shim, tmp_path):
     bare = subprocess.run([shim.exe, "cycles.py"], env=env, cwd=tmp_path, capture_output=True,
                           text=True, timeout=pythons.HANG_S)
     assert bare.returncode != 0 and "steps done" not in bare.stdout, bare
-    r0 = _rank(shim, tmp_path, 0, "256M")
+    r0 = _rank(shim, tmp_path, 0, "256M", "spike")
     r1 = _rank(shim, tmp_path, 1, "32M")
     assert r0.returncode == 0 and r1.returncode == 0, (r0, r1)
     assert r0.stdout == r1.stdout == "steps done\n"
@@ -197,9 +223,9 @@ def test_cross_rank_report(shim, tmp_path):
     head = re.split(r"\s{2,}", lines[1])
     rows = {c[0]: dict(zip(head, c)) for c in (re.split(r"\s{2,}", ln) for ln in lines[2:5])}
     assert sorted(rows) == ["rank 0", "rank 1", "rank 2"], text
-    # Rank 0 held every step's tensor (80 MiB, no collection needed); rank 1
-    # collected to stay under 32 MiB.
-    assert "highest peak:   rank 0, 80.0 MiB" in text, text
+    # Rank 0 held every step's tensor (80 MiB, no collection needed) and a
+    # spike of 16 MiB; rank 1 collected to stay under 32 MiB.
+    assert "highest peak:   rank 0, 96.0 MiB" in text, text
     assert "least headroom: rank 1," in text and "of 32.0 MiB" in text, text
     assert "first OOM:      none" in text
     assert rows["rank 0"]["collections (freed)"] == "0 (0 B)", text
@@ -207,6 +233,20 @@ def test_cross_rank_report(shim, tmp_path):
     assert rows["rank 1"]["headroom"] == "0 B", text
     # The killed rank's trace is read as far as it was flushed: every step.
     assert rows["rank 2"]["peak in use"] == "80.0 MiB", text
+
+    out = tmp_path / "launch.json"
+    c = subprocess.run([str(SCRIPT), "report", "--chrome-trace", str(out), str(tmp_path / "t")],
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert c.returncode == 0, c
+    events = _check_trace_event_format(json.loads(out.read_text()))
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {0: "rank 0", 1: "rank 1", 2: "rank 2"}, names
+    used = {p: max(e["args"]["in use"] for e in events if e["ph"] == "C" and e["pid"] == p)
+            for p in names}
+    assert used == {0: 96 << 20, 1: 32 << 20, 2: 80 << 20}, used     # no peak sampled away
+    gcs = [e for e in events if e["name"] == "collection"]
+    assert {e["pid"] for e in gcs} == {1}
+    assert "%d (" % len(gcs) in rows["rank 1"]["collections (freed)"], (gcs, text)
 
     d = subprocess.run([str(SCRIPT), "report", "--diff-ranks", "1", "0",
                         *map(str, (tmp_path / "t").iterdir())],

@@ -130,6 +130,11 @@ def test_two_ranks_bare_fail_under_the_shim_complete(venv, tmp_path):
     assert small.process["run_id"] == big.process["run_id"]
     # The small rank's shim collected garbage to go on: its trace says so.
     assert tr.GC in set(small.kind), "no collection on the small rank"
+    # The cross-rank report names the small rank as the one with least room.
+    rep = pythons.run([str(torchrun.SCRIPT), "report", str(ranks[0]), str(ranks[1])])
+    assert rep.returncode == 0, rep
+    assert "least headroom: rank 1, " in rep.stdout and "of 16.0 MiB" in rep.stdout, rep.stdout
+    assert "first OOM:      none" in rep.stdout, rep.stdout
 
 
 def test_the_launcher_runs_spyreshim_per_worker(venv, tmp_path):
