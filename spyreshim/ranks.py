@@ -82,6 +82,15 @@ def _key(launch, pid):
     return ("pid", launch.get("host"), pid)
 
 
+def _where(marks):
+    """Indexes of the 1 bytes of marks: the markers and regions only (a few
+    per thousand events), found by bytes.find at C speed."""
+    i = marks.find(1)
+    while i >= 0:
+        yield i
+        i = marks.find(1, i + 1)
+
+
 def _read_trace(row, t, path):
     row.trace, row.truncated = path, t.truncated
     row.start_ns = t.start_realtime_ns
@@ -90,11 +99,11 @@ def _read_trace(row, t, path):
     first = None
     for b in t.batches():
         pt.feed(b, tr.deltas(b))
-        kinds = b.kind.tobytes()
-        if not kinds.translate(_MARK).count(1):
+        marks = b.kind.tobytes().translate(_MARK)
+        if marks.find(1) < 0:
             continue
         size, kind, dev, time = b.size, b.kind, b.dev, b.time
-        for i in (j for j, m in enumerate(kinds.translate(_MARK)) if m):
+        for i in _where(marks):
             k = kind[i]
             if k == tr.GC:
                 row.collections += 1
