@@ -27,24 +27,19 @@ def _rank_pid(row):
     return row.rank if row.rank is not None else row.pid
 
 
-def _events(row, t0, out):
+def walk(row, t0):
+    """Yields the rank's samples and instants, times in ns on the launch's
+    clock (from t0, the earliest trace's start): ("counter", device name,
+    ns, bytes in use, bytes reserved) and ("instant", name, ns, args). The
+    page of `report --html` over several ranks (rankpage.py) draws the same."""
     t = tr.stream(row.trace)
-    pid = _rank_pid(row)
     base = (t.start_realtime_ns - t0) if t0 is not None else 0
-    out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                "args": {"name": row.label()}})
-    out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                "args": {"sort_index": pid}})
     used, reserved = {}, {}
     bucket, top = {}, {}          # dev -> current sample interval, its largest in-use
 
-    def us(ns):
-        return (base + ns) / 1000.0
-
-    def sample(dv, when):
-        out.append({"ph": "C", "name": "device %s" % t.device_name(dv), "pid": pid, "tid": 0,
-                    "ts": us(when), "args": {"in use": top.get(dv, used.get(dv, 0)),
-                                             "reserved": reserved.get(dv, 0)}})
+    def sample(dv):
+        return ("counter", t.device_name(dv), base + bucket[dv] * SAMPLE_NS,
+                top.get(dv, used.get(dv, 0)), reserved.get(dv, 0))
 
     for b in t.batches():
         for k, sz, dv, tm, addr, site in zip(b.kind, b.size, b.dev, b.time, b.addr, b.site):
@@ -53,7 +48,7 @@ def _events(row, t0, out):
                     continue
                 slot = tm // SAMPLE_NS
                 if dv in bucket and bucket[dv] != slot:
-                    sample(dv, bucket[dv] * SAMPLE_NS)
+                    yield sample(dv)
                     top.pop(dv, None)
                 bucket[dv] = slot
                 if k == tr.ALLOC:
@@ -66,27 +61,47 @@ def _events(row, t0, out):
                     reserved[dv] = reserved.get(dv, 0) - sz
                 top[dv] = max(top.get(dv, 0), used.get(dv, 0))
             elif k == tr.GC:
-                out.append({"ph": "i", "s": "p", "name": "collection", "pid": pid, "tid": 0,
-                            "ts": us(tm), "args": {"freed bytes": sz, "duration ns": addr}})
+                yield ("instant", "collection", base + tm, {"freed bytes": sz,
+                                                            "duration ns": addr})
             elif k == tr.PRESSURE_BEGIN:
-                out.append({"ph": "i", "s": "p", "name": "pressure", "pid": pid, "tid": 0,
-                            "ts": us(tm), "args": {"request bytes": sz}})
+                yield ("instant", "pressure", base + tm, {"request bytes": sz})
             elif k == tr.OOM:
                 args = {"request bytes": sz, "runtime free bytes": addr}
                 if site:
                     args["site"] = callorder.label(t, site)
-                out.append({"ph": "i", "s": "p", "name": "out of memory", "pid": pid, "tid": 0,
-                            "ts": us(tm), "args": args})
-    for dv, slot in bucket.items():
-        sample(dv, slot * SAMPLE_NS)
+                yield ("instant", "out of memory", base + tm, args)
+    for dv in bucket:
+        yield sample(dv)
+
+
+def launch_start(rows):
+    """The launch's clock: the earliest start of the rows' traces (ns)."""
+    starts = [r.start_ns for r in rows if r.trace and r.start_ns]
+    return min(starts) if starts else None
+
+
+def _events(row, t0, out):
+    pid = _rank_pid(row)
+    out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                "args": {"name": row.label()}})
+    out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                "args": {"sort_index": pid}})
+    for w in walk(row, t0):
+        if w[0] == "counter":
+            _, dev, ns, in_use, res = w
+            out.append({"ph": "C", "name": "device %s" % dev, "pid": pid, "tid": 0,
+                        "ts": ns / 1000.0, "args": {"in use": in_use, "reserved": res}})
+        else:
+            _, name, ns, args = w
+            out.append({"ph": "i", "s": "p", "name": name, "pid": pid, "tid": 0,
+                        "ts": ns / 1000.0, "args": args})
 
 
 def write(rows, path):
     """Writes the rows' traces (rows without one are left out) to path,
     through a temporary file; returns the number of events written."""
     traced = [r for r in rows if r.trace]
-    starts = [r.start_ns for r in traced if r.start_ns]
-    t0 = min(starts) if starts else None
+    t0 = launch_start(rows)
     events = []
     for r in traced:
         _events(r, t0, events)

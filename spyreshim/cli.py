@@ -414,6 +414,12 @@ def cmd_ranks(args):
                              PROG, args.chrome_trace, n, len(rows),
                              "" if len(rows) == 1 else "es"))
         return 0
+    if args.html and not args.diff_ranks:
+        from . import rankpage
+        _write(args.html, rankpage.page(rows))
+        sys.stderr.write("%s report: wrote %s (%d process%s on one time axis)\n" % (
+            PROG, args.html, len(rows), "" if len(rows) == 1 else "es"))
+        return 0
     if args.diff_ranks:
         r, title = ranks.diff_ranks(rows, *args.diff_ranks)
         sys.stdout.write(escape.text_out(diff.text(r, title)))

@@ -234,6 +234,17 @@ def test_cross_rank_report(shim, tmp_path):
     # The killed rank's trace is read as far as it was flushed: every step.
     assert rows["rank 2"]["peak in use"] == "80.0 MiB", text
 
+    page = tmp_path / "ranks.html"
+    h = subprocess.run([str(SCRIPT), "report", "--html", str(page), str(tmp_path / "t")],
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert h.returncode == 0, h
+    html = page.read_text()
+    assert "least headroom: rank 1, 0 B of 32.0 MiB" in html     # the summary, on the page
+    assert html.count("<polyline") == 6, html                    # in use, reserved: 3 ranks
+    assert [ln for ln in ("rank 0", "rank 1", "rank 2") if ">%s</text>" % ln in html] == [
+        "rank 0", "rank 1", "rank 2"]
+    assert "<script" not in html
+
     out = tmp_path / "launch.json"
     c = subprocess.run([str(SCRIPT), "report", "--chrome-trace", str(out), str(tmp_path / "t")],
                        capture_output=True, text=True, timeout=pythons.HANG_S)
