@@ -17,6 +17,7 @@ one trace's chunks in flight and the rows, never the events."""
 import glob
 import os
 
+from . import callorder
 from . import report as rpt
 from . import trace as tr
 
@@ -62,6 +63,7 @@ class Row(object):
         self.ooms = 0
         self.first_oom_ns = None    # wall clock of the first out-of-memory
         self.oom_request = None
+        self.oom_site = None        # where the first out-of-memory was asked for
         self.verdict = None
         self.truncated = False
 
@@ -102,7 +104,7 @@ def _read_trace(row, t, path):
         marks = b.kind.tobytes().translate(_MARK)
         if marks.find(1) < 0:
             continue
-        size, kind, dev, time = b.size, b.kind, b.dev, b.time
+        size, kind, dev, time, site = b.size, b.kind, b.dev, b.time, b.site
         for i in _where(marks):
             k = kind[i]
             if k == tr.GC:
@@ -113,6 +115,7 @@ def _read_trace(row, t, path):
                 if first is None:
                     first = time[i]
                     row.oom_request = size[i]
+                    row.oom_site = callorder.label(t, site[i]) if site[i] else None
             elif dev[i] not in tr.PASSTHROUGH_DEVICES:
                 reserved += size[i] if k == tr.SEGMENT_ALLOC else -size[i]
                 top = max(top, reserved)
@@ -196,6 +199,8 @@ def text(rows):
         r = min(ooms, key=lambda r: (r.first_oom_ns is None, r.first_oom_ns or 0))
         lines.append("first OOM:      %s%s" % (r.label(), ", verdict: %s" % r.verdict
                                                if r.verdict else ""))
+        if r.oom_site:
+            lines.append("                %s asked at %s" % (_size(r.oom_request), r.oom_site))
     else:
         lines.append("first OOM:      none")
     for r in rows:

@@ -297,3 +297,53 @@ def test_child_env_puts_a_worker_under_the_shim(shim, tmp_path):
     assert r.stdout.splitlines() == [
         "['LD_PRELOAD', 'PYTHONPATH', 'SPYRESHIM_LIB', 'SPYRESHIM_STACK_DEPTH']", "True",
         "False", "True"], r.stdout
+
+
+HOLD = textwrap.dedent("""\
+    import simdev
+
+    held = []
+
+    def hold(n):
+        held.append(simdev.Tensor(n))
+
+    try:
+        for _ in range(100):
+            hold(8 << 20)
+    except Exception as e:
+        print("OOM", type(e).__name__)
+    """)
+
+
+def _hold(interp, tmp_path, rank, *options):
+    env = _env(interp, {"RANK": str(rank), "WORLD_SIZE": "8"})
+    r = subprocess.run([str(SCRIPT), "run", "--limit", "64M", "--exitcode", "0", *options, "--",
+                        interp.exe, "hold.py"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=pythons.HANG_S)
+    assert r.returncode == 0 and r.stdout.startswith("OOM"), r
+
+
+def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
+    """Ranks that ran out: the one of the earliest (a trace has its time)
+    named with the site that asked; one known from its `.oom` report alone
+    with the report's verdict; a rank that did not run out beside them."""
+    (tmp_path / "hold.py").write_text(HOLD)
+    (tmp_path / "cycles.py").write_text(CYCLES)
+    (tmp_path / "t").mkdir()
+    _hold(shim, tmp_path, 4, "--trace", str(tmp_path / "t" / "w.trace"))
+    _hold(shim, tmp_path, 5, "--report", str(tmp_path / "t" / "r.json"))
+    assert _rank(shim, tmp_path, 0, "256M").returncode == 0
+    files = sorted(f.name for f in (tmp_path / "t").iterdir())
+    assert files == ["r.rank5.json", "r.rank5.json.oom", "w.rank0.trace", "w.rank4.trace"], files
+    out = subprocess.run([str(SCRIPT), "report", "--ranks", *sorted((tmp_path / "t").iterdir())],
+                         capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert out.returncode == 0, out
+    lines = out.stdout.splitlines()
+    rows = {ln.split("  ")[0]: ln for ln in lines[2:5]}
+    assert sorted(rows) == ["rank 0", "rank 4", "rank 5"], out.stdout
+    assert rows["rank 0"].endswith(" 0     -"), out.stdout
+    assert rows["rank 5"].endswith("?, 8.0 MiB asked, verdict: limit"), out.stdout
+    first = lines.index(next(ln for ln in lines if ln.startswith("first OOM:")))
+    assert lines[first] == "first OOM:      rank 4", out.stdout
+    assert lines[first + 1].strip() == "8.0 MiB asked at Tensor_new, from hold (hold.py:6)", \
+        out.stdout
