@@ -33,8 +33,15 @@ def expand(paths):
     for p in paths:
         p = str(p)
         if os.path.isdir(p):
-            out += sorted(os.path.join(p, f) for f in os.listdir(p)
-                          if f.endswith((".trace", ".json", ".oom")))
+            try:
+                hits = sorted(os.path.join(p, f) for f in os.listdir(p)
+                              if f.endswith((".trace", ".json", ".oom")))
+            except OSError as e:
+                raise rpt.ReportError("cannot read %s: %s" % (p, e.strerror or e))
+            if not hits:
+                raise rpt.ReportError("cannot read %s: a folder that holds no trace or report "
+                                      "(*.trace, *.json, *.oom)" % p)
+            out += hits
         elif not os.path.exists(p) and glob.has_magic(p):
             hits = sorted(glob.glob(p))
             if not hits:
