@@ -347,3 +347,43 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     assert lines[first] == "first OOM:      rank 4", out.stdout
     assert lines[first + 1].strip() == "8.0 MiB asked at Tensor_new, from hold (hold.py:6)", \
         out.stdout
+
+
+def _synth(path, n, rank, records=None):
+    sys.path.insert(0, str(REPO / "bench"))
+    import trace_synth
+    if records is not None:
+        orig = trace_synth.rank_records
+        trace_synth.rank_records = lambda r, w: records
+        try:
+            trace_synth.write(str(path), n, seed=rank + 1, rank=rank, world=2)
+        finally:
+            trace_synth.rank_records = orig
+    else:
+        trace_synth.write(str(path), n, seed=rank + 1, rank=rank, world=2)
+
+
+def test_records_of_a_crafted_trace_are_checked(tmp_path):
+    """The process and capacity records are read as the format says; one
+    that breaks it is one line naming the file and the offset, status 2."""
+    import struct
+    _synth(tmp_path / "a.trace", 20000, 0)
+    _synth(tmp_path / "b.trace", 20000, 1)
+    ok = subprocess.run([str(SCRIPT), "report", tmp_path / "a.trace", tmp_path / "b.trace"],
+                        capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert ok.returncode == 0 and "rank 1   synth  4243" in ok.stdout, ok
+    assert "8.0 GiB" in ok.stdout
+    words = b"rank\0x1\0host\0h\0"
+    bad = struct.pack("<II", 8, len(words)) + words + b"\0" * (-len(words) % 8)
+    _synth(tmp_path / "c.trace", 1000, 1, records=bad)
+    r = subprocess.run([str(SCRIPT), "report", tmp_path / "a.trace", tmp_path / "c.trace"],
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    assert "c.trace: offset " in r.stderr and "process record: rank 'x1' is not a number" \
+        in r.stderr, r.stderr
+    cap = struct.pack("<II", 9, 8) + struct.pack("<II", 300, 0)
+    _synth(tmp_path / "d.trace", 1000, 1, records=cap)
+    r = subprocess.run([str(SCRIPT), "report", tmp_path / "d.trace", tmp_path / "a.trace"],
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert r.returncode == 2 and "device capacity record: " in r.stderr, r
