@@ -387,3 +387,18 @@ def test_records_of_a_crafted_trace_are_checked(tmp_path):
     r = subprocess.run([str(SCRIPT), "report", tmp_path / "d.trace", tmp_path / "a.trace"],
                        capture_output=True, text=True, timeout=pythons.HANG_S)
     assert r.returncode == 2 and "device capacity record: " in r.stderr, r
+
+
+def test_chrome_trace_opens_in_chromiums_reader(tmp_path):
+    """Chromium's DevTools trace model (what its Performance panel loads a
+    Trace Event Format file with) reads the export: a process per rank."""
+    import devtools
+    for r in range(3):
+        _synth(tmp_path / ("w%d.trace" % r), 30000, r)
+    out = tmp_path / "launch.json"
+    c = subprocess.run([str(SCRIPT), "report", "--chrome-trace", out, *sorted(
+        tmp_path.glob("*.trace"))], capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert c.returncode == 0, c
+    _check_trace_event_format(json.loads(out.read_text()))
+    got = devtools.read(out.read_text())
+    assert got["processes"] == {"0": "rank 0", "1": "rank 1", "2": "rank 2"}, got
