@@ -4,7 +4,12 @@ bytes per event at 1M and 10M events (bench/trace_read_memory.sh,
 bench/trace_size.sh) and for the tests (tests/integration/test_trace_views.py,
 test_trace_hostile.py, test_trace_format.py).
 
-    python3 bench/trace_synth.py [--version 1|2] [--threads T] [--sites S] OUT.trace N
+    python3 bench/trace_synth.py [--version 1|2] [--threads T] [--sites S] [--rank R]
+                                 OUT.trace N
+
+With --rank R (for the cross-rank report's cost, docs/cli.md): pid 4242 +
+R, a process record (rank R of a world of R + 1 at least, run id "synth")
+and a capacity record of 8 GiB for device 0; the seed is R + 1 unless given.
 
 What it models, so that its bytes per event say something about real
 traces: T threads (4) interleaving on one device, each running steps of a
@@ -255,13 +260,28 @@ def events(n, threads=4, sites=48, seed=1):
             yield t + 1, b
 
 
-def write(path, n, seed=1, version=2, threads=4, sites=48):
+def rank_records(rank, world):
+    """The process record (tag 9) and device 0's capacity (tag 10)."""
+    words = b"".join(k + b"\0" + v + b"\0" for k, v in (
+        (b"rank", b"%d" % rank), (b"local_rank", b"%d" % rank), (b"world_size", b"%d" % world),
+        (b"run_id", b"synth"), (b"host", b"synth")))
+    out = b""
+    for tag, p in ((9, words), (10, struct.pack("<IIQ", 0, 0, 8 << 30))):
+        out += struct.pack("<II", tag, len(p)) + p + b"\0" * (-len(p) % 8)
+    return out
+
+
+def write(path, n, seed=1, version=2, threads=4, sites=48, rank=None, world=1):
     """The synthetic trace of n events (module comment); returns the
     number of events written (n)."""
     meta = metadata(sites)
+    pid = 4242
+    if rank is not None:
+        meta += rank_records(rank, max(world, rank + 1))
+        pid += rank
     count = 0
     with open(path, "wb") as f:
-        f.write(header(version))
+        f.write(header(version, pid))
         first = True
         for thread, cols in events(n, threads, sites, seed):
             f.write(chunk_record(version, cols, thread, meta if first else b""))
@@ -276,11 +296,14 @@ def main(argv):
     ap.add_argument("--version", type=int, choices=(1, 2), default=2)
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--sites", type=int, default=48)
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--rank", type=int, default=None)
+    ap.add_argument("--world", type=int, default=1)
     ap.add_argument("out")
     ap.add_argument("n", type=int)
     a = ap.parse_args(argv)
-    write(a.out, a.n, a.seed, a.version, a.threads, a.sites)
+    seed = a.seed if a.seed is not None else (a.rank + 1 if a.rank is not None else 1)
+    write(a.out, a.n, seed, a.version, a.threads, a.sites, a.rank, a.world)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from . import report
 
 __all__ = [
     "available", "unavailable_reason", "library_path", "stats", "mark", "snapshot", "track",
-    "Snapshot", "Allocation", "Tracker", "Unavailable", "report",
+    "Snapshot", "Allocation", "Tracker", "Unavailable", "report", "child_env",
 ]
 
 
@@ -91,6 +91,14 @@ def library_path():
     from . import _preloaded
     _preloaded.bind()
     return _preloaded.lib_path
+
+
+def child_env(env=None, full=True):
+    """The environment a launcher should give its workers to put each under
+    the shim (Ray's runtime_env, subprocess.Popen(env=...), multiprocessing's
+    spawn): spyreshim.launch.child_env says what it holds."""
+    from . import launch
+    return launch.child_env(env, full)
 
 
 def stats():

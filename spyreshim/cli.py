@@ -9,12 +9,13 @@ never a traceback.
 """
 
 import argparse
+import glob
 import os
-import re
 import struct
 import sys
 
 from . import escape
+from . import launch
 from . import report as rpt
 
 PROG = "spyreshim"
@@ -42,9 +43,7 @@ def _default_candidates():
 # (scripts/spyreshim, a checkout or `meson install`) sets its own; the
 # wheel's console script and `python -m spyreshim` keep these.
 LIB_CANDIDATES = _default_candidates()
-# What the child gets on PYTHONPATH: a folder holding only the package
-# (spyreshim/_child_path/spyreshim/__init__.py says why).
-PYTHON_DIR = os.path.join(PACKAGE_DIR, "_child_path")
+PYTHON_DIR = launch.PYTHON_DIR
 
 
 class UsageError(Exception):
@@ -122,7 +121,7 @@ def _parser():
     r.add_argument("--limit", type=_size, metavar="SIZE",
                    help="device bytes the shim may reserve (e.g. 512M, 2G)")
     r.add_argument("--report", metavar="FILE",
-                   help="write the leak report as JSON (%%p: the pid)")
+                   help="write the leak report as JSON (%%p: the pid, %%r: the rank, %%l: the local rank, %%R: the restart count, %%h: the host)")
     r.add_argument("--exitcode", type=_exitcode, metavar="N",
                    help="exit status when leaks remain at exit (default 23)")
     r.add_argument("--suppressions", metavar="FILE",
@@ -132,7 +131,7 @@ def _parser():
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
     r.add_argument("--trace", metavar="FILE", nargs="?", const=DEFAULT_TRACE,
                    help="record every allocation, free, pressure event and collection with "
-                        "stacks to FILE (%%p: the pid; without FILE: " +
+                        "stacks to FILE (%%p: the pid, %%r %%l %%R %%h: the rank, local rank, restart count, host; without FILE: " +
                         DEFAULT_TRACE.replace("%", "%%") + ", a file per process); "
                         "read it with `report`")
     r.add_argument("--control", action="store_true",
@@ -153,7 +152,18 @@ def _parser():
                     "(SPYRESHIM_REPORT); several files, one per process, are merged: groups "
                     "with identical stacks are summed and list their pids.")
     rep.add_argument("files", nargs="+", metavar="FILE",
-                     help="leak reports (JSON), or one trace (SPYRESHIM_TRACE, found by its magic)")
+                     help="leak reports (JSON), or one trace (SPYRESHIM_TRACE, found by its "
+                          "magic); several traces, a folder or a glob: one row per rank")
+    rep.add_argument("--ranks", action="store_true",
+                     help="one row per process of a launch (rank): peak, reserved, headroom, "
+                          "collections, OOMs; the default for several traces, a folder or a glob")
+    rep.add_argument("--diff-ranks", nargs=2, metavar=("A", "B"),
+                     help="what rank B held at its peak that rank A did not, by site (their "
+                          "traces among the files)")
+    rep.add_argument("--chrome-trace", metavar="OUT.json",
+                     help="write the traces in the Trace Event Format (Perfetto, "
+                          "chrome://tracing): a process per rank, counters of bytes in use and "
+                          "reserved per device, collections, pressure and OOMs as instants")
     rep.add_argument("--view", choices=("peak", "timeline", "stats", "gc"), default=None,
                      help="for a trace: peak (default; what was live at the peak), timeline "
                           "(an HTML page, needs --html), stats (text) or gc (what each collection "
@@ -244,12 +254,7 @@ def cmd_run(args):
     lib = find_library()
 
     env = dict(os.environ)
-    # Ours first: its hooks must win over anything else preloaded. ld.so
-    # separates entries by spaces or colons; a copy of ours already there
-    # (a nested `spyreshim run`) is dropped rather than loaded twice.
-    old = [e for e in re.split(r"[:\s]+", env.get("LD_PRELOAD", ""))
-           if e and os.path.realpath(e) != os.path.realpath(lib)]
-    env["LD_PRELOAD"] = ":".join([lib] + old)
+    env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
     leak = args.leak_check or args.report or args.exitcode is not None or args.suppressions
     settings = [
         ("SPYRESHIM_LEAK_CHECK", "1" if leak else None),
@@ -269,9 +274,7 @@ def cmd_run(args):
     # So that `python -m pytest -p spyreshim.pytest_plugin` and
     # `import spyreshim` work in the child; appended, the program's own
     # path entries keep precedence.
-    pp = env.get("PYTHONPATH", "")
-    if PYTHON_DIR and PYTHON_DIR not in pp.split(os.pathsep):
-        env["PYTHONPATH"] = (pp + os.pathsep if pp else "") + PYTHON_DIR
+    env["PYTHONPATH"] = launch.compose_python_path(env.get("PYTHONPATH", ""))
     if args.preset:
         from . import presets
         presets.apply(list(dict.fromkeys(args.preset)), env)
@@ -391,8 +394,48 @@ def cmd_diff(args):
     return 0
 
 
+def _many(files):
+    """Several processes' files: more than one trace, a folder or a glob."""
+    from . import trace as tr
+    return (sum(1 for p in files if tr.is_trace(p)) > 1 or
+            any(os.path.isdir(p) or (not os.path.exists(p) and glob.has_magic(p))
+                for p in files))
+
+
+def cmd_ranks(args):
+    from . import diff
+    from . import ranks
+    rows = ranks.gather(args.files)
+    if args.chrome_trace:
+        from . import chrometrace
+        try:
+            n = chrometrace.write(rows, args.chrome_trace)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.chrome_trace,
+                                                              e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %d trace events of %d process%s (open it in "
+                         "https://ui.perfetto.dev or chrome://tracing)\n" % (
+                             PROG, args.chrome_trace, n, len(rows),
+                             "" if len(rows) == 1 else "es"))
+        return 0
+    if args.html and not args.diff_ranks:
+        from . import rankpage
+        _write(args.html, rankpage.page(rows))
+        sys.stderr.write("%s report: wrote %s (%d process%s on one time axis)\n" % (
+            PROG, args.html, len(rows), "" if len(rows) == 1 else "es"))
+        return 0
+    if args.diff_ranks:
+        r, title = ranks.diff_ranks(rows, *args.diff_ranks)
+        sys.stdout.write(escape.text_out(diff.text(r, title)))
+        return 0
+    sys.stdout.write(escape.text_out(ranks.text(rows)))
+    return 0
+
+
 def cmd_report(args):
     from . import trace as tr
+    if args.ranks or args.diff_ranks or args.chrome_trace or _many(args.files):
+        return cmd_ranks(args)
     if args.diff:
         return cmd_diff(args)
     if args.json or (args.at and not args.pprof):

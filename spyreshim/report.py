@@ -161,6 +161,10 @@ def _collections(where, c):
     return out
 
 
+# The report's launch fields that are numbers (run_id and host are text).
+LAUNCH_NUMBERS = ("rank", "local_rank", "world_size", "restart")
+
+
 def parse(data, name="<report>"):
     """Validates one decoded report object; returns a normalized copy."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -186,6 +190,21 @@ def parse(data, name="<report>"):
         "groups": [_group("%s: groups[%d]" % (name, i), g) for i, g in enumerate(groups)],
         "collections": _collections("%s: collections" % name, data.get("collections")),
     }
+    # Which rank of a launch wrote it (docs/report-format.md; absent before).
+    launch = {}
+    for key in LAUNCH_NUMBERS:
+        v = data.get(key)
+        if v is not None and (not _is_int(v) or v < 0):
+            raise ReportError("%s: \"%s\": expected a non-negative integer" % (name, key))
+        if v is not None:
+            launch[key] = v
+    for key in ("run_id", "host"):
+        v = _opt_str(name, data, key)
+        if v is not None:
+            launch[key] = v
+    out["launch"] = launch
+    oom = data.get("oom")
+    out["oom"] = oom if isinstance(oom, dict) else None
     for key in ("live_bytes", "live_allocations", "suppressed_bytes", "suppressed_allocations"):
         v = data.get(key)
         if v is not None and (not _is_int(v) or v < 0):

@@ -58,8 +58,11 @@ DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
 SIZE_MASK = (1 << 48) - 1
 
-(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS, T_STATE) = range(1, 9)
+(T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS, T_STATE, T_PROCESS,
+ T_CAPACITY) = range(1, 11)
 STATE_RECORDING, STATE_ENDED = 1, 2
+# The process record's keys whose values are numbers (the others: text).
+PROCESS_NUMBERS = ("rank", "local_rank", "world_size", "restart")
 
 
 def is_trace(path):
@@ -120,6 +123,10 @@ class Trace(object):
         self.symbol_flags = {}  # address -> TRACE_SYMBOL_* bits (callorder.py reads them)
         self.pymarks = {}    # Python stack id -> (SHIM_PYSTACK_* flags, [entry per frame])
         self.devices = {}    # index -> runtime name
+        # The launcher's identity (rank, local_rank, world_size, restart:
+        # int; run_id, host: str), what the process record holds.
+        self.process = {}
+        self.capacity = {}   # device index -> bytes the program may have there
         self.maps = []       # (start, end, offset, path) of executable mappings
         self.foreign_frees = 0   # frees of blocks allocated before fork() (not counted)
         self.foreign_bytes = 0
@@ -237,7 +244,8 @@ def _parse_meta(t, b, base, path):
 
 _TAG_NAMES = {T_SITE: "site", T_NSTACK: "native stack", T_DEVICE: "device", T_MAPS: "maps",
               T_SYMBOL: "symbol", T_PYSTACK: "python stack",
-              T_PYMARKS: "python stack marks", T_STATE: "state"}
+              T_PYMARKS: "python stack marks", T_STATE: "state", T_PROCESS: "process",
+              T_CAPACITY: "device capacity"}
 
 
 def _parse_record(t, tag, p):
@@ -275,6 +283,22 @@ def _parse_record(t, tag, p):
         t.symbols[a] = (fn, file, line, obj)
         if flags:
             t.symbol_flags[a] = flags
+    elif tag == T_CAPACITY:
+        _need(p, 16, "record")
+        idx, _, cap = struct.unpack_from("<IIQ", p)
+        if idx >= MAX_DEVICES:
+            raise _Bad("device index %d out of range (0 to %d)" % (idx, MAX_DEVICES - 1))
+        t.capacity[idx] = cap
+    elif tag == T_PROCESS:
+        words, _ = _cstrings(p, p.count(b"\0") & ~1)
+        out = {}
+        for key, value in zip(words[::2], words[1::2]):
+            if key in PROCESS_NUMBERS:
+                if not (value.isascii() and value.isdigit()) or len(value) > 20:
+                    raise _Bad("%s %r is not a number" % (key, value[:40]))
+                value = int(value)
+            out[key] = value
+        t.process = out
     elif tag == T_PYMARKS:
         _need(p, 8, "record")
         sid, flags = struct.unpack_from("<II", p)

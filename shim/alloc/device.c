@@ -158,6 +158,24 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal, uintptr_t
     return d;
 }
 
+/* Asked on the thread that first uses the device (its context current),
+ * after devices_mu is released: the runtime's call is never made under a
+ * lock of ours. For readers of the trace (headroom per rank). */
+static void learn_capacity(shim_device *d)
+{
+    size_t free_b = 0, total = 0;
+    uint64_t cap = shim_opts()->limit;
+    if (d->rt->real_mem_info && d->backend.mem_info(d->backend.ctx, &free_b, &total) == 0 &&
+        total && (!cap || total < cap))
+        cap = total;
+    atomic_store_explicit(&d->capacity, cap, memory_order_release);
+}
+
+uint64_t shim_device_capacity(const shim_device *d)
+{
+    return atomic_load_explicit(&d->capacity, memory_order_acquire);
+}
+
 shim_device *shim_device_get_ordinal(const shim_runtime *rt, int ordinal)
 {
     return shim_device_get_context(rt, ordinal, 0);
@@ -180,11 +198,13 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
         shim_debug("%s: serving a new context", d->name);
     }
     size_t n = atomic_load_explicit(&ndevices, memory_order_relaxed);
+    bool created = false;
     if (!d && n < SHIM_MAX_DEVICES) {
         unsigned others = 0;
         for (size_t i = 0; i < n; i++)
             others += devices[i]->ordinal == ordinal && same_runtime(devices[i], rt);
         d = device_create(rt, ordinal, context, others);
+        created = d != NULL;
         if (d) {
             d->index = (unsigned)n;
             devices[n] = d;
@@ -194,6 +214,8 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
         }
     }
     shim_mutex_unlock(&devices_mu);
+    if (d && created)
+        learn_capacity(d);
     return d;
 }
 

@@ -186,6 +186,9 @@ int shim_device_mem_info(shim_device *d, size_t *free, size_t *total);
 
 /* "simdev" for a runtime with one device, "cuda:1" otherwise. */
 const char *shim_device_name(const shim_device *d);
+/* Bytes the program may have on it: the smaller of SPYRESHIM_LIMIT and the
+ * runtime's total when it was first served; 0 when not known. Lock-free. */
+uint64_t shim_device_capacity(const shim_device *d);
 /* Devices created so far, in creation order (at most SHIM_MAX_DEVICES). */
 #define SHIM_MAX_DEVICES 16
 size_t shim_device_count(void);

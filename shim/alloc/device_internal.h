@@ -101,6 +101,10 @@ struct shim_device {
      * until the next context of the ordinal takes the device. */
     _Atomic uintptr_t context;
     char name[32];
+    /* Bytes the program may have here: the smaller of SPYRESHIM_LIMIT and
+     * the runtime's total, asked once when the device is first served
+     * (0 = not known yet, or the runtime does not say). */
+    _Atomic uint64_t capacity;
     /* The device lock: pressure events (callbacks get it), the slow path of
      * an allocation no shard could serve, and every walk of the shards
      * (reports, statistics, trim, fork). Taken before a shard's lock;

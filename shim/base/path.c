@@ -18,6 +18,7 @@
  * use.
  */
 #include "path.h"
+#include "rank.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,38 +32,91 @@
 #include <unistd.h>
 
 /* The one parser of a path template's escapes, for every caller (the
- * parent, each forked child, every report path): `%p` is the pid, `%%` a
- * literal `%`, anything else itself. Scans left to right, so `%%p` is a
- * literal `%` followed by `p`, never the pid. Writes into out[n] when out is
- * not NULL; returns the number of `%p` escapes, or -1 (ENAMETOOLONG). */
+ * parent, each forked child, every report path): `%p` is the pid, `%r` the
+ * rank, `%l` the local rank, `%R` the restart count, `%h` the host name
+ * (rank.c; a value no launcher set expands to nothing), `%%` a literal `%`,
+ * anything else itself. Scans left to right, so `%%p` is a literal `%`
+ * followed by `p`, never the pid.
+ *
+ * In a process a launcher gave a rank, a template without `%r` gets
+ * `.rank<N>` (and `.restart<N>` after a restart, without `%R`) before the
+ * first dot of its file name, or at its end: two ranks, or two restarts,
+ * never write one file, and every name says its rank (`out.json` becomes
+ * `out.rank3.json`, its `.oom` companion `out.rank3.json.oom`). Writes into
+ * out[n] when out is not NULL; returns the number of `%p` escapes, or -1
+ * (ENAMETOOLONG). */
+static const char *escape_value(char c, const char *pid)
+{
+    const shim_rank *id = shim_rank_get();
+    const char *v;
+    switch (c) {
+    case 'p': return pid;
+    case 'r': v = id->rank; break;
+    case 'l': v = id->local_rank; break;
+    case 'R': v = id->restart; break;
+    case 'h': v = id->host; break;
+    case '%': return "%";
+    default: return NULL;
+    }
+    return v ? v : "";
+}
+
 static int expand(const char *tmpl, char *out, size_t n)
 {
+    const shim_rank *id = shim_rank_get();
+    char pid[24];
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    /* Where the launcher's identity goes when the template does not say. */
+    bool has_rank = false, has_restart = false;
+    const char *base = tmpl, *dot = NULL;
+    for (const char *p = tmpl; *p; p++) {
+        if (p[0] == '%' && p[1] && escape_value(p[1], pid)) {
+            has_rank |= p[1] == 'r';
+            has_restart |= p[1] == 'R';
+            p++;
+        } else if (*p == '/') {
+            base = p + 1;
+            dot = NULL;
+        } else if (*p == '.' && !dot && p != base) {
+            dot = p;
+        }
+    }
+    char extra[160] = "";
+    if (id->rank && !has_rank)
+        snprintf(extra, sizeof extra, ".rank%s", id->rank);
+    if (id->rank && id->restart && strcmp(id->restart, "0") != 0 && !has_restart)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), ".restart%s", id->restart);
+    const char *at = dot ? dot : tmpl + strlen(tmpl);
+
     size_t o = 0;
     int pids = 0;
-    char num[24];
-    snprintf(num, sizeof num, "%ld", (long)getpid());
-    for (const char *p = tmpl; *p; p++) {
-        const char *ins;
+    for (const char *p = tmpl;; p++) {
+        const char *ins[2] = {NULL, NULL};
         char one[2] = {*p, 0};
-        if (p[0] == '%' && p[1] == 'p') {
-            ins = num;
-            pids++;
-            p++;
-        } else if (p[0] == '%' && p[1] == '%') {
-            ins = "%";
+        if (p == at && extra[0])
+            ins[0] = extra;
+        if (!*p) {
+            ins[1] = "";
+        } else if (p[0] == '%' && p[1] && escape_value(p[1], pid)) {
+            ins[1] = escape_value(p[1], pid);
+            pids += p[1] == 'p';
             p++;
         } else {
-            ins = one;
+            ins[1] = one;
         }
-        size_t l = strlen(ins);
-        if (out) {
-            if (o + l >= n) {
-                errno = ENAMETOOLONG;
-                return -1;
+        for (int k = 0; k < 2; k++) {
+            size_t l = ins[k] ? strlen(ins[k]) : 0;
+            if (out && l) {
+                if (o + l >= n) {
+                    errno = ENAMETOOLONG;
+                    return -1;
+                }
+                memcpy(out + o, ins[k], l);
             }
-            memcpy(out + o, ins, l);
+            o += l;
         }
-        o += l;
+        if (!*p)
+            break;
     }
     if (out) {
         if (o >= n) {

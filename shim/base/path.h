@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <sys/types.h>
 
-/* Expands `%p` to the pid and `%%` to `%` into out[n]. -1 (errno ENAMETOOLONG)
- * when it does not fit. */
+/* Expands `%p` (pid), `%r` (rank), `%l` (local rank), `%R` (restart count),
+ * `%h` (host) and `%%` into out[n]; a ranked process's template without
+ * `%r` gets `.rank<N>` before its first dot (path.c says where and why).
+ * -1 (errno ENAMETOOLONG) when it does not fit. */
 int shim_path_expand(const char *tmpl, char *out, size_t n);
 /* Whether the template has a `%p` escape, by the same parser (`%%p` is a
  * literal `%p`, not the pid). */

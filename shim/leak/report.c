@@ -20,6 +20,7 @@
 #include "escape.h"
 #include "evalloop.h"
 #include "pystack.h"
+#include "rank.h"
 #include "stack.h"
 #include "symbolize.h"
 
@@ -634,6 +635,26 @@ void shim_report_json_site(FILE *f, const shim_report_group *g, const char *runt
     }
 }
 
+/* Which rank of which launch wrote the report (base/rank.c): the numbers a
+ * launcher set, its run id, and the host always. */
+static void write_launch(FILE *f)
+{
+    const shim_rank *id = shim_rank_get();
+    const struct { const char *key, *value; } num[] = {
+        {"rank", id->rank}, {"local_rank", id->local_rank},
+        {"world_size", id->world_size}, {"restart", id->restart},
+    };
+    for (size_t i = 0; i < sizeof num / sizeof num[0]; i++)
+        if (num[i].value)   /* decimal digits only (rank.c), so a JSON number */
+            fprintf(f, ",\n  \"%s\": %llu", num[i].key, strtoull(num[i].value, NULL, 10));
+    if (id->run_id) {
+        fputs(",\n  \"run_id\": ", f);
+        json_str(f, id->run_id);
+    }
+    fputs(",\n  \"host\": ", f);
+    json_str(f, id->host);
+}
+
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
 {
     return shim_report_write_json_extra(r, f, reason, NULL, NULL);
@@ -651,6 +672,7 @@ int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reas
     fprintf(f, "{\n  \"format\": \"spyreshim-report\",\n  \"version\": 1,\n");
     fprintf(f, "  \"pid\": %d,\n  \"exe\": ", (int)getpid());
     json_str(f, n > 0 ? exe : NULL);
+    write_launch(f);
     fprintf(f, ",\n  \"reason\": ");
     json_str(f, reason);
     const char *note = shim_pystack_note();

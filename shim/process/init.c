@@ -8,12 +8,14 @@
 #include "log.h"
 #include "options.h"
 #include "pygc.h"
+#include "rank.h"
 #include "stats.h"
 #include "trace.h"
 
 __attribute__((constructor)) static void shim_init(void)
 {
     const shim_options *o = shim_opts();
+    (void)shim_rank_get();   /* the launcher's variables, before the program can change them */
     if (o->log_level == SHIM_LOG_DEBUG)
         shim_options_dump(2);
     shim_fork_init();

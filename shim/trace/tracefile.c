@@ -26,6 +26,7 @@
 #include "ownfd.h"
 #include "passthrough.h"
 #include "path.h"
+#include "rank.h"
 #include "stack.h"
 #include "tracebuf.h"
 #include "tracecodec.h"
@@ -42,6 +43,8 @@ static bool g_failed;
 static uint32_t sites_written;
 static size_t devices_written;
 static bool families_written; /* the pass-through families' device records */
+static bool process_written;  /* the launcher's identity (TRACE_META_PROCESS) */
+static bool capacity_written[SHIM_MAX_DEVICES]; /* TRACE_META_CAPACITY, once known */
 static uint8_t *nstack_seen;    /* bitmap by native stack id */
 static size_t nstack_seen_bytes;
 static uint32_t *nstacks;       /* native stack ids written, in order */
@@ -184,8 +187,35 @@ static void add_maps(struct trace_meta_buf *m)
     free(buf);
 }
 
+/* Which rank of which launch wrote the file (rank.c), so that a reader of
+ * several files can tell them apart without their names: key\0value\0
+ * pairs, only the values a launcher set (the host always). */
+static void add_process(struct trace_meta_buf *m)
+{
+    const shim_rank *id = shim_rank_get();
+    const struct { const char *key, *value; } kv[] = {
+        {"rank", id->rank}, {"local_rank", id->local_rank}, {"world_size", id->world_size},
+        {"restart", id->restart}, {"run_id", id->run_id}, {"host", id->host},
+    };
+    char buf[512];
+    size_t len = 0;
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        if (!kv[i].value)
+            continue;
+        size_t k = strlen(kv[i].key) + 1, v = strlen(kv[i].value) + 1;
+        if (len + k + v > sizeof buf)
+            break;
+        memcpy(buf + len, kv[i].key, k);
+        memcpy(buf + len + k, kv[i].value, v);
+        len += k + v;
+    }
+    shim_tracefile_meta_add(m, TRACE_META_PROCESS, buf, len, NULL, 0);
+}
+
 void shim_tracefile_meta_new(struct trace_meta_buf *m)
 {
+    if (!process_written)
+        add_process(m);
     uint32_t n;
     struct trace_site *news = shim_tracesites_since(sites_written, &n);
     uint32_t first = sites_written + 1;
@@ -194,6 +224,14 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
         uint32_t d[2] = {(uint32_t)devices_written, 0};
         const char *name = shim_device_name(shim_device_at(devices_written));
         shim_tracefile_meta_add(m, TRACE_META_DEVICE, d, sizeof d, name, strlen(name) + 1);
+    }
+    for (size_t i = 0; i < ndev && i < SHIM_MAX_DEVICES; i++) {
+        uint64_t cap = capacity_written[i] ? 0 : shim_device_capacity(shim_device_at(i));
+        if (cap) {
+            uint32_t d[2] = {(uint32_t)i, 0};
+            shim_tracefile_meta_add(m, TRACE_META_CAPACITY, d, sizeof d, &cap, sizeof cap);
+            capacity_written[i] = !m->oom;
+        }
     }
     /* The pass-through families' pseudo-devices, named once when any
      * such memory was seen. */
@@ -232,10 +270,12 @@ void shim_tracefile_meta_new(struct trace_meta_buf *m)
     if (new_stacks)
         add_maps(m);
     free(news);
-    if (!m->oom)
+    if (!m->oom) {
         sites_written = first - 1 + n;
-    else
+        process_written = true;
+    } else {
         m->len = 0;   /* these sites are written with the next chunk */
+    }
 }
 
 /* ---- the file ---- */
@@ -497,6 +537,8 @@ void shim_tracefile_atfork_child(void)
     sites_written = 0;
     devices_written = 0;
     families_written = false;
+    process_written = false;
+    memset(capacity_written, 0, sizeof capacity_written);
     n_nstacks = 0;
     if (nstack_seen)
         memset(nstack_seen, 0, nstack_seen_bytes);
