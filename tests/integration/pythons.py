@@ -230,6 +230,8 @@ DEPENDENCIES = {
     "py-debug": None,          # a Py_DEBUG interpreter
     "debug-offsets": None,     # CPython 3.13+'s _Py_DebugOffsets
     "torch-rename": None,      # torch.utils.rename_privateuse1_backend (2.x)
+    "torch-storage": None,     # 1.13's bindings take no PrivateUse1 storage
+    "mount": None,             # a tmpfs or read-only mount (root, a mount namespace)
 }
 
 

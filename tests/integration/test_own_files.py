@@ -293,7 +293,7 @@ def mount_tmpfs(where, opts):
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(where)],
                        capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (root only): " + r.stderr.strip())
+        pythons.need("mount", "cannot mount a tmpfs here (root only): " + r.stderr.strip())
 
 
 def test_a_full_disk_or_a_read_only_one_is_one_line_and_the_program_runs_on(tmp_path, builddir):

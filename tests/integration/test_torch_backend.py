@@ -336,9 +336,10 @@ def test_save_and_load_a_model_and_its_optimizer_state():
     """torch.save writes every device storage through UntypedStorage.cpu();
     torch.load puts them back on the device, or where map_location says."""
     if torchrun.VERSION == "1.13":
-        pytest.skip("PyTorch 1.13's Python bindings take no PrivateUse1 storage as an argument "
-                    "('Invalid device for storage': UntypedStorage.copy_, set_, .cpu()), so "
-                    "torch.save cannot copy one out")
+        pythons.need("torch-storage",
+                     "PyTorch 1.13's Python bindings take no PrivateUse1 storage as an "
+                     "argument ('Invalid device for storage': UntypedStorage.copy_, set_, "
+                     ".cpu()), so torch.save cannot copy one out")
     r = run("""
         import io
         torch.manual_seed(0)
