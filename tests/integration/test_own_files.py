@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
