@@ -756,10 +756,15 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m)
 // a backend without its own kernel gets the composite (a decomposition that
 // rounds differently: nn.LayerNorm's output differed from the CPU's in the
 // last bit), not the fallback. These are sent to the CPU kernel by name.
+// So are the reducing losses whose composite calls their out= variant with
+// the reduced (0-d) output: the CPU's out= kernel first broadcasts into it
+// and warns "An output with one or more elements was resized" on every
+// F.mse_loss / F.smooth_l1_loss, which the CPU's own call never does.
 static void fallback(const c10::OperatorHandle &op, torch::jit::Stack *stack);
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m)
 {
-    for (const char *name : {"native_layer_norm", "native_group_norm", "addr"})
+    for (const char *name :
+         {"native_layer_norm", "native_group_norm", "addr", "mse_loss", "smooth_l1_loss"})
         m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fallback>());
 }
 
