@@ -98,7 +98,8 @@ def test_a_loop_that_keeps_tensors_is_held_until_exit_at_its_line(version, build
     assert f"loop.py:{line_of(CLEAN, 'KEEP LINE')}" in first_text, first_text
     r, data, _ = run_loop(tmp_path, True, "--leak-check=held")
     assert r.returncode == 23, r
-    assert "ERROR: spyreshim: device memory held by Python until exit" in r.stderr
+    assert "ERROR: spyreshim: detected device memory leaks, or held by Python until exit" in r.stderr
+    assert f"loop.py:{line_of(CLEAN, 'KEEP LINE')}" in r.stderr
 
 
 CACHE = textwrap.dedent("""\
