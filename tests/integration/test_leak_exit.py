@@ -129,3 +129,13 @@ def test_a_module_level_cache_is_held_until_exit(builddir, shim_lib, tmp_path):
     assert f"cache.py:{line_of(CACHE, 'CACHE LINE')}" in r.stderr, r.stderr
     r = pythons.run_python(interp, path=script, env={"SPYRESHIM_LEAK_CHECK": "held"})
     assert r.returncode == 23, r.describe()
+
+
+def test_run_help_says_what_counts_as_a_leak():
+    import subprocess
+    r = subprocess.run([str(torchrun.SCRIPT), "run", "--help"], capture_output=True, text=True,
+                       timeout=pythons.HANG_S)
+    text = " ".join(r.stdout.split())
+    assert r.returncode == 0, r.stderr
+    assert "What counts as a leak: device memory still allocated at exit" in text, text
+    assert "held until exit" in text and "--leak-check=held" in text, text
