@@ -42,6 +42,7 @@ import spyreshim
 from spyreshim import report as rpt
 
 MARKER = "limit_leaks"
+MEMORY_MARKER = "limit_memory"
 
 
 def pytest_addoption(parser):
@@ -75,6 +76,34 @@ class _Checker(object):
         if m is not None:
             return _marker_spec(item, m)
         return (self.default_limit, False, None, False) if self.all_tests else None
+
+    def memory_limit_for(self, item):
+        """None (not checked), or the limit of the test's device peak."""
+        m = item.get_closest_marker(MEMORY_MARKER)
+        return None if m is None else _memory_spec(item, m)
+
+
+def _limit_memory(limit, current_thread_only=False):
+    return limit, current_thread_only
+
+
+def _memory_spec(item, m):
+    """pytest-memray's signature: limit_memory(limit, *, current_thread_only=False)."""
+    def bad(why):
+        return pytest.UsageError("%s: @pytest.mark.%s: %s" % (item.nodeid, MEMORY_MARKER, why))
+    if len(m.args) > 1:
+        raise bad("takes one positional argument, limit")
+    try:
+        limit, thread_only = _limit_memory(*m.args, **m.kwargs)
+    except TypeError as e:
+        raise bad(str(e).replace("_limit_memory()", "limit_memory()"))
+    if thread_only:
+        # A device's memory in use is the process's: no thread to count apart.
+        raise bad("current_thread_only=True: device memory in use has no thread")
+    try:
+        return rpt.parse_size(limit)
+    except ValueError as e:
+        raise bad(e)
 
 
 def _limit_leaks(location_limit, filter_fn=None, current_thread_only=False):
@@ -111,6 +140,12 @@ def pytest_configure(config):
         "if one location (stack) keeps at least location_limit of the device memory it "
         "allocated, after garbage collection (e.g. \"1 MB\"; pytest-memray's marker, read "
         "by spyreshim for device memory)" % MARKER)
+    config.addinivalue_line(
+        "markers",
+        "%s(limit, *, current_thread_only=False): fail the test if its device peak (the most "
+        "device memory in use during it, above what was in use at its start) reaches limit "
+        "(e.g. \"24 MB\"; pytest-memray's marker, read by spyreshim for device memory)"
+        % MEMORY_MARKER)
     config.pluginmanager.register(_Checker(config), "spyreshim-checker")
 
 
@@ -118,7 +153,8 @@ def pytest_collection_modifyitems(session, config, items):
     c = _checker(config)
     if c is not None:
         for item in items:
-            if c.limit_for(item) is not None:   # bad sizes fail the session now, not mid-run
+            # Bad sizes fail the session now, not mid-run.
+            if c.limit_for(item) is not None or c.memory_limit_for(item) is not None:
                 c.asked = True
 
 
@@ -138,7 +174,7 @@ def pytest_report_header(config):
     if c is None or not c.available:
         return None
     what = ("every test (limit %s)" % rpt.format_size(c.default_limit) if c.all_tests
-            else "tests marked %s" % MARKER)
+            else "tests marked %s or %s" % (MARKER, MEMORY_MARKER))
     return "spyreshim: %s; device-memory leak checks on %s" % (
         spyreshim.library_path() or "preloaded", what)
 
@@ -248,25 +284,42 @@ def _groups_text(head, groups, test_file):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     c = _checker(item.config)
-    limit = c.limit_for(item) if c is not None and c.available else None
-    if limit is None:
+    spec = c.limit_for(item) if c is not None and c.available else None
+    memory = c.memory_limit_for(item) if c is not None and c.available else None
+    if spec is None and memory is None:
         yield
         return
-    spec = limit
-    spyreshim.collect(c.gc_rounds)
-    mark = spyreshim.mark()
+    if spec is not None:
+        spyreshim.collect(c.gc_rounds)
+        mark = spyreshim.mark()
+    if memory is not None:
+        in_use = spyreshim.stats()["used_bytes"]
+        spyreshim.reset_peak()
     outcome = yield
     if outcome.excinfo is not None:
         return
-    spyreshim.collect(c.gc_rounds)
-    snap = spyreshim.snapshot(since=mark)
-    try:
-        if snap.bytes:
-            text = _verdict(snap, spec, item)
-            if text:
-                c.results[item.nodeid] = text
-    finally:
-        snap.close()
+    texts = []
+    if memory is not None:
+        # pytest-memray's limit_memory: the test fails at its limit or above.
+        # Its device peak: the most in use during it, above what was in
+        # use at its start.
+        peak = max(0, spyreshim.stats()["peak_used_bytes"] - in_use)
+        if peak >= memory:
+            texts.append("spyreshim: %s used a device peak of %d bytes (%s) above the %d in use "
+                         "at its start (limit %d bytes)\n" % (
+                             item.nodeid, peak, rpt.format_size(peak), in_use, memory))
+    if spec is not None:
+        spyreshim.collect(c.gc_rounds)
+        snap = spyreshim.snapshot(since=mark)
+        try:
+            if snap.bytes:
+                text = _verdict(snap, spec, item)
+                if text:
+                    texts.append(text)
+        finally:
+            snap.close()
+    if texts:
+        c.results[item.nodeid] = "\n".join(texts)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -108,6 +108,14 @@ static void write_json(FILE *f, const spyreshim_stats *s)
     fprintf(f, "%s]\n}\n", o.first_done ? "\n  " : "");
 }
 
+SPYRESHIM_API void spyreshim_reset_peak(void)
+{
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        shim_device_reset_peak(shim_device_at(i));
+    shim_device_peak_all_reset();
+}
+
 /* A run that needed collections says so at the default log level: the
  * program's reference cycles held device memory, and it went on because
  * the shim collected them, which it would not without the shim. */

@@ -403,3 +403,62 @@ def test_limit_leaks_misuse_is_a_usage_error(shim, tmp_path):
         r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
                            timeout=pythons.HANG_S)
         assert r.returncode == 4 and "@pytest.mark.limit_leaks" in r.stderr, (marker, r.stderr)
+
+
+PEAKS = textwrap.dedent('''\
+    import pytest
+    import simdev
+
+    held = [simdev.Tensor(8 << 20)]              # in use before every test
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_peak_of_3mb_freed_at_once():
+        t = simdev.Tensor(3 << 20)
+        del t
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_peak_of_5mb_freed_at_once():
+        t = simdev.Tensor(5 << 20)
+        del t
+
+    @pytest.mark.limit_memory(limit="4 MB")
+    def test_two_of_2mb_at_once():
+        a = simdev.Tensor(2 << 20)
+        b = simdev.Tensor(2 << 20)
+        del a, b
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_two_of_2mb_one_after_the_other():
+        a = simdev.Tensor(2 << 20)
+        del a
+        b = simdev.Tensor(2 << 20)
+        del b
+    ''')
+
+
+def test_limit_memory_is_the_device_peak_of_the_test(shim, tmp_path):
+    pythons, interp, moddir = shim
+    (tmp_path / "test_peaks.py").write_text(PEAKS)
+    argv = [str(SCRIPT), "run", "--", PYTEST_PYTHON, "-m", "pytest", "-p",
+            "spyreshim.pytest_plugin", "-p", "no:cacheprovider", "-rA", "test_peaks.py"]
+    env = pythons.module_env(interp, simdev_memory="1G")
+    env["SPYRESHIM_LIB"] = need_lib(pythons)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    outcomes = dict((name, word) for word, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR) test_peaks\.py::(\w+)", r.stdout, re.M))
+    assert outcomes == {
+        "test_peak_of_3mb_freed_at_once": "PASSED",       # nothing kept, 3 MiB at its peak
+        "test_peak_of_5mb_freed_at_once": "FAILED",
+        "test_two_of_2mb_at_once": "FAILED",               # 4 MiB at once: at the limit
+        "test_two_of_2mb_one_after_the_other": "PASSED",
+    }, r.stdout + r.stderr
+    assert ("spyreshim: test_peaks.py::test_peak_of_5mb_freed_at_once used a device peak of "
+            "5242880 bytes (5.0 MiB) above the 8388608 in use at its start (limit 4194304 "
+            "bytes)") in r.stdout, r.stdout
+    (tmp_path / "test_bad.py").write_text(
+        "import pytest\n@pytest.mark.limit_memory('1 MB', current_thread_only=True)\n"
+        "def test_x():\n    pass\n")
+    r = subprocess.run(argv[:-1] + ["test_bad.py"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=pythons.HANG_S)
+    assert r.returncode == 4 and "device memory in use has no thread" in r.stderr, r.stderr
