@@ -107,6 +107,15 @@ def stats():
     return _preloaded.stats(_need())
 
 
+def reset_peak():
+    """stats()["peak_used_bytes"] restarts from the bytes in use now, so
+    that it gives the device peak of what follows."""
+    lib = _need()
+    if not hasattr(lib, "spyreshim_reset_peak"):
+        raise RuntimeError("the preloaded libspyreshim has no spyreshim_reset_peak")
+    lib.spyreshim_reset_peak()
+
+
 def mark():
     """A point in the sequence of allocations: snapshot(since=mark()) lists
     what was allocated after it and is still live."""

@@ -114,6 +114,11 @@ def bind():
             # An older library without the snapshot API.
             why = "%s has no snapshot API (%s)" % (path or "the preloaded libspyreshim", e)
             return None
+        try:
+            lib.spyreshim_reset_peak.argtypes = []
+            lib.spyreshim_reset_peak.restype = None
+        except AttributeError:
+            pass   # an older library: spyreshim.reset_peak() says so
         _lib, lib_path = lib, path
         return lib
 

@@ -2,17 +2,28 @@
 
     spyreshim run --leak-check -- python3 -m pytest -p spyreshim.pytest_plugin --spyreshim-leaks
 
-    @pytest.mark.limit_leaks("1MB")
+    @pytest.mark.limit_leaks("1 MB")
     def test_cache_may_grow_a_little(): ...
 
 Around the call of each checked test (every test with --spyreshim-leaks,
 else those marked limit_leaks): garbage is collected and a mark taken
 before; after it, garbage is collected again (a few rounds, so cycles that
 hold tensors are broken) and the allocations made since the mark that are
-still live are summed. Above the limit (0 with --spyreshim-leaks alone, the
-marker's argument otherwise) the test fails with their stacks, grouped
-largest first. A test that failed by itself is not checked: its traceback
-keeps its frames, and so its tensors, alive.
+still live are grouped by stack (suppressions, `spyreshim run
+--suppressions`, leave out the groups they match). With --spyreshim-leaks
+alone the test fails when their sum is above --spyreshim-leak-limit (0 by
+default). The marker is pytest-memray's, with its signature and meaning:
+`limit_leaks(location_limit, *, filter_fn=None, current_thread_only=False)`
+fails the test when one location (one stack) keeps at least
+`location_limit` ("1 MB": a number, optional spaces, B/KB/MB/GB/TB/PB,
+powers of 1024; ours also take 1M, 1MiB); `filter_fn(stack)` sees each
+location's `stack.frames`, innermost first, each with `function`,
+`filename`, `lineno`, and returns whether it counts; `current_thread_only`
+counts only what was allocated on the test's thread (the shim records no
+thread: allocations whose Python stack passes through the test function).
+The stacks are numbered innermost first, as in every other report. A test
+that failed by itself is not checked: its traceback keeps its frames, and
+so its tensors, alive.
 
 The wheel registers the plugin by entry point, so it is loaded in every
 pytest run of that environment: unless asked (--spyreshim-leaks, or a
@@ -23,12 +34,15 @@ error at collection. Setup and teardown are outside the window, as in
 pytest-memray's limit_leaks: fixtures may cache device memory.
 """
 
+import collections
+
 import pytest
 
 import spyreshim
 from spyreshim import report as rpt
 
 MARKER = "limit_leaks"
+MEMORY_MARKER = "limit_memory"
 
 
 def pytest_addoption(parser):
@@ -57,14 +71,62 @@ class _Checker(object):
         self.results = {}     # nodeid -> failure text
 
     def limit_for(self, item):
+        """None (not checked), or (limit, per_location, filter_fn, current_thread_only)."""
         m = item.get_closest_marker(MARKER)
         if m is not None:
-            arg = m.args[0] if m.args else m.kwargs.get("limit", 0)
-            try:
-                return rpt.parse_size(arg)
-            except ValueError as e:
-                raise pytest.UsageError("%s: @pytest.mark.%s: %s" % (item.nodeid, MARKER, e))
-        return self.default_limit if self.all_tests else None
+            return _marker_spec(item, m)
+        return (self.default_limit, False, None, False) if self.all_tests else None
+
+    def memory_limit_for(self, item):
+        """None (not checked), or the limit of the test's device peak."""
+        m = item.get_closest_marker(MEMORY_MARKER)
+        return None if m is None else _memory_spec(item, m)
+
+
+def _limit_memory(limit, current_thread_only=False):
+    return limit, current_thread_only
+
+
+def _memory_spec(item, m):
+    """pytest-memray's signature: limit_memory(limit, *, current_thread_only=False)."""
+    def bad(why):
+        return pytest.UsageError("%s: @pytest.mark.%s: %s" % (item.nodeid, MEMORY_MARKER, why))
+    if len(m.args) > 1:
+        raise bad("takes one positional argument, limit")
+    try:
+        limit, thread_only = _limit_memory(*m.args, **m.kwargs)
+    except TypeError as e:
+        raise bad(str(e).replace("_limit_memory()", "limit_memory()"))
+    if thread_only:
+        # A device's memory in use is the process's: no thread to count apart.
+        raise bad("current_thread_only=True: device memory in use has no thread")
+    try:
+        return rpt.parse_size(limit)
+    except ValueError as e:
+        raise bad(e)
+
+
+def _limit_leaks(location_limit, filter_fn=None, current_thread_only=False):
+    return location_limit, filter_fn, current_thread_only
+
+
+def _marker_spec(item, m):
+    """pytest-memray's signature: limit_leaks(location_limit, *, filter_fn=None,
+    current_thread_only=False); a wrong call is a usage error at collection."""
+    def bad(why):
+        return pytest.UsageError("%s: @pytest.mark.%s: %s" % (item.nodeid, MARKER, why))
+    if len(m.args) > 1:
+        raise bad("takes one positional argument, location_limit")
+    try:
+        limit, filter_fn, thread_only = _limit_leaks(*m.args, **m.kwargs)
+    except TypeError as e:
+        raise bad(str(e).replace("_limit_leaks()", "limit_leaks()"))
+    if filter_fn is not None and not callable(filter_fn):
+        raise bad("filter_fn must be callable")
+    try:
+        return rpt.parse_size(limit), True, filter_fn, bool(thread_only)
+    except ValueError as e:
+        raise bad(e)
 
 
 def _checker(config):
@@ -74,8 +136,16 @@ def _checker(config):
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "%s(limit): fail the test if device memory it allocated and still holds after "
-        "garbage collection exceeds limit (e.g. \"1MB\"; spyreshim)" % MARKER)
+        "%s(location_limit, *, filter_fn=None, current_thread_only=False): fail the test "
+        "if one location (stack) keeps at least location_limit of the device memory it "
+        "allocated, after garbage collection (e.g. \"1 MB\"; pytest-memray's marker, read "
+        "by spyreshim for device memory)" % MARKER)
+    config.addinivalue_line(
+        "markers",
+        "%s(limit, *, current_thread_only=False): fail the test if its device peak (the most "
+        "device memory in use during it, above what was in use at its start) reaches limit "
+        "(e.g. \"24 MB\"; pytest-memray's marker, read by spyreshim for device memory)"
+        % MEMORY_MARKER)
     config.pluginmanager.register(_Checker(config), "spyreshim-checker")
 
 
@@ -83,7 +153,8 @@ def pytest_collection_modifyitems(session, config, items):
     c = _checker(config)
     if c is not None:
         for item in items:
-            if c.limit_for(item) is not None:   # bad sizes fail the session now, not mid-run
+            # Bad sizes fail the session now, not mid-run.
+            if c.limit_for(item) is not None or c.memory_limit_for(item) is not None:
                 c.asked = True
 
 
@@ -103,7 +174,7 @@ def pytest_report_header(config):
     if c is None or not c.available:
         return None
     what = ("every test (limit %s)" % rpt.format_size(c.default_limit) if c.all_tests
-            else "tests marked %s" % MARKER)
+            else "tests marked %s or %s" % (MARKER, MEMORY_MARKER))
     return "spyreshim: %s; device-memory leak checks on %s" % (
         spyreshim.library_path() or "preloaded", what)
 
@@ -113,37 +184,87 @@ GROUPS_SHOWN = 10
 
 
 def _trim(frames, test_file):
-    """The frames that explain a test's leak: Python frames up to the test
-    function (what is outside it is pytest), then the first native frames
-    (the extension that allocated; below it is the interpreter)."""
-    py = [f for f in frames if f["kind"] == "python"]
-    native = [f for f in frames if f["kind"] == "native"]
-    for i, f in enumerate(py):
-        if f["file"] and test_file and f["file"] == test_file:
-            # The outermost consecutive frame in the test file: the test
-            # function itself when helpers of the same file are involved.
-            j = i
-            while j + 1 < len(py) and py[j + 1]["file"] == test_file:
-                j += 1
-            py = py[:j + 1]
+    """The frames that explain a test's leak, innermost first as in every
+    report: up to the test function (what is outside it is pytest); where
+    the test file is not in the stack (a fixture's file), the innermost
+    native frames and every Python frame."""
+    last = None
+    for i, f in enumerate(frames):
+        if f["kind"] == "python" and f["file"] and test_file and f["file"] == test_file:
+            # The outermost consecutive Python frame in the test file: the
+            # test function itself when helpers of the same file are involved.
+            last = i
+        elif last is not None and f["kind"] == "python":
             break
-    kept = py + native[:NATIVE_SHOWN]
+    if last is not None:
+        kept = frames[:last + 1]
+    else:
+        native = 0
+        kept = []
+        for f in frames:
+            if f["kind"] == "native":
+                native += 1
+                if native > NATIVE_SHOWN:
+                    continue
+            kept.append(f)
     return kept, len(frames) - len(kept)
 
 
-def _leak_text(snap, limit, item):
-    head = "spyreshim: %s left %d bytes (%s) of device memory in %d allocation%s after " \
-           "garbage collection (limit %d bytes)" % (
-               item.nodeid, snap.bytes, rpt.format_size(snap.bytes), snap.count,
-               "" if snap.count == 1 else "s", limit)
-    lines = [head]
+class StackFrame(collections.namedtuple("StackFrame", "function filename lineno")):
+    """One frame of a location's stack, for limit_leaks' filter_fn (the
+    attributes pytest-memray's frames have; "???" and 0 where unknown)."""
+
+
+class Stack(object):
+    """A location's stack for filter_fn: `frames`, innermost first."""
+
+    def __init__(self, frames):
+        self.frames = tuple(StackFrame(f.get("function") or "???", f.get("file") or "???",
+                                       f.get("line") or 0) for f in frames)
+
+
+def _in_test(g, test_file, test_name):
+    return any(f["kind"] == "python" and f["file"] == test_file and f["function"] == test_name
+               for f in g["frames"])
+
+
+def _verdict(snap, spec, item):
+    """The failure text of a checked test, or None. `spec` as limit_for's."""
+    limit, per_location, filter_fn, thread_only = spec
+    test_file = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
     try:
         merged = rpt.merge([snap.report()])
     except Exception as e:   # the stacks are a bonus; the sizes are the verdict
-        lines.append("(stacks unavailable: %s)" % e)
-        return "\n".join(lines) + "\n"
-    test_file = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
-    groups = merged["groups"]
+        if (snap.bytes < limit) if per_location else (snap.bytes <= limit):
+            return None
+        return _head(item, snap.bytes, snap.count, limit, per_location) + \
+            "\n(stacks unavailable: %s)\n" % e
+    groups = [g for g in merged["groups"] if not g["suppressed"]]
+    if thread_only:
+        groups = [g for g in groups if _in_test(g, test_file, getattr(item, "originalname", None)
+                                                or item.name)]
+    if filter_fn is not None:
+        groups = [g for g in groups if filter_fn(Stack(g["frames"]))]
+    if per_location:
+        groups = [g for g in groups if g["bytes"] >= limit]
+        if not groups:
+            return None
+    elif sum(g["bytes"] for g in groups) <= limit:
+        return None
+    head = _head(item, sum(g["bytes"] for g in groups), sum(g["count"] for g in groups), limit,
+                 per_location)
+    return _groups_text(head, groups, test_file)
+
+
+def _head(item, nbytes, count, limit, per_location=False):
+    return "spyreshim: %s left %d bytes (%s) of device memory in %d allocation%s after " \
+           "garbage collection (%s %d bytes)" % (
+               item.nodeid, nbytes, rpt.format_size(nbytes), count, "" if count == 1 else "s",
+               "limit per location" if per_location else "limit", limit)
+
+
+def _groups_text(head, groups, test_file):
+    lines = [head]
     for g in groups[:GROUPS_SHOWN]:
         frames, hidden = _trim(g["frames"], test_file)
         lines.append("")
@@ -163,22 +284,42 @@ def _leak_text(snap, limit, item):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     c = _checker(item.config)
-    limit = c.limit_for(item) if c is not None and c.available else None
-    if limit is None:
+    spec = c.limit_for(item) if c is not None and c.available else None
+    memory = c.memory_limit_for(item) if c is not None and c.available else None
+    if spec is None and memory is None:
         yield
         return
-    spyreshim.collect(c.gc_rounds)
-    mark = spyreshim.mark()
+    if spec is not None:
+        spyreshim.collect(c.gc_rounds)
+        mark = spyreshim.mark()
+    if memory is not None:
+        in_use = spyreshim.stats()["used_bytes"]
+        spyreshim.reset_peak()
     outcome = yield
     if outcome.excinfo is not None:
         return
-    spyreshim.collect(c.gc_rounds)
-    snap = spyreshim.snapshot(since=mark)
-    try:
-        if snap.bytes > limit:
-            c.results[item.nodeid] = _leak_text(snap, limit, item)
-    finally:
-        snap.close()
+    texts = []
+    if memory is not None:
+        # pytest-memray's limit_memory: the test fails at its limit or above.
+        # Its device peak: the most in use during it, above what was in
+        # use at its start.
+        peak = max(0, spyreshim.stats()["peak_used_bytes"] - in_use)
+        if peak >= memory:
+            texts.append("spyreshim: %s used a device peak of %d bytes (%s) above the %d in use "
+                         "at its start (limit %d bytes)\n" % (
+                             item.nodeid, peak, rpt.format_size(peak), in_use, memory))
+    if spec is not None:
+        spyreshim.collect(c.gc_rounds)
+        snap = spyreshim.snapshot(since=mark)
+        try:
+            if snap.bytes:
+                text = _verdict(snap, spec, item)
+                if text:
+                    texts.append(text)
+        finally:
+            snap.close()
+    if texts:
+        c.results[item.nodeid] = "\n".join(texts)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -97,28 +97,6 @@ void shim_collect_atfork_child(void)
 #define PYPY_MIN_ROUNDS 2
 #define PYPY_MAX_ROUNDS 4
 
-static long gc_collect(const shim_pyapi *api)
-{
-    long n = -1;
-    shim_pyobj *gc = api->import_module("gc");
-    shim_pyobj *fn = gc ? api->getattr(gc, "collect") : NULL;
-    shim_pyobj *res = fn ? api->call_object(fn, NULL) : NULL;
-    if (res) {
-        /* PyPy's gc.collect() returns None. */
-        n = res == api->none ? 0 : api->long_as_long(res);
-        api->decref(res);
-    }
-    if (fn)
-        api->decref(fn);
-    if (gc)
-        api->decref(gc);
-    /* An exception out of the collector (a finalizer's is reported, not
-     * raised; this is an import or a KeyboardInterrupt) is not ours to
-     * surface in the middle of someone's allocation. */
-    api->err_clear();
-    return n;
-}
-
 void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r)
 {
     shim_pyobj *t, *v, *tb;
@@ -129,7 +107,7 @@ void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r)
     int slot = collector_enter();
     uint64_t freed0 = shim_pressure_freed_total();
     uint64_t t0 = shim_now_ns();
-    r->objects = gc_collect(api);
+    r->objects = shim_py_gc_collect(api);
     r->rounds = 1;
     if (api->pypy) {
         /* Up to 7.3.13, gc.collect() returns before cpyext runs the
@@ -145,7 +123,7 @@ void shim_collect_with_gil(const shim_pyapi *api, shim_collect_result *r)
             if (r->rounds >= PYPY_MAX_ROUNDS || (!freeing && r->rounds >= PYPY_MIN_ROUNDS))
                 break;
             r->rounds++;
-            long more = gc_collect(api);
+            long more = shim_py_gc_collect(api);
             if (more > 0)
                 r->objects += more;
         }

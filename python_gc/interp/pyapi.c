@@ -142,3 +142,25 @@ enum shim_py_attach shim_py_attachment(const shim_pyapi *api)
         return SHIM_PY_DETACHED;
     return interp_of(api, ts) == api->interp_main() ? SHIM_PY_DETACHED : SHIM_PY_SUB_UNKNOWN;
 }
+
+long shim_py_gc_collect(const shim_pyapi *api)
+{
+    long n = -1;
+    shim_pyobj *gc = api->import_module("gc");
+    shim_pyobj *fn = gc ? api->getattr(gc, "collect") : NULL;
+    shim_pyobj *res = fn ? api->call_object(fn, NULL) : NULL;
+    if (res) {
+        /* PyPy's gc.collect() returns None. */
+        n = res == api->none ? 0 : api->long_as_long(res);
+        api->decref(res);
+    }
+    if (fn)
+        api->decref(fn);
+    if (gc)
+        api->decref(gc);
+    /* An exception out of the collector (a finalizer's is reported, not
+     * raised; this is an import or a KeyboardInterrupt) is not ours to
+     * surface in the middle of someone's allocation. */
+    api->err_clear();
+    return n;
+}

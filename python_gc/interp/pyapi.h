@@ -136,4 +136,9 @@ static inline shim_pytstate *shim_py_own_tstate(const shim_pyapi *api, bool *att
     return own;
 }
 
+/* gc.collect() with the GIL held: the number it returned (-1: it raised;
+ * the exception is cleared). Calls gc.collect rather than PyGC_Collect:
+ * the latter silently does nothing once a program called gc.disable(). */
+long shim_py_gc_collect(const shim_pyapi *api);
+
 #endif

@@ -223,6 +223,12 @@ void shim_device_add_stats(shim_device *d, spyreshim_stats *s);
  * step each arena publishes in (1 MiB); never below one device's peak
  * or the bytes live now (the caller takes the largest). */
 uint64_t shim_device_peak_all(void);
+/* The peaks (each shard's, the device's, and with shim_device_peak_all_reset
+ * the process's) restart from the bytes live now: spyreshim_reset_peak,
+ * for the peak of one stretch of a program (a test). Each shard's lock
+ * taken briefly. */
+void shim_device_reset_peak(shim_device *d);
+void shim_device_peak_all_reset(void);
 
 /* True on a thread that is inside one of the shim's own calls of a real
  * runtime function (reserving or releasing a region, asking for memory

@@ -234,6 +234,20 @@ int shim_device_live_seqs(shim_device *d, uint64_t **seqs, size_t *n, size_t *ca
     return rc;
 }
 
+void shim_device_reset_peak(shim_device *d)
+{
+    unsigned ns = shard_count(d);
+    for (unsigned k = 0; k < ns; k++) {
+        shim_shard *s = d->shards[k];
+        bool taken = lock_with_frees_finished(d, s);
+        s->peak_live_bytes = s->live_bytes;
+        if (taken)
+            shim_lock_release(&s->lock);
+    }
+    int64_t live = atomic_load_explicit(&d->live_total, memory_order_relaxed);
+    atomic_store_explicit(&d->peak_total, live > 0 ? (uint64_t)live : 0, memory_order_relaxed);
+}
+
 void shim_device_add_stats(shim_device *d, spyreshim_stats *st)
 {
     unsigned ns = shard_count(d);

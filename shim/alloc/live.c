@@ -16,3 +16,9 @@ uint64_t shim_device_peak_all(void)
 {
     return atomic_load_explicit(&peak_all, memory_order_relaxed);
 }
+
+void shim_device_peak_all_reset(void)
+{
+    int64_t live = atomic_load_explicit(&live_all, memory_order_relaxed);
+    atomic_store_explicit(&peak_all, live > 0 ? (uint64_t)live : 0, memory_order_relaxed);
+}

@@ -27,7 +27,7 @@
  * flush), resolved at load against the working directory then: the
  * program's later chdir() must not move it (issue 47). K_PATH: kept as
  * given. */
-enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_FILE, K_LOGLEVEL, K_GCMODE };
+enum kind { K_SIZE, K_BOOL, K_UINT, K_INT, K_PATH, K_FILE, K_LOGLEVEL, K_GCMODE, K_LEAKCHECK };
 
 struct row {
     const char *name;
@@ -58,8 +58,8 @@ static const struct row rows[] = {
      "auto|inline|thread|off: where garbage in the embedded Python is collected under memory pressure; auto decides per failing call from the caller's framework (docs/frameworks.md); 1 = auto, 0 = off"},
     {"SPYRESHIM_GC_TIMEOUT_MS", K_UINT, OFF(gc_timeout_ms), "2000", 1, 3600000,
      "longest a thread waits for pressure work done on its behalf (a collection by the GC thread, or another thread's pressure event) without that work making progress (its collection using CPU); a collection that keeps using CPU is waited for up to 30 times this"},
-    {"SPYRESHIM_LEAK_CHECK", K_BOOL, OFF(leak_check), "0", 0, 0,
-     "record stacks of live allocations; report leaks at exit"},
+    {"SPYRESHIM_LEAK_CHECK", K_LEAKCHECK, OFF(leak_check), "0", 0, 0,
+     "1: record stacks of live allocations; report at exit what leaked (live after the interpreter finalized and not held by Python when it began to) and, apart, what Python still held when it began to shut down; held: that too makes the exit status"},
     {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "0", 0, 256,
      "native frames recorded per allocation (and Python frames at most); 0 = 32, or 128 once Python frames are recorded"},
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
@@ -202,6 +202,14 @@ static int parse_gc_mode(const char *s, unsigned *out)
     return -1;
 }
 
+static int parse_leak_check(const char *s, unsigned *out)
+{
+    bool b;
+    if (!strcasecmp(s, "held")) { *out = SHIM_LEAK_CHECK_HELD; return 0; }
+    if (parse_bool(s, &b) == 0) { *out = b ? SHIM_LEAK_CHECK_ON : SHIM_LEAK_CHECK_OFF; return 0; }
+    return -1;
+}
+
 static int parse_level(const char *s, int *out)
 {
     static const char *names[] = {"debug", "info", "warn", "off"};
@@ -291,6 +299,12 @@ static int apply(const struct row *r, const char *s, const char **why)
         memcpy(field, &v, sizeof v);
         return 0;
     }
+    case K_LEAKCHECK: {
+        unsigned v;
+        if (parse_leak_check(s, &v)) { *why = "expected 0, 1 or held"; return -1; }
+        memcpy(field, &v, sizeof v);
+        return 0;
+    }
     case K_GCMODE: {
         unsigned v;
         if (parse_gc_mode(s, &v)) { *why = "expected auto, inline, thread or off"; return -1; }
@@ -360,6 +374,11 @@ void shim_options_dump(int fd)
         case K_GCMODE: {
             unsigned v; memcpy(&v, field, sizeof v);
             snprintf(val, sizeof val, "%s", gc_modes[v & 3]);
+            break;
+        }
+        case K_LEAKCHECK: {
+            unsigned v; memcpy(&v, field, sizeof v);
+            snprintf(val, sizeof val, "%s", v == SHIM_LEAK_CHECK_HELD ? "held" : v ? "1" : "0");
             break;
         }
         }

@@ -16,6 +16,10 @@ enum shim_log_level { SHIM_LOG_DEBUG = 0, SHIM_LOG_INFO, SHIM_LOG_WARN, SHIM_LOG
 enum shim_gc_mode { SHIM_GC_MODE_AUTO = 0, SHIM_GC_MODE_INLINE, SHIM_GC_MODE_THREAD,
                     SHIM_GC_MODE_OFF };
 
+/* SPYRESHIM_LEAK_CHECK's values (shim/leak/leak.c): held also makes what
+ * Python held when it began to shut down decide the exit status. */
+enum shim_leak_check { SHIM_LEAK_CHECK_OFF = 0, SHIM_LEAK_CHECK_ON, SHIM_LEAK_CHECK_HELD };
+
 typedef struct shim_options {
     size_t limit;            /* SPYRESHIM_LIMIT: bytes the shim may reserve, 0 = no limit */
     size_t host_limit;       /* SPYRESHIM_HOST_LIMIT: host-pinned bytes, 0 = no limit */
@@ -27,7 +31,7 @@ typedef struct shim_options {
     unsigned pressure_rounds;/* SPYRESHIM_PRESSURE_ROUNDS */
     size_t region_size;      /* SPYRESHIM_REGION_SIZE: 0 = adaptive */
     unsigned arenas;         /* SPYRESHIM_ARENAS: arenas per device, 0 = one per CPU */
-    bool leak_check;         /* SPYRESHIM_LEAK_CHECK */
+    unsigned leak_check;     /* SPYRESHIM_LEAK_CHECK: enum shim_leak_check */
     unsigned stack_depth;    /* SPYRESHIM_STACK_DEPTH */
     bool python_stacks;      /* SPYRESHIM_PYTHON_STACKS */
     const char *report_path; /* SPYRESHIM_REPORT (%p = pid) */

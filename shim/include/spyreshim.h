@@ -107,6 +107,10 @@ typedef struct spyreshim_stats {
 } spyreshim_stats;
 
 SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out);
+/* peak_used_bytes restarts from the bytes in use now (every device), so
+ * that it gives the peak of what follows (a test: the pytest plugin's
+ * limit_memory). peak_reserved_bytes is left alone. */
+SPYRESHIM_API void spyreshim_reset_peak(void);
 
 /* Leak hunting. A mark is a point in the sequence of allocations. */
 typedef uint64_t spyreshim_mark;

@@ -404,6 +404,40 @@ out:
     return text;
 }
 
+bool shim_collections_top_site(char *out, size_t n)
+{
+    if (!g_on || n == 0)
+        return false;
+    site top = {0};
+    shim_mutex_lock(&coll_mu);
+    for (size_t i = 0; i < g_nsites; i++)
+        if (g_sites[i].bytes > top.bytes)
+            top = g_sites[i];
+    shim_mutex_unlock(&coll_mu);
+    if (!top.bytes)
+        return false;
+    spyreshim_alloc_info info = {.size = (size_t)top.bytes, .native_stack = top.native_stack,
+                                 .python_stack = top.python_stack, .runtime = top.runtime};
+    shim_report *rep = shim_report_build(&info, 1, NULL);
+    const shim_report_group *g = rep && shim_report_ngroups(rep) ? shim_report_group_at(rep, 0)
+                                                                : NULL;
+    /* The innermost Python frame (where the program made the objects),
+     * else the first named native one. */
+    const shim_report_frame *f = NULL;
+    for (size_t k = 0; g && k < g->nframes && !f; k++)
+        if (g->frames[k].python)
+            f = &g->frames[k];
+    for (size_t k = 0; g && k < g->nframes && !f; k++)
+        if (g->frames[k].function && !g->frames[k].folded)
+            f = &g->frames[k];
+    bool ok = f != NULL;
+    if (f)
+        snprintf(out, n, "%s:%d in %s (%" PRIu64 " bytes freed by collections)",
+                 f->file ? f->file : "?", f->line, f->function ? f->function : "?", top.bytes);
+    shim_report_free(rep);
+    return ok;
+}
+
 void shim_collections_atfork_prepare(void) { shim_mutex_lock(&coll_mu); }
 void shim_collections_atfork_parent(void) { shim_mutex_unlock(&coll_mu); }
 void shim_collections_atfork_child(void)

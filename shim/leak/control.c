@@ -176,7 +176,11 @@ static void serve_snapshot(int fd)
     int rc = -1;
     if (f) {
         coll = shim_collections_json();
-        rc = shim_report_write_json_extra(r, f, "snapshot", coll ? "collections" : NULL, coll);
+        char *members = NULL;
+        if (coll && asprintf(&members, "\"collections\": %s", coll) < 0)
+            members = NULL;
+        rc = shim_report_write_json_extra(r, f, "snapshot", members);
+        free(members);
         if (fclose(f) != 0)
             rc = -1;
     }

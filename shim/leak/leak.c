@@ -33,6 +33,7 @@
 #include "pystack.h"
 #include "report.h"
 #include "path.h"
+#include "shutdown.h"
 #include "spyreshim.h"
 #include "stack.h"
 #include "suppress.h"
@@ -115,6 +116,10 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
     }
     uint32_t py = shim_pystack_capture(depth);
     *python_stack = py;
+    /* Python runs here: the exit check also needs what it holds when it
+     * begins to shut down (shutdown.c). */
+    if (py && atomic_load_explicit(&g_enabled, memory_order_relaxed))
+        shim_shutdown_watch();
     /* The first Python stack recorded (by any thread) switches the default
      * to the Python one; this capture's stacks are taken again where the
      * short depth cut them. One compare on every other capture. */
@@ -144,10 +149,10 @@ static bool report_path(const char *suffix, char *out, size_t n)
     return true;
 }
 
-/* Writes the JSON report next to the text one; `key`/`extra` (may be NULL)
- * add one member of raw JSON (the out-of-memory's "oom" object). */
+/* Writes the JSON report next to the text one; `members` (may be NULL)
+ * adds top-level members of raw JSON (the out-of-memory's "oom" object). */
 static void write_json(const shim_report *r, const char *suffix, const char *reason,
-                       const char *key, const char *extra)
+                       const char *members)
 {
     char path[4096];
     if (!report_path(suffix, path, sizeof path))
@@ -158,7 +163,7 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
         shim_warn("cannot write report %s: %s", path, shim_path_why(errno));
         return;
     }
-    int rc = shim_report_write_json_extra(r, f, reason, key, extra);
+    int rc = shim_report_write_json_extra(r, f, reason, members);
     if (shim_path_whole_close(&w, rc == 0) != 0)
         shim_warn("writing report %s failed: %s", path, strerror(errno));
     else if (w.replaced_newer)
@@ -257,7 +262,7 @@ void shim_leak_oom_at_exit(void)
         size_t hl = strlen(headline);
         snprintf(headline + hl, sizeof headline - hl, "\nspyreshim: %s", st->verdict);
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LIVE, headline, o->oom_report_top);
-        char oom_json[700];
+        char oom_json[720];
         const shim_oom_facts *f = &st->facts;
         char unreachable[24] = "null";
         if (f->unreachable_known)
@@ -265,7 +270,7 @@ void shim_leak_oom_at_exit(void)
         const char *name;
         shim_oom_verdict(f, &name);
         snprintf(oom_json, sizeof oom_json,
-                 "{\"verdict\": \"%s\", \"request\": %" PRIu64 ", \"largest_hole\": %" PRIu64
+                 "\"oom\": {\"verdict\": \"%s\", \"request\": %" PRIu64 ", \"largest_hole\": %" PRIu64
                  ", \"free_in_regions\": %" PRIu64 ", \"free_outside_regions\": %" PRIu64
                  ", \"reserved\": %" PRIu64 ", \"used\": %" PRIu64 ", \"limit\": %" PRIu64
                  ", \"device_free\": %" PRIu64 ", \"device_total\": %" PRIu64
@@ -274,7 +279,7 @@ void shim_leak_oom_at_exit(void)
                  f->device_known ? f->device_free : 0, f->reserved, f->used, f->limit,
                  f->device_free, f->device_total, f->collecting ? f->collecting_ns : 0,
                  unreachable);
-        write_json(r, ".oom", "oom", "oom", oom_json);
+        write_json(r, ".oom", "oom", oom_json);
         shim_report_free(r);
     }
     oom_state_free(st);
@@ -298,6 +303,40 @@ static void print_teardown_blocks(void)
                 st.context_teardown_blocks, st.context_teardown_bytes);
 }
 
+/* Groups of the held-until-exit section printed when they do not decide
+ * the exit status (the JSON report has them all): a clean program's model
+ * is held until exit, and its stacks are not news. */
+#define HELD_SHOWN 3
+
+static int cmp_seq(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The records of `s` that are not in `held` (by allocation sequence, which
+ * no reuse of an address repeats), in `out` (n entries); returns how many. */
+static size_t not_held(const spyreshim_snapshot *s, const spyreshim_snapshot *held,
+                       spyreshim_alloc_info *out)
+{
+    size_t n = spyreshim_snapshot_count(s), nh = held ? spyreshim_snapshot_count(held) : 0;
+    uint64_t *seqs = nh ? malloc(nh * sizeof *seqs) : NULL;
+    if (nh && !seqs)
+        nh = 0;   /* out of host memory: everything live counts, as before */
+    for (size_t i = 0; i < nh; i++)
+        seqs[i] = spyreshim_snapshot_get(held, i)->seq;
+    if (nh)
+        qsort(seqs, nh, sizeof *seqs, cmp_seq);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const spyreshim_alloc_info *a = spyreshim_snapshot_get(s, i);
+        if (!nh || !bsearch(&a->seq, seqs, nh, sizeof *seqs, cmp_seq))
+            out[k++] = *a;
+    }
+    free(seqs);
+    return k;
+}
+
 void shim_leak_at_exit(void)
 {
     if (!shim_leak_enabled() || atomic_flag_test_and_set(&g_exit_done))
@@ -309,30 +348,80 @@ void shim_leak_at_exit(void)
     if (shim_device_count() == 0 && !shim_passthrough_used())
         return;
     const shim_options *o = shim_opts();
+    spyreshim_snapshot *held = shim_shutdown_take();
     spyreshim_snapshot *s = spyreshim_snapshot_take(0);
-    if (!s) {
+    size_t n = s ? spyreshim_snapshot_count(s) : 0;
+    spyreshim_alloc_info *leaks = malloc((n ? n : 1) * sizeof *leaks);
+    if (!s || !leaks) {
         shim_warn("leak check: out of host memory, no report");
+        spyreshim_snapshot_free(s);
+        spyreshim_snapshot_free(held);
+        free(leaks);
         return;
     }
-    size_t n = spyreshim_snapshot_count(s);
-    shim_report *r = shim_report_build(n ? spyreshim_snapshot_get(s, 0) : NULL, n,
-                                       shim_suppressions_active());
+    /* Leaked: live now, after finalization, and not held by Python when it
+     * began to shut down (what it held then is reported apart: finalization
+     * frees it or not depending on the framework, not on the program). */
+    size_t nl = not_held(s, held, leaks);
+    size_t nh = held ? spyreshim_snapshot_count(held) : 0;
+    /* Under "held" both decide the status: the JSON's verdict groups are
+     * both, as the text's two sections are. */
+    bool strict = o->leak_check == SHIM_LEAK_CHECK_HELD;
+    spyreshim_alloc_info *all = strict && nh ? realloc(leaks, (nl + nh) * sizeof *leaks) : leaks;
+    if (all) {
+        leaks = all;
+        if (strict)
+            for (size_t i = 0; i < nh; i++)
+                leaks[nl++] = *spyreshim_snapshot_get(held, i);
+    }
+    const shim_suppressions *sup = shim_suppressions_active();
+    shim_report *r = shim_report_build(nl ? leaks : NULL, nl, sup);
+    free(leaks);
     spyreshim_snapshot_free(s);
-    if (!r) {
+    shim_report *hr = held ? shim_report_build(nh ? spyreshim_snapshot_get(held, 0) : NULL, nh, sup)
+                           : NULL;
+    spyreshim_snapshot_free(held);
+    if (!r || (held && !hr)) {
         shim_warn("leak check: out of host memory, no report");
+        shim_report_free(r);
+        shim_report_free(hr);
         return;
     }
-    uint64_t leaked_bytes, leaked;
+    uint64_t leaked_bytes, leaked, held_bytes = 0, held_count = 0;
     shim_report_totals(r, &leaked_bytes, &leaked, NULL, NULL);
+    if (hr)
+        shim_report_totals(hr, &held_bytes, &held_count, NULL, NULL);
     print_teardown_blocks();
-    if (leaked)
-        shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
-                          "ERROR: spyreshim: detected device memory leaks", 0);
+    if (strict) {
+        if (leaked)
+            shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
+                              "ERROR: spyreshim: detected device memory leaks, or held by "
+                              "Python until exit (live when the interpreter began to shut "
+                              "down, after a collection; --leak-check=held)", 0);
+    } else {
+        if (held_count)
+            shim_report_print(hr, STDERR_FILENO, SHIM_REPORT_HELD,
+                              "spyreshim: device memory held by Python until exit (live when "
+                              "the interpreter began to shut down, after a collection; not "
+                              "leaks: --leak-check=held counts them)", HELD_SHOWN);
+        if (leaked)
+            shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LEAKS,
+                              "ERROR: spyreshim: detected device memory leaks", 0);
+    }
     char *coll = shim_collections_json();
-    write_json(r, "", "exit", coll ? "collections" : NULL, coll);
+    char *hj = hr ? shim_report_groups_json(hr) : NULL;
+    char *members = NULL;
+    if (asprintf(&members, "%s%s%s%s%s", hj ? "\"held_until_exit\": " : "", hj ? hj : "",
+                 hj && coll ? ",\n  " : "", coll ? "\"collections\": " : "", coll ? coll : "") < 0)
+        members = NULL;
+    write_json(r, "", "exit", members && members[0] ? members : NULL);
+    free(members);
+    free(hj);
     free(coll);
     shim_report_free(r);
-    if (leaked && o->exitcode != 0) {
+    shim_report_free(hr);
+    bool fail = leaked != 0;
+    if (fail && o->exitcode != 0) {
         /* As LeakSanitizer: the verdict replaces the exit status. Flush
          * what the program buffered, since _exit skips stdio. */
         fflush(NULL);

@@ -467,7 +467,8 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
         shown++;
         char rt[256];
         outf(o, "\n%s %" PRIu64 " byte(s) in %" PRIu64 " allocation(s) of %s memory, allocated from:\n",
-             kind == SHIM_REPORT_LEAKS ? "Leak of" : "Live:", g->bytes, g->count,
+             kind == SHIM_REPORT_LEAKS ? "Leak of" : kind == SHIM_REPORT_HELD ? "Held until exit:" : "Live:",
+             g->bytes, g->count,
              g->runtime ? esc(g->runtime, rt, sizeof rt) : "device");
         if (g->nframes == 0)
             outf(o, "    <no stack recorded>\n");
@@ -498,7 +499,8 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
         outf(o, "-----------------------------------------------------\n");
     }
     outf(o, "\nSUMMARY: spyreshim: %" PRIu64 " byte(s) %s in %" PRIu64 " allocation(s).\n",
-         lb, kind == SHIM_REPORT_LEAKS ? "leaked" : "live", lc);
+         lb, kind == SHIM_REPORT_LEAKS ? "leaked" : kind == SHIM_REPORT_HELD ? "held until exit" : "live",
+         lc);
     out_flush(o);
     int err = o->err;
     free(o);
@@ -655,13 +657,51 @@ static void write_launch(FILE *f)
     json_str(f, id->host);
 }
 
+/* The "groups" array's elements and its closing bracket. */
+static void write_groups(FILE *f, const shim_report *r)
+{
+    for (size_t i = 0; i < r->ngroups; i++) {
+        const shim_report_group *g = &r->groups[i];
+        fprintf(f, "%s\n    {\n      \"bytes\": %" PRIu64 ",\n      \"count\": %" PRIu64
+                   ",\n      \"runtime\": ",
+                i ? "," : "", g->bytes, g->count);
+        json_str(f, g->runtime);
+        fprintf(f, ",\n      \"suppressed\": %s,\n      ", g->suppression >= 0 ? "true" : "false");
+        write_order_frames(f, g, "\n      ", "\n        ");
+        fputs("\n    }", f);
+    }
+    fprintf(f, "%s]", r->ngroups ? "\n  " : "");
+}
+
+char *shim_report_groups_json(const shim_report *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    uint64_t lb, lc, sb, sc;
+    shim_report_totals(r, &lb, &lc, &sb, &sc);
+    fprintf(f, "{\"bytes\": %" PRIu64 ", \"allocations\": %" PRIu64
+               ", \"suppressed_bytes\": %" PRIu64 ", \"suppressed_allocations\": %" PRIu64
+               ", \"groups\": [",
+            lb, lc, sb, sc);
+    write_groups(f, r);
+    fputc('}', f);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason)
 {
-    return shim_report_write_json_extra(r, f, reason, NULL, NULL);
+    return shim_report_write_json_extra(r, f, reason, NULL);
 }
 
 int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reason,
-                                 const char *key, const char *value)
+                                 const char *members)
 {
     uint64_t lb, lc, sb, sc;
     shim_report_totals(r, &lb, &lc, &sb, &sc);
@@ -684,22 +724,9 @@ int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reas
                ",\n  \"suppressed_bytes\": %" PRIu64 ",\n  \"suppressed_allocations\": %" PRIu64
                ",\n  \"groups\": [",
             lb, lc, sb, sc);
-    for (size_t i = 0; i < r->ngroups; i++) {
-        const shim_report_group *g = &r->groups[i];
-        fprintf(f, "%s\n    {\n      \"bytes\": %" PRIu64 ",\n      \"count\": %" PRIu64
-                   ",\n      \"runtime\": ",
-                i ? "," : "", g->bytes, g->count);
-        json_str(f, g->runtime);
-        fprintf(f, ",\n      \"suppressed\": %s,\n      ", g->suppression >= 0 ? "true" : "false");
-        write_order_frames(f, g, "\n      ", "\n        ");
-        fputs("\n    }", f);
-    }
-    fprintf(f, "%s]", r->ngroups ? "\n  " : "");
-    if (key && value) {
-        fputs(",\n  ", f);
-        json_str(f, key);
-        fprintf(f, ": %s", value);
-    }
+    write_groups(f, r);
+    if (members)
+        fprintf(f, ",\n  %s", members);
     fputs("\n}\n", f);
     if (fflush(f) != 0 || ferror(f)) {
         if (!errno)

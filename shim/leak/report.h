@@ -65,6 +65,7 @@ void shim_report_totals(const shim_report *r, uint64_t *live_bytes, uint64_t *li
 enum shim_report_kind {
     SHIM_REPORT_LEAKS,       /* at exit: "Leak of ..." */
     SHIM_REPORT_LIVE,        /* on OOM and for snapshots: "Live: ..." */
+    SHIM_REPORT_HELD,        /* at exit: what Python held as it began to shut down */
 };
 /* LeakSanitizer-style text of the unsuppressed groups, at most `max_groups`
  * of them (0: all), under `headline`. Returns 0 or -1 (errno set). */
@@ -72,10 +73,15 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
                       const char *headline, size_t max_groups);
 /* The JSON of docs/report-format.md. Returns 0 or -1 (errno set). */
 int shim_report_write_json(const shim_report *r, FILE *f, const char *reason);
-/* The same, with one more top-level member `key`: `value` (JSON text the
- * caller made, such as the out-of-memory verdict's object). */
+/* The same, with more top-level members: `members` (NULL: none) is JSON
+ * text the caller made, `"key": value` pairs separated by commas (the
+ * out-of-memory verdict's object, the collections section). */
 int shim_report_write_json_extra(const shim_report *r, FILE *f, const char *reason,
-                                 const char *key, const char *value);
+                                 const char *members);
+/* {"bytes", "allocations", "suppressed_bytes", "suppressed_allocations",
+ * "groups"} of `r` as JSON text (malloc'd; NULL when out of memory): a
+ * section of another report (its "held_until_exit"). */
+char *shim_report_groups_json(const shim_report *r);
 
 /* One site's "runtime", "order" and "frames" members on one line (the
  * collections section, shim/leak/collections.c); `g` NULL: no frames. */

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "collections.h"
 #include "device.h"
 #include "log.h"
 #include "options.h"
@@ -107,6 +108,36 @@ static void write_json(FILE *f, const spyreshim_stats *s)
     fprintf(f, "%s]\n}\n", o.first_done ? "\n  " : "");
 }
 
+SPYRESHIM_API void spyreshim_reset_peak(void)
+{
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        shim_device_reset_peak(shim_device_at(i));
+    shim_device_peak_all_reset();
+}
+
+/* A run that needed collections says so at the default log level: the
+ * program's reference cycles held device memory, and it went on because
+ * the shim collected them, which it would not without the shim. */
+static void rescue_line(const spyreshim_stats *s)
+{
+    if (!s->gc_collections)
+        return;
+    const shim_options *o = shim_opts();
+    char where[1100], site[1024];
+    if (o->trace_path && o->trace_path[0])
+        snprintf(where, sizeof where, "where the cycles were made: spyreshim report --view gc %s",
+                 o->trace_path);
+    else if (shim_collections_top_site(site, sizeof site))
+        snprintf(where, sizeof where, "the cycles' top site: %s", site);
+    else
+        snprintf(where, sizeof where, "where the cycles were made: run with --trace, "
+                                      "then spyreshim report --view gc");
+    shim_warn("%" PRIu64 " collection(s) of Python's reference cycles freed device memory for "
+              "this run (%.1f ms, %" PRIu64 " bytes); %s",
+              s->gc_collections, (double)s->gc_time_ns / 1e6, s->gc_recovered_bytes, where);
+}
+
 void shim_stats_at_exit(void)
 {
     const shim_options *o = shim_opts();
@@ -139,6 +170,7 @@ void shim_stats_at_exit(void)
         }
     }
 
+    rescue_line(&s);
     shim_info("%" PRIu64 " allocs, %" PRIu64 " frees, peak %" PRIu64 " B in use / %" PRIu64
               " B reserved, %" PRIu64 " pressure events, %" PRIu64 " callback runs, %" PRIu64
               " B recovered, %" PRIu64 " collections (%.1f ms, %" PRIu64 " B recovered, %" PRIu64

@@ -508,7 +508,7 @@ def _run_leaky(real_shim, tmp_path, *cli_args):
 
 
 def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
-    r = _run_leaky(real_shim, tmp_path, "--leak-check", "--report", tmp_path / "r-%p.json")
+    r = _run_leaky(real_shim, tmp_path, "--leak-check=held", "--report", tmp_path / "r-%p.json")
     assert r.returncode == 23, r           # LeakSanitizer's default
     files = list(tmp_path.glob("r-*.json"))
     assert len(files) == 1, (files, r.stderr)
@@ -530,7 +530,7 @@ def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
 
 
 def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):
-    r = _run_leaky(real_shim, tmp_path, "--leak-check", "--report", tmp_path / "r-%p.json")
+    r = _run_leaky(real_shim, tmp_path, "--leak-check=held", "--report", tmp_path / "r-%p.json")
     assert r.returncode == 23, r
     out = cli("report", *tmp_path.glob("r-*.json")).stdout
     leaky = tmp_path / "leaky.py"
@@ -547,7 +547,7 @@ def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):
 
 
 def test_e2e_run_exitcode_is_configurable(real_shim, tmp_path):
-    r = _run_leaky(real_shim, tmp_path, "--leak-check", "--exitcode", "5")
+    r = _run_leaky(real_shim, tmp_path, "--leak-check=held", "--exitcode", "5")
     assert r.returncode == 5, r
     # The shim's own text report at exit, on stderr.
     assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stderr
@@ -585,7 +585,7 @@ def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
     (tmp_path / "ranks.py").write_text(RANKS)
     env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
                              simdev_memory="1G")
-    r = subprocess.run([str(SCRIPT), "run", "--leak-check", "--report", tmp_path / "r-%p.json", "--",
+    r = subprocess.run([str(SCRIPT), "run", "--leak-check=held", "--report", tmp_path / "r-%p.json", "--",
                         interp.exe, tmp_path / "ranks.py"],
                        capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=pythons.HANG_S)

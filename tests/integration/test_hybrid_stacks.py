@@ -51,7 +51,7 @@ def run_script(interp, tmp_path, env=None, args=("--c-thread",)):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)
     report = tmp_path / "r.json"
-    e = {"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": str(report), "SPYRESHIM_EXITCODE": "7"}
+    e = {"SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": str(report), "SPYRESHIM_EXITCODE": "7"}
     e.update(env or {})
     r = pythons.run_python(interp, path=script, args=list(args), env=e)
     assert r.returncode == 7, r.describe()

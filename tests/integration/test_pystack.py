@@ -367,7 +367,7 @@ else:
 """ + LEAKER.replace("step(sys.argv[1] == \"nogil\")", "step(False)\nstep(True)"))
     report = tmp_path / "report.json"
     res = pythons.run_python(interpreter, path=script, simdev_memory="64M",
-                             env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+                             env={"SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": report,
                                   "SPYRESHIM_EXITCODE": "0"})
     res.check()
     warnings = [l for l in res.stderr.splitlines() if "Python stacks off" in l]
@@ -408,7 +408,7 @@ def test_leak_report_shows_python_frames(interpreter, shim_lib, mode, tmp_path):
     script.write_text(LEAKER)
     report = tmp_path / "r.json"
     res = pythons.run_python(interpreter, path=script, args=[mode],
-                             env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+                             env={"SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": report,
                                   "SPYRESHIM_EXITCODE": "0"})
     res.check()
     assert report.exists(), f"no report at {report}\n{res.describe()}"
@@ -462,7 +462,7 @@ def test_daemon_threads_allocating_through_finalization(interpreter, shim_lib, t
     runs = 3 if tuple(interpreter.version[:2]) >= (3, 12) else 1
     for _ in range(runs):
         res = pythons.run_python(interpreter, DAEMONS,
-                                 env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+                                 env={"SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": report,
                                       "SPYRESHIM_EXITCODE": "0"})
         res.check()
         data = json.loads(report.read_text())
@@ -485,7 +485,7 @@ def test_embedder_init_fini_cycles_keep_their_own_frames(shim_lib, tmp_path):
     assert build.returncode == 0, build.stderr
     report = tmp_path / "r.json"
     env = pythons.module_env(interp, simdev_memory="1G", env={
-        "LD_PRELOAD": shim_lib, "SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": report,
+        "LD_PRELOAD": shim_lib, "SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": report,
         "SPYRESHIM_EXITCODE": "0"})
     pythons.run([exe, "4"], env=env).check()
     data = json.loads(report.read_text())

@@ -130,7 +130,7 @@ def test_every_test_is_checked_with_the_option(shim, tmp_path):
     assert ("spyreshim: test_inner.py::test_leaky left 3145728 bytes (3.0 MiB) of device memory "
             "in 1 allocation after garbage collection (limit 0 bytes)") in out
     assert ("spyreshim: test_inner.py::test_marked_over_limit left 1048576 bytes (1.0 MiB) of device "
-            "memory in 1 allocation after garbage collection (limit 524288 bytes)") in out
+            "memory in 1 allocation after garbage collection (limit per location 524288 bytes)") in out
     assert "own failure" in out
     assert "test_fails_by_itself left" not in out
     # The stacks of the leak: the extension's constructor below it.
@@ -150,11 +150,11 @@ def test_the_failure_shows_the_python_line(shim, tmp_path):
         assert outcomes[test] == "FAILED"
         section = leak_section(r.stdout, test)
         frames = re.findall(r"^\s+#\d+ (.*)$", section, re.M)
-        # Only the test's own frame: what is outside it is pytest.
-        assert frames and frames[0] == "in %s %s:%d [python]" % (
-            test, tmp_path / "test_inner.py", line), section
-        assert not frames[1].endswith("[python]"), section
-        assert "in Tensor_new " in frames[1], section
+        # Innermost first, as every report: the extension's constructor,
+        # then up to the test's own frame (what is outside it is pytest).
+        assert "in Tensor_new " in frames[0], section
+        assert frames[-1] == "in %s %s:%d [python]" % (test, tmp_path / "test_inner.py", line), \
+            section
 
 
 def test_only_marked_tests_are_checked_without_the_option(shim, tmp_path):
@@ -293,13 +293,172 @@ def test_failure_stacks_stop_at_the_test_function():
     def nat(fn):
         return {"kind": "native", "function": fn, "file": None, "line": None,
                 "object": "/x.so", "address": "0x1", "offset": "0x1"}
-    frames = ([py("helper", "/t/test_a.py"), py("test_a", "/t/test_a.py"),
-               py("pytest_pyfunc_call", "/p/python.py"), py("_multicall", "/p/callers.py")] +
-              [nat("n%d" % i) for i in range(10)])
+    # Innermost first: the extension, the test's helper, the test, pytest.
+    frames = ([nat("n0"), nat("n1"), py("helper", "/t/test_a.py"), py("test_a", "/t/test_a.py"),
+               nat("n2"), py("pytest_pyfunc_call", "/p/python.py"), py("_multicall", "/p/callers.py")] +
+              [nat("n%d" % i) for i in range(3, 10)])
     kept, hidden = pytest_plugin._trim(frames, "/t/test_a.py")
-    assert [f["function"] for f in kept] == ["helper", "test_a"] + [
-        "n%d" % i for i in range(pytest_plugin.NATIVE_SHOWN)]
-    assert hidden == 2 + 10 - pytest_plugin.NATIVE_SHOWN
-    # Not found (a fixture's file): Python frames are all kept.
+    assert [f["function"] for f in kept] == ["n0", "n1", "helper", "test_a"]
+    assert hidden == len(frames) - 4
+    # Not found (a fixture's file): every Python frame, the innermost native ones.
     kept, hidden = pytest_plugin._trim(frames, "/t/other.py")
     assert len([f for f in kept if f["kind"] == "python"]) == 4
+    assert [f["function"] for f in kept if f["kind"] == "native"] == [
+        "n%d" % i for i in range(pytest_plugin.NATIVE_SHOWN)]
+
+
+MEMRAY = textwrap.dedent('''\
+    import threading
+    import pytest
+    import simdev
+
+    kept = []
+
+    def keep(n):
+        kept.append(simdev.Tensor(n))
+
+    @pytest.mark.limit_leaks(location_limit="1 MB")
+    def test_keyword_limit_keeps_64k():
+        keep(64 << 10)
+
+    @pytest.mark.limit_leaks("1 MB")
+    def test_one_location_at_the_limit():
+        keep(1 << 20)
+
+    @pytest.mark.limit_leaks("1 MB")
+    def test_two_locations_under_it_each():
+        keep(600 << 10)
+        kept.append(simdev.Tensor(600 << 10))
+
+    @pytest.mark.limit_leaks("1 KB", filter_fn=lambda stack: not any(
+        f.function == "keep" for f in stack.frames))
+    def test_filter_fn_drops_a_known_cache():
+        keep(1 << 20)
+
+    @pytest.mark.limit_leaks("1 KB", filter_fn=lambda stack: stack.frames[0].function != "Tensor_new")
+    def test_filter_fn_sees_the_innermost_frame_first():
+        keep(1 << 20)
+
+    def other_thread():
+        kept.append(simdev.Tensor(1 << 20))
+
+    @pytest.mark.limit_leaks("1 KB", current_thread_only=True)
+    def test_current_thread_only_ignores_other_threads():
+        t = threading.Thread(target=other_thread)
+        t.start(); t.join()
+
+    @pytest.mark.limit_leaks("1 KB")
+    def test_all_threads_by_default():
+        t = threading.Thread(target=other_thread)
+        t.start(); t.join()
+
+    @pytest.mark.limit_leaks("1 KB")
+    def test_suppressed():
+        kept.append(simdev.Tensor(1 << 20))     # SUPPRESSED
+    ''')
+
+
+def test_limit_leaks_takes_pytest_memrays_signature(shim, tmp_path):
+    pythons, interp, moddir = shim
+    (tmp_path / "test_memray.py").write_text(MEMRAY)
+    supp = tmp_path / "supp.txt"
+    supp.write_text("leak:^test_suppressed$\n")
+    argv = [str(SCRIPT), "run", "--leak-check", "--exitcode", "0", "--suppressions", str(supp),
+            "--", PYTEST_PYTHON, "-m", "pytest", "-p", "spyreshim.pytest_plugin",
+            "-p", "no:cacheprovider", "-rA", "test_memray.py"]
+    env = pythons.module_env(interp, simdev_memory="1G")
+    env["SPYRESHIM_LIB"] = need_lib(pythons)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    outcomes = dict((name, word) for word, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR) test_memray\.py::(\w+)", r.stdout, re.M))
+    assert outcomes == {
+        "test_keyword_limit_keeps_64k": "PASSED",          # "1 MB" is 1 MiB, not 0
+        "test_one_location_at_the_limit": "FAILED",         # at least the limit, as memray
+        "test_two_locations_under_it_each": "PASSED",       # per location, not the sum
+        "test_filter_fn_drops_a_known_cache": "PASSED",
+        "test_filter_fn_sees_the_innermost_frame_first": "PASSED",
+        "test_current_thread_only_ignores_other_threads": "PASSED",
+        "test_all_threads_by_default": "FAILED",
+        "test_suppressed": "PASSED",                        # --suppressions applies
+    }, r.stdout + r.stderr
+    assert "(limit per location 1048576 bytes)" in r.stdout, r.stdout
+    # Without the suppressions file the same test fails.
+    supp.write_text("")
+    r = subprocess.run(argv + ["-k", "test_suppressed"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=pythons.HANG_S)
+    assert "FAILED test_memray.py::test_suppressed" in r.stdout, r.stdout
+
+
+def test_limit_leaks_misuse_is_a_usage_error(shim, tmp_path):
+    pythons, interp, moddir = shim
+    for marker in ("limit_leaks('1 MB', warmups=2)", "limit_leaks()", "limit_leaks('1 MB', '2 MB')",
+                   "limit_leaks('1 MB', filter_fn=3)"):
+        (tmp_path / "test_bad.py").write_text(
+            "import pytest\n@pytest.mark.%s\ndef test_x():\n    pass\n" % marker)
+        argv = [str(SCRIPT), "run", "--", PYTEST_PYTHON, "-m", "pytest", "-p",
+                "spyreshim.pytest_plugin", "-p", "no:cacheprovider", "test_bad.py"]
+        env = pythons.module_env(interp, simdev_memory="1G")
+        env["SPYRESHIM_LIB"] = need_lib(pythons)
+        r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=pythons.HANG_S)
+        assert r.returncode == 4 and "@pytest.mark.limit_leaks" in r.stderr, (marker, r.stderr)
+
+
+PEAKS = textwrap.dedent('''\
+    import pytest
+    import simdev
+
+    held = [simdev.Tensor(8 << 20)]              # in use before every test
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_peak_of_3mb_freed_at_once():
+        t = simdev.Tensor(3 << 20)
+        del t
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_peak_of_5mb_freed_at_once():
+        t = simdev.Tensor(5 << 20)
+        del t
+
+    @pytest.mark.limit_memory(limit="4 MB")
+    def test_two_of_2mb_at_once():
+        a = simdev.Tensor(2 << 20)
+        b = simdev.Tensor(2 << 20)
+        del a, b
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_two_of_2mb_one_after_the_other():
+        a = simdev.Tensor(2 << 20)
+        del a
+        b = simdev.Tensor(2 << 20)
+        del b
+    ''')
+
+
+def test_limit_memory_is_the_device_peak_of_the_test(shim, tmp_path):
+    pythons, interp, moddir = shim
+    (tmp_path / "test_peaks.py").write_text(PEAKS)
+    argv = [str(SCRIPT), "run", "--", PYTEST_PYTHON, "-m", "pytest", "-p",
+            "spyreshim.pytest_plugin", "-p", "no:cacheprovider", "-rA", "test_peaks.py"]
+    env = pythons.module_env(interp, simdev_memory="1G")
+    env["SPYRESHIM_LIB"] = need_lib(pythons)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    outcomes = dict((name, word) for word, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR) test_peaks\.py::(\w+)", r.stdout, re.M))
+    assert outcomes == {
+        "test_peak_of_3mb_freed_at_once": "PASSED",       # nothing kept, 3 MiB at its peak
+        "test_peak_of_5mb_freed_at_once": "FAILED",
+        "test_two_of_2mb_at_once": "FAILED",               # 4 MiB at once: at the limit
+        "test_two_of_2mb_one_after_the_other": "PASSED",
+    }, r.stdout + r.stderr
+    assert ("spyreshim: test_peaks.py::test_peak_of_5mb_freed_at_once used a device peak of "
+            "5242880 bytes (5.0 MiB) above the 8388608 in use at its start (limit 4194304 "
+            "bytes)") in r.stdout, r.stdout
+    (tmp_path / "test_bad.py").write_text(
+        "import pytest\n@pytest.mark.limit_memory('1 MB', current_thread_only=True)\n"
+        "def test_x():\n    pass\n")
+    r = subprocess.run(argv[:-1] + ["test_bad.py"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=pythons.HANG_S)
+    assert r.returncode == 4 and "device memory in use has no thread" in r.stderr, r.stderr

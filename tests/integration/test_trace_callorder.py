@@ -35,7 +35,7 @@ def run(name, tmp_path):
     script.write_text(SCRIPT)
     report, trace = tmp_path / "r.json", tmp_path / "r.trace"
     r = pythons.run_python(interp, path=script, args=[],
-                           env={"SPYRESHIM_LEAK_CHECK": "1", "SPYRESHIM_REPORT": str(report),
+                           env={"SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": str(report),
                                 "SPYRESHIM_EXITCODE": "7", "SPYRESHIM_TRACE": str(trace)})
     assert r.returncode == 7, r.describe()
     return script, by_size(report), tr.load(str(trace))

@@ -408,7 +408,7 @@ def test_exit_report_escapes_a_python_function_name(tmp_path, builddir):
             "f.__code__ = f.__code__.replace(co_name=%r%s)\n"
             "f()\n" % (FORGE, ", co_qualname=%r" % FORGE if sys.version_info >= (3, 11) else ""))
     r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
-                       timeout=pythons.HANG_S, env=shim_env(builddir, SPYRESHIM_LEAK_CHECK=1))
+                       timeout=pythons.HANG_S, env=shim_env(builddir, SPYRESHIM_LEAK_CHECK="held"))
     assert "\x1b" not in r.stderr, r.stderr
     summaries = [ln for ln in r.stderr.splitlines() if ln.startswith("SUMMARY")]
     assert len(summaries) == 1 and "0 byte(s)" not in summaries[0], r.stderr
@@ -462,7 +462,7 @@ def test_non_utf8_path_round_trip(tmp_path, builddir):
                 b"leak()\n")
     rep = tmp_path / "leaks.json"
     r = subprocess.run([sys.executable, script], capture_output=True, timeout=pythons.HANG_S,
-                       env=shim_env(builddir, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=rep))
+                       env=shim_env(builddir, SPYRESHIM_LEAK_CHECK="held", SPYRESHIM_REPORT=rep))
     raw = rep.read_bytes()
     raw.decode("utf-8")                          # valid UTF-8 JSON
     data = json.loads(raw)

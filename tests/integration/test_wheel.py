@@ -195,7 +195,7 @@ def test_leak_hunt_from_the_venv(venv):
     py, prog_interp = _program_python(interp, v)
     (work / "leaky.py").write_text(LEAKY)
     env = _env(PYTHONPATH=pythons.build_module(prog_interp), SIMDEV_MEMORY="1G")
-    r = _run([v / "bin" / "spyreshim", "run", "--leak-check", "--", py, "leaky.py"], env=env,
+    r = _run([v / "bin" / "spyreshim", "run", "--leak-check=held", "--", py, "leaky.py"], env=env,
              cwd=work)
     assert r.returncode == 23, r.describe()              # leaks at exit
     err = r.stderr
@@ -211,7 +211,7 @@ def test_leak_hunt_from_the_venv(venv):
     # report keeps its Python frames.
     (work / "broken").mkdir(exist_ok=True)
     (work / "broken" / "libunwind.so.8").write_bytes(b"")
-    r = _run([v / "bin" / "spyreshim", "run", "--leak-check", "--", py, "leaky.py"],
+    r = _run([v / "bin" / "spyreshim", "run", "--leak-check=held", "--", py, "leaky.py"],
              env=dict(env, LD_LIBRARY_PATH=work / "broken"), cwd=work)
     assert r.returncode == 23, r.describe()
     lines = [ln for ln in r.stderr.splitlines() if "libunwind" in ln]
