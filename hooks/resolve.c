@@ -131,5 +131,6 @@ shim_device *shim_hook_device_resolve(shim_hook_slots *s)
         atomic_store_explicit(&s->device, d, memory_order_release);
     }
     shim_device_publish_unlock();
+    shim_device_learn_capacity(d); /* the runtime asked with no lock of ours held */
     return d;
 }

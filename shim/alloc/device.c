@@ -159,10 +159,14 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal, uintptr_t
 }
 
 /* Asked on the thread that first uses the device (its context current),
- * after devices_mu is released: the runtime's call is never made under a
- * lock of ours. For readers of the trace (headroom per rank). */
-static void learn_capacity(shim_device *d)
+ * after devices_mu and the publish lock are released: the runtime's call
+ * is never made under a lock of ours (the runtime's fork handlers take its
+ * own lock before the shim's take the publish lock). For readers of the
+ * trace (headroom per rank). */
+void shim_device_learn_capacity(shim_device *d)
 {
+    if (!d || atomic_exchange_explicit(&d->capacity_asked, true, memory_order_acq_rel))
+        return;
     size_t free_b = 0, total = 0;
     uint64_t cap = shim_opts()->limit;
     if (d->rt->real_mem_info && d->backend.mem_info(d->backend.ctx, &free_b, &total) == 0 &&
@@ -214,8 +218,8 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
         }
     }
     shim_mutex_unlock(&devices_mu);
-    if (d && created)
-        learn_capacity(d);
+    if (d && created && !shim_device_publishing())
+        shim_device_learn_capacity(d);
     return d;
 }
 

@@ -105,6 +105,7 @@ struct shim_device {
      * the runtime's total, asked once when the device is first served
      * (0 = not known yet, or the runtime does not say). */
     _Atomic uint64_t capacity;
+    atomic_bool capacity_asked; /* shim_device_learn_capacity ran (once) */
     /* The device lock: pressure events (callbacks get it), the slow path of
      * an allocation no shard could serve, and every walk of the shards
      * (reports, statistics, trim, fork). Taken before a shard's lock;

@@ -4,8 +4,11 @@
  * can take it; its fork handlers also hold forgotten.c's leaf lock.
  *
  * Locks: taken before devices_mu (creating the device); never held across
- * a loader call or with an allocator lock. */
+ * a loader call, a call into the runtime (the runtime's own locks are
+ * taken in its fork handlers, which run before this one's prepare: a
+ * runtime call under it inverted that order) or with an allocator lock. */
 #include <pthread.h>
+#include <stdbool.h>
 
 #include "device.h"
 #include "forgotten.h"
@@ -13,8 +16,23 @@
 
 static pthread_mutex_t publish_mu = PTHREAD_MUTEX_INITIALIZER;
 
-void shim_device_publish_lock(void) { shim_mutex_lock(&publish_mu); }
-void shim_device_publish_unlock(void) { shim_mutex_unlock(&publish_mu); }
+/* Whether this thread holds publish_mu: a device created under it asks
+ * the runtime nothing until it is released (device.c, learn_capacity). */
+static __thread bool publishing;
+
+void shim_device_publish_lock(void)
+{
+    shim_mutex_lock(&publish_mu);
+    publishing = true;
+}
+
+void shim_device_publish_unlock(void)
+{
+    publishing = false;
+    shim_mutex_unlock(&publish_mu);
+}
+
+bool shim_device_publishing(void) { return publishing; }
 
 /* Taken, not started afresh: a publisher holds it only while it fills its
  * runtime's entry points and creates the device (calloc, devices_mu, no
