@@ -51,7 +51,8 @@ RECORDING = Path(__file__).resolve().parent / "data" / "opencl_suite_outcomes.js
 
 # pytest -v writes each test's id as it starts and its outcome as it ends:
 # output is the suite's progress, so a run is killed only after this long
-# without a byte (a hang), never for its total time.
+# without a byte (a hang), never for its total time. The same bound (as
+# pythons.HANG_S) for the short children that ask PyOpenCL its versions.
 QUIET_LIMIT = 900
 
 
@@ -67,7 +68,7 @@ def cache_dir():
 
 def installed_version(python="/usr/bin/python3"):
     r = subprocess.run([python, "-c", "import pyopencl; print(pyopencl.VERSION_TEXT)"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=QUIET_LIMIT)
     if r.returncode != 0:
         raise SuiteUnavailable(f"{python} has no pyopencl (apt-get install python3-pyopencl): "
                                + (r.stderr.strip().splitlines() or ["?"])[-1])
@@ -143,7 +144,7 @@ def environment(env=None):
             "'platforms': [[p.name, p.version, [d.name for d in p.get_devices()]] "
             "for p in cl.get_platforms()]}))")
     r = subprocess.run(["/usr/bin/python3", "-c", code], env=env, capture_output=True,
-                       text=True, timeout=120)
+                       text=True, timeout=QUIET_LIMIT)
     if r.returncode != 0:
         raise SuiteUnavailable("/usr/bin/python3 finds no pyopencl or no OpenCL platform: "
                                + (r.stderr.strip().splitlines() or ["?"])[-1])
