@@ -163,6 +163,11 @@ static shim_device *device_create(const shim_runtime *rt, int ordinal, uintptr_t
  * is never made under a lock of ours (the runtime's fork handlers take its
  * own lock before the shim's take the publish lock). For readers of the
  * trace (headroom per rank). */
+/* Set while this thread holds the publish lock (shim_device_defer_capacity). */
+static __thread bool capacity_deferred;
+
+void shim_device_defer_capacity(bool on) { capacity_deferred = on; }
+
 void shim_device_learn_capacity(shim_device *d)
 {
     if (!d || atomic_exchange_explicit(&d->capacity_asked, true, memory_order_acq_rel))
@@ -218,7 +223,7 @@ shim_device *shim_device_get_context(const shim_runtime *rt, int ordinal, uintpt
         }
     }
     shim_mutex_unlock(&devices_mu);
-    if (d && created && !shim_device_publishing())
+    if (d && created && !capacity_deferred)
         shim_device_learn_capacity(d);
     return d;
 }

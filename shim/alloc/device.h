@@ -266,13 +266,13 @@ void shim_device_atfork_child_early(void);
  * child release it (docs/locking.md). */
 void shim_device_publish_lock(void);
 void shim_device_publish_unlock(void);
-/* Whether the calling thread holds the publish lock. */
-bool shim_device_publishing(void);
 /* Asks the runtime, once, what the device holds in all (the trace's
  * capacity record): done by shim_device_get_context on the thread that
- * creates the device, unless that thread holds the publish lock, which
- * calls this after releasing it. Idempotent. */
+ * creates the device, unless that thread deferred it (it holds the
+ * publish lock, publish.c), which calls this after releasing it.
+ * Idempotent. */
 void shim_device_learn_capacity(shim_device *d);
+void shim_device_defer_capacity(bool on);
 void shim_device_publish_atfork_prepare(void);
 void shim_device_publish_atfork_parent(void);
 void shim_device_publish_atfork_child(void);

@@ -16,23 +16,19 @@
 
 static pthread_mutex_t publish_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* Whether this thread holds publish_mu: a device created under it asks
- * the runtime nothing until it is released (device.c, learn_capacity). */
-static __thread bool publishing;
-
+/* A device created while this thread holds publish_mu asks the runtime
+ * nothing until it is released (device.c, shim_device_learn_capacity). */
 void shim_device_publish_lock(void)
 {
     shim_mutex_lock(&publish_mu);
-    publishing = true;
+    shim_device_defer_capacity(true);
 }
 
 void shim_device_publish_unlock(void)
 {
-    publishing = false;
+    shim_device_defer_capacity(false);
     shim_mutex_unlock(&publish_mu);
 }
-
-bool shim_device_publishing(void) { return publishing; }
 
 /* Taken, not started afresh: a publisher holds it only while it fills its
  * runtime's entry points and creates the device (calloc, devices_mu, no

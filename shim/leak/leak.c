@@ -378,13 +378,14 @@ void shim_leak_at_exit(void)
     shim_report *r = shim_report_build(nl ? leaks : NULL, nl, sup);
     free(leaks);
     spyreshim_snapshot_free(s);
-    shim_report *hr = held ? shim_report_build(nh ? spyreshim_snapshot_get(held, 0) : NULL, nh, sup)
+    shim_report *hr = held ? shim_report_build_like(nh ? spyreshim_snapshot_get(held, 0) : NULL,
+                                                    nh, sup, r)
                            : NULL;
     spyreshim_snapshot_free(held);
     if (!r || (held && !hr)) {
         shim_warn("leak check: out of host memory, no report");
-        shim_report_free(r);
         shim_report_free(hr);
+        shim_report_free(r);
         return;
     }
     uint64_t leaked_bytes, leaked, held_bytes = 0, held_count = 0;
@@ -418,8 +419,8 @@ void shim_leak_at_exit(void)
     free(members);
     free(hj);
     free(coll);
+    shim_report_free(hr); /* before r: it names its frames with r's symbolizer */
     shim_report_free(r);
-    shim_report_free(hr);
     bool fail = leaked != 0;
     if (fail && o->exitcode != 0) {
         /* As LeakSanitizer: the verdict replaces the exit status. Flush

@@ -27,7 +27,8 @@
 struct shim_report {
     shim_report_group *groups;
     size_t ngroups;
-    shim_symbolizer *sym;            /* owns the native names */
+    shim_symbolizer *sym;            /* owns the native names, unless borrowed */
+    bool sym_borrowed;               /* sym is another report's (build_like) */
     const shim_suppressions *sup;
     uint64_t *sup_bytes, *sup_count; /* per pattern */
     shim_evalloop loop;              /* the evaluation loop's parts, by address */
@@ -267,6 +268,12 @@ static int match_suppression(const shim_report *r, const shim_report_group *g)
 shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
                                const shim_suppressions *sup)
 {
+    return shim_report_build_like(allocs, n, sup, NULL);
+}
+
+shim_report *shim_report_build_like(const spyreshim_alloc_info *allocs, size_t n,
+                                    const shim_suppressions *sup, const shim_report *like)
+{
     shim_report *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
@@ -297,7 +304,8 @@ shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
     free(sorted);
     sorted = NULL;
     qsort(r->groups, r->ngroups, sizeof *r->groups, group_cmp);
-    r->sym = r->ngroups ? shim_symbolizer_create() : NULL;
+    r->sym_borrowed = r->ngroups && like && like->sym;
+    r->sym = !r->ngroups ? NULL : r->sym_borrowed ? like->sym : shim_symbolizer_create();
     shim_evalloop_find(shim_pystack_eval_entry(), &r->loop);
     for (size_t i = 0; i < r->ngroups; i++) {
         shim_report_group *g = &r->groups[i];
@@ -325,7 +333,8 @@ void shim_report_free(shim_report *r)
     free(r->groups);
     free(r->sup_bytes);
     free(r->sup_count);
-    shim_symbolizer_destroy(r->sym);
+    if (!r->sym_borrowed)
+        shim_symbolizer_destroy(r->sym);
     free(r);
 }
 

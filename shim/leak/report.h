@@ -55,6 +55,13 @@ typedef struct shim_report shim_report;
  * when out of host memory. */
 shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
                                const shim_suppressions *sup);
+/* The same, naming the frames with `like`'s symbolizer (may be NULL: its
+ * own): two reports of one moment (the exit's leaks and what Python held)
+ * resolve the same addresses once, in one libdw session (a second session
+ * in the process left static functions unnamed in some runs). Freed
+ * before `like`. */
+shim_report *shim_report_build_like(const spyreshim_alloc_info *allocs, size_t n,
+                                    const shim_suppressions *sup, const shim_report *like);
 void shim_report_free(shim_report *r);
 size_t shim_report_ngroups(const shim_report *r);
 const shim_report_group *shim_report_group_at(const shim_report *r, size_t i);

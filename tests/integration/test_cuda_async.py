@@ -214,7 +214,9 @@ def test_the_runtime_reaches_the_watched_driver_functions(shim_lib, tmp_path):
     prog = tmp_path / "rt.py"
     prog.write_text(RUNTIME)
     report = tmp_path / "leaks.json"
-    env = shim_env(tmp_path, SPYRESHIM_LEAK_CHECK=1, SPYRESHIM_REPORT=report,
+    # The block a ctypes program never frees is live when the interpreter
+    # begins to shut down: held until exit, which "held" counts as leaked.
+    env = shim_env(tmp_path, SPYRESHIM_LEAK_CHECK="held", SPYRESHIM_REPORT=report,
                    LD_LIBRARY_PATH=built_tests() / "cudadrv")
     r = run(["/usr/bin/python3", prog, built_tests() / "libcudart_standin.so"], env)
     assert "runtime ok" in r.stdout, r.stdout + r.stderr
