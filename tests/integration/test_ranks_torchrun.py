@@ -61,8 +61,10 @@ TRAIN = textwrap.dedent("""\
         model.bias.grad = None
         del out, loss, d
     w = model.weight.detach().cpu()
-    print(json.dumps({"rank": rank, "sum": float(w.double().sum()),
-                      "preload": os.environ.get("LD_PRELOAD", "")}), flush=True)
+    # One write of the whole line: both workers share torchrun's stdout,
+    # and print's text and newline, written apart, interleaved there.
+    os.write(1, (json.dumps({"rank": rank, "sum": float(w.double().sum()),
+                             "preload": os.environ.get("LD_PRELOAD", "")}) + "\\n").encode())
     dist.destroy_process_group()
     """)
 
