@@ -348,13 +348,13 @@ def cmd_trace_report(args):
     if args.memory_timeline:
         from . import categories
         try:
-            ev = categories.write_timeline(t, args.memory_timeline,
-                                           categories.Classifier(t, rules))
+            nev = categories.write_timeline(t, args.memory_timeline,
+                                            categories.Classifier(t, rules))
         except OSError as e:
             raise UsageError("report: cannot write %s: %s" % (args.memory_timeline,
                                                              e.strerror or e))
         sys.stderr.write("%s report: wrote %s: %d memory events (HTA's MemoryAnalysis "
-                         "reads it)\n" % (PROG, args.memory_timeline, len(ev)))
+                         "reads it)\n" % (PROG, args.memory_timeline, nev))
         if not args.view and not args.html and not args.memory_viz:
             return 0
     if (args.first is not None or args.last is not None) and not args.memory_viz:

@@ -129,6 +129,10 @@ def test_stats_and_peak_views_break_the_peak_down(traced):
     assert head.startswith("== peak of all devices: "), head
     assert "By category:" in head, head
     assert re.search(r"^\tPARAMETER\s+.* \(%d bytes, " % sum(PARAMS), head, re.M), head
+    page = traced["dir"] / "peak.html"
+    h = cli("report", "--html", page, traced["trace"], cwd=traced["dir"])
+    assert h.returncode == 0, h
+    assert "PARAMETER 2.5 MiB, OPTIMIZER_STATE 5.0 MiB" in page.read_text()
 
 
 @pytest.fixture(scope="module")
