@@ -20,6 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pythons  # noqa: E402
 import torchrun  # noqa: E402
 
+sys.path.insert(0, str(pythons.REPO))
+from spyreshim import categories, trace as tr  # noqa: E402
+
 REPO = pythons.REPO
 TRAIN = REPO / "tests" / "torch_examples" / "train.py"
 STEPS = 3
@@ -197,6 +200,54 @@ def test_user_rules_come_first(traced, tmp_path):
     assert s.returncode == 0, s
 
 
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """A synthetic trace (bench/trace_synth.py: native sites site_1, ...,
+    site_48 with frames 'site_N file.c:LINE /bin/synth'): no PyTorch needed."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import trace_synth
+    p = tmp_path_factory.mktemp("synth") / "s.trace"
+    trace_synth.write(str(p), 40000, sites=6)
+    return p
+
+
+def pycli(*args, cwd):
+    """The command line in this Python (numpy or not, whatever it has)."""
+    return pythons.run([sys.executable, str(torchrun.SCRIPT), *map(str, args)], cwd=cwd)
+
+
+def test_rules_first_match_wins_and_the_export_adds_up(synth, tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('# site_1 matches both: the first wins\n'
+                     'rules = [["^site_1 file\\\\.c:", "PARAMETER"],\n'
+                     '         ["^site_[12] ", "gradient"], ["/bin/synth$", "Optimizer-State"]]\n')
+    out = tmp_path / "m.json"
+    r = pycli("report", "--categories", rules, "--memory-timeline", out, synth, cwd=tmp_path)
+    assert r.returncode == 0, r
+    ev = json.loads(out.read_text())     # no .gz: plain JSON
+    assert {c for *_x, c in ev} == {IDX["PARAMETER"], IDX["GRADIENT"], IDX["OPTIMIZER_STATE"]}
+    t = tr.stream(str(synth))
+    cl = categories.Classifier(t, categories.load_rules(str(rules)))
+    assert [cl.site(s) for s in (1, 2, 3, 6)] == ["PARAMETER", "GRADIENT", "OPTIMIZER_STATE",
+                                                  "OPTIMIZER_STATE"]
+    assert categories.Classifier(t).site(1) == "TEMPORARY"
+    # the live bytes of each category at the overall peak, from the export,
+    # equal the stats view's breakdown
+    s = pycli("report", "--categories", rules, "--view", "stats", synth, cwd=tmp_path)
+    assert s.returncode == 0, s
+    peak, by = ours_at_peak(s.stdout)
+    run, best, at = [0] * 8, -1, None
+    for _t, _a, n, c in ev:
+        run[c] += n
+        if sum(run) > best:
+            best, at = sum(run), list(run)
+    assert best == peak
+    assert {c: at[i] for c, i in IDX.items() if at[i]} == by
+    # without rules: every native stack of the synthetic trace is TEMPORARY
+    plain = pycli("report", "--view", "stats", synth, cwd=tmp_path)
+    assert ours_at_peak(plain.stdout)[1] == {"TEMPORARY": peak}
+
+
 @pytest.mark.parametrize("text,error", [
     ('rules = [["(", "PARAMETER"]]', r"rule 1: bad regular expression '\('"),
     ('rules = [["x", "WEIGHTS"]]', r"rule 1: 'WEIGHTS' is not a category \(INPUT, "),
@@ -204,14 +255,17 @@ def test_user_rules_come_first(traced, tmp_path):
     ('rule = []', r"no `rules = "),
     ('rules = [', r"not TOML: "),
 ])
-def test_bad_rules_are_one_line_errors(traced, tmp_path, text, error):
+def test_bad_rules_are_one_line_errors(synth, tmp_path, text, error):
     rules = tmp_path / "rules.toml"
     rules.write_text(text)
-    r = cli("report", "--categories", rules, "--view", "stats", traced["trace"], cwd=tmp_path)
+    r = pycli("report", "--categories", rules, "--view", "stats", synth, cwd=tmp_path)
     assert r.returncode == 2, r
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert re.search(error, r.stderr), r.stderr
     assert "Traceback" not in r.stderr
-    missing = cli("report", "--categories", tmp_path / "none.toml", traced["trace"],
-                  cwd=tmp_path)
+    missing = pycli("report", "--categories", tmp_path / "none.toml", synth, cwd=tmp_path)
     assert missing.returncode == 2 and "cannot read" in missing.stderr, missing
+    # a leak report is no trace
+    rep = pycli("report", "--categories", rules, REPO / "tests/integration/data/leak_single.json",
+                cwd=tmp_path)
+    assert rep.returncode == 2 and "read a trace" in rep.stderr, rep
