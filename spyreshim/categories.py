@@ -40,15 +40,19 @@ PREEXISTING, CREATE, INCREMENT_VERSION, DESTROY = 1, 2, 3, 4
 ORDER = sorted(INDEX, key=INDEX.get)
 
 # The built-in rules, in order (the first that matches wins): (category,
-# regular expression searched in each frame's text, frame_text). Python
-# frames' functions are qualified names (Adam._init_group); native ones
-# are demangled C++.
+# regular expression searched in each frame's text, frame_text[, INNERMOST:
+# in the innermost Python frame's only]). Python frames' functions are
+# qualified names (Adam._init_group); native ones are demangled C++.
+INNERMOST = "innermost Python frame"
 _TORCH = r"\S*/torch/"
 RULES = [
     # An optimizer's state, made at its first step (Adam's exp_avg,
-    # Adadelta's square_avg: _init_group; SGD's momentum buffer: cloned in
-    # its update functions; Adagrad's sum: its constructor).
+    # Adadelta's square_avg: _init_group from PyTorch 2.0, the step itself
+    # before, where the update is in functions it calls; SGD's momentum
+    # buffer: cloned in its update functions; Adagrad's sum: its
+    # constructor).
     ("OPTIMIZER_STATE", r"^(\w+\.)?_init_group " + _TORCH + r"optim/"),
+    ("OPTIMIZER_STATE", r"^\w+\.step " + _TORCH + r"optim/", INNERMOST),
     ("OPTIMIZER_STATE", r"^_(single|multi)_tensor_sgd " + _TORCH + r"optim/sgd\.py:"),
     ("OPTIMIZER_STATE", r"^(\w+\.)?__init__ " + _TORCH + r"optim/"),
     # Parameters: a module built on the device (its constructor, its
@@ -72,6 +76,9 @@ RULES = [
     # an operator's own copies (_to_copy under a kernel, a device's CPU
     # fallback) are not.
     ("INPUT", r"^torch::autograd::(THPVariable_(to|cuda|type)|dispatch_to)\("),
+    # (Debian's 1.13 leaves those static functions unnamed: the binding
+    # library's own call of Tensor::to)
+    ("INPUT", r"^at::Tensor::(to|cuda)\(.* \S*/libtorch_python\.so[.\d]*$"),
     ("INPUT", r"^torch::utils::(\w+::)*(tensor_ctor|as_tensor|internal_new_from_data)\("),
 ]
 
@@ -122,7 +129,7 @@ def load_rules(path):
         if (not isinstance(r, list) or len(r) != 2 or not isinstance(r[0], str)
                 or not isinstance(r[1], str)):
             raise RulesError('%s: not ["REGEX", "CATEGORY"]' % where)
-        out.append((category_name(r[1], where), _compile(r[0], where)))
+        out.append((category_name(r[1], where), _compile(r[0], where), False))
     return out
 
 
@@ -133,7 +140,7 @@ def _compile(pattern, where):
         raise RulesError("%s: bad regular expression %r: %s" % (where, pattern, e))
 
 
-_BUILTIN = [(c, re.compile(p)) for c, p in RULES]
+_BUILTIN = [(r[0], re.compile(r[1]), r[2:] == (INNERMOST,)) for r in RULES]
 
 
 def frame_text(f):
@@ -160,12 +167,14 @@ class Classifier(object):
         c = self._of.get(s, 0)
         if c != 0:
             return c
-        texts = [frame_text(f) for f in self.t.frames(s)]
+        frames = self.t.frames(s)
+        texts = [frame_text(f) for f in frames]
+        inner = [x for f, x in zip(frames, texts) if f["kind"] == "python"][:1]
         c = UNKNOWN
         if texts:
             c = "TEMPORARY"
-            for cat, rx in self.rules:
-                if any(rx.search(x) for x in texts):
+            for cat, rx, innermost in self.rules:
+                if any(rx.search(x) for x in (inner if innermost else texts)):
                     c = cat
                     break
         self._of[s] = c

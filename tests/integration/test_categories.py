@@ -1,6 +1,6 @@
 """Memory categories (spyreshim/categories.py): a real trace of a training
-loop (tests/torch_examples/train.py's VAE with Adam, PyTorch 2.x on the
-simdev device, `spyreshim run --trace`) classed by its stacks into
+loop (tests/torch_examples/train.py's VAE with Adam, PyTorch 1.13 and 2.x
+on the simdev device, `spyreshim run --trace`) classed by its stacks into
 PyTorch's categories; `report --view stats` and the peak view break the
 peak down by them; `report --memory-timeline OUT.json.gz` writes PyTorch's
 raw memory timeline, which Holistic Trace Analysis' MemoryAnalysis
@@ -43,10 +43,12 @@ def cli(*args, cwd):
     return torchrun.run(argv=[str(torchrun.SCRIPT), *map(str, args)], cwd=cwd)
 
 
-@pytest.fixture(scope="module")
-def traced(tmp_path_factory, builddir, shim_lib):
-    """The VAE's trace, its raw timeline and the stats view."""
-    torchrun.require("2")
+@pytest.fixture(scope="module", params=torchrun.VERSIONS)
+def traced(request, tmp_path_factory, builddir, shim_lib):
+    """The VAE's trace, its raw timeline and the stats view, on PyTorch
+    1.13 (Debian's: the optimizer's state made in its step) and 2.x (in
+    its _init_group)."""
+    torchrun.require(request.param)
     d = tmp_path_factory.mktemp("categories")
     trace = d / "vae.trace"
     r = torchrun.run(argv=[str(torchrun.SCRIPT), "run", "--trace", str(trace), "--",
