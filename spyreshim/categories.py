@@ -181,12 +181,13 @@ class Classifier(object):
         return c
 
 
-def breakdown(cl, live):
+def breakdown(cl, live, served=True):
     """{category: bytes} of a live set ({(dev, addr): (size, site, index)},
-    trace.live_sets), pass-through pseudo-devices left out."""
+    trace.live_sets); `served`: the pass-through pseudo-devices left out,
+    as the overall peak leaves them (not a pseudo-device's own peak)."""
     out = {}
     for (d, _a), (size, site, _i) in live.items():
-        if d in tr.PASSTHROUGH_DEVICES:
+        if served and d in tr.PASSTHROUGH_DEVICES:
             continue
         c = cl.site(site)
         out[c] = out.get(c, 0) + size

@@ -33,7 +33,8 @@ def peak_reports(t, classifier=None):
         out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
                     callorder.live_report(t, live, "peak")))
     if classifier is not None:
-        out = [o + (cats.breakdown(classifier, live),) for o, live in zip(out, lives)]
+        out = [o + (cats.breakdown(classifier, live, served=(j == 0)),)
+               for j, (o, live) in enumerate(zip(out, lives))]
     return p, out
 
 
