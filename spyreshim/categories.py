@@ -156,27 +156,47 @@ def frame_text(f):
 
 
 class Classifier(object):
-    """Sites of a trace to categories (cached: one decision a site)."""
+    """Sites of a trace to categories: one decision a site, each distinct
+    frame searched once (sites share most of their frames: the rules'
+    matches are kept by frame text, as a bit mask)."""
 
     def __init__(self, t, rules=()):
         self.t = t
         self.rules = list(rules) + _BUILTIN
         self._of = {}
+        self._mask = {}     # frame text -> bit i set where rule i matches it
+        self._any = 0       # bits of the rules that look at every frame
+        for i, (_c, _rx, innermost) in enumerate(self.rules):
+            if not innermost:
+                self._any |= 1 << i
+
+    def _matches(self, text):
+        m = self._mask.get(text)
+        if m is None:
+            m = 0
+            for i, (_c, rx, _inner) in enumerate(self.rules):
+                if rx.search(text):
+                    m |= 1 << i
+            self._mask[text] = m
+        return m
 
     def site(self, s):
         c = self._of.get(s, 0)
         if c != 0:
             return c
         frames = self.t.frames(s)
-        texts = [frame_text(f) for f in frames]
-        inner = [x for f, x in zip(frames, texts) if f["kind"] == "python"][:1]
         c = UNKNOWN
-        if texts:
-            c = "TEMPORARY"
-            for cat, rx, innermost in self.rules:
-                if any(rx.search(x) for x in (inner if innermost else texts)):
-                    c = cat
-                    break
+        if frames:
+            hit = 0
+            inner = True
+            for f in frames:
+                m = self._matches(frame_text(f))
+                if inner and f["kind"] == "python":
+                    hit |= m            # the innermost Python frame: every rule
+                    inner = False
+                else:
+                    hit |= m & self._any
+            c = self.rules[(hit & -hit).bit_length() - 1][0] if hit else "TEMPORARY"
         self._of[s] = c
         return c
 
