@@ -9,7 +9,9 @@ its figures equal ours. `--categories rules.toml`: the user's rules first.
 Run with -s for the breakdown (the closing note's figures)."""
 import gzip
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -167,8 +169,13 @@ m.plot_memory_timeline(save_graph=True)
 
 
 def test_hta_reads_and_draws_the_timeline(traced, hta_python, tmp_path):
+    # plotly's PNG writer (kaleido) drives a Chromium
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pythons.need("chromium", "chromium is not installed (Debian: apt-get install chromium)")
     # HTA opens it with gzip whatever its name
-    r = pythons.run([hta_python, "-c", HTA, str(traced["timeline"])], cwd=tmp_path)
+    r = pythons.run([hta_python, "-c", HTA, str(traced["timeline"])], cwd=tmp_path,
+                    env=dict(os.environ, BROWSER_PATH=chromium))
     assert r.returncode == 0, r
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["names"] == ["Parameter", "Optimizer state", "Input", "Temporary",
