@@ -183,6 +183,15 @@ def _parser():
                           "freed, by allocation site)")
     rep.add_argument("--memory-viz", metavar="OUT.pickle",
                      help="for a trace: write the snapshot PyTorch's memory_viz page reads")
+    rep.add_argument("--memory-timeline", metavar="OUT.json.gz",
+                     help="for a trace: write PyTorch's raw memory timeline (torch.profiler's "
+                          "export_memory_timeline to .raw.json.gz: [time ns, action, bytes, "
+                          "category]), which HTA's MemoryAnalysis reads")
+    rep.add_argument("--categories", metavar="RULES.toml",
+                     help="for a trace: rules = [[\"REGEX\", \"CATEGORY\"], ...] classing "
+                          "blocks by their frames (first match wins) before the built-in "
+                          "rules (parameter, optimizer state, activation, gradient, input, "
+                          "temporary)")
     rep.add_argument("--diff", action="store_true",
                      help="what grew between two moments and is still live: two reports or "
                           "snapshots (A B), or one trace with --at T1 --at T2")
@@ -326,6 +335,26 @@ def cmd_trace_report(args):
                          "-top %s)\n" % (PROG, args.pprof,
                                           rpt.format_size(sum(v[0] for v in live.values())),
                                           len(live), words, args.pprof))
+        if (not args.view and not args.html and not args.memory_viz
+                and not args.memory_timeline):
+            return 0
+    rules = ()
+    if args.categories:
+        from . import categories
+        try:
+            rules = categories.load_rules(args.categories)
+        except categories.RulesError as e:
+            raise UsageError("report: %s" % e)
+    if args.memory_timeline:
+        from . import categories
+        try:
+            nev = categories.write_timeline(t, args.memory_timeline,
+                                            categories.Classifier(t, rules))
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.memory_timeline,
+                                                             e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %d memory events (HTA's MemoryAnalysis "
+                         "reads it)\n" % (PROG, args.memory_timeline, nev))
         if not args.view and not args.html and not args.memory_viz:
             return 0
     if (args.first is not None or args.last is not None) and not args.memory_viz:
@@ -348,7 +377,7 @@ def cmd_trace_report(args):
         gcview.write(t, sys.stdout.write, top=args.top or 10)
         return 0
     if view == "stats":
-        sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5)))
+        sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5, rules=rules)))
         return 0
     if view == "timeline" and not args.html:
         raise UsageError("report: --view timeline draws a page: give --html OUT.html")
@@ -357,7 +386,7 @@ def cmd_trace_report(args):
             from . import timeline
             page = timeline.page(t)
         else:
-            page = tracepeak.peak_html(t, top=args.top)
+            page = tracepeak.peak_html(t, top=args.top, rules=rules)
         try:
             with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
@@ -365,7 +394,7 @@ def cmd_trace_report(args):
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
         sys.stderr.write("%s report: wrote %s (%s of %d events)\n" % (PROG, args.html, view, len(t)))
         return 0
-    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top)))
+    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top, rules=rules)))
     return 0
 
 
@@ -456,8 +485,9 @@ def cmd_report(args):
         raise UsageError("report: --at and --json go with --diff (--at also with --pprof)")
     if any(tr.is_trace(path) for path in args.files):
         return cmd_trace_report(args)
-    if args.view or args.memory_viz:
-        raise UsageError("report: --view and --memory-viz read a trace (spyreshim run --trace)")
+    if args.view or args.memory_viz or args.memory_timeline or args.categories:
+        raise UsageError("report: --view, --memory-viz, --memory-timeline and --categories "
+                         "read a trace (spyreshim run --trace)")
     reports = [rpt.load(path) for path in args.files]
     merged = rpt.merge(reports)
     if args.html:

@@ -163,7 +163,8 @@ def views(tmp, n):
             "timeline": ["--view", "timeline", "--html", tmp / "t.html"],
             "gc": ["--view", "gc"], "pprof": ["--pprof", tmp / "p.pb.gz"],
             "diff": ["--diff", "--at", "1", "--at", str(n // 2)],
-            "memory-viz": ["--memory-viz", tmp / "m.pickle"]}
+            "memory-viz": ["--memory-viz", tmp / "m.pickle"],
+            "memory-timeline": ["--memory-timeline", tmp / "m.json.gz"]}
 
 
 def peak_rss(path, args, package=REPO):
