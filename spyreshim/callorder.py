@@ -139,20 +139,19 @@ def visible(t, site):
     return [f for f in frames(t, site) if not f["folded"]]
 
 
+def shown(t, site, native_frames="folded"):
+    """The frames a view draws, innermost first: visible() with each run of
+    a library's frames folded into one (report.visible_frames, frames.py);
+    native_frames "all" gives every frame."""
+    return rpt.visible_frames({"frames": frames(t, site)}, native_frames)
+
+
 def label(t, site):
-    """One line naming a site: its innermost visible frame with a name and,
-    when that is native, the innermost Python frame that led to it
-    ("Tensor_new, from forward (train.py:40)")."""
-    fr = visible(t, site)
-    if not fr:
-        return "[no stack recorded]"
-    first = next((f for f in fr if f["function"]), fr[0])
-    out = rpt.frame_label(first)
-    if first["kind"] != "python":
-        py = next((f for f in fr if f["kind"] == "python"), None)
-        if py is not None:
-            out += ", from " + rpt.frame_label(py)
-    return out
+    """One line naming a site: its innermost frame in the user's own code
+    (frames.first_user: outside the interpreter, the frameworks' libraries,
+    site-packages and the standard library), else its innermost named
+    frame, with its library (report.label_of)."""
+    return rpt.label_of(visible(t, site)) or "[no stack recorded]"
 
 
 def live_report(t, live, reason, name=None):

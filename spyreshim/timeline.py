@@ -348,12 +348,14 @@ def _batch_np(np, b, chart, site_live, marks, st):
     return True
 
 
-def _site_frames(t, s):
+def _site_frames(t, s, native_frames="folded"):
     """Frame labels, outermost first (the flame graph's root side), in call
-    order with the interpreter's frames folded (callorder.py)."""
+    order with the interpreter's frames and each run of a library's frames
+    folded (callorder.shown) unless native_frames is "all"."""
     if s == -1:
         return ["(smaller sites)"]
-    return [rpt.frame_label(f) for f in reversed(callorder.visible(t, s))] or ["[no stack recorded]"]
+    return ([rpt.frame_label(f) for f in reversed(callorder.shown(t, s, native_frames))]
+            or ["[no stack recorded]"])
 
 
 _CSS = """
@@ -407,7 +409,8 @@ show(D.peak_bucket);
 """
 
 
-def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over time"):
+def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over time",
+         native_frames="folded"):
     d = build(t, buckets, top)
     cols = d["columns"]
     ymax = max([sum(c) for _t, c in cols] + [d["peak"], 1])
@@ -491,7 +494,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             used.add(site)
     data = {"x0": x0, "bw": bw, "times": [c[0] for c in cols], "snaps": d["snaps"],
             "peak_bucket": d["peak_bucket"],
-            "sites": {str(s): _site_frames(t, s) for s in sorted(used)}}
+            "sites": {str(s): _site_frames(t, s, native_frames) for s in sorted(used)}}
     # json.dumps, then every "<" escaped: the data cannot end the script element.
     w("<script type=\"application/json\" id=\"data\">%s</script>\n" %
       json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"))

@@ -31,22 +31,23 @@ def peak_reports(t):
     return p, out
 
 
-def peak_text(t, top=0):
+def peak_text(t, top=0, native_frames="folded"):
     p, reports = peak_reports(t)
     lines = []
     for title, r in reports:
         lines.append("== %s ==" % title)
-        lines.append(rpt.text(rpt.merge([r]), top=top).rstrip("\n"))
+        lines.append(rpt.text(rpt.merge([r]), top=top, native_frames=native_frames).rstrip("\n"))
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def peak_html(t, top=0):
+def peak_html(t, top=0, native_frames="folded"):
     """The flame graph page of the overall peak (per-device peaks follow
     as their own pages only in text; one device is the usual case)."""
     p, reports = peak_reports(t)
     title, r = reports[0]
-    return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top)
+    return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top,
+                          native_frames=native_frames)
 
 
 _MARKS = (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)
