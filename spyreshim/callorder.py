@@ -154,6 +154,55 @@ def label(t, site):
     return rpt.label_of(visible(t, site)) or "[no stack recorded]"
 
 
+def _short(f):
+    """A frame's label without a C++ parameter list (a "via" part)."""
+    out = rpt.frame_label(f)
+    if f["kind"] != "python" and f["function"] and "(" in out:
+        depth = 0
+        for i, c in enumerate(out):
+            if c == "<":
+                depth += 1
+            elif c == ">":
+                depth -= 1
+            elif c == "(" and depth == 0 and i and not out[:i].endswith("operator"):
+                return out[:i]
+    return out
+
+
+def labels(t, sites):
+    """{site: label} for sites listed together (`--view stats`, the
+    timeline's legend): label() for each, and where several distinct
+    sites read the same, each gets " via " and the frame where its stack
+    last parted from the others' (walking in from the outermost frame: the
+    call inside the library that made the difference, "step (loop.py:17)
+    via Linear.forward (linear.py:125)", "... via
+    torch::autograd::generated::MmBackward0::apply"). Sites whose stacks
+    are the same to the end keep the same label."""
+    sites = list(dict.fromkeys(sites))
+    out = {s: label(t, s) for s in sites}
+    same = {}
+    for s in sites:
+        same.setdefault(out[s], []).append(s)
+    for base, group in same.items():
+        if len(group) < 2:
+            continue
+        paths = {s: [_short(f) for f in reversed(visible(t, s))] for s in group}
+        todo = [(group, 0, None)]
+        while todo:
+            part, k, via = todo.pop()
+            if len(part) == 1 or all(len(paths[s]) <= k for s in part):
+                for s in part:
+                    if via:
+                        out[s] = "%s via %s" % (base, via)
+                continue
+            by = {}
+            for s in part:
+                by.setdefault(paths[s][k] if len(paths[s]) > k else None, []).append(s)
+            for name, sub in by.items():
+                todo.append((sub, k + 1, (name or via) if len(by) > 1 else via))
+    return out
+
+
 def live_report(t, live, reason, name=None):
     """A report (report.parse's shape) of a live set, grouped by site, so
     that report.text and flamegraph.page draw it as they draw leaks; each

@@ -445,6 +445,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
       "text-anchor=\"end\">%.3f s</text>\n" % (x0, H - 6, x0 + pw, H - 6, d["tmax"] / 1e9))
     # stacked areas: one polygon per layer, bottom layer first ("other" on top)
     nl = len(d["top_sites"]) + 1
+    names = callorder.labels(t, d["top_sites"])
     base = [0] * buckets
     for layer in list(range(nl - 1)) + [nl - 1]:
         top_pts, bot_pts = [], []
@@ -455,7 +456,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             bot_pts += ["%.1f,%.1f" % (xa, y(base[b])), "%.1f,%.1f" % (xb, y(base[b]))]
             base[b] += v
         colour = OTHER if layer == nl - 1 else COLOURS[layer % len(COLOURS)]
-        name = "other sites" if layer == nl - 1 else callorder.label(t, d["top_sites"][layer])
+        name = "other sites" if layer == nl - 1 else names[d["top_sites"][layer]]
         w("<polygon class=\"layer\" data-site=\"%s\" fill=\"%s\" points=\"%s\"><title>%s</title></polygon>\n" % (
             _esc(d["top_sites"][layer] if layer < nl - 1 else "other"), colour,
             " ".join(top_pts + list(reversed(bot_pts))), _esc(name)))
@@ -483,7 +484,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     w("<div id=\"legend\">")
     for j, s in enumerate(d["top_sites"]):
         w("<span><i style=\"background:%s\"></i>%s</span>" % (COLOURS[j % len(COLOURS)],
-                                                             _esc(callorder.label(t, s))))
+                                                             _esc(names[s])))
     w("<span><i style=\"background:%s\"></i>other sites</span>" % OTHER)
     for k in (tr.PRESSURE_BEGIN, tr.GC, tr.OOM):
         w("<span><i style=\"background:%s;width:2px\"></i>%s</span>" % (MARK_COLOURS[k], MARK_NAMES[k]))

@@ -248,13 +248,15 @@ def stats_text(t, top=5):
         for lo, hi, c in h:
             bar = "*" * max(1, int(40 * c / most))
             w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
+    by_peak = sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]
+    by_count = sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]
+    names = callorder.labels(t, [s for s, _v in by_peak + by_count])
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
-    for s, v in sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))
+    for s, v in by_peak:
+        w.append("\t- %s: %s" % (names[s], rpt.format_size(v)))
     w.append("Top %d largest allocating locations (by number of allocations):" % top)
-    for s, v in sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v,
-                                              rpt.format_size(st.by_bytes[s])))
+    for s, v in by_count:
+        w.append("\t- %s: %d (%s in all)" % (names[s], v, rpt.format_size(st.by_bytes[s])))
     npress, ngc, gcfreed, noom = st.marks
     w.append("Pressure events: %d, collections: %d (%s freed), out-of-memory: %d" % (
         npress, ngc, rpt.format_size(gcfreed), noom))
