@@ -115,7 +115,7 @@ def folded_frame(counts):
     return {"kind": "library", "function": label, "file": None, "line": None,
             "object": None, "address": None, "offset": None,
             "library": ", ".join("%s (%d)" % lc for lc in counts), "libraries": counts,
-            "frames": n, "folded": False}
+            "frames": n, "folded": False, "interpreter": False}
 
 
 def fold(frames):

@@ -336,7 +336,10 @@ def visible_frames(g, native_frames="folded"):
     every frame."""
     if native_frames == "all":
         return list(g["frames"])
-    return frames_mod.fold([f for f in g["frames"] if not f.get("folded")])
+    shown = [f for f in g["frames"] if not f.get("folded")]
+    # "interpreter": the interpreter's frames folded only (the pytest
+    # plugin's failure text, which trims to the test function itself).
+    return shown if native_frames == "interpreter" else frames_mod.fold(shown)
 
 
 def _interpreter_folded(g):
@@ -430,7 +433,8 @@ def site_label(g):
 
 def label_of(frames):
     """The label of a site whose visible frames (innermost first) are
-    `frames`: the user's innermost frame; where the stack has none (a
+    `frames`: the user's innermost frame (a native one with the user's
+    innermost Python frame that called it); where the stack has none (a
     thread of the framework's own, such as PyTorch's autograd worker), the
     innermost named frame with ", in <library>" when that is a library's;
     None for no frames."""
@@ -438,7 +442,16 @@ def label_of(frames):
         return None
     user = frames_mod.first_user(frames)
     if user is not None:
-        return frame_label(user)
+        out = frame_label(user)
+        if user["kind"] != "python":
+            # The user's native code, called from the user's Python: both
+            # ("Tensor_new, from mlp (train.py:5)").
+            at = frames.index(user)
+            py = next((f for f in frames[at + 1:] if f["kind"] == "python"
+                       and frames_mod.is_user(f)), None)
+            if py is not None:
+                out += ", from " + frame_label(py)
+        return out
     first = next((f for f in frames if f["function"]), frames[0])
     lib = frames_mod.library(first)
     out = frame_label(first)
