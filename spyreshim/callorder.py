@@ -20,6 +20,7 @@ SYMBOL_EVAL_LOOP = 1
 SYMBOL_INTERPRETER = 2
 PYSTACK_TRUNCATED = 1
 PYSTACK_UNSURE = 2
+PYSTACK_ORIGIN = 4      # the stack of the call that started a thread's work (origin.c)
 
 EVAL_LOOP = "_PyEval_EvalFrameDefault"
 PROGRAM_START = frozenset(("_start", "__libc_start_main", "__libc_start_main_impl",
@@ -90,14 +91,21 @@ def group(t, site):
         f["folded"] = False
     order = ("hybrid" if native else "python") if pyframes else "native"
     unspliced = None
-    if pyframes and native:
+    marks = t.pymarks.get(ps) if py else None
+    if pyframes and marks is not None and marks[0] & PYSTACK_ORIGIN:
+        order = "origin"        # the thread's own frames, then the call that started them
+        for f in pyframes:
+            f["origin"] = True
+    elif pyframes and native:
         unspliced = _refusal(t.pymarks.get(ps) if py else None, len(pyframes), calls)
         if unspliced:
             order = "python-first"
     for f in pyframes:
         f["interpreter"] = False
         f["folded"] = False
-    if order != "hybrid":
+    if order == "origin":
+        frames = native + pyframes
+    elif order != "hybrid":
         frames = pyframes + native
     else:
         entry = t.pymarks[ps][1]
@@ -151,7 +159,13 @@ def label(t, site):
     (frames.first_user: outside the interpreter, the frameworks' libraries,
     site-packages and the standard library), else its innermost named
     frame, with its library (report.label_of)."""
-    return rpt.label_of(visible(t, site)) or "[no stack recorded]"
+    out = rpt.label_of(visible(t, site)) or "[no stack recorded]"
+    return out + ORIGIN_NOTE if group(t, site)["order"] == "origin" else out
+
+
+# After the label of a site on a thread without Python frames, named by the
+# Python call that started its work (spyreshim.origin).
+ORIGIN_NOTE = ", on another thread"
 
 
 def _short(f):

@@ -20,6 +20,7 @@ Reads report frames only (report.py's shape: kind, function, file, line,
 object, plus "interpreter" where callorder.py set it); no state.
 """
 
+import os
 import re
 
 # Shared objects that belong to a framework, a device runtime or the
@@ -43,6 +44,9 @@ _SITE = re.compile(r"/(?:site|dist)-packages/([^/]+)")
 _STDLIB = re.compile(r"/lib(?:64)?/(?:python|pypy)\d+(?:\.\d+)*[a-z]*/")
 
 
+_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _package(name):
     """site-packages' top-level entry as a package name: "torch",
     "pyopencl", "numpy.libs" -> "numpy", "six.py" -> "six"."""
@@ -63,6 +67,8 @@ def library(f):
         return f.get("library")
     if kind == "python":
         path = f.get("file") or ""
+        if path.startswith(_OWN):
+            return "spyreshim"      # this package's wrappers (spyreshim.origin in the presets)
         m = _SITE.search(path)
         if m:
             return _package(m.group(1))

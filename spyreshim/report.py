@@ -420,6 +420,9 @@ def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
                      % (folded, "" if folded == 1 else "s"))
     if g.get("order") == "python-first":
         lines.append("    (unspliced, Python frames first: %s)" % (_t(g.get("unspliced")) or "?"))
+    if g.get("order") == "origin":
+        lines.append("    (a thread without Python frames; the Python frames are the call that "
+                     "started its work)")
     return "\n".join(lines)
 
 
