@@ -80,6 +80,36 @@ def loop_trace(builddir, tmp_path_factory):
     return trace, tmp
 
 
+BACKWARD_LINE = 18   # loss.backward()
+assert LOOP.splitlines()[BACKWARD_LINE - 1].strip() == "loss.backward()"
+
+
+def test_torch_loop_autograd_thread_is_labelled_by_backward(loop_trace):
+    """With the PyTorch preset, what the autograd engine allocates on its
+    device thread (no Python frame there) names the backward() call; each
+    such site is told apart by its backward function. Without it they are
+    the allocator's, "on another thread" nowhere."""
+    trace, tmp = loop_trace
+    plain = _report(trace, "--view", "stats", "--top", "8", cwd=tmp)
+    assert "on another thread" not in plain
+    ptrace = tmp / "preset.trace"
+    r = torchrun.run(argv=[str(torchrun.SCRIPT), "run", "--preset", "torch", "--trace", str(ptrace),
+                           "--", torchrun.PYTHON, str(tmp / "torch_loop.py")], cwd=tmp)
+    assert r.returncode == 0 and "done" in r.stdout, r.describe()
+    stats = _report(ptrace, "--view", "stats", "--top", "8", cwd=tmp)
+    bw = re.findall(r"^\t- (step \(torch_loop\.py:%d\), on another thread via (\S+)): " % BACKWARD_LINE,
+                    stats, re.M)
+    assert len(bw) >= 2 and any("Backward" in via or "backward" in via for _l, via in bw), stats
+    peak = _report(ptrace, cwd=tmp)
+    assert max(map(len, peak.splitlines())) <= 120
+    groups = [g for g in peak.split("\nLive: ")[1:] if "started its work" in g]
+    assert groups, peak
+    for g in groups:
+        fl = [ln for ln in g.splitlines() if re.match(r"^\s+#\d+ ", ln)]
+        assert FOLDED.match(fl[0]) and "in step %s:%d [python]" % (
+            tmp / "torch_loop.py", BACKWARD_LINE) in fl[1], g
+
+
 def test_torch_loop_peak_names_the_users_line_first(loop_trace):
     trace, tmp = loop_trace
     out = _report(trace, cwd=tmp)
@@ -241,3 +271,70 @@ def test_unnamed_frame_of_a_stripped_object_gets_its_dynamic_symbol(tmp_path):
     s = subprocess.run([sys.executable, "-m", "spyreshim", "report", "--view", "stats",
                         str(trace)], capture_output=True, text=True, cwd=str(REPO))
     assert "\t- exported_alloc: 4.0 KiB" in s.stdout, s.stdout
+
+
+# ------------------------------------------------------ the origin of work
+
+ORIGIN_SCRIPT = '''import sys
+sys.path.insert(0, %r)
+import simdev, spyreshim
+def started():
+    with spyreshim.origin():                # ORIGIN LINE: the stack at begin
+        simdev.leak_in_c_thread(3000)
+started()
+simdev.leak_in_c_thread(3001)               # nothing handed off
+with spyreshim.origin():
+    with spyreshim.origin():                # two at once: neither is named
+        simdev.leak_in_c_thread(3002)
+simdev.leak_in_c_thread(3003)               # all ended
+'''
+
+
+def test_work_on_a_thread_without_python_names_the_call_that_started_it(builddir, shim_lib,
+                                                                        tmp_path):
+    """The shape of backward(): a Python call hands work to a thread that
+    runs no Python and waits for it. Inside spyreshim.origin() that
+    thread's allocation records the caller's stack as its origin: the
+    leak report lists the thread's native frames, then the caller's Python
+    frames, and says so; the trace's views label the site by the caller's
+    line. Two such calls at once, or none, leave native frames only."""
+    interp = next((pythons.get(n) for n in ("cpython3.11-shared", "cpython3.12", "cpython3.11-static")
+                   if pythons.get(n).available), None)
+    if interp is None:
+        pythons.need("cpython3.11-shared", "no CPython 3.11/3.12 to run the script")
+    script = tmp_path / "script.py"
+    script.write_text(ORIGIN_SCRIPT % str(REPO))
+    line = next(i for i, ln in enumerate(ORIGIN_SCRIPT.splitlines(), 1) if "ORIGIN LINE" in ln)
+    report, trace = tmp_path / "r.json", tmp_path / "r.trace"
+    r = pythons.run_python(interp, path=script, env={
+        "SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": str(report),
+        "SPYRESHIM_EXITCODE": "7", "SPYRESHIM_TRACE": str(trace)})
+    assert r.returncode == 7, r.describe()
+    from spyreshim import callorder, report as rpt, trace as tr
+    groups = {g["bytes"]: g for g in rpt.load(str(report))["groups"]}
+    g = groups[3000]
+    assert g["order"] == "origin", g
+    kinds = [f["kind"] for f in g["frames"]]
+    assert kinds[0] == "native" and kinds[-1] == "python", kinds
+    first_py = kinds.index("python")
+    assert all(k == "python" for k in kinds[first_py:]), kinds
+    assert g["frames"][0]["function"] == "c_thread_main"
+    py = [(f["function"], f["line"]) for f in g["frames"][first_py:] if f["file"] == str(script)]
+    assert py == [("started", line), ("<module>", line + 2)], g["frames"]
+    assert rpt.site_label(g) == "c_thread_main, from started (script.py:%d)" % line
+    # 3001, 3002 and 3003: one stack, native only (one group).
+    rest = groups[3001 + 3002 + 3003]
+    assert rest["order"] == "native" and rest["count"] == 3, rest
+    assert not any(f["kind"] == "python" for f in rest["frames"]), rest
+    # The shim's own text at exit says what the Python frames are.
+    block = r.stderr[r.stderr.index(" 3000 byte(s) in 1 allocation(s)"):]
+    block = block[:block.index("\n\n")]
+    assert "started %s:%d [python]" % (script, line) in block, block
+    assert "the Python frames are the call that started its work" in block, block
+    # The trace: the same order, and the label.
+    t = tr.load(str(trace))
+    sites = {sz: site for (sz, site, _i) in tr.live_at(t, len(t) - 1).values()}
+    assert callorder.group(t, sites[3000])["order"] == "origin"
+    assert callorder.label(t, sites[3000]) == \
+        "c_thread_main, from started (script.py:%d), on another thread" % line
+    assert callorder.group(t, sites[3002])["order"] == "native"
