@@ -8,16 +8,18 @@ sites (`report --view stats`, the timeline's legend, `--view gc`).
 Two things are built on it:
 
 - fold(): the frames a reader sees by default. Every run of library frames
-  between the allocation (the innermost frame, always shown) and the user's
-  code, and between user frames, becomes one frame named after its library
-  ("[libtorch_cpu.so: 22 frames]", "[pyopencl]"), as memray shows the
-  Python frames first and the native ones on request; `spyreshim report
-  --native-frames=all` shows every frame.
+  (the device allocator's own included, so that the first frame not in
+  brackets is the user's line) becomes one frame named after the library
+  with the most frames in it ("[libtorch_cpu.so: 22 frames]", "[pyopencl]"),
+  as memray shows the Python frames first and the native ones on request;
+  `spyreshim report --native-frames=all` shows every frame.
 - first_user(): the frame a site is labelled by, its innermost frame in the
   user's own code.
 
 Reads report frames only (report.py's shape: kind, function, file, line,
-object, plus "interpreter" where callorder.py set it); no state.
+object, plus "interpreter" where callorder.py set it); no state. The C
+report writer labels no sites (its text lists frames as recorded), so this
+list has no second copy in C.
 """
 
 import os
