@@ -205,14 +205,10 @@ class Trace(object):
         return out
 
     def site_label(self, site):
-        """One line naming a site: its innermost frame that has a name."""
-        fr = self.frames(site)
-        if not fr:
-            return "[no stack recorded]"
-        for f in fr:
-            if f["function"]:
-                return rpt.frame_label(f)
-        return rpt.frame_label(fr[0])
+        """One line naming a site: its innermost frame in the user's own code
+        (report.label_of; the views use callorder.label, which also
+        knows the call order)."""
+        return rpt.label_of(self.frames(site)) or "[no stack recorded]"
 
     def device_name(self, d):
         return self.devices.get(d, "device %d" % d)
