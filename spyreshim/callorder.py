@@ -168,21 +168,6 @@ def label(t, site):
 ORIGIN_NOTE = ", on another thread"
 
 
-def _short(f):
-    """A frame's label without a C++ parameter list (a "via" part)."""
-    out = rpt.frame_label(f)
-    if f["kind"] != "python" and f["function"] and "(" in out:
-        depth = 0
-        for i, c in enumerate(out):
-            if c == "<":
-                depth += 1
-            elif c == ">":
-                depth -= 1
-            elif c == "(" and depth == 0 and i and not out[:i].endswith("operator"):
-                return out[:i]
-    return out
-
-
 def labels(t, sites):
     """{site: label} for sites listed together (`--view stats`, the
     timeline's legend): label() for each, and where several distinct
@@ -200,7 +185,7 @@ def labels(t, sites):
     for base, group in same.items():
         if len(group) < 2:
             continue
-        paths = {s: [_short(f) for f in reversed(visible(t, s))] for s in group}
+        paths = {s: [rpt.short_label(f) for f in reversed(visible(t, s))] for s in group}
         todo = [(group, 0, None)]
         while todo:
             part, k, via = todo.pop()

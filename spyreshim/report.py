@@ -434,6 +434,22 @@ def site_label(g):
     return label_of([f for f in g["frames"] if not f.get("folded")]) or "<no stack recorded>"
 
 
+def short_label(f):
+    """frame_label without a C++ function's parameter list (a label's
+    "via" part, a site named by the framework's frame)."""
+    out = frame_label(f)
+    if f["kind"] != "python" and f["function"] and "(" in out:
+        depth = 0
+        for i, c in enumerate(out):
+            if c == "<":
+                depth += 1
+            elif c == ">":
+                depth -= 1
+            elif c == "(" and depth == 0 and i and not out[:i].endswith("operator"):
+                return out[:i]
+    return out
+
+
 def label_of(frames):
     """The label of a site whose visible frames (innermost first) are
     `frames`: the user's innermost frame (a native one with the user's
@@ -457,7 +473,7 @@ def label_of(frames):
         return out
     first = next((f for f in frames if f["function"]), frames[0])
     lib = frames_mod.library(first)
-    out = frame_label(first)
+    out = short_label(first)
     return out if not lib or lib in out else "%s (%s)" % (out, _t(lib))
 
 

@@ -167,6 +167,15 @@ def test_torch_loop_stats_labels_differ_between_sites(loop_trace):
     # The forward's sites on one line are told apart by the call inside torch.
     assert re.search(r"step \(torch_loop\.py:17\) via Linear\.forward \(linear\.py:\d+\)", out), out
     assert "SimdevAllocator::allocate(unsigned long): " not in out
+    # The timeline's legend: one entry per site, none twice.
+    page = tmp / "timeline.html"
+    _report(trace, "--view", "timeline", "--html", str(page), cwd=tmp)
+    text = page.read_text()
+    legend = text[text.index('<div id="legend">'):]
+    legend = legend[:legend.index("</div>")]
+    names = re.findall(r"</i>([^<]*)</span>", legend)
+    sites = names[:names.index("other sites")]
+    assert len(sites) >= 4 and len(set(sites)) == len(sites), names
 
 
 def test_library_of_a_frame():
