@@ -116,6 +116,27 @@ def reset_peak():
     lib.spyreshim_reset_peak()
 
 
+class origin(object):
+    """`with spyreshim.origin(): ...`: the work this block hands to threads
+    without Python frames (a framework's own threads: PyTorch's autograd
+    engine runs backward() on one) records this thread's Python stack as its
+    origin, which reports show after those threads' native frames and label
+    them by (spyreshim_origin_begin/end, docs/python-stacks.md). Does
+    nothing where the shim is not loaded."""
+    __slots__ = ("_lib", "_token")
+
+    def __enter__(self):
+        lib = _bind()
+        self._lib = lib if lib is not None and hasattr(lib, "spyreshim_origin_begin") else None
+        self._token = self._lib.spyreshim_origin_begin() if self._lib is not None else 0
+        return self
+
+    def __exit__(self, *exc):
+        if self._lib is not None:
+            self._lib.spyreshim_origin_end(self._token)
+        return False
+
+
 def mark():
     """A point in the sequence of allocations: snapshot(since=mark()) lists
     what was allocated after it and is still live."""

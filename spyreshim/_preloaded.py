@@ -119,6 +119,13 @@ def bind():
             lib.spyreshim_reset_peak.restype = None
         except AttributeError:
             pass   # an older library: spyreshim.reset_peak() says so
+        try:
+            lib.spyreshim_origin_begin.argtypes = []
+            lib.spyreshim_origin_begin.restype = ctypes.c_uint32
+            lib.spyreshim_origin_end.argtypes = [ctypes.c_uint32]
+            lib.spyreshim_origin_end.restype = None
+        except AttributeError:
+            pass   # an older library: spyreshim.origin() does nothing
         _lib, lib_path = lib, path
         return lib
 

@@ -214,7 +214,9 @@ def _parser():
                      help="also list groups matched by suppressions")
     rep.add_argument("--native-frames", choices=rpt.NATIVE_FRAMES, default="folded",
                      help="folded (default): hide the interpreter's own native frames between "
-                          "and below Python frames; all: show every frame")
+                          "and below Python frames and show each run of a library's frames "
+                          "(frameworks, site-packages, the C runtime) as one frame named after "
+                          "it; all: show every frame")
     rep.add_argument("--fail-on-leaks", action="store_true",
                      help="exit with status 1 when unsuppressed live memory is reported")
     snap = sub.add_parser(
@@ -374,7 +376,7 @@ def cmd_trace_report(args):
     view = args.view or "peak"
     if view == "gc":
         from . import gcview
-        gcview.write(t, sys.stdout.write, top=args.top or 10)
+        gcview.write(t, sys.stdout.write, top=args.top or 10, native_frames=args.native_frames)
         return 0
     if view == "stats":
         sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5, rules=rules)))
@@ -384,9 +386,10 @@ def cmd_trace_report(args):
     if args.html:
         if view == "timeline":
             from . import timeline
-            page = timeline.page(t)
+            page = timeline.page(t, native_frames=args.native_frames)
         else:
-            page = tracepeak.peak_html(t, top=args.top, rules=rules)
+            page = tracepeak.peak_html(t, top=args.top, rules=rules,
+                                       native_frames=args.native_frames)
         try:
             with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
@@ -394,7 +397,8 @@ def cmd_trace_report(args):
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
         sys.stderr.write("%s report: wrote %s (%s of %d events)\n" % (PROG, args.html, view, len(t)))
         return 0
-    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top, rules=rules)))
+    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top, rules=rules,
+                                                         native_frames=args.native_frames)))
     return 0
 
 

@@ -268,7 +268,8 @@ def _groups_text(head, groups, test_file):
     for g in groups[:GROUPS_SHOWN]:
         frames, hidden = _trim(g["frames"], test_file)
         lines.append("")
-        lines.append(rpt.group_text(dict(g, frames=frames), leaks=True))
+        lines.append(rpt.group_text(dict(g, frames=frames), leaks=True,
+                                    native_frames="interpreter"))
         if hidden:
             lines.append("    ... %d outer frame%s not shown" % (hidden, "" if hidden == 1 else "s"))
     if len(groups) > GROUPS_SHOWN:

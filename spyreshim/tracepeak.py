@@ -38,7 +38,7 @@ def peak_reports(t, classifier=None):
     return p, out
 
 
-def peak_text(t, top=0, rules=()):
+def peak_text(t, top=0, rules=(), native_frames="folded"):
     """Each peak's live blocks by stack, after its breakdown by category
     (categories.py; `rules`: the user's, before the built-in ones)."""
     p, reports = peak_reports(t, cats.Classifier(t, rules))
@@ -49,12 +49,12 @@ def peak_text(t, top=0, rules=()):
             lines.append("By category:")
             lines.extend(cats.breakdown_lines(by))
             lines.append("")
-        lines.append(rpt.text(rpt.merge([r]), top=top).rstrip("\n"))
+        lines.append(rpt.text(rpt.merge([r]), top=top, native_frames=native_frames).rstrip("\n"))
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def peak_html(t, top=0, rules=()):
+def peak_html(t, top=0, rules=(), native_frames="folded"):
     """The flame graph page of the overall peak (per-device peaks follow
     as their own pages only in text; one device is the usual case); its
     title ends with the peak's categories."""
@@ -63,7 +63,8 @@ def peak_html(t, top=0, rules=()):
     if by:
         title += " (%s)" % ", ".join("%s %s" % (c or "unknown", rpt.format_size(by[c]))
                                      for c in cats.ORDER if by.get(c))
-    return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top)
+    return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top,
+                           native_frames=native_frames)
 
 
 _MARKS = (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)
@@ -270,13 +271,15 @@ def stats_text(t, top=5, rules=()):
         for lo, hi, c in h:
             bar = "*" * max(1, int(40 * c / most))
             w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
+    by_peak = sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]
+    by_count = sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]
+    names = callorder.labels(t, [s for s, _v in by_peak + by_count])
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
-    for s, v in sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))
+    for s, v in by_peak:
+        w.append("\t- %s: %s" % (names[s], rpt.format_size(v)))
     w.append("Top %d largest allocating locations (by number of allocations):" % top)
-    for s, v in sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v,
-                                              rpt.format_size(st.by_bytes[s])))
+    for s, v in by_count:
+        w.append("\t- %s: %d (%s in all)" % (names[s], v, rpt.format_size(st.by_bytes[s])))
     npress, ngc, gcfreed, noom = st.marks
     w.append("Pressure events: %d, collections: %d (%s freed), out-of-memory: %d" % (
         npress, ngc, rpt.format_size(gcfreed), noom))

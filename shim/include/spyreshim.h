@@ -140,6 +140,17 @@ SPYRESHIM_API int spyreshim_snapshot_print(const spyreshim_snapshot *s, int fd, 
 SPYRESHIM_API int spyreshim_snapshot_write_json(const spyreshim_snapshot *s, const char *path);
 SPYRESHIM_API void spyreshim_snapshot_free(spyreshim_snapshot *s);
 
+/* Work this thread's Python call hands to threads of a framework's own
+ * (PyTorch's autograd engine runs backward() on a device thread without
+ * Python frames): between begin and end, device allocations made by a
+ * thread that runs no Python frame record this thread's Python stack at
+ * begin as their origin (reports show it after their native frames and
+ * label them by it), as long as no other such call runs at the same time
+ * (with two, none is named). Call end once per begin, on any thread;
+ * begin's value is for end. Cheap: one capture of the caller's stack. */
+SPYRESHIM_API uint32_t spyreshim_origin_begin(void);
+SPYRESHIM_API void spyreshim_origin_end(uint32_t token);
+
 #ifdef __cplusplus
 }
 #endif

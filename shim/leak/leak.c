@@ -30,6 +30,7 @@
 #include "options.h"
 #include "passthrough.h"
 #include "pressure.h"
+#include "origin.h"
 #include "pystack.h"
 #include "report.h"
 #include "path.h"
@@ -115,7 +116,10 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
         shim_python_find_hint();
     }
     uint32_t py = shim_pystack_capture(depth);
-    *python_stack = py;
+    /* A thread without Python frames running work a Python call handed
+     * off (the autograd engine's device thread in backward()): the
+     * caller's stack, flagged as the origin (origin.c). */
+    *python_stack = py ? py : shim_origin_current();
     /* Python runs here: the exit check also needs what it holds when it
      * begins to shut down (shutdown.c). */
     if (py && atomic_load_explicit(&g_enabled, memory_order_relaxed))

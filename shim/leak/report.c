@@ -211,13 +211,15 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         uintptr_t base = native[i].object ? native[i].address - native[i].offset : 0;
         native[i].interpreter = base && (base == interp || base == loop_base);
     }
-    if (npy && nn) {
+    if (npy && (shim_pystack_flags(g->python_stack) & SHIM_PYSTACK_ORIGIN))
+        g->order = SHIM_ORDER_ORIGIN;      /* no call links them: the thread's own frames first */
+    else if (npy && nn) {
         g->unspliced = splice_refusal(py, npy, shim_pystack_flags(g->python_stack), calls_native);
         if (g->unspliced)
             g->order = SHIM_ORDER_PYTHON_FIRST;
     }
     size_t next_py = 0;
-    if (g->order != SHIM_ORDER_HYBRID) {
+    if (g->order != SHIM_ORDER_HYBRID && g->order != SHIM_ORDER_ORIGIN) {
         for (; next_py < npy; next_py++) {
             shim_report_frame *f = &g->frames[g->nframes++];
             f->python = true;
@@ -246,6 +248,14 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         g->frames[g->nframes++] = native[i];
     }
     free(native);
+    for (; g->order == SHIM_ORDER_ORIGIN && next_py < npy; next_py++) {
+        shim_report_frame *f = &g->frames[g->nframes++];
+        f->python = true;
+        f->function = py[next_py].function;
+        f->file = py[next_py].file;
+        f->line = py[next_py].line;
+        f->python_frames = -1;
+    }
     if (g->order == SHIM_ORDER_HYBRID)
         fold(g);
     return 0;
@@ -491,6 +501,9 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
         if (g->order == SHIM_ORDER_PYTHON_FIRST)
             outf(o, "    (unspliced, Python frames first: %s)\n",
                  esc(g->unspliced ? g->unspliced : "?", why, sizeof why));
+        if (g->order == SHIM_ORDER_ORIGIN)
+            outf(o, "    (a thread without Python frames; the Python frames are the call that "
+                    "started its work)\n");
         out_flush(o);
     }
     if (rest_count)
@@ -598,6 +611,7 @@ static void write_order_frames(FILE *f, const shim_report_group *g, const char *
     static const char *const orders[] = {
         [SHIM_ORDER_NATIVE] = "native", [SHIM_ORDER_PYTHON] = "python",
         [SHIM_ORDER_HYBRID] = "hybrid", [SHIM_ORDER_PYTHON_FIRST] = "python-first",
+        [SHIM_ORDER_ORIGIN] = "origin",
     };
     fprintf(f, "\"order\": \"%s\"", orders[g->order]);
     if (g->unspliced) {

@@ -34,6 +34,8 @@ enum shim_report_order {
     SHIM_ORDER_PYTHON,       /* Python frames only */
     SHIM_ORDER_HYBRID,       /* true call order: Python frames where the interpreter ran them */
     SHIM_ORDER_PYTHON_FIRST, /* not spliced (see `unspliced`): Python frames, then native */
+    SHIM_ORDER_ORIGIN,       /* native frames of a thread without Python, then the Python
+                              * stack that started the work (origin.c) */
 };
 
 typedef struct shim_report_group {
