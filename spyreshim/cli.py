@@ -434,7 +434,7 @@ def cmd_ranks(args):
         return 0
     if args.html and not args.diff_ranks:
         from . import rankpage
-        _write(args.html, rankpage.page(rows))
+        _write(args.html, rankpage.page(rows, top=args.top, native_frames=args.native_frames))
         sys.stderr.write("%s report: wrote %s (%d process%s on one time axis)\n" % (
             PROG, args.html, len(rows), "" if len(rows) == 1 else "es"))
         return 0
@@ -442,7 +442,8 @@ def cmd_ranks(args):
         r, title = ranks.diff_ranks(rows, *args.diff_ranks)
         sys.stdout.write(escape.text_out(diff.text(r, title)))
         return 0
-    sys.stdout.write(escape.text_out(ranks.text(rows)))
+    sys.stdout.write(escape.text_out(ranks.text(rows, top=args.top,
+                                                 native_frames=args.native_frames)))
     return 0
 
 
