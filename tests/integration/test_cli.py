@@ -369,6 +369,47 @@ def test_run_with_spyreshim_lib_missing():
     assert line == "spyreshim: SPYRESHIM_LIB=/nonexistent/lib.so: no such file"
 
 
+@pytest.mark.parametrize("name,meant", [
+    ("SPYRESHIM_LIMT", "SPYRESHIM_LIMIT"),
+    ("SPYRESHIM_LEAKCHECK", "SPYRESHIM_LEAK_CHECK"),
+    ("spyreshim_limit", "SPYRESHIM_LIMIT"),
+    ("SPYRESHIM-STACK-DEPTH", "SPYRESHIM_STACK_DEPTH"),
+    ("SPYRESHIM_GC_TIMEOUT", "SPYRESHIM_GC_TIMEOUT_MS"),
+    ("SPYRESHIM_TRACEFILE", "SPYRESHIM_TRACE"),
+    ("SPYRESHIM_SHOUT", None),
+])
+def test_a_name_that_is_no_option_gets_one_warning_naming_the_closest(shim_lib, name, meant):
+    """A misspelt SPYRESHIM_* variable is not applied: the shim says so,
+    once, in one line, with the option it most likely meant; the program
+    runs as it does bare. Variables of spyreshim's tools are not options
+    and get nothing; SPYRESHIM_LOG=off silences it."""
+    base = {k: v for k, v in os.environ.items()
+            if k != "LD_PRELOAD" and not k.lower().startswith("spyreshim")}
+    argv = ["sh", "-c", "echo ran; exit 5"]
+    bare = subprocess.run(argv, env=dict(base, **{name: "1"}), capture_output=True, text=True,
+                          timeout=pythons.HANG_S)
+    r = subprocess.run(argv, env=dict(base, LD_PRELOAD=str(shim_lib), **{name: "1"}),
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout) == (5, "ran\n"), r
+    if meant:
+        want = "spyreshim: warning: %s is not an option (did you mean %s?); ignored" % (name,
+                                                                                       meant)
+    else:
+        want = ("spyreshim: warning: %s is not an option; ignored (SPYRESHIM_LOG=debug lists "
+                "the options)" % name)
+    assert r.stderr.splitlines() == [want], r.stderr
+    quiet = subprocess.run(argv, env=dict(base, LD_PRELOAD=str(shim_lib), SPYRESHIM_LOG="off",
+                                          SPYRESHIM_LIB="x", SPYRESHIM_NO_NUMPY="1",
+                                          **{name: "1"}),
+                           capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert quiet.stderr == "", quiet
+    ours = subprocess.run(argv, env=dict(base, LD_PRELOAD=str(shim_lib), SPYRESHIM_LIB="x",
+                                         SPYRESHIM_BUILD="x", SPYRESHIM_PRESETS="torch",
+                                         SPYRESHIM_NO_NUMPY="1", SPYRESHIM_LIMIT="1G"),
+                          capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert ours.stderr == "", ours
+
+
 def test_version_is_meson_builds():
     want = re.search(r"project\(\s*'spyreshim'[^)]*?\bversion\s*:\s*'([^']+)'",
                      (REPO / "meson.build").read_text()).group(1)
