@@ -227,7 +227,40 @@ def _parser():
                       help="where to write the report (default: spyreshim-snapshot-PID.json)")
     snap.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                       help="how long to wait for the answer (default 10)")
+    p.commands = {"run": r, "report": rep, "snapshot": snap}
     return p
+
+
+def _squeezed(option):
+    return option.lstrip("-").replace("_", "-").replace("-", "").lower()
+
+
+def _meant(parser, option):
+    """The option of `parser` that `option` (not one of its) most likely
+    meant, or None: the same but for case, '-' and '_', else the closest
+    spelling."""
+    import difflib
+    name = option.split("=", 1)[0]
+    known = [s for a in parser._actions if a.help != argparse.SUPPRESS
+             for s in a.option_strings if s.startswith("--")]
+    same = [s for s in known if _squeezed(s) == _squeezed(name)]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _unknown(parser, args, extra):
+    """One line for arguments no option takes (argparse's "unrecognized
+    arguments"), naming the option a misspelt one most likely meant."""
+    sub = parser.commands.get(args.command, parser)
+    words = []
+    for a in extra:
+        meant = _meant(sub, a) if a.startswith("--") else None
+        words.append("%s (did you mean %s?)" % (a, meant) if meant else a)
+    sys.stderr.write("%s: error: unrecognized arguments: %s\n" % (
+        sub.prog, escape.terminal(" ".join(words))))
+    return 2
 
 
 def cmd_snapshot(args):
@@ -491,7 +524,9 @@ def main(argv=None):
         argv = [("--leak-check-held" if a == "--leak-check=held" and i < end else a)
                 for i, a in enumerate(argv)]
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _unknown(parser, args, extra)
     try:
         if args.command == "run":
             return cmd_run(args)

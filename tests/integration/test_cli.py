@@ -364,6 +364,25 @@ def test_run_bad_options_are_usage_errors(args, expected):
     assert expected in r.stderr
 
 
+@pytest.mark.parametrize("args,line", [
+    (["run", "--leakcheck", "--", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --leakcheck (did you mean --leak-check?)"),
+    (["run", "--leak_check", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --leak_check (did you mean --leak-check?)"),
+    (["run", "--stack-depht", "8", "--", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --stack-depht (did you mean --stack-depth?)"),
+    (["run", "--shout", "--", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --shout"),
+    (["report", "--topp", "3", str(DATA / "leak_single.json")],
+     "spyreshim report: error: unrecognized arguments: --topp (did you mean --top?)"),
+])
+def test_a_misspelt_option_is_one_line_naming_the_option_meant(args, line):
+    """Nothing runs; one line (no usage block) with the option a misspelt
+    one most likely meant, as git and pip suggest commands."""
+    r = cli(*args, env={"SPYRESHIM_LIB": LIBC})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", line + "\n"), r
+
+
 def test_run_with_spyreshim_lib_missing():
     line = one_line_error(cli("run", "--", "true", env={"SPYRESHIM_LIB": "/nonexistent/lib.so"}))
     assert line == "spyreshim: SPYRESHIM_LIB=/nonexistent/lib.so: no such file"
