@@ -69,6 +69,38 @@ def find_library(env=None):
                      "ninja -C build) or set SPYRESHIM_LIB" % (LIBNAME, looked))
 
 
+# SPYRESHIM_STACK_DEPTH's defaults are the library's, in one header
+# (shim/base/stackdepth.h), installed next to this package; read here for
+# --help rather than written a second time.
+STACK_DEPTH_HEADERS = (os.path.join(PACKAGE_DIR, "stackdepth.h"),
+                       os.path.join(os.path.dirname(PACKAGE_DIR), "shim", "base", "stackdepth.h"))
+
+
+def stack_depth_defaults():
+    """(native default, default once Python frames are recorded), or None
+    when the header is not found."""
+    import re
+    for path in STACK_DEPTH_HEADERS:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        got = dict(re.findall(r"^#define SHIM_STACK_DEPTH_DEFAULT(_PYTHON)?\s+(\d+)\s*$", text,
+                              re.M))
+        if "" in got and "_PYTHON" in got:
+            return int(got[""]), int(got["_PYTHON"])
+    return None
+
+
+def _stack_depth_help():
+    d = stack_depth_defaults()
+    default = ("default %d, %d once Python frames are recorded" % d if d else
+               "default: the library's, README \"Configuration\"")
+    return ("native frames recorded per allocation, and Python frames at most (%s)"
+            % default).replace("%", "%%")
+
+
 def _version():
     from . import __version__
     return __version__
@@ -139,8 +171,7 @@ def _parser():
                    help="exit status when leaks remain at exit (default 23)")
     r.add_argument("--suppressions", metavar="FILE",
                    help="file of leak:<pattern> lines (LeakSanitizer format)")
-    r.add_argument("--stack-depth", type=_positive, metavar="N",
-                   help="native frames recorded per allocation (default 32)")
+    r.add_argument("--stack-depth", type=_positive, metavar="N", help=_stack_depth_help())
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
     r.add_argument("--trace", metavar="FILE", nargs="?", const=DEFAULT_TRACE,
                    help="record every allocation, free, pressure event and collection with "

@@ -24,6 +24,10 @@
 
 #include "escape.h"
 #include "options.h"
+#include "stackdepth.h"
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 /* K_FILE: a path to a file the shim opens later (at exit, at the first
  * flush), resolved at load against the working directory then: the
@@ -63,7 +67,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_LEAK_CHECK", K_LEAKCHECK, OFF(leak_check), "0", 0, 0,
      "1: record stacks of live allocations; report at exit what leaked (live after the interpreter finalized and not held by Python when it began to) and, apart, what Python still held when it began to shut down; held: that too makes the exit status"},
     {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "0", 0, 256,
-     "native frames recorded per allocation (and Python frames at most); 0 = 32, or 128 once Python frames are recorded"},
+     "native frames recorded per allocation (and Python frames at most); 0 = " STR(SHIM_STACK_DEPTH_DEFAULT) ", or " STR(SHIM_STACK_DEPTH_DEFAULT_PYTHON) " once Python frames are recorded"},
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
      "with leak checking or a trace, also record the Python stack of the allocating thread"},
     {"SPYRESHIM_REPORT", K_FILE, OFF(report_path), "", 0, 0,

@@ -37,18 +37,12 @@
 #include "shutdown.h"
 #include "spyreshim.h"
 #include "stack.h"
+#include "stackdepth.h"
 #include "suppress.h"
 
-/* SPYRESHIM_STACK_DEPTH unset: native frames recorded per allocation, and
- * the same number of Python frames. A framework's allocation is deep: a
- * PyTorch tensor allocated in an nn.Module's forward is 50-60 native frames
- * below main (an MLP with Adam, measured in docs/leaks.md), most of them
- * the dispatcher's, and every Python call entered from C adds the
- * interpreter's frames; cut there, the Python frames cannot be spliced in
- * (report.c). Walking costs only the frames a stack has, so the larger
- * depth costs nothing where stacks are shallow. */
-#define DEFAULT_DEPTH 32
-#define DEFAULT_DEPTH_PYTHON 128
+/* SPYRESHIM_STACK_DEPTH unset (stackdepth.h says why these). */
+#define DEFAULT_DEPTH SHIM_STACK_DEPTH_DEFAULT
+#define DEFAULT_DEPTH_PYTHON SHIM_STACK_DEPTH_DEFAULT_PYTHON
 
 static atomic_bool g_enabled;
 static unsigned g_depth;             /* SPYRESHIM_STACK_DEPTH; 0: the defaults above */

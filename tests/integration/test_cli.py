@@ -429,6 +429,28 @@ def test_a_name_that_is_no_option_gets_one_warning_naming_the_closest(shim_lib, 
     assert ours.stderr == "", ours
 
 
+def stack_depth_defaults():
+    """SPYRESHIM_STACK_DEPTH's defaults as the C code has them."""
+    text = (REPO / "shim" / "base" / "stackdepth.h").read_text()
+    return tuple(int(re.search(r"#define SHIM_STACK_DEPTH_DEFAULT%s (\d+)" % s, text).group(1))
+                 for s in ("", "_PYTHON"))
+
+
+def test_run_help_gives_the_librarys_stack_depth_defaults(shim_lib):
+    """--stack-depth's help says the defaults the library uses, read from
+    the one header both use: the library's own table says the same."""
+    native, python = stack_depth_defaults()
+    r = cli("run", "--help")
+    assert r.returncode == 0, r
+    assert "(default %d, %d once Python frames are recorded)" % (native, python) in \
+        " ".join(r.stdout.split()), r.stdout
+    dump = subprocess.run(["true"], env=dict(os.environ, LD_PRELOAD=str(shim_lib),
+                                             SPYRESHIM_LOG="debug"),
+                          capture_output=True, text=True, timeout=pythons.HANG_S).stderr
+    assert "SPYRESHIM_STACK_DEPTH=0  # native frames recorded per allocation (and Python " \
+           "frames at most); 0 = %d, or %d once" % (native, python) in dump, dump
+
+
 def test_version_is_meson_builds():
     want = re.search(r"project\(\s*'spyreshim'[^)]*?\bversion\s*:\s*'([^']+)'",
                      (REPO / "meson.build").read_text()).group(1)
@@ -489,6 +511,8 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     _copy_tree(src)
     for f in ("meson.build", "version.py.in"):
         (src / "scripts" / f).write_text((REPO / "scripts" / f).read_text())
+    (src / "shim" / "base").mkdir(parents=True)
+    shutil.copy2(REPO / "shim" / "base" / "stackdepth.h", src / "shim" / "base")
     shutil.copy2(REPO / "meson_options.txt", src / "meson_options.txt")
     # A stand-in project around scripts/: the real one needs the whole build.
     (src / "meson.build").write_text(
@@ -518,6 +542,11 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     r = subprocess.run([str(script), "report", DATA / "leak_single.json"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and "SUMMARY: spyreshim: 3145728 byte(s)" in r.stdout, r
+    # --stack-depth's defaults, from the header installed beside the package.
+    assert (pkg / "stackdepth.h").read_text() == (REPO / "shim/base/stackdepth.h").read_text()
+    r = subprocess.run([str(script), "run", "--help"], capture_output=True, text=True, env=env)
+    assert "(default %d, %d once Python frames are recorded)" % stack_depth_defaults() in \
+        " ".join(r.stdout.split()), r.stdout
 
 
 # ------------------------------------------------------ end to end, real shim
