@@ -343,6 +343,8 @@ def cmd_run(args):
         ("SPYRESHIM_STACK_DEPTH", str(args.stack_depth) if args.stack_depth else None),
         ("SPYRESHIM_STATS", _abs(args.stats)),
         ("SPYRESHIM_TRACE", _abs(args.trace)),
+        # Which file each process wrote (%p, a .N suffix): one line at its exit.
+        ("SPYRESHIM_TRACE_NOTE", "1" if args.trace else None),
         ("SPYRESHIM_LOG", args.log),
         ("SPYRESHIM_CONTROL", "1" if args.control else None),
     ]

@@ -84,6 +84,8 @@ static const struct row rows[] = {
      "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid, %r %l %R %h = rank, local rank, restart, host; docs/trace-format.md)"},
     {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,
      "longest time a recorded event waits in memory before it is written to the trace"},
+    {"SPYRESHIM_TRACE_NOTE", K_BOOL, OFF(trace_note), "0", 0, 0,
+     "1: at exit, one line on stderr naming the trace file this process wrote (%p expanded, a .N suffix where the path was taken) and its events; `spyreshim run --trace` sets it"},
     {"SPYRESHIM_CUDA_IPC_MIN", K_SIZE, OFF(cuda_ipc_min), "0", 0, 0,
      "CUDA: cuMemAlloc requests of at least this size get a region of their own, so that an IPC handle (cuIpcGetMemHandle) can name them (each such request then costs the driver an allocation unless a cached region has its exact size); 0, the default = none (only blocks alone in their region by chance can be exported); `spyreshim run --preset torch` sets 2M"},
     {"SPYRESHIM_CUDA_IPC_CALLERS", K_PATH, OFF(cuda_ipc_callers), "", 0, 0,
