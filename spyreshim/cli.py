@@ -331,7 +331,10 @@ def cmd_run(args):
     lib = find_library()
 
     env = dict(os.environ)
-    env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
+    try:
+        env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
+    except launch.PreloadError as e:
+        raise UsageError("run: %s" % e)
     leak = (args.leak_check or args.leak_check_held or args.report or
             args.exitcode is not None or args.suppressions)
     settings = [

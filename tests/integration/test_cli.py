@@ -618,6 +618,64 @@ def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
     assert "3145728 bytes" in page and "simdevmodule.c" in page
 
 
+@pytest.mark.parametrize("cache", ["cache", "a b/cache"], ids=["cache", "cache-with-space"])
+def test_run_installed_under_a_folder_with_a_space_still_preloads(real_shim, tmp_path, cache):
+    """The package with its library (the wheel's layout) under "my envs/":
+    ld.so splits LD_PRELOAD at spaces, so `run` preloads it through a link
+    whose path has none (in the cache folder, else under /tmp when the
+    cache's own path has a space); the leak is found, as from a folder
+    without one, and the link stays for the program's later execs."""
+    pythons, interp, moddir = real_shim
+    site = tmp_path / "my envs" / "site-packages"
+    shutil.copytree(REPO / "spyreshim", site / "spyreshim",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    lib = site / "spyreshim" / "libspyreshim.so"
+    shutil.copy2(pythons.shim_lib(), lib)
+    (tmp_path / "leaky.py").write_text(LEAKY + textwrap.dedent("""\
+        import os, subprocess, sys
+        print(os.environ["LD_PRELOAD"])
+        subprocess.run([sys.executable, "-c", "import simdev; simdev.Tensor(1 << 20)"],
+                       check=True)
+        """))
+    env = pythons.module_env(interp, env={}, simdev_memory="1G")
+    for k in ("SPYRESHIM_LIB", "SPYRESHIM_BUILD", "LD_PRELOAD"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    env["XDG_CACHE_HOME"] = str(tmp_path / cache)
+    r = subprocess.run([sys.executable, "-m", "spyreshim", "run", "--leak-check=held", "--report",
+                        tmp_path / "r-%p.json", "--", interp.exe, tmp_path / "leaky.py"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    assert r.returncode == 23, r
+    assert "ERROR: spyreshim: detected device memory leaks" in r.stderr, r
+    preload = r.stdout.split()[0]
+    assert " " not in preload and os.path.realpath(preload) == str(lib), preload
+    if " " in cache:
+        assert preload.startswith("/tmp/spyreshim-%d/preload/" % os.getuid()), preload
+    else:
+        assert preload.startswith(str(tmp_path / cache / "spyreshim" / "preload")), preload
+    assert os.path.islink(preload)
+    # The program and its child each wrote a report: both ran under the shim.
+    assert len(list(tmp_path.glob("r-*.json"))) == 2, r.stderr
+
+
+def test_a_library_that_cannot_be_linked_to_is_refused_in_one_line(tmp_path, monkeypatch):
+    from spyreshim import launch
+    lib = tmp_path / "a b" / "libspyreshim.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(launch, "_link_dirs", lambda: iter([(str(tmp_path / "file" / "x"), None)]))
+    with pytest.raises(launch.PreloadError) as e:
+        launch.compose_preload(str(lib), None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(lib) + ": ld.so splits LD_PRELOAD at spaces "
+                                               "and colons"), msg
+    assert msg.endswith("install spyreshim in a folder without them"), msg
+    assert launch.compose_preload(str(tmp_path / "lib.so"), "/a.so") == "%s:/a.so" % (
+        tmp_path / "lib.so")
+
+
 def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):
     r = _run_leaky(real_shim, tmp_path, "--leak-check=held", "--report", tmp_path / "r-%p.json")
     assert r.returncode == 23, r
