@@ -384,7 +384,7 @@ static size_t distance(const char *a, size_t na, const char *b, size_t nb)
 }
 
 /* The option a misspelt name most likely meant, or NULL: the nearest
- * within a third of the option's own part (at least one step:
+ * within a quarter of the option's own part (at least one step:
  * SPYRESHIM_LIMT, and SPYRESHIM_LEAKCHECK or spyreshim_limit at none);
  * else the longest option it begins with (SPYRESHIM_TRACEFILE,
  * SPYRESHIM_LOGLEVEL). */
@@ -399,7 +399,7 @@ static const char *closest(const char *name, size_t len)
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         size_t nh = squeeze(rows[i].name, strlen(rows[i].name), have, sizeof have);
         size_t d = distance(want, nw, have, nh);
-        size_t within = (nh - strlen("SPYRESHIM")) / 3;
+        size_t within = (nh - strlen("SPYRESHIM")) / 4;
         if (d <= (within ? within : 1) && d < near_d) {
             near_d = d;
             near = rows[i].name;
