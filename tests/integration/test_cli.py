@@ -702,6 +702,30 @@ def test_e2e_run_exitcode_is_configurable(real_shim, tmp_path):
     assert r.returncode == 0, r
 
 
+def test_e2e_a_program_that_fails_keeps_its_status(real_shim, tmp_path):
+    """A Python program that leaks and then fails on its own (an uncaught
+    exception: status 1; sys.exit(4)): its status, not the leak verdict's;
+    the report is given as always, and one line says the status is kept."""
+    pythons, interp, moddir = real_shim
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    for tail, status in (("raise RuntimeError('no')\n", 1), ("import sys; sys.exit(4)\n", 4),
+                         ("", 23)):
+        (tmp_path / "fails.py").write_text(LEAKY + tail)
+        bare = subprocess.run([interp.exe, "fails.py"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=pythons.HANG_S)
+        r = subprocess.run([str(SCRIPT), "run", "--leak-check=held", "--", interp.exe,
+                            "fails.py"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=pythons.HANG_S)
+        assert r.returncode == status and bare.returncode == (status if tail else 0), (r, bare)
+        assert r.stdout == bare.stdout, (r, bare)
+        assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stderr, r
+        kept = [ln for ln in r.stderr.splitlines() if "kept (leaks would" in ln]
+        assert kept == ([] if status == 23 else [
+            "spyreshim: the program exits with status %d, kept (leaks would have made it "
+            "SPYRESHIM_EXITCODE=23)" % status]), r.stderr
+
+
 RANKS = textwrap.dedent("""\
     import ctypes
     import subprocess
