@@ -358,29 +358,34 @@ static size_t squeeze(const char *s, size_t len, char *out, size_t n)
 
 /* Damerau-Levenshtein distance (optimal string alignment) of two short
  * strings: an insertion, deletion, substitution or swap of neighbours is
- * one step. */
+ * one step. Three rows on the stack (1.5 KiB: any thread may parse). */
 static size_t distance(const char *a, size_t na, const char *b, size_t nb)
 {
-    size_t d[65][65];
+    size_t rows3[3][65];
     if (na > 64 || nb > 64)
         return (size_t)-1;
-    for (size_t i = 0; i <= na; i++)
-        d[i][0] = i;
+    size_t *two = rows3[0], *one = rows3[1], *cur = rows3[2];
     for (size_t j = 0; j <= nb; j++)
-        d[0][j] = j;
-    for (size_t i = 1; i <= na; i++)
+        one[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = i;
         for (size_t j = 1; j <= nb; j++) {
-            size_t best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < best)
-                best = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < best)
-                best = d[i][j - 1] + 1;
+            size_t best = one[j - 1] + (a[i - 1] != b[j - 1]);
+            if (one[j] + 1 < best)
+                best = one[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
             if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
-                d[i - 2][j - 2] + 1 < best)
-                best = d[i - 2][j - 2] + 1;
-            d[i][j] = best;
+                two[j - 2] + 1 < best)
+                best = two[j - 2] + 1;
+            cur[j] = best;
         }
-    return d[na][nb];
+        size_t *t = two;
+        two = one;
+        one = cur;
+        cur = t;
+    }
+    return one[nb];
 }
 
 /* The option a misspelt name most likely meant, or NULL: the nearest
