@@ -22,7 +22,7 @@ PROG = "spyreshim"
 LIBNAME = "libspyreshim.so"
 LOG_LEVELS = ("debug", "info", "warn", "off")
 # `run --trace` without a file: one file per process (%p), so that a forked
-# or exec'd child never finds its parent's file in use (README, "Traces").
+# or exec'd child never finds its parent's file in use (docs/trace-format.md).
 DEFAULT_TRACE = "spyreshim-%p.trace"
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

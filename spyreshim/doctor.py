@@ -37,8 +37,8 @@ RUNTIMES = [
      ""),
 ]
 
-# What the shim collects garbage in and reads Python stacks of (README,
-# "Python interpreters").
+# What the shim collects garbage in and reads Python stacks of
+# (docs/testing.md, "Python interpreters").
 INTERPRETERS = ("CPython 3.8 to 3.15 (3.13t free-threaded too): garbage collection and "
                 "Python stacks; PyPy 3: garbage collection, native stacks only")
 
