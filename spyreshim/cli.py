@@ -96,7 +96,7 @@ def stack_depth_defaults():
 def _stack_depth_help():
     d = stack_depth_defaults()
     default = ("default %d, %d once Python frames are recorded" % d if d else
-               "default: the library's, README \"Configuration\"")
+               "default: the library's, docs/configuration.md")
     return ("native frames recorded per allocation, and Python frames at most (%s)"
             % default).replace("%", "%%")
 
@@ -146,7 +146,8 @@ def _parser():
         usage="%(prog)s [options] -- CMD [ARG ...]",
         description="Runs CMD with libspyreshim.so preloaded (LD_PRELOAD) and the SPYRESHIM_* "
                     "variables set from the options. The exit status is the command's "
-                    "(with --leak-check and leaks at exit: --exitcode, default 23). "
+                    "(with --leak-check and leaks at exit of a command that exits 0: "
+                    "--exitcode, default 23; one that fails keeps its status). "
                     "--report, --exitcode and --suppressions imply --leak-check. "
                     "What counts as a leak: device memory still allocated at exit that was "
                     "not live when the Python interpreter began to shut down (after a "

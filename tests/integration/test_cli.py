@@ -364,6 +364,18 @@ def test_run_bad_options_are_usage_errors(args, expected):
     assert expected in r.stderr
 
 
+def test_the_names_the_library_does_not_warn_about_are_the_documented_ones():
+    """options.c's `others[]` and docs/configuration.md's "Other
+    variables" name the same SPYRESHIM_* variables."""
+    code = (REPO / "shim" / "base" / "options.c").read_text()
+    code = code[code.index("others[] = {"):]
+    code = set(re.findall(r'"(SPYRESHIM_\w+)"', code[:code.index("};")]))
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    doc = doc[doc.index("## Other variables"):]
+    doc = set(re.findall(r"`(SPYRESHIM_\w+)`", doc[:doc.index("The library knows")]))
+    assert code == doc and len(code) >= 10, (sorted(code - doc), sorted(doc - code))
+
+
 @pytest.mark.parametrize("args,line", [
     (["run", "--leakcheck", "--", "sh", "-c", "echo ran"],
      "spyreshim run: error: unrecognized arguments: --leakcheck (did you mean --leak-check?)"),
