@@ -69,6 +69,38 @@ def find_library(env=None):
                      "ninja -C build) or set SPYRESHIM_LIB" % (LIBNAME, looked))
 
 
+# SPYRESHIM_STACK_DEPTH's defaults are the library's, in one header
+# (shim/base/stackdepth.h), installed next to this package; read here for
+# --help rather than written a second time.
+STACK_DEPTH_HEADERS = (os.path.join(PACKAGE_DIR, "stackdepth.h"),
+                       os.path.join(os.path.dirname(PACKAGE_DIR), "shim", "base", "stackdepth.h"))
+
+
+def stack_depth_defaults():
+    """(native default, default once Python frames are recorded), or None
+    when the header is not found."""
+    import re
+    for path in STACK_DEPTH_HEADERS:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        got = dict(re.findall(r"^#define SHIM_STACK_DEPTH_DEFAULT(_PYTHON)?\s+(\d+)\s*$", text,
+                              re.M))
+        if "" in got and "_PYTHON" in got:
+            return int(got[""]), int(got["_PYTHON"])
+    return None
+
+
+def _stack_depth_help():
+    d = stack_depth_defaults()
+    default = ("default %d, %d once Python frames are recorded" % d if d else
+               "default: the library's, docs/configuration.md")
+    return ("native frames recorded per allocation, and Python frames at most (%s)"
+            % default).replace("%", "%%")
+
+
 def _version():
     from . import __version__
     return __version__
@@ -114,7 +146,8 @@ def _parser():
         usage="%(prog)s [options] -- CMD [ARG ...]",
         description="Runs CMD with libspyreshim.so preloaded (LD_PRELOAD) and the SPYRESHIM_* "
                     "variables set from the options. The exit status is the command's "
-                    "(with --leak-check and leaks at exit: --exitcode, default 23). "
+                    "(with --leak-check and leaks at exit of a command that exits 0: "
+                    "--exitcode, default 23; one that fails keeps its status). "
                     "--report, --exitcode and --suppressions imply --leak-check. "
                     "What counts as a leak: device memory still allocated at exit that was "
                     "not live when the Python interpreter began to shut down (after a "
@@ -139,8 +172,7 @@ def _parser():
                    help="exit status when leaks remain at exit (default 23)")
     r.add_argument("--suppressions", metavar="FILE",
                    help="file of leak:<pattern> lines (LeakSanitizer format)")
-    r.add_argument("--stack-depth", type=_positive, metavar="N",
-                   help="native frames recorded per allocation (default 32)")
+    r.add_argument("--stack-depth", type=_positive, metavar="N", help=_stack_depth_help())
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
     r.add_argument("--trace", metavar="FILE", nargs="?", const=DEFAULT_TRACE,
                    help="record every allocation, free, pressure event and collection with "
@@ -238,7 +270,40 @@ def _parser():
                       help="where to write the report (default: spyreshim-snapshot-PID.json)")
     snap.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                       help="how long to wait for the answer (default 10)")
+    p.commands = {"run": r, "report": rep, "snapshot": snap}
     return p
+
+
+def _squeezed(option):
+    return option.lstrip("-").replace("_", "-").replace("-", "").lower()
+
+
+def _meant(parser, option):
+    """The option of `parser` that `option` (not one of its) most likely
+    meant, or None: the same but for case, '-' and '_', else the closest
+    spelling."""
+    import difflib
+    name = option.split("=", 1)[0]
+    known = [s for a in parser._actions if a.help != argparse.SUPPRESS
+             for s in a.option_strings if s.startswith("--")]
+    same = [s for s in known if _squeezed(s) == _squeezed(name)]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _unknown(parser, args, extra):
+    """One line for arguments no option takes (argparse's "unrecognized
+    arguments"), naming the option a misspelt one most likely meant."""
+    sub = parser.commands.get(args.command, parser)
+    words = []
+    for a in extra:
+        meant = _meant(sub, a) if a.startswith("--") else None
+        words.append("%s (did you mean %s?)" % (a, meant) if meant else a)
+    sys.stderr.write("%s: error: unrecognized arguments: %s\n" % (
+        sub.prog, escape.terminal(" ".join(words))))
+    return 2
 
 
 def cmd_snapshot(args):
@@ -278,7 +343,10 @@ def cmd_run(args):
     lib = find_library()
 
     env = dict(os.environ)
-    env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
+    try:
+        env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
+    except launch.PreloadError as e:
+        raise UsageError("run: %s" % e)
     leak = (args.leak_check or args.leak_check_held or args.report or
             args.exitcode is not None or args.suppressions)
     settings = [
@@ -290,6 +358,8 @@ def cmd_run(args):
         ("SPYRESHIM_STACK_DEPTH", str(args.stack_depth) if args.stack_depth else None),
         ("SPYRESHIM_STATS", _abs(args.stats)),
         ("SPYRESHIM_TRACE", _abs(args.trace)),
+        # Which file each process wrote (%p, a .N suffix): one line at its exit.
+        ("SPYRESHIM_TRACE_NOTE", "1" if args.trace else None),
         ("SPYRESHIM_LOG", args.log),
         ("SPYRESHIM_CONTROL", "1" if args.control else None),
     ]
@@ -467,7 +537,7 @@ def cmd_ranks(args):
         return 0
     if args.html and not args.diff_ranks:
         from . import rankpage
-        _write(args.html, rankpage.page(rows))
+        _write(args.html, rankpage.page(rows, top=args.top, native_frames=args.native_frames))
         sys.stderr.write("%s report: wrote %s (%d process%s on one time axis)\n" % (
             PROG, args.html, len(rows), "" if len(rows) == 1 else "es"))
         return 0
@@ -475,7 +545,8 @@ def cmd_ranks(args):
         r, title = ranks.diff_ranks(rows, *args.diff_ranks)
         sys.stdout.write(escape.text_out(diff.text(r, title)))
         return 0
-    sys.stdout.write(escape.text_out(ranks.text(rows)))
+    sys.stdout.write(escape.text_out(ranks.text(rows, top=args.top,
+                                                 native_frames=args.native_frames)))
     return 0
 
 
@@ -524,7 +595,9 @@ def main(argv=None):
         argv = [("--leak-check-held" if a == "--leak-check=held" and i < end else a)
                 for i, a in enumerate(argv)]
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _unknown(parser, args, extra)
     try:
         if args.command == "run":
             return cmd_run(args)

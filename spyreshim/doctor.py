@@ -101,7 +101,12 @@ def find_library(candidates, env=None):
 def probe(lib, python_dir, timeout=60):
     """Preloads `lib` into a child of this interpreter, as `run` does, and
     asks the package there whether it bound to it: (ok, one line)."""
-    env = dict(os.environ, LD_PRELOAD=lib, SPYRESHIM_LOG="warn",
+    from . import launch
+    try:
+        preload = launch.preload_path(lib)
+    except launch.PreloadError as e:
+        return False, "does not load: %s" % e
+    env = dict(os.environ, LD_PRELOAD=preload, SPYRESHIM_LOG="warn",
                PYTHONPATH=os.pathsep.join([python_dir] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     for k in ("SPYRESHIM_LEAK_CHECK", "SPYRESHIM_TRACE", "SPYRESHIM_REPORT", "SPYRESHIM_STATS",

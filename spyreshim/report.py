@@ -396,18 +396,22 @@ def _leaks(merged):
     return all(r["reason"] == "exit" for r in merged["reports"])
 
 
-def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
+def group_text(g, leaks=True, show_pids=False, native_frames="folded", head=None):
+    """A group's head line and its frames; `head` replaces the head line
+    (a failed request's, cross-rank report)."""
     lines = []
-    if g["suppressed"]:
-        what = "Suppressed:"
-    else:
-        what = "Leak of" if leaks else "Live:"
-    head = "%s %d byte(s) (%s) in %d allocation(s) of %s memory" % (
-        what, g["bytes"], format_size(g["bytes"]), g["count"], _t(g["runtime"]))
-    if show_pids and g.get("pids"):
-        head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
-                                  ", ".join(str(p) for p in g["pids"]))
-    lines.append(head + ", allocated from:")
+    if head is None:
+        if g["suppressed"]:
+            what = "Suppressed:"
+        else:
+            what = "Leak of" if leaks else "Live:"
+        head = "%s %d byte(s) (%s) in %d allocation(s) of %s memory" % (
+            what, g["bytes"], format_size(g["bytes"]), g["count"], _t(g["runtime"]))
+        if show_pids and g.get("pids"):
+            head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
+                                      ", ".join(str(p) for p in g["pids"]))
+        head += ", allocated from:"
+    lines.append(head)
     one_process = len(g.get("pids", ())) <= 1
     frames = visible_frames(g, native_frames)
     for i, f in enumerate(frames):

@@ -451,6 +451,36 @@ static void print_frame(out *o, size_t i, const shim_report_frame *f)
     outf(o, "\n");
 }
 
+size_t shim_report_printed_keys(const shim_report *r, size_t max_groups, shim_report_key *out,
+                                size_t n)
+{
+    size_t k = 0, shown = 0;
+    for (size_t i = 0; i < r->ngroups && k < n && (!max_groups || shown < max_groups); i++) {
+        const shim_report_group *g = &r->groups[i];
+        if (g->suppression >= 0)
+            continue;
+        shown++;
+        if (g->nframes == 0)
+            continue;
+        snprintf(out[k].runtime, sizeof out[k].runtime, "%s", g->runtime ? g->runtime : "");
+        out[k].python_stack = g->python_stack;
+        out[k].native_stack = g->native_stack;
+        k++;
+    }
+    return k;
+}
+
+void shim_report_mark_printed(shim_report *r, const shim_report_key *keys, size_t n)
+{
+    for (size_t i = 0; i < r->ngroups; i++) {
+        shim_report_group *g = &r->groups[i];
+        for (size_t k = 0; k < n && !g->printed_before; k++)
+            g->printed_before = g->nframes && keys[k].python_stack == g->python_stack &&
+                                keys[k].native_stack == g->native_stack &&
+                                !strcmp(keys[k].runtime, g->runtime ? g->runtime : "");
+    }
+}
+
 int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
                       const char *headline, size_t max_groups)
 {
@@ -491,9 +521,16 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
              g->runtime ? esc(g->runtime, rt, sizeof rt) : "device");
         if (g->nframes == 0)
             outf(o, "    <no stack recorded>\n");
-        for (size_t k = 0, shown_frames = 0; k < g->nframes; k++)
+        size_t shown_frames = 0;
+        for (size_t k = 0; k < g->nframes && !(g->printed_before && shown_frames); k++)
             if (!g->frames[k].folded)
                 print_frame(o, shown_frames++, &g->frames[k]);
+        if (g->printed_before) {
+            /* Each stack once: the rest is in the report printed above. */
+            outf(o, "    (the same stack as in the out-of-memory report above)\n");
+            out_flush(o);
+            continue;
+        }
         if (g->nfolded)
             outf(o, "    (%zu interpreter frame(s) folded; the JSON report keeps every frame)\n",
                  g->nfolded);
