@@ -43,8 +43,12 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint3
     *rt_err = rc > 0 ? rc : 0;
     if (rc != 0)
         return false;
+    /* The thread's slot: 0 (one thread-local load) unless it asked to be
+     * counted (thread_live.h). */
+    uint16_t thread = shim_tls_thread_slot;
     shim_live_fields f = {
         .seq = seq_take(),
+        .thread = thread,
     };
     if (nstack | pystack) /* a new block's tags are 0 */
         shim_arena_set_tags(s->arena, node, nstack, pystack);
@@ -62,6 +66,8 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint3
         finish_prefetched_frees(d, s);
     s->allocs++;
     note_live(d, s, (int64_t)size);
+    if (__builtin_expect(thread != 0, 0))
+        shim_thread_live_count(thread, size);
     *out = addr;
     *seq = f.seq;
     return true;

@@ -1,6 +1,7 @@
 /* Live allocations: device pointer -> the arena node of its block, and the
  * block's sequence number, kept apart from the node because only
- * allocation writes it and only reports read it (the stack ids fit in the
+ * allocation writes it and only reports read it, with the frees once some
+ * thread is counted, thread_live.h (the stack ids fit in the
  * node: shim_arena_set_tags). Open addressing with linear probing and
  * tombstones, live entries' load kept under 1/2 (3/4 above 2^16 slots),
  * the array rebuilt when tombstones pile up, so insert, find and remove
@@ -34,8 +35,12 @@ typedef struct shim_record {
 /* What the table keeps of a live block besides its node: written once at
  * allocation, read by reports only (never on the free path). */
 typedef struct shim_live_fields {
-    uint64_t seq;
+    /* 8 bytes a block, as before the thread was kept: sequence numbers
+     * stay below 2^48 (at 10^8 allocations a second, 32 days). */
+    uint64_t seq : 48;
+    uint64_t thread : 16;    /* the allocating thread's slot, 0: not counted (thread_live.h) */
 } shim_live_fields;
+_Static_assert(sizeof(shim_live_fields) == 8, "a block's fields stay 8 bytes");
 
 typedef struct shim_table shim_table;
 
