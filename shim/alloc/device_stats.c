@@ -95,6 +95,7 @@ static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, 
         .node = id,
         .native_stack = shim_arena_tag(c->arena, id, 0),
         .python_stack = shim_arena_tag(c->arena, id, 1),
+        .thread = (uint16_t)f->thread,
     };
 }
 

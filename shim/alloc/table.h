@@ -30,6 +30,7 @@ typedef struct shim_record {
     uint32_t native_stack;   /* interned stack id, 0 = none */
     uint32_t python_stack;   /* interned stack id, 0 = none */
     uint32_t flags;
+    uint16_t thread;         /* the allocating thread's slot, 0: not counted (thread_live.h) */
 } shim_record;
 
 /* What the table keeps of a live block besides its node: written once at

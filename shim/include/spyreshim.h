@@ -144,6 +144,11 @@ typedef struct spyreshim_snapshot spyreshim_snapshot;
 
 /* Live allocations made after `since` (0: all of them). NULL on failure. */
 SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since);
+/* The same, of the blocks the calling thread allocated (freed by no thread
+ * since) while it was counted (spyreshim_thread_reset_peak): the blocks
+ * the shim serves, not memory it passes through and watches. Empty when
+ * the thread is not counted. */
+SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take_thread(spyreshim_mark since);
 SPYRESHIM_API size_t spyreshim_snapshot_count(const spyreshim_snapshot *s);
 SPYRESHIM_API uint64_t spyreshim_snapshot_bytes(const spyreshim_snapshot *s);
 SPYRESHIM_API const spyreshim_alloc_info *spyreshim_snapshot_get(const spyreshim_snapshot *s, size_t i);

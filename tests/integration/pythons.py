@@ -215,6 +215,7 @@ DEPENDENCIES = {
     "torch": "scripts/deps.sh",
     "torch2": "scripts/torch2_venv.sh",
     "numba-cuda": "scripts/numba_cuda_venv.sh",
+    "pytest-memray": None,     # PyPI's, into a cached venv by test_pytest_plugin.py
     "cuda-toolkit": None,
     "torch-cuda": None,        # Debian's torch is built without CUDA
     "cupy": None,

@@ -108,3 +108,29 @@ Test(thread_live, a_slot_is_given_back_once_its_thread_and_blocks_are_gone)
     cr_assert_eq(atomic_load(&shim_thread_live_at(f.slot)->state), 0, "given back by the free");
     cr_assert_eq(atomic_load(&shim_thread_live_at(f.slot)->live), 0);
 }
+
+Test(thread_live, a_threads_snapshot_holds_its_own_blocks_alone)
+{
+    dev = shim_device_get(&simdev_rt);
+    cr_assert_not_null(dev);
+    spyreshim_snapshot *none = spyreshim_snapshot_take_thread(0);
+    cr_assert_not_null(none);
+    cr_assert_eq(spyreshim_snapshot_count(none), 0, "not counted: nothing is its");
+    spyreshim_snapshot_free(none);
+    cr_assert_eq(spyreshim_thread_reset_peak(), 0);
+    spyreshim_mark m = spyreshim_mark_now();
+    void *a = alloc(MIB), *b = alloc(2 * MIB);
+    void *theirs = NULL;
+    on_another_thread(alloc_on_another_thread, &theirs);
+    spyreshim_snapshot *s = spyreshim_snapshot_take_thread(m);
+    cr_assert_not_null(s);
+    cr_assert_eq(spyreshim_snapshot_count(s), 2);
+    cr_assert_eq(spyreshim_snapshot_bytes(s), 3 * MIB);
+    spyreshim_snapshot_free(s);
+    s = spyreshim_snapshot_take(m);
+    cr_assert_eq(spyreshim_snapshot_bytes(s), 19 * MIB);
+    spyreshim_snapshot_free(s);
+    free_it(a);
+    free_it(b);
+    free_it(theirs);
+}
