@@ -209,8 +209,9 @@ def pytest_configure(config):
         "markers",
         "%s(location_limit, *, filter_fn=None, current_thread_only=False): fail the test "
         "if one location (stack) keeps at least location_limit of the device memory it "
-        "allocated, after garbage collection (e.g. \"1 MB\"; pytest-memray's marker, read "
-        "by spyreshim for device memory)" % MARKER)
+        "allocated, after garbage collection (e.g. \"1 MB\"); filter_fn(stack): whether a "
+        "location counts; current_thread_only: count only what the test's thread allocated. "
+        "pytest-memray's marker, read by spyreshim for device memory" % MARKER)
     config.addinivalue_line(
         "markers",
         "%s(limit, *, current_thread_only=False): fail the test if its device peak (the most "

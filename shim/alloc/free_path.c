@@ -99,7 +99,8 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
         bool counted = atomic_load_explicit(&shim_thread_live_on, memory_order_relaxed);
         uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, counted ? &f : NULL);
         shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
-        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device && !f.thread) {
+        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device &&
+            !shim_live_thread(&f)) {
             /* As on the fast path: a thread freeing blocks another
              * allocated holds their shard's lock the shorter for it. */
             free_after_prefetch(d, s, node);
@@ -115,8 +116,8 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
             uint64_t seq = ev ? shim_device_seq_next() : 0;
             uint32_t nstack = ev ? shim_arena_tag(s->arena, node, 0) : 0;
             uint32_t pystack = ev ? shim_arena_tag(s->arena, node, 1) : 0;
-            if (f.thread)
-                shim_thread_live_freed((uint16_t)f.thread, size);
+            if (shim_live_thread(&f))
+                shim_thread_live_freed(shim_live_thread(&f), size);
             release_block(d, s, node, size, taken);
             if (taken)
                 shim_lock_release(&s->lock);

@@ -36,12 +36,33 @@ typedef struct shim_record {
 /* What the table keeps of a live block besides its node: written once at
  * allocation, read by reports only (never on the free path). */
 typedef struct shim_live_fields {
-    /* 8 bytes a block, as before the thread was kept: sequence numbers
-     * stay below 2^48 (at 10^8 allocations a second, 32 days). */
-    uint64_t seq : 48;
-    uint64_t thread : 16;    /* the allocating thread's slot, 0: not counted (thread_live.h) */
+    /* The sequence number (low SHIM_LIVE_SEQ_BITS bits) and the
+     * allocating thread's slot above it (0: not counted, thread_live.h):
+     * 8 bytes a block, as before the thread was kept. Sequence numbers
+     * stay below 2^48 (at 10^8 allocations a second, 32 days). A plain
+     * word, not bit-fields: a thread not counted stores its number as it
+     * is, with no masking on the allocation path. Read it with
+     * shim_live_seq and shim_live_thread. */
+    uint64_t word;
 } shim_live_fields;
 _Static_assert(sizeof(shim_live_fields) == 8, "a block's fields stay 8 bytes");
+
+#define SHIM_LIVE_SEQ_BITS 48
+
+static inline shim_live_fields shim_live_make(uint64_t seq, uint16_t thread)
+{
+    return (shim_live_fields){.word = seq | (uint64_t)thread << SHIM_LIVE_SEQ_BITS};
+}
+
+static inline uint64_t shim_live_seq(const shim_live_fields *f)
+{
+    return f->word & (((uint64_t)1 << SHIM_LIVE_SEQ_BITS) - 1);
+}
+
+static inline uint16_t shim_live_thread(const shim_live_fields *f)
+{
+    return (uint16_t)(f->word >> SHIM_LIVE_SEQ_BITS);
+}
 
 typedef struct shim_table shim_table;
 
