@@ -23,7 +23,7 @@ import gc
 import os
 import sys
 
-from . import report
+from .reading import report
 
 __all__ = [
     "available", "unavailable_reason", "library_path", "stats", "reset_peak",
@@ -97,8 +97,8 @@ def library_path():
 def child_env(env=None, full=True):
     """The environment a launcher should give its workers to put each under
     the shim (Ray's runtime_env, subprocess.Popen(env=...), multiprocessing's
-    spawn): spyreshim.launch.child_env says what it holds."""
-    from . import launch
+    spawn): spyreshim.cli.launch.child_env says what it holds."""
+    from .cli import launch
     return launch.child_env(env, full)
 
 

@@ -96,10 +96,10 @@ static const struct row rows[] = {
 /* SPYRESHIM_* names that are no option of the library but are read by
  * spyreshim's own tools: no warning for them. */
 static const char *const others[] = {
-    "SPYRESHIM_LIB",        /* the library `spyreshim run` preloads (spyreshim/cli.py) */
-    "SPYRESHIM_BUILD",      /* a checkout's build folder (spyreshim/cli.py, the tests) */
-    "SPYRESHIM_PRESETS",    /* `run --preset` (spyreshim/presets.py) */
-    "SPYRESHIM_NO_NUMPY",   /* the trace reader's pure-Python path (spyreshim/trace.py) */
+    "SPYRESHIM_LIB",        /* the library `spyreshim run` preloads (spyreshim/cli/main.py) */
+    "SPYRESHIM_BUILD",      /* a checkout's build folder (spyreshim/cli/main.py, the tests) */
+    "SPYRESHIM_PRESETS",    /* `run --preset` (spyreshim/presets/__init__.py) */
+    "SPYRESHIM_NO_NUMPY",   /* the trace reader's pure-Python path (spyreshim/reading/trace.py) */
     "SPYRESHIM_CACHE",      /* where the scripts (torch2_venv.sh, ...) keep their venvs */
     /* The test suite's (tests/integration, scripts/test.sh). */
     "SPYRESHIM_PYTHONS", "SPYRESHIM_PYTHONS_CACHE", "SPYRESHIM_SCREENSHOT_DIR",

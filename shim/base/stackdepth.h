@@ -1,6 +1,6 @@
 /* SPYRESHIM_STACK_DEPTH's defaults, kept once: the leak check's capture
  * (shim/leak/leak.c), the options table's text (options.c) and `spyreshim
- * run --help` (spyreshim/cli.py reads the two #define lines below: keep
+ * run --help` (spyreshim/cli/main.py reads the two #define lines below: keep
  * their form; meson installs this file next to the Python package).
  *
  * Unset, the native frames recorded per allocation, and the same number of

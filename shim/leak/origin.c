@@ -3,7 +3,7 @@
  * A framework that runs a Python call's work on a thread of its own (the
  * autograd engine runs backward() on a device thread that has no Python
  * frame) brackets the call with begin/end on the calling thread (the
- * PyTorch preset does, spyreshim/torch.py). begin interns the caller's own
+ * PyTorch preset does, spyreshim/presets/torch.py). begin interns the caller's own
  * Python stack, flagged SHIM_PYSTACK_ORIGIN (its own thread's frames: read
  * as every capture reads them, never another thread's); an allocation on a
  * thread without Python frames while exactly one such call runs records it

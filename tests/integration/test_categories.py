@@ -1,4 +1,4 @@
-"""Memory categories (spyreshim/categories.py): a real trace of a training
+"""Memory categories (spyreshim/reading/categories.py): a real trace of a training
 loop (tests/torch_examples/train.py's VAE with Adam, PyTorch 1.13 and 2.x
 on the simdev device, `spyreshim run --trace`) classed by its stacks into
 PyTorch's categories; `report --view stats` and the peak view break the
@@ -23,7 +23,7 @@ import pythons  # noqa: E402
 import torchrun  # noqa: E402
 
 sys.path.insert(0, str(pythons.REPO))
-from spyreshim import categories, trace as tr  # noqa: E402
+from spyreshim.reading import categories, trace as tr  # noqa: E402
 
 REPO = pythons.REPO
 TRAIN = REPO / "tests" / "torch_examples" / "train.py"

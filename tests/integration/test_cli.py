@@ -24,7 +24,7 @@ DATA = HERE / "data"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from spyreshim import report as rpt  # noqa: E402
+from spyreshim.reading import report as rpt  # noqa: E402
 import pythons  # noqa: E402
 
 # Any library that is harmless to preload, for the tests of `run` that only
@@ -323,8 +323,8 @@ def test_run_execs_the_command_in_place():
 # (ctypes, a thread lock), the readers and the other commands cost every
 # launch CPU time when imported.
 NOT_FOR_RUN = ("ctypes", "threading", "json", "tempfile", "spyreshim._preloaded",
-               "spyreshim.trace", "spyreshim.tracepeak", "spyreshim.timeline",
-               "spyreshim.presets", "spyreshim.doctor", "spyreshim.control")
+               "spyreshim.reading.trace", "spyreshim.views.tracepeak", "spyreshim.views.timeline",
+               "spyreshim.presets", "spyreshim.cli.doctor", "spyreshim.cli.control")
 
 
 def test_run_imports_only_what_it_needs():
@@ -676,7 +676,7 @@ def test_run_installed_under_a_folder_with_a_space_still_preloads(real_shim, tmp
 
 
 def test_a_library_that_cannot_be_linked_to_is_refused_in_one_line(tmp_path, monkeypatch):
-    from spyreshim import launch
+    from spyreshim.cli import launch
     lib = tmp_path / "a b" / "libspyreshim.so"
     lib.parent.mkdir()
     lib.write_bytes(b"")

@@ -255,7 +255,7 @@ def test_numba_device_arrays_in_cycles_complete_under_the_shim(driver, shim_lib,
 
 def _trace_module():
     sys.path.insert(0, str(HERE.parent.parent))
-    from spyreshim import trace
+    from spyreshim.reading import trace
     return trace
 
 

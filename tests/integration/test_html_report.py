@@ -22,7 +22,8 @@ SCRIPT = REPO / "scripts" / "spyreshim"
 DATA = HERE / "data"
 sys.path.insert(0, str(REPO))
 
-from spyreshim import flamegraph, report as rpt  # noqa: E402
+from spyreshim.views import flamegraph  # noqa: E402
+from spyreshim.reading import report as rpt
 
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402

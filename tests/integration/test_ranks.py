@@ -21,7 +21,7 @@ SCRIPT = REPO / "scripts" / "spyreshim"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from spyreshim import trace as tr  # noqa: E402
+from spyreshim.reading import trace as tr  # noqa: E402
 import pythons  # noqa: E402
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",

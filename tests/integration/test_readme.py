@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-from spyreshim import cli  # noqa: E402
+from spyreshim.cli import main as cli  # noqa: E402
 
 README = (REPO / "README.md").read_text()
 MAX_LINES = 250

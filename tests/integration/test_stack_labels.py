@@ -23,7 +23,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
-from spyreshim import frames  # noqa: E402
+from spyreshim.reading import frames  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
@@ -319,7 +319,7 @@ def test_work_on_a_thread_without_python_names_the_call_that_started_it(builddir
         "SPYRESHIM_LEAK_CHECK": "held", "SPYRESHIM_REPORT": str(report),
         "SPYRESHIM_EXITCODE": "7", "SPYRESHIM_TRACE": str(trace)})
     assert r.returncode == 7, r.describe()
-    from spyreshim import callorder, report as rpt, trace as tr
+    from spyreshim.reading import callorder, report as rpt, trace as tr
     groups = {g["bytes"]: g for g in rpt.load(str(report))["groups"]}
     g = groups[3000]
     assert g["order"] == "origin", g

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
 import trace_synth  # noqa: E402
-from spyreshim import escape, trace as tr  # noqa: E402
+from spyreshim.reading import escape, trace as tr  # noqa: E402
 from test_html_report import chromium  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "spyreshim"
@@ -254,7 +254,7 @@ def test_a_free_of_the_parents_block_is_the_freeing_process_s(tmp_path):
 FUZZ_DRIVER = r"""
 import io, json, os, random, sys, traceback
 sys.path.insert(0, sys.argv[1])
-from spyreshim import cli
+from spyreshim.cli import main as cli
 seeds, out = json.load(open(sys.argv[2])), sys.argv[3]
 progress = open(sys.argv[4], "ab", buffering=0)
 bad = []
@@ -506,7 +506,7 @@ def test_non_utf8_path_round_trip(tmp_path, builddir):
 PEAK_DRIVER = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from spyreshim import cli
+from spyreshim.cli import main as cli
 rc = cli.main(["report", sys.argv[2]])
 sys.stdout.flush()
 # VmHWM, this process's own peak: ru_maxrss would carry the pytest

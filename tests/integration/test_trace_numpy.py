@@ -26,7 +26,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import trace_synth  # noqa: E402
-from spyreshim import (categories, gcview, memoryviz, pprof, timeline,  # noqa: E402
+from spyreshim import (categories,   # noqa: E402
+from spyreshim.views import gcview, timeline
+from spyreshim.exports import memoryviz, pprof
                        trace as tr, tracepeak)
 
 sys.path.insert(0, str(HERE))

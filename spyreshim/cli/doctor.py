@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from . import presets
+from .. import presets
 
 # The runtimes whose entry points the shim intercepts (hooks/), one row
 # each: (name, sonames or glob patterns the loader would be asked for,
@@ -221,11 +221,11 @@ def preset_rows():
 
 
 def main(candidates, python_dir, write):
-    from . import __version__
+    from .. import __version__
     finder = Finder()
     lib, source = find_library(candidates)
     status = 0
-    write("spyreshim %s (package %s)\n" % (__version__, os.path.dirname(os.path.abspath(__file__))))
+    write("spyreshim %s (package %s)\n" % (__version__, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     write("\nlibrary\n")
     if lib is None:
         looked = ", ".join(os.path.normpath(c) for c in candidates) or "nowhere"

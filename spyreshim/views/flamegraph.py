@@ -11,7 +11,7 @@ html.escape: function and file names are program-controlled text.
 import hashlib
 import html
 
-from . import report as rpt
+from ..reading import report as rpt
 
 WIDTH = 1200          # SVG user units; the page scales it to the window
 ROW = 18              # height of one frame

@@ -23,9 +23,9 @@ chunks in flight, the rows, and that rank's live set, never the events."""
 import glob
 import os
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 _SEGMENT = bytes(1 if k in (tr.SEGMENT_ALLOC, tr.SEGMENT_FREE) else 0 for k in range(256))
 _MARK = bytes(1 if k in (tr.GC, tr.OOM, tr.SEGMENT_ALLOC, tr.SEGMENT_FREE) else 0

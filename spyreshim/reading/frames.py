@@ -46,7 +46,7 @@ _SITE = re.compile(r"/(?:site|dist)-packages/([^/]+)")
 _STDLIB = re.compile(r"/lib(?:64)?/(?:python|pypy)\d+(?:\.\d+)*[a-z]*/")
 
 
-_OWN = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _package(name):

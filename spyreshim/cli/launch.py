@@ -22,7 +22,7 @@ import re
 
 # What the child gets on PYTHONPATH: a folder holding only the package
 # (spyreshim/_child_path/spyreshim/__init__.py says why).
-PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child_path")
+PYTHON_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_child_path")
 
 
 class PreloadError(Exception):
@@ -132,11 +132,11 @@ def child_env(env=None, full=True):
     them, and the package on PYTHONPATH. full=False: those variables only
     (Ray's runtime_env={"env_vars": ...}, which adds them to the workers'
     own environment)."""
-    from . import library_path
+    from .. import library_path
     base = dict(os.environ if env is None else env)
     lib = library_path()
     if lib is None:
-        from .cli import find_library
+        from .main import find_library
         lib = find_library(base)
     lib = os.path.abspath(lib)
     ours = {k: v for k, v in _initial_environ().items()

@@ -7,9 +7,9 @@ capacity (a line), collections (grey ticks) and out-of-memory failures
 (red). The curves are chrometrace.walk's samples, so the page and the
 Trace Event Format export show the same figures."""
 
-from . import chrometrace
+from ..exports import chrometrace
 from . import ranks as rk
-from . import report as rpt
+from ..reading import report as rpt
 
 WIDTH, LANE, PAD, LEFT = 1000, 120, 14, 130
 

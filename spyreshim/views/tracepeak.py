@@ -11,11 +11,11 @@ the live set and the sites."""
 import collections
 import itertools
 
-from . import callorder
-from . import categories as cats
+from ..reading import callorder
+from ..reading import categories as cats
 from . import flamegraph
-from . import report as rpt
-from . import trace as tr
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 
 def peak_reports(t, classifier=None):

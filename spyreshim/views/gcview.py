@@ -20,9 +20,9 @@ event's window and the sites).
 import itertools
 import tempfile
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 
 def collections(t):

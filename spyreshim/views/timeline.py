@@ -25,9 +25,9 @@ import json
 import operator
 from array import array
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 BUCKETS = 800
 TOP_SITES = 8

@@ -14,9 +14,9 @@ import os
 import struct
 import sys
 
-from . import escape
+from ..reading import escape
 from . import launch
-from . import report as rpt
+from ..reading import report as rpt
 
 PROG = "spyreshim"
 LIBNAME = "libspyreshim.so"
@@ -25,7 +25,7 @@ LOG_LEVELS = ("debug", "info", "warn", "off")
 # or exec'd child never finds its parent's file in use (docs/trace-format.md).
 DEFAULT_TRACE = "spyreshim-%p.trace"
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _default_candidates():
@@ -102,7 +102,7 @@ def _stack_depth_help():
 
 
 def _version():
-    from . import __version__
+    from .. import __version__
     return __version__
 
 
@@ -371,7 +371,7 @@ def cmd_run(args):
     # path entries keep precedence.
     env["PYTHONPATH"] = launch.compose_python_path(env.get("PYTHONPATH", ""))
     if args.preset:
-        from . import presets
+        from .. import presets
         presets.apply(list(dict.fromkeys(args.preset)), env)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -383,8 +383,8 @@ def cmd_run(args):
 
 
 def cmd_trace_report(args):
-    from . import trace as tr
-    from . import tracepeak
+    from ..reading import trace as tr
+    from ..views import tracepeak
     if len(args.files) != 1:
         raise UsageError("report: one trace at a time")
     t = tr.stream(args.files[0])
@@ -396,7 +396,7 @@ def cmd_trace_report(args):
                          "or recording stopped); reading what was flushed, without the names "
                          "written at exit\n" % (PROG, args.files[0]))
     if args.pprof:
-        from . import pprof
+        from ..exports import pprof
         if len(args.at or ()) > 1:
             raise UsageError("report --pprof: one --at at most")
         try:
@@ -412,13 +412,13 @@ def cmd_trace_report(args):
             return 0
     rules = ()
     if args.categories:
-        from . import categories
+        from ..reading import categories
         try:
             rules = categories.load_rules(args.categories)
         except categories.RulesError as e:
             raise UsageError("report: %s" % e)
     if args.memory_timeline:
-        from . import categories
+        from ..reading import categories
         try:
             nev = categories.write_timeline(t, args.memory_timeline,
                                             categories.Classifier(t, rules))
@@ -432,7 +432,7 @@ def cmd_trace_report(args):
     if (args.first is not None or args.last is not None) and not args.memory_viz:
         raise UsageError("report: --from and --to cut the --memory-viz export")
     if args.memory_viz:
-        from . import memoryviz
+        from ..exports import memoryviz
         first = memoryviz.parse_bound(args.first) if args.first is not None else None
         last = memoryviz.parse_bound(args.last) if args.last is not None else None
         try:
@@ -445,7 +445,7 @@ def cmd_trace_report(args):
             return 0
     view = args.view or "peak"
     if view == "gc":
-        from . import gcview
+        from ..views import gcview
         gcview.write(t, sys.stdout.write, top=args.top or 10, native_frames=args.native_frames)
         return 0
     if view == "stats":
@@ -455,7 +455,7 @@ def cmd_trace_report(args):
         raise UsageError("report: --view timeline draws a page: give --html OUT.html")
     if args.html:
         if view == "timeline":
-            from . import timeline
+            from ..views import timeline
             page = timeline.page(t, native_frames=args.native_frames)
         else:
             page = tracepeak.peak_html(t, top=args.top, rules=rules,
@@ -481,8 +481,8 @@ def _write(path, text):
 
 
 def cmd_diff(args):
-    from . import diff
-    from . import trace as tr
+    from ..views import diff
+    from ..reading import trace as tr
     traces = [p for p in args.files if tr.is_trace(p)]
     if traces:
         if len(args.files) != 1 or len(args.at or ()) != 2:
@@ -513,18 +513,18 @@ def cmd_diff(args):
 
 def _many(files):
     """Several processes' files: more than one trace, a folder or a glob."""
-    from . import trace as tr
+    from ..reading import trace as tr
     return (sum(1 for p in files if tr.is_trace(p)) > 1 or
             any(os.path.isdir(p) or (not os.path.exists(p) and glob.has_magic(p))
                 for p in files))
 
 
 def cmd_ranks(args):
-    from . import diff
-    from . import ranks
+    from ..views import diff
+    from ..views import ranks
     rows = ranks.gather(args.files)
     if args.chrome_trace:
-        from . import chrometrace
+        from ..exports import chrometrace
         try:
             n = chrometrace.write(rows, args.chrome_trace)
         except OSError as e:
@@ -536,7 +536,7 @@ def cmd_ranks(args):
                              "" if len(rows) == 1 else "es"))
         return 0
     if args.html and not args.diff_ranks:
-        from . import rankpage
+        from ..views import rankpage
         _write(args.html, rankpage.page(rows, top=args.top, native_frames=args.native_frames))
         sys.stderr.write("%s report: wrote %s (%d process%s on one time axis)\n" % (
             PROG, args.html, len(rows), "" if len(rows) == 1 else "es"))
@@ -551,7 +551,7 @@ def cmd_ranks(args):
 
 
 def cmd_report(args):
-    from . import trace as tr
+    from ..reading import trace as tr
     if args.ranks or args.diff_ranks or args.chrome_trace or _many(args.files):
         return cmd_ranks(args)
     if args.diff:
@@ -566,7 +566,7 @@ def cmd_report(args):
     reports = [rpt.load(path) for path in args.files]
     merged = rpt.merge(reports)
     if args.html:
-        from . import flamegraph
+        from ..views import flamegraph
         page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top,
                                native_frames=args.native_frames)
         try:
