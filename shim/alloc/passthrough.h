@@ -138,20 +138,23 @@ void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordi
                                       const shim_pt_counters *c),
                            void *arg);
 
-/* A live record, as copied by shim_passthrough_live. */
+/* A live record, as copied by shim_passthrough_live. The fields a free
+ * reads come first: with the table's link they share one cache line of
+ * the record's node (passthrough.c), the one miss of a free. */
 typedef struct shim_pt_record {
     uintptr_t ptr;
-    uint64_t size, seq;
-    uint32_t native_stack, python_stack;
+    uint64_t size;
+    unsigned long refs;              /* the program's references (retain/unref) */
+    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     enum shim_pt_family family;
     int ordinal;
+    uint64_t seq;
+    uint32_t native_stack, python_stack;
     int device;                      /* its device's index (shim_device_at), or -1 */
-    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     uintptr_t va;                    /* where it is mapped (VMM), or 0 */
     uint64_t va_size;
     unsigned maps;                   /* live mappings (where: passthrough.c) */
     bool released;                   /* its handle went; it lives while mapped */
-    unsigned long refs;              /* the program's references (retain/unref) */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their
  * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0
