@@ -178,6 +178,9 @@ shim_device *shim_cl_device_lookup(shim_cl_api *a, cl_context ctx)
 
 cl_int shim_cl_charge(shim_device *d, size_t bytes)
 {
+    /* Room under the limit: no room to make, no report to name it in. */
+    if (shim_passthrough_charge_fits(d, shim_opts()->limit, bytes))
+        return CL_SUCCESS;
     /* Restored, not cleared: a pressure callback may make memory itself. */
     int outer = tls_charging;
     tls_charging = shim_passthrough_ordinal(d);
@@ -186,13 +189,15 @@ cl_int shim_cl_charge(shim_device *d, size_t bytes)
     return rc == 0 ? CL_SUCCESS : CL_MEM_OBJECT_ALLOCATION_FAILURE;
 }
 
-enum shim_cl_size shim_cl_buffer_size(shim_device *d, size_t bytes)
+cl_int shim_cl_charge_buffer(shim_device *d, size_t bytes)
 {
+    size_t limit = shim_opts()->limit;
     int i = shim_passthrough_ordinal(d);
     if (bytes > atomic_load_explicit(&devs[i].max_alloc, memory_order_relaxed))
-        return SHIM_CL_SIZE_RUNTIME;
-    size_t limit = shim_opts()->limit;
-    return limit && bytes > limit ? SHIM_CL_SIZE_OVER_CAP : SHIM_CL_SIZE_OK;
+        return SHIM_CL_RUNTIME_FIRST;
+    if (limit && bytes > limit)
+        return CL_INVALID_BUFFER_SIZE;
+    return shim_passthrough_charge_fits(d, limit, bytes) ? CL_SUCCESS : shim_cl_charge(d, bytes);
 }
 
 /* The device's memory as the shim lets the program have it: the size and

@@ -55,14 +55,16 @@ static inline shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
  * made, pressure callbacks and collections run, before a refusal).
  * CL_SUCCESS, or CL_MEM_OBJECT_ALLOCATION_FAILURE. */
 cl_int shim_cl_charge(shim_device *d, size_t bytes);
-/* A buffer of `bytes` on `d` against the largest it may have:
- * CL_DEVICE_MAX_MEM_ALLOC_SIZE as the program was told it, the runtime's
- * capped to SPYRESHIM_LIMIT (clGetDeviceInfo). OVER_CAP: above the cap,
- * within the runtime's own (the shim answers CL_INVALID_BUFFER_SIZE, the
- * specification's answer for a device of that size); RUNTIME: above the
- * runtime's own (the runtime answers, its error). */
-enum shim_cl_size { SHIM_CL_SIZE_OK, SHIM_CL_SIZE_OVER_CAP, SHIM_CL_SIZE_RUNTIME };
-enum shim_cl_size shim_cl_buffer_size(shim_device *d, size_t bytes);
+/* A buffer's `bytes` charged to `d` (shim_cl_charge), after its size is
+ * held against the largest buffer the program was told `d` has
+ * (CL_DEVICE_MAX_MEM_ALLOC_SIZE, the runtime's capped to SPYRESHIM_LIMIT:
+ * clGetDeviceInfo). CL_SUCCESS; CL_INVALID_BUFFER_SIZE above the cap,
+ * within the runtime's own (the specification's answer for a device of
+ * that size); CL_MEM_OBJECT_ALLOCATION_FAILURE past the limit; or
+ * SHIM_CL_RUNTIME_FIRST (no CL error: those are 0 or below), above the
+ * runtime's own: nothing charged, the runtime answers first, its error. */
+#define SHIM_CL_RUNTIME_FIRST 1
+cl_int shim_cl_charge_buffer(shim_device *d, size_t bytes);
 
 static inline void shim_cl_set_err(cl_int *errcode_ret, cl_int err)
 {

@@ -102,13 +102,12 @@ static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_proper
     (with_props ? a->create_buffer_with_properties(ctx, props, flags, size, host_ptr,      \
                                                    errcode_ret)                            \
                 : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret))
-    shim_device *d = shim_cl_device_of(a, ctx);
-    enum shim_cl_size v = d ? shim_cl_buffer_size(d, size) : SHIM_CL_SIZE_OK;
-    if (args_refused(flags, size, host_ptr) || v == SHIM_CL_SIZE_RUNTIME)
+    shim_device *d = NULL;
+    cl_int err = CL_SUCCESS;
+    if (args_refused(flags, size, host_ptr) ||
+        ((d = shim_cl_device_of(a, ctx)) &&
+         (err = shim_cl_charge_buffer(d, size)) == SHIM_CL_RUNTIME_FIRST))
         return charged_after(a, ctx, REAL_CREATE(), size, errcode_ret);
-    cl_int err = v == SHIM_CL_SIZE_OVER_CAP ? CL_INVALID_BUFFER_SIZE
-                 : d                        ? shim_cl_charge(d, size)
-                                            : CL_SUCCESS;
     if (err != CL_SUCCESS) {
         shim_cl_set_err(errcode_ret, err);
         return NULL;

@@ -59,6 +59,10 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
  * back itself when removed or dropped). */
 typedef struct shim_device shim_device;
 int shim_passthrough_charge(shim_device *d, size_t bytes);
+/* Its first step alone, for a caller that has SPYRESHIM_LIMIT (`limit`)
+ * at hand: true when the bytes were charged while the limit had room,
+ * false (nothing charged, no room made) otherwise; then charge. */
+bool shim_passthrough_charge_fits(shim_device *d, size_t limit, size_t bytes);
 void shim_passthrough_uncharge(shim_device *d, size_t bytes);
 /* The same for host-pinned memory, under SPYRESHIM_HOST_LIMIT (0: none),
  * with pressure events of its own: false when out of memory. */
