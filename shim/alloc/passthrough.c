@@ -36,7 +36,7 @@
 #include "pool.h"
 #include "pressure.h"
 
-#define BUCKETS 1024u
+#define FIRST_BITS 10 /* 1,024 buckets to begin with (static: no malloc at the first record) */
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
 
 /* A mapping of a VMM handle; a handle may be mapped at several addresses
@@ -100,7 +100,14 @@ static inline void pt_unlock(void)
     atomic_store_explicit(&pt_mu, 0, memory_order_release);
 }
 
-static node *table[BUCKETS];
+/* The buckets (pt_mu): `nbuckets`, a power of two, doubled (grow) while
+ * the records outnumber half of them, so that a free walks a chain of
+ * about one node whatever the number of live objects (each node a likely
+ * cache miss: a free's main cost, bench/opencl_pair.sh). Never shrunk. */
+static node *first_table[1u << FIRST_BITS];
+static node **table = first_table;
+static unsigned table_bits = FIRST_BITS;
+static size_t nrecords; /* records in the table, all families */
 /* Nodes of removed records kept for the next ones (pt_mu): a create and
  * release pair of OpenCL, a few hundred nanoseconds, would otherwise pay a
  * malloc and a free. At most SPARE_MAX; the rest are freed. */
@@ -152,7 +159,7 @@ void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released)
 
 static unsigned bucket(uintptr_t ptr)
 {
-    return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> 54) % BUCKETS;
+    return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> (64 - table_bits));
 }
 
 /* Written under pt_mu only, read without it: a plain load and store, no
@@ -182,6 +189,43 @@ static bool on_device(enum shim_pt_family f)
 int shim_passthrough_reported_device(const shim_pt_record *r)
 {
     return on_device(r->family) ? r->device : -1;
+}
+
+/* The table doubled to 2^bits buckets, the records moved (pt_mu not
+ * held: the new array is had before the lock, the old one freed after
+ * it). Out of memory, or another thread was first: nothing changes. */
+__attribute__((noinline, cold)) static void grow(unsigned bits)
+{
+    if (bits > 30)
+        return;
+    node **fresh = calloc((size_t)1 << bits, sizeof *fresh);
+    if (!fresh)
+        return;
+    node **old = NULL;
+    pt_lock();
+    if (table_bits < bits) {
+        unsigned nold = 1u << table_bits;
+        old = table;
+        table = fresh;
+        table_bits = bits;
+        for (unsigned b = 0; b < nold; b++) {
+            /* Kept in their order (oldest last: remove and unref rely on
+             * it): each chain appended at its new buckets' tails. */
+            for (node *x = old[b], *next; x; x = next) {
+                next = x->next;
+                node **at = &table[bucket(x->r.ptr)];
+                while (*at)
+                    at = &(*at)->next;
+                x->next = NULL;
+                *at = x;
+            }
+        }
+        fresh = NULL;
+    }
+    pt_unlock();
+    free(fresh);
+    if (old != first_table)
+        free(old);
 }
 
 /* Inline in both adds: a create pays no call more. */
@@ -245,8 +289,12 @@ __attribute__((always_inline)) static inline void add_record(enum shim_pt_family
         n->next = table[b];
         table[b] = n;
         live_count_add(f, 1);
+        nrecords++;
     }
+    unsigned grow_to = nrecords > (1u << table_bits) / 2 ? table_bits + 1 : 0;
     pt_unlock();
+    if (__builtin_expect(grow_to != 0, 0))
+        grow(grow_to);
     shim_pt_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     if (ev)
         ev(true, f, on_device(f) ? device : -1, seq, ptr, size, ns, ps);
@@ -295,7 +343,9 @@ static void gone_record(node *gone, uint64_t seq)
  * copied out first by the caller. */
 static node *keep_spare(node *n)
 {
-    if (nspare >= SPARE_MAX || n->mapv)
+    /* mapv is on the node's last line: looked at only for the family
+     * that has mappings (a free of another touches the first line only). */
+    if (nspare >= SPARE_MAX || (n->r.family == SHIM_PT_VMM && n->mapv))
         return n; /* the caller frees it (node_free) after the lock */
     n->next = spare;
     spare = n;
@@ -312,6 +362,7 @@ __attribute__((always_inline)) static inline void count_free(const node *n)
     c->frees++;
     c->bytes -= n->r.size;
     live_count_add(n->r.family, -1);
+    nrecords--;
     if (n->r.charged) {
         shim_pool_give(n->r.charged, n->r.size);
         uint64_t v =
@@ -421,7 +472,8 @@ long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
 
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
-    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+    /* VMM's only (keep_spare looks for a list of mappings there alone). */
+    if (f != SHIM_PT_VMM || !shim_passthrough_any(f))
         return;
     /* The record's list grows outside pt_mu (a leaf: no allocation under
      * it): look, grow, look again. */
@@ -467,7 +519,7 @@ static node *unlink_where(enum shim_pt_family f, bool (*pick)(node *x, void *arg
                           void *arg, size_t *n)
 {
     node *out = NULL;
-    for (unsigned b = 0; b < BUCKETS; b++) {
+    for (unsigned b = 0; b < (1u << table_bits); b++) {
         for (node **p = &table[b]; *p;) {
             node *x = *p;
             if (x->r.family == f && pick(x, arg)) {
@@ -649,7 +701,7 @@ shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n)
     }
     size_t k = 0;
     pt_lock();
-    for (unsigned b = 0; b < BUCKETS && k < cap; b++)
+    for (unsigned b = 0; b < (1u << table_bits) && k < cap; b++)
         for (node *p = table[b]; p && k < cap; p = p->next)
             if (p->r.seq > since)
                 out[k++] = p->r;

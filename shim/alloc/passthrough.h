@@ -105,7 +105,7 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
  * references left (0: removed), or -1 when `ptr` is no live record. */
 bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr);
 long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr);
-/* Mappings of a record (VMM: a physical allocation lives while its
+/* Mappings of a record (VMM's only: a physical allocation lives while its
  * handle is not released or a mapping uses it). mapped: `ptr` was mapped
  * at [va, va + size) (a handle may be mapped at several addresses; a leak
  * report names the last one mapped that is still live). unmapped: the
