@@ -19,6 +19,9 @@
 #
 #   bench/opencl_pair.sh [BUILD_DIR]        (default build-bench/, release)
 #   INSTR=1 bench/opencl_pair.sh build      (the instruction counts too)
+#
+# The figures measured, and where the shim's share of a pair goes:
+# docs/opencl.md, "Cost".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:-build-bench}
