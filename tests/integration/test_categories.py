@@ -1,7 +1,10 @@
 """Memory categories (spyreshim/categories.py): a real trace of a training
 loop (tests/torch_examples/train.py's VAE with Adam, PyTorch 1.13 and 2.x
 on the simdev device, `spyreshim run --trace`) classed by its stacks into
-PyTorch's categories; `report --view stats` and the peak view break the
+PyTorch's categories, and by lifetimes (a forward's blocks live as the
+backward begins are activations, the rest temporaries; the engine's that
+outlive their backward gradients, the rest autograd detail: a synthetic
+trace of the phases too); `report --view stats` and the peak view break the
 peak down by them; `report --memory-timeline OUT.json.gz` writes PyTorch's
 raw memory timeline, which Holistic Trace Analysis' MemoryAnalysis
 (PyPI HolisticTraceAnalysis, scripts/hta_venv.sh's venv) reads and draws;
@@ -75,8 +78,8 @@ def traced(request, tmp_path_factory, builddir, shim_lib):
     assert re.search(r"wrote .*vae\.json\.gz: \d+ memory events", e.stderr), e
     stats = cli("report", "--view", "stats", trace, cwd=d)
     assert stats.returncode == 0, stats
-    return {"version": request.param, "dir": d, "trace": trace, "timeline": out, "stats": stats.stdout,
-            "events": json.loads(gzip.open(out, "rt").read())}
+    return {"version": request.param, "dir": d, "trace": trace, "timeline": out,
+            "stats": stats.stdout, "events": json.loads(gzip.open(out, "rt").read())}
 
 
 def created(events, cat):
