@@ -223,7 +223,8 @@ def _parser():
                      help="for a trace: rules = [[\"REGEX\", \"CATEGORY\"], ...] classing "
                           "blocks by their frames (first match wins) before the built-in "
                           "rules (parameter, optimizer state, activation, gradient, input, "
-                          "temporary)")
+                          "temporary; a forward's and the autograd engine's blocks by their "
+                          "lifetimes: autograd detail, temporary)")
     rep.add_argument("--diff", action="store_true",
                      help="what grew between two moments and is still live: two reports or "
                           "snapshots (A B), or one trace with --at T1 --at T2")
