@@ -41,7 +41,7 @@
 
 /* The C library's sigaction under its other name: the shim exports
  * `sigaction` (hooks/signals.c), not this one. */
-extern int __sigaction(int sig, const struct sigaction *act, struct sigaction *old);
+extern int __sigaction(int sig, const shim_sigaction *act, shim_sigaction *old);
 
 /* The flag the C library sets on every disposition it installs (with its
  * own restorer), and reports back in queries; its headers do not name it. */
@@ -53,7 +53,7 @@ static atomic_flag g_spin = ATOMIC_FLAG_INIT;
 static atomic_bool g_active;
 static shim_sigterm_flush_fn g_flush;   /* written once, before g_active */
 /* Guarded by g_spin. */
-static struct sigaction g_view;         /* the program's disposition of SIGTERM */
+static shim_sigaction g_view;         /* the program's disposition of SIGTERM */
 static atomic_bool g_interrupt;         /* siginterrupt(SIGTERM, 1) was the last word */
 
 static void lock(sigset_t *saved)
@@ -77,7 +77,7 @@ static void on_term(int sig, siginfo_t *info, void *uc);
  * g_spin held; the recorded handler is not SIG_IGN. */
 static void install_ours_locked(void)
 {
-    struct sigaction ours;
+    shim_sigaction ours;
     memset(&ours, 0, sizeof ours);
     ours.sa_sigaction = on_term;
     ours.sa_mask = g_view.sa_mask;
@@ -90,7 +90,7 @@ static void on_term(int sig, siginfo_t *info, void *uc)
     int saved_errno = errno;
     sigset_t m;
     lock(&m);
-    struct sigaction v = g_view;
+    shim_sigaction v = g_view;
     if (v.sa_handler != SIG_DFL && v.sa_handler != SIG_IGN && (v.sa_flags & SA_RESETHAND)) {
         /* The kernel reset the real disposition as it delivered: so is
          * the program's now, and the shim's handler goes back in. */
@@ -109,7 +109,7 @@ static void on_term(int sig, siginfo_t *info, void *uc)
         /* The default action, as without the shim: SIG_DFL in the kernel,
          * SIGTERM pending on this thread, then unblocked (the handler's
          * mask blocked it): the process ends by SIGTERM here. */
-        struct sigaction dfl;
+        shim_sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         __sigaction(sig, &dfl, NULL);
@@ -146,11 +146,11 @@ bool shim_sigterm_owned(int sig)
     return sig == SIGTERM && atomic_load_explicit(&g_active, memory_order_acquire);
 }
 
-int shim_sigterm_sigaction(const struct sigaction *act, struct sigaction *old)
+int shim_sigterm_sigaction(const shim_sigaction *act, shim_sigaction *old)
 {
     sigset_t m;
     lock(&m);
-    struct sigaction prev = g_view;
+    shim_sigaction prev = g_view;
     int rc = 0;
     if (act) {
         /* For real first: the C library and the kernel check it and say

@@ -8,6 +8,10 @@
 #include <signal.h>
 #include <stdbool.h>
 
+/* The C library's struct, under a name of ours: the shim exports the
+ * function of the same name (hooks/signals.c), which this room never calls. */
+typedef struct sigaction shim_sigaction;
+
 /* What the handler runs first: `dies` when the program's disposition is
  * the default action (the process ends by SIGTERM right after). Must be
  * async-signal-safe and bounded. */
@@ -23,7 +27,7 @@ bool shim_sigterm_owned(int sig);
 /* sigaction(SIGTERM, act, old) as the program sees it: `old` is its own
  * disposition; `act` becomes its disposition, exactly as the C library and
  * the kernel record it. 0, or -1 with errno (EINVAL) as sigaction. */
-int shim_sigterm_sigaction(const struct sigaction *act, struct sigaction *old);
+int shim_sigterm_sigaction(const shim_sigaction *act, shim_sigaction *old);
 /* siginterrupt(SIGTERM, flag)'s record, for signal()'s SA_RESTART (the C
  * library keeps it for itself: its signal() reads it). */
 void shim_sigterm_set_interrupt(bool flag);
