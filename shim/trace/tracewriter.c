@@ -158,6 +158,10 @@ static void *writer_main(void *arg)
     shim_tracecodec_load(); /* a loader call: before any lock of ours */
     uint64_t mine = 0;      /* events this thread wrote (the rest: at exit) */
     uint32_t answered = atomic_load(&sig_done);
+    /* Names at most once a flush interval (a libdw session costs the
+     * writer tens of milliseconds, during which full chunks queue up and
+     * would go uncompressed), and with a signal's flush. */
+    uint64_t names_at = shim_now_ns() + (uint64_t)g_flush_ms * 1000000u;
     for (;;) {
         bool open = true;
         /* A signal's flush asked for since the last one is not waited for. */
@@ -170,7 +174,11 @@ static void *writer_main(void *arg)
         uint64_t before = events_written;
         flush_locked();
         mine += events_written - before;
-        names_locked(false);
+        uint64_t now = shim_now_ns();
+        if (asked != answered || now >= names_at) {
+            names_locked(false);
+            names_at = now + (uint64_t)g_flush_ms * 1000000u;
+        }
         if (asked != answered && atomic_exchange(&sig_dies, false))
             shim_tracefile_end_by_signal(SIGTERM);
         shim_mutex_unlock(&write_mu);

@@ -514,3 +514,52 @@ def test_two_runs_started_together_on_one_trace_path_each_get_a_file(tmp_path, b
     first = b if second is a else a
     assert got == {first.pid: ("same.trace", 2 if first is a else 3),
                    second.pid: ("same.2.trace", 2 if second is a else 3)}, got
+
+
+# ------------------------------------------------- Python names of a killed process
+
+PY_KILLED = '''import time, simdev
+keep = []
+def model():
+    keep.append(simdev.Tensor(1000, release_gil=False))
+def layer():
+    model()
+layer()
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+'''
+
+
+def test_a_killed_python_program_s_trace_names_its_python_frames(tmp_path, builddir):
+    # A Python stack captured with the GIL is resolved by the interpreter's
+    # main thread when the writer asks (a pending call), and the next
+    # flush writes it: SIGKILL then leaves the trace with its Python frames
+    # named (before, names came only at an exit it never reached).
+    interp = pythons.get("cpython3.11-shared").require()
+    script = tmp_path / "s.py"
+    script.write_text(PY_KILLED)
+    trace = tmp_path / "py.trace"
+    env = pythons.module_env(interp, env=None, simdev_memory="64M", simdev=True)
+    env.update(LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_TRACE=str(trace),
+               SPYRESHIM_TRACE_FLUSH_MS="20")
+    p = subprocess.Popen([interp.exe, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+
+    def functions():
+        try:
+            t = tr.load(str(trace))
+        except (OSError, rpt.ReportError):
+            return set()
+        return {f[0] for frames in t.pystacks.values() for f in frames}
+
+    try:
+        assert p.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 60
+        while not {"model", "layer", "<module>"} <= functions():
+            assert time.monotonic() < deadline, functions()
+            time.sleep(0.02)
+    finally:
+        p.kill()
+        p.communicate()
+    t = tr.load(str(trace))
+    assert t.ended is False and allocs(t) == 1

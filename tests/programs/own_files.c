@@ -26,7 +26,8 @@
  *                SA_SIGINFO | SA_RESETHAND handler that prints the signal
  *                and its disposition as seen inside, and returns), `dfl`,
  *                `ign`
- *   waitsig      print "waiting", wait for a signal (pause), print "woke"
+ *   waitsig      print "waiting", wait for a signal (SIGTERM blocked before
+ *                the line, sigsuspend), print "woke"
  * Prints one line per operation and exits 0, or 1 with a line when an
  * operation fails. */
 #include <errno.h>
@@ -233,8 +234,15 @@ int main(int argc, char **argv)
                 return fail("sigaction");
             printf("set %s, was %s\n", how, kind(old.sa_handler));
         } else if (!strcmp(op, "waitsig")) {
+            /* Blocked before the line, taken in sigsuspend: a signal sent
+             * when the line is read is never missed (pause's race). */
+            sigset_t term, old;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            sigprocmask(SIG_BLOCK, &term, &old);
             printf("waiting\n");
-            pause();
+            sigsuspend(&old);
+            sigprocmask(SIG_SETMASK, &old, NULL);
             printf("woke\n");
         } else if (!strcmp(op, "exec")) {
             argv[i] = argv[0];
