@@ -471,6 +471,18 @@ def test_a_program_s_own_sigterm_handlers_run_as_bare_and_see_what_they_set(tmp_
     assert (t.ended, t.signal) == (False, None)   # the handler's _exit: no exit reached
 
 
+def test_a_program_that_takes_sigterm_by_sigwait_gets_it_as_bare(tmp_path, builddir):
+    # SIGTERM blocked and taken by sigwait: no handler runs, the program
+    # gets it (as bare), goes on and exits; its trace ends at that exit.
+    ops = ["a:5:4096", "sigwait", "a:5:4096", "query"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (0, "allocated 5, 5 kept\nwaiting\nsigwait got 15\nallocated 5, 10 kept\n"
+                           "query: SIGTERM SIG_DFL flags 0 mask 0 restorer none\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 10 and t.ended and t.signal is None
+
+
 # ------------------------------------------------- two runs, one trace path
 
 def test_two_runs_started_together_on_one_trace_path_each_get_a_file(tmp_path, builddir):

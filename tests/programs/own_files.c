@@ -26,6 +26,8 @@
  *                SA_SIGINFO | SA_RESETHAND handler that prints the signal
  *                and its disposition as seen inside, and returns), `dfl`,
  *                `ign`
+ *   sigwait      block SIGTERM, print "waiting", take it with sigwait, print
+ *                what it got (the program's own handling: no handler runs)
  *   waitsig      print "waiting", wait for a signal (SIGTERM blocked before
  *                the line, sigsuspend), print "woke"
  * Prints one line per operation and exits 0, or 1 with a line when an
@@ -233,6 +235,16 @@ int main(int argc, char **argv)
             if (sigaction(SIGTERM, &sa, &old) != 0)
                 return fail("sigaction");
             printf("set %s, was %s\n", how, kind(old.sa_handler));
+        } else if (!strcmp(op, "sigwait")) {
+            sigset_t term;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            sigprocmask(SIG_BLOCK, &term, NULL);
+            printf("waiting\n");
+            int got = 0;
+            if (sigwait(&term, &got) != 0)
+                return fail("sigwait");
+            printf("sigwait got %d\n", got);
         } else if (!strcmp(op, "waitsig")) {
             /* Blocked before the line, taken in sigsuspend: a signal sent
              * when the line is read is never missed (pause's race). */
