@@ -60,6 +60,10 @@ void shim_tracefile_end_by_signal(int sig);
 /* How many sites the file has (their records written). */
 uint32_t shim_tracefile_sites(void);
 void shim_tracefile_close(void);
+/* The path of the file this process wrote (`%p` expanded, a `.N` suffix
+ * where the path was taken) into path[n] and the events in it; false when
+ * it opened none. */
+bool shim_tracefile_written(char *path, size_t n, uint64_t *events);
 /* fork() child: the parent's file is closed here, never written; with %p
  * in the path the child writes a file of its own (every site and stack
  * again), without it the child records nothing. */

@@ -63,7 +63,7 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     # The same two moments of the trace (after the third steady
     # allocation, after the last churn's free): exact by block.
     sys.path.insert(0, str(ROOT))
-    from spyreshim import trace as tr
+    from spyreshim.reading import trace as tr
     t = tr.load(str(trace))
     ev = [(t.kind[i], t.size[i]) for i in range(len(t))]
     at1 = [i for i, e in enumerate(ev) if e == (tr.ALLOC, 1000)][2] + 1

@@ -29,6 +29,7 @@ import os
 import struct
 from array import array
 
+from . import elfsyms
 from . import report as rpt
 from . import tracecodec
 
@@ -169,18 +170,21 @@ class Trace(object):
         return None, None
 
     def native_frame(self, a):
+        """Report frame of return address `a`: the process's own names (its
+        symbol record), else, for a frame it did not name, the function of
+        the object's symbol tables (.symtab, .dynsym) that holds it, read
+        from the file the module map names (elfsyms.py)."""
         s = self.symbols.get(a)
+        path, off = self._module(a)
         if s:
             fn, file, line, obj = s
-            base = None
-            if obj:
-                base = self._module(a)[1]
+            if not fn:
+                fn = elfsyms.function_at(path, off)
             return {"kind": "native", "function": fn or None, "file": file or None,
                     "line": line or None, "object": obj or None, "address": "0x%x" % a,
-                    "offset": "0x%x" % base if base is not None else None}
-        obj, off = self._module(a)
-        return {"kind": "native", "function": None, "file": None, "line": None,
-                "object": obj, "address": "0x%x" % a,
+                    "offset": "0x%x" % off if obj and off is not None else None}
+        return {"kind": "native", "function": elfsyms.function_at(path, off), "file": None,
+                "line": None, "object": path, "address": "0x%x" % a,
                 "offset": "0x%x" % off if off is not None else None}
 
     def frames(self, site):
@@ -204,14 +208,10 @@ class Trace(object):
         return out
 
     def site_label(self, site):
-        """One line naming a site: its innermost frame that has a name."""
-        fr = self.frames(site)
-        if not fr:
-            return "[no stack recorded]"
-        for f in fr:
-            if f["function"]:
-                return rpt.frame_label(f)
-        return rpt.frame_label(fr[0])
+        """One line naming a site: its innermost frame in the user's own code
+        (report.label_of; the views use callorder.label, which also
+        knows the call order)."""
+        return rpt.label_of(self.frames(site)) or "[no stack recorded]"
 
     def device_name(self, d):
         return self.devices.get(d, "device %d" % d)

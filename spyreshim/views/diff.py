@@ -14,9 +14,9 @@ flame graph page (flamegraph.page). Frames of a trace are in call order
 
 import json
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 JSON_FORMAT = "spyreshim-diff"
 

@@ -13,9 +13,9 @@ names the runtime. The moment: the peak (default), the end, or `--at T`.
 
 import gzip
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 
 def _varint(v):
@@ -136,7 +136,7 @@ def moment(t, at):
         return p.index, "the peak (%s after event %d)" % (rpt.format_size(p.bytes), p.index + 1)
     if at == "end":
         return len(t) - 1, "the end of the trace"   # a counting pass when streaming
-    from . import diff
+    from ..views import diff
     i = diff.at_index(t, at)
     return i, "event %d" % (i + 1)
 
