@@ -483,6 +483,46 @@ def test_a_program_that_takes_sigterm_by_sigwait_gets_it_as_bare(tmp_path, build
     assert allocs(t) == 10 and t.ended and t.signal is None
 
 
+def test_a_fork_child_ended_by_sigterm_ends_as_bare_with_its_own_trace_flushed(tmp_path,
+                                                                               builddir):
+    # The child inherits the handler and the program's disposition; with
+    # %p it records its own file: SIGTERM to the child flushes the child's
+    # 20 allocations (before its first flush), and it ends by SIGTERM as
+    # bare, its parent seeing signal 15.
+    out = {}
+    for name in ("bare", "shim"):
+        d = tmp_path / name
+        d.mkdir()
+        env = dict(os.environ, SIMDEV_MEMORY="64M")
+        if name == "shim":
+            env.update(LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_TRACE=str(d / "t.%p.trace"))
+        p = subprocess.Popen([str(program(builddir)), "a:3:4096", "fork", "a:20:4096", "query",
+                              "waitsig"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        lines, child = [], None
+        try:
+            for line in p.stdout:
+                if line.startswith("forked "):
+                    child = int(line.split()[1])
+                    line = "forked CHILD\n"
+                lines.append(line)
+                if line == "waiting\n":
+                    os.kill(child, signal.SIGTERM)
+            _, err = p.communicate(timeout=pythons.HANG_S)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        out[name] = (p.returncode, "".join(sorted(lines)), err, child)
+    assert out["bare"][:2] == (0, "".join(sorted([
+        "allocated 3, 3 kept\n", "forked CHILD\n", "allocated 20, 23 kept\n",
+        "query: SIGTERM SIG_DFL flags 0 mask 0 restorer none\n", "waiting\n",
+        "child ended by signal 15\n"]))), out["bare"]
+    assert out["shim"][:3] == out["bare"][:2] + ("",), out["shim"]
+    t = tr.load(str(tmp_path / "shim" / ("t.%d.trace" % out["shim"][3])))
+    assert allocs(t) == 20 and (t.ended, t.signal) == (False, signal.SIGTERM)
+
+
 # ------------------------------------------------- two runs, one trace path
 
 def test_two_runs_started_together_on_one_trace_path_each_get_a_file(tmp_path, builddir):

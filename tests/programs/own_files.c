@@ -28,6 +28,9 @@
  *                `ign`
  *   sigwait      block SIGTERM, print "waiting", take it with sigwait, print
  *                what it got (the program's own handling: no handler runs)
+ *   fork         fork: the child goes on with the operations after this one;
+ *                the parent prints "forked PID", waits for it, prints how
+ *                it ended and exits 0
  *   waitsig      print "waiting", wait for a signal (SIGTERM blocked before
  *                the line, sigsuspend), print "woke"
  * Prints one line per operation and exits 0, or 1 with a line when an
@@ -41,6 +44,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "simdev.h"
@@ -235,6 +239,21 @@ int main(int argc, char **argv)
             if (sigaction(SIGTERM, &sa, &old) != 0)
                 return fail("sigaction");
             printf("set %s, was %s\n", how, kind(old.sa_handler));
+        } else if (!strcmp(op, "fork")) {
+            pid_t pid = fork();
+            if (pid < 0)
+                return fail("fork");
+            if (pid == 0)
+                continue;
+            printf("forked %d\n", (int)pid);
+            int st;
+            if (waitpid(pid, &st, 0) != pid)
+                return fail("waitpid");
+            if (WIFSIGNALED(st))
+                printf("child ended by signal %d\n", WTERMSIG(st));
+            else
+                printf("child exited %d\n", WEXITSTATUS(st));
+            return 0;
         } else if (!strcmp(op, "sigwait")) {
             sigset_t term;
             sigemptyset(&term);
