@@ -523,6 +523,19 @@ def test_a_fork_child_ended_by_sigterm_ends_as_bare_with_its_own_trace_flushed(t
     assert allocs(t) == 20 and (t.ended, t.signal) == (False, signal.SIGTERM)
 
 
+def test_an_exec_d_image_starts_from_sig_dfl_and_sigterm_ends_it_as_bare(tmp_path, builddir):
+    # A handler set, then exec: the kernel puts SIG_DFL back for the new
+    # image, which sees SIG_DFL both ways; SIGTERM ends it by SIGTERM, its
+    # 5 allocations flushed.
+    ops = ["term:exit7", "exec", "query", "a:5:4096", "waitsig"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (-signal.SIGTERM, "set exit7, was SIG_DFL\nquery: SIGTERM SIG_DFL flags 0 "
+                        "mask 0 restorer none\nallocated 5, 5 kept\nwaiting\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 5 and t.signal == signal.SIGTERM
+
+
 # ------------------------------------------------- two runs, one trace path
 
 def test_two_runs_started_together_on_one_trace_path_each_get_a_file(tmp_path, builddir):
