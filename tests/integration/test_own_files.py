@@ -536,6 +536,18 @@ def test_an_exec_d_image_starts_from_sig_dfl_and_sigterm_ends_it_as_bare(tmp_pat
     assert allocs(t) == 5 and t.signal == signal.SIGTERM
 
 
+def test_sigterm_taken_by_another_thread_ends_the_process_as_bare(tmp_path, builddir):
+    # The main thread blocks SIGTERM; a second thread takes it: the
+    # shim's handler runs there, flushes, and the default action ends the
+    # process (signal 15 both ways) with its 30 allocations in the trace.
+    ops = ["a:30:4096", "threadwait"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (-signal.SIGTERM, "allocated 30, 30 kept\nwaiting\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 30 and t.signal == signal.SIGTERM
+
+
 # ------------------------------------------------- two runs, one trace path
 
 def test_two_runs_started_together_on_one_trace_path_each_get_a_file(tmp_path, builddir):

@@ -31,11 +31,14 @@
  *   fork         fork: the child goes on with the operations after this one;
  *                the parent prints "forked PID", waits for it, prints how
  *                it ended and exits 0
+ *   threadwait   SIGTERM blocked in this thread; another thread prints
+ *                "waiting" and waits for it (sigsuspend); this one joins it
  *   waitsig      print "waiting", wait for a signal (SIGTERM blocked before
  *                the line, sigsuspend), print "woke"
  * Prints one line per operation and exits 0, or 1 with a line when an
  * operation fails. */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -78,6 +81,19 @@ static void on_term_once(int sig, siginfo_t *si, void *uc)
     snprintf(line, sizeof line, "once: signal %d, si_signo %d\n", sig, si->si_signo);
     say(line);
     query("inside");
+}
+
+/* threadwait's thread: SIGTERM is delivered here, the only thread that
+ * does not block it. */
+static void *wait_thread(void *arg)
+{
+    (void)arg;
+    sigset_t none;
+    sigemptyset(&none);
+    printf("waiting\n");
+    sigsuspend(&none);
+    printf("woke\n");
+    return NULL;
 }
 
 static const char *kind(void (*h)(int))
@@ -254,6 +270,15 @@ int main(int argc, char **argv)
             else
                 printf("child exited %d\n", WEXITSTATUS(st));
             return 0;
+        } else if (!strcmp(op, "threadwait")) {
+            sigset_t term;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            pthread_sigmask(SIG_BLOCK, &term, NULL);
+            pthread_t t;
+            if (pthread_create(&t, NULL, wait_thread, NULL) != 0)
+                return fail("pthread_create");
+            pthread_join(t, NULL);
         } else if (!strcmp(op, "sigwait")) {
             sigset_t term;
             sigemptyset(&term);
