@@ -383,6 +383,14 @@ def cmd_run(args):
         raise UsageError("run: cannot run %s: %s" % (cmd[0], e.strerror or e), status)
 
 
+def _signal_name(n):
+    import signal
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return "signal %d" % n
+
+
 def cmd_trace_report(args):
     from ..reading import trace as tr
     from ..views import tracepeak
@@ -392,10 +400,14 @@ def cmd_trace_report(args):
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
+    elif t.signal is not None:
+        sys.stderr.write("%s report: %s ends where its process was ended by signal %d (%s); "
+                         "reading what was flushed then\n"
+                         % (PROG, args.files[0], t.signal, _signal_name(t.signal)))
     elif t.ended is False:
         sys.stderr.write("%s report: %s ends before its process's exit (killed, _exit, exec, "
-                         "or recording stopped); reading what was flushed, without the names "
-                         "written at exit\n" % (PROG, args.files[0]))
+                         "or recording stopped); reading what was flushed, with the names "
+                         "written by its last flush\n" % (PROG, args.files[0]))
     if args.pprof:
         from ..exports import pprof
         if len(args.at or ()) > 1:
