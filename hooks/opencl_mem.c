@@ -230,10 +230,10 @@ EXPORT cl_mem clCreateImage3D(cl_context ctx, cl_mem_flags flags,
                        errcode_ret);
 }
 
-/* A pipe's packets are charged (the runtime's header is its own), before
- * the runtime is asked, unless the arguments are ones it may refuse
- * (flags other than CL_MEM_READ_WRITE and CL_MEM_HOST_NO_ACCESS,
- * properties, no packets): then after, as a buffer's (create_buffer). */
+/* A pipe's packets are charged (the runtime's header is its own) after
+ * the runtime made it (charged_after), as an image's: a runtime may have
+ * no pipes at all (PoCL answers CL_INVALID_OPERATION to every pipe), and
+ * its own refusal is the program's answer, not the limit's. */
 EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_size,
                                    cl_uint max_packets, const cl_pipe_properties *props,
                                    cl_int *errcode_ret)
@@ -244,18 +244,10 @@ EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_si
         return NULL;
     }
     size_t bytes = (size_t)packet_size * max_packets; /* 32 x 32 bits: no overflow */
-    if (!bytes || props || (flags & ~(cl_mem_flags)(CL_MEM_READ_WRITE | CL_MEM_HOST_NO_ACCESS)))
-        return charged_after(a, ctx,
-                             a->create_pipe(ctx, flags, packet_size, max_packets, props,
-                                            errcode_ret),
-                             bytes, errcode_ret);
-    shim_device *d = shim_cl_device_of(a, ctx);
-    if (d && shim_cl_charge(d, bytes) != CL_SUCCESS) {
-        shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
-        return NULL;
-    }
-    return watched(d, bytes,
-                   a->create_pipe(ctx, flags, packet_size, max_packets, props, errcode_ret));
+    return charged_after(a, ctx,
+                         a->create_pipe(ctx, flags, packet_size, max_packets, props,
+                                        errcode_ret),
+                         bytes, errcode_ret);
 }
 
 EXPORT cl_int clRetainMemObject(cl_mem mem)
