@@ -18,10 +18,10 @@
  * side allocation), so that a free reads one line where a chained table
  * read two dependent ones, the bucket's head and then the record's node
  * (the main cost of a free, bench/opencl_pair.sh, docs/opencl.md's
- * cost), and a record costs no malloc. A removed record leaves a
- * tombstone, or an empty slot when the next one is empty (no probe goes
- * through it); the table is rebuilt, doubled or at its size, once the
- * live and the tombstones fill half of it.
+ * cost), and a record costs no malloc. A removal moves the records after
+ * it in its run back (no tombstones), and the array doubles while the
+ * records fill a third of it: a run is short, and a look-up that finds a
+ * record alone of its pointer stops there.
  *
  * One lock, pt_mu, guards the table and the counters; it is a leaf:
  * nothing is called with it held but malloc-free bookkeeping
@@ -71,7 +71,7 @@ typedef struct pt_maps {
     pt_map v[];
 } pt_maps;
 
-enum { SLOT_EMPTY, SLOT_LIVE, SLOT_TOMB };
+enum { SLOT_EMPTY, SLOT_LIVE };
 
 /* One record: a cache line, the table aligned to lines, so that finding
  * a record and reading what its free needs is one line. `twin`: another
@@ -130,14 +130,16 @@ static inline void pt_unlock(void)
     atomic_store_explicit(&pt_mu, 0, memory_order_release);
 }
 
-/* The slots (pt_mu): 2^table_bits of them; live + tombstones stay under
- * half (rebuild), so that a run of occupied slots is short and a look-up
- * ends at an empty one. */
+/* The slots (pt_mu): 2^table_bits of them, the live records under a
+ * third of them (rebuild), so that a run of occupied slots is short and a
+ * look-up ends at an empty one. */
 static pt_slot first_table[1u << FIRST_BITS];
 static pt_slot *table = first_table;
 static unsigned table_bits = FIRST_BITS;
 static size_t nrecords; /* live records, all families */
-static size_t ntombs;   /* tombstones */
+/* Records removed from the table, ever (pt_mu): a removal moves records
+ * back (vacate), so that a scan in batches (drop_where) starts again. */
+static uint64_t nremovals;
 static shim_pt_counters counters[SHIM_PT_FAMILIES][ORDINALS + 1];
 static bool seen[SHIM_PT_FAMILIES][ORDINALS + 1];
 _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
@@ -246,7 +248,8 @@ __attribute__((always_inline)) static inline pt_slot *find(enum shim_pt_family f
 {
     size_t m = table_mask();
     pt_slot *best = NULL;
-    for (size_t i = home(ptr), k = 0; k <= m; i = (i + 1) & m, k++) {
+    /* Unbounded: insert_slot keeps an empty slot, which ends every run. */
+    for (size_t i = home(ptr);; i = (i + 1) & m) {
         pt_slot *s = &table[i];
         if (s->state == SLOT_EMPTY)
             break;
@@ -260,68 +263,66 @@ __attribute__((always_inline)) static inline pt_slot *find(enum shim_pt_family f
     return best;
 }
 
-/* The slot a new record of `ptr` goes to (the first tombstone or empty
- * one of its run), the live records of the same pointer in the run marked
- * twins, and so is the new one then; NULL when the table is full (a
- * rebuild failed for want of memory). pt_mu held. */
-static pt_slot *insert_slot(enum shim_pt_family f, uintptr_t ptr)
+/* The slot a new record of `ptr` goes to (the empty one that ends its
+ * run), the live records of the same pointer in the run marked twins, and
+ * so is the new one then; NULL when the table is full (a rebuild failed
+ * for want of memory). pt_mu held. */
+__attribute__((always_inline)) static inline pt_slot *insert_slot(enum shim_pt_family f,
+                                                                 uintptr_t ptr)
 {
     size_t m = table_mask();
-    pt_slot *to = NULL;
+    if (nrecords + 2 > m)
+        return NULL; /* the last empty slot ends every look-up */
     bool twin = false;
-    for (size_t i = home(ptr), k = 0; k <= m; i = (i + 1) & m, k++) {
+    size_t i = home(ptr);
+    for (;; i = (i + 1) & m) {
         pt_slot *s = &table[i];
-        if (s->state == SLOT_EMPTY) {
-            if (!to) {
-                if (nrecords + ntombs + 2 > m)
-                    return NULL; /* the last empty slot ends every look-up */
-                to = s;
-            }
+        if (s->state == SLOT_EMPTY)
             break;
-        }
-        if (s->state == SLOT_TOMB) {
-            if (!to)
-                to = s;
-        } else if (s->ptr == ptr && s->family == f) {
+        if (s->ptr == ptr && s->family == f) {
             s->twin = 1;
             twin = true;
         }
     }
-    if (to) {
-        if (to->state == SLOT_TOMB)
-            ntombs--;
-        to->twin = twin;
-    }
-    return to;
+    table[i].twin = twin;
+    return &table[i];
 }
 
-/* A removed record's slot freed: empty when the next slot is (no probe
- * crosses it to reach another record), else a tombstone. pt_mu held. */
-static void vacate(pt_slot *s)
+/* A removed record's slot freed, and the records after it in its run
+ * that it kept from their first slot moved back (linear probing's
+ * deletion without tombstones: a look-up still meets no empty slot
+ * before its record, and none is left for a rebuild to sweep). pt_mu
+ * held. */
+__attribute__((always_inline)) static inline void vacate(pt_slot *s)
 {
     size_t m = table_mask();
-    s->maps = NULL;
-    if (table[((size_t)(s - table) + 1) & m].state == SLOT_EMPTY) {
-        s->state = SLOT_EMPTY;
-    } else {
-        s->state = SLOT_TOMB;
-        ntombs++;
+    size_t i = (size_t)(s - table);
+    nremovals++;
+    for (size_t j = (i + 1) & m;; j = (j + 1) & m) {
+        pt_slot *t = &table[j];
+        if (t->state == SLOT_EMPTY)
+            break;
+        /* t may move to i when its first slot is not in (i, j]. */
+        size_t h = home(t->ptr);
+        if (((j - h) & m) >= ((j - i) & m)) {
+            table[i] = *t;
+            i = j;
+        }
     }
+    table[i].state = SLOT_EMPTY;
+    table[i].maps = NULL;
 }
 
-/* The bits of the array that a table of nrecords live records and ntombs
- * tombstones should be rebuilt to (0: as it is): doubled while the live
- * fill a quarter, else at its size, rid of its tombstones. pt_mu held. */
+/* The bits of the array a table of nrecords live records should be
+ * rebuilt to (0: as it is): doubled when they fill a third of it. pt_mu
+ * held. */
 static unsigned rebuild_bits(void)
 {
     size_t cap = (size_t)1 << table_bits;
-    if ((nrecords + ntombs) * 2 <= cap)
-        return 0;
-    return nrecords * 4 > cap ? table_bits + 1 : table_bits;
+    return nrecords * 3 > cap ? table_bits + 1 : 0;
 }
 
-/* The table rebuilt to 2^bits slots, the live records moved, the
- * tombstones dropped (pt_mu not held: the new array is had before the
+/* The table rebuilt to 2^bits slots, the live records moved (pt_mu not held: the new array is had before the
  * lock, the old one freed after it). Out of memory, or another thread
  * was first: nothing changes. */
 __attribute__((noinline, cold)) static void rebuild(unsigned bits)
@@ -341,7 +342,6 @@ __attribute__((noinline, cold)) static void rebuild(unsigned bits)
         old = table;
         table = fresh;
         table_bits = bits;
-        ntombs = 0;
         size_t m = n - 1;
         for (size_t b = 0; b < nold; b++) {
             if (old[b].state != SLOT_LIVE)
@@ -490,6 +490,7 @@ __attribute__((always_inline)) static inline pt_maps *take(pt_slot *s, bool tell
                                                           shim_pt_record *copy)
 {
     pt_maps *maps = s->maps;
+    s->maps = NULL;
     count_free(s);
     if (tell) {
         to_record(s, copy);
@@ -609,7 +610,7 @@ void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va,
 static size_t drop_where(enum shim_pt_family f, bool (*pick)(pt_slot *s, void *arg), void *arg)
 {
     size_t total = 0, at = 0;
-    const pt_slot *was = NULL;
+    uint64_t removals = 0;
     for (;;) {
         struct {
             shim_pt_record r;
@@ -617,18 +618,27 @@ static size_t drop_where(enum shim_pt_family f, bool (*pick)(pt_slot *s, void *a
         } out[DROP_BATCH];
         size_t k = 0;
         pt_lock();
-        if (table != was) /* rebuilt meanwhile: again from the start (pick is idempotent) */
+        /* Records moved since the last batch (a removal moves records
+         * back, a rebuild all of them): again from the start (pick is
+         * idempotent: what it chose went, what it changed it does not
+         * choose again). */
+        if (nremovals != removals)
             at = 0;
-        was = table;
         size_t n = table_mask() + 1;
-        for (; at < n && k < DROP_BATCH; at++) {
+        while (at < n && k < DROP_BATCH) {
             pt_slot *s = &table[at];
             if (s->state == SLOT_LIVE && s->family == f && pick(s, arg)) {
+                /* A record may move into `at` (vacate): looked at next;
+                 * one from the array's start, before it, may be looked at
+                 * twice. */
                 out[k].maps = take(s, true, &out[k].r);
                 k++;
+            } else {
+                at++;
             }
         }
         bool done = at >= n;
+        removals = nremovals;
         pt_unlock();
         for (size_t i = 0; i < k; i++) {
             record_gone(&out[i].r, out[i].r.seq);

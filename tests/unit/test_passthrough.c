@@ -32,7 +32,7 @@ Test(passthrough, a_free_takes_the_oldest_record_of_its_address)
     cr_assert_eq(c.bytes, 0);
 }
 
-/* The table doubles as records come (passthrough.c's grow): the records
+/* The table doubles as records come (passthrough.c's rebuild): the records
  * of an address keep their order (a free takes the oldest, an unref the
  * newest) across the moves, and four threads adding, retaining and
  * releasing at once while it grows leave nothing counted. */
@@ -107,12 +107,12 @@ Test(passthrough, many_colliding_addresses_are_told_apart)
     enum { N = 300 };
     for (uint64_t i = 1; i <= N; i++)
         shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), i);
-    for (uint64_t i = 1; i <= N; i += 2) /* every other one: tombstones in the run */
+    for (uint64_t i = 1; i <= N; i += 2) /* every other one: the run closes up behind them */
         cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_SVM, colliding(i)), 0);
     for (uint64_t i = 1; i <= N; i++)
         cr_assert_eq(shim_passthrough_contains(SHIM_PT_OPENCL_SVM, colliding(i)), i % 2 == 0,
                      "record %lu", (unsigned long)i);
-    /* Tombstones reused by new colliding records, looked up past them. */
+    /* New colliding records, at the run's end, looked up past the others. */
     for (uint64_t i = 1; i <= N; i += 2)
         shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), i);
     shim_pt_counters c;
@@ -125,17 +125,17 @@ Test(passthrough, many_colliding_addresses_are_told_apart)
     cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_SVM));
 }
 
-/* Records of one address (twins) in a run with others: an unref takes the
- * newest, a free the oldest, however the slots were reused. */
-Test(passthrough, twins_are_taken_by_age_among_tombstones)
+/* Records of one address (twins) in a run with others that go: an unref
+ * takes the newest, a free the oldest, wherever the removals moved them. */
+Test(passthrough, twins_are_taken_by_age_while_their_run_moves)
 {
     uintptr_t p = colliding(7);
     for (uint64_t i = 1; i <= 6; i++)
         shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, colliding(i), 1);
     shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 10);
-    for (uint64_t i = 1; i <= 6; i++) /* tombstones before p's record */
+    for (uint64_t i = 1; i <= 6; i++) /* p's record moves back */
         cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, colliding(i)), 0);
-    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 20); /* in the first tombstone */
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 20);
     shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 30);
     cr_assert(shim_passthrough_retain(SHIM_PT_OPENCL_MEM, p)); /* the newest: 30 */
     cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), 1);
@@ -150,10 +150,9 @@ Test(passthrough, twins_are_taken_by_age_among_tombstones)
     cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), -1);
 }
 
-/* Create and release pairs of distinct addresses leave tombstones: the
- * table is rebuilt at its size (they go) and the records that live all
- * along are still found. */
-Test(passthrough, tombstones_of_many_pairs_do_not_lose_records)
+/* Create and release pairs of many distinct addresses, each removal
+ * moving records back: the records that live all along are still found. */
+Test(passthrough, many_pairs_around_live_records_do_not_lose_them)
 {
     uintptr_t base = 0x7f3000000000;
     for (uintptr_t i = 0; i < 10; i++)
@@ -170,7 +169,7 @@ Test(passthrough, tombstones_of_many_pairs_do_not_lose_records)
 }
 
 /* Four threads each creating and releasing colliding addresses (one run
- * of slots, tombstones reused by the others) while a fifth's records make
+ * of slots, moved back by each other's removals) while a fifth's records make
  * the table grow. */
 static void *collide(void *arg)
 {
