@@ -136,6 +136,9 @@ static inline void pt_unlock(void)
 static pt_slot first_table[1u << FIRST_BITS];
 static pt_slot *table = first_table;
 static unsigned table_bits = FIRST_BITS;
+/* 2^table_bits - 1 and 64 - table_bits, kept: each look-up uses both. */
+static size_t table_mask_v = (1u << FIRST_BITS) - 1;
+static unsigned table_shift = 64 - FIRST_BITS;
 static size_t nrecords; /* live records, all families */
 /* Records removed from the table, ever (pt_mu): a removal moves records
  * back (vacate), so that a scan in batches (drop_where) starts again. */
@@ -214,14 +217,14 @@ int shim_passthrough_reported_device(const shim_pt_record *r)
 
 static size_t table_mask(void)
 {
-    return ((size_t)1 << table_bits) - 1;
+    return table_mask_v;
 }
 
 /* The pointer's first slot: the high bits of a multiplicative hash (the
  * low bits of a pointer are zeros of its alignment). */
 static size_t home(uintptr_t ptr)
 {
-    return (size_t)((uint64_t)ptr * 0x9E3779B97F4A7C15ull >> (64 - table_bits));
+    return (size_t)((uint64_t)ptr * 0x9E3779B97F4A7C15ull >> table_shift);
 }
 
 /* Which of several live records of one pointer a look-up wants. */
@@ -253,7 +256,7 @@ __attribute__((always_inline)) static inline pt_slot *find(enum shim_pt_family f
         pt_slot *s = &table[i];
         if (s->state == SLOT_EMPTY)
             break;
-        if (s->state != SLOT_LIVE || s->ptr != ptr || s->family != f || !fits(s, need))
+        if (s->ptr != ptr || s->family != f || !fits(s, need)) /* live: no other state */
             continue;
         if (!s->twin)
             return s; /* no other record of the pointer lives */
@@ -342,6 +345,8 @@ __attribute__((noinline, cold)) static void rebuild(unsigned bits)
         old = table;
         table = fresh;
         table_bits = bits;
+        table_mask_v = n - 1;
+        table_shift = 64 - bits;
         size_t m = n - 1;
         for (size_t b = 0; b < nold; b++) {
             if (old[b].state != SLOT_LIVE)
