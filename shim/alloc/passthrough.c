@@ -11,33 +11,16 @@
  * a record only remembers the pool it was charged to.
  *
  * Owns the live records (pointer -> size, family, device, stacks,
- * sequence) and the counters per family and device. The records are an
- * open-addressing table: a power-of-two array of slots of one cache line
- * each, found by a multiplicative hash of the pointer and linear probing,
- * each slot the whole record (only a VMM handle's list of mappings is a
- * side allocation), so that a free reads one line where a chained table
- * read two dependent ones, the bucket's head and then the record's node
- * (the main cost of a free, bench/opencl_pair.sh, docs/opencl.md's
- * cost), and a record costs no malloc. A removal moves the records after
- * it in its run back (no tombstones), and the array doubles while the
- * records fill a third of it: a run is short, and a look-up that finds a
- * record alone of its pointer stops there.
- *
- * One lock, pt_mu, guards the table and the counters; it is a leaf:
- * nothing is called with it held but malloc-free bookkeeping
- * (docs/locking.md): the rebuilt array is had before it and the old one
- * freed after it. Stacks are captured before it is taken, on the
- * allocating thread. Each record's add and each free take it once: an
- * OpenCL create and release pair, a hundred nanoseconds in the runtime,
- * pays two round trips, so it is a word taken with one exchange and
- * released with a plain store (a pthread mutex's release is a second
- * locked instruction), waited on by spinning, then yielding: what it
- * guards is a few dozen instructions that never block. (Slots updated by
- * compare-and-swap with no lock were weighed: a create and a release
- * would each still pay a locked instruction, the exchange's cost, for
- * the key, and the counters per family and device, the peak, the
- * sequence and the rebuild would need theirs: no fewer, and a reader
- * racing a rebuild needs an epoch.)
+ * sequence) in a chained hash table, and the counters per family and
+ * device. One lock, pt_mu, guards both; it is a leaf: nothing is called
+ * with it held but malloc-free bookkeeping (docs/locking.md). Stacks are
+ * captured before it is taken, on the allocating thread. Each record's
+ * add and each free take it once: an OpenCL create and release pair, a
+ * hundred nanoseconds in the runtime, pays two round trips, so it is a
+ * word taken with one exchange and released with a plain store (a
+ * pthread mutex's release is a second locked instruction), waited on by
+ * spinning, then yielding: what it guards is a few dozen instructions
+ * that never block (bench/opencl_pair.sh, docs/opencl.md's cost).
  *
  * Never calls the runtime (the hooks do, and record only what it
  * accepted) and never dereferences a recorded pointer. */
@@ -53,8 +36,7 @@
 #include "pool.h"
 #include "pressure.h"
 
-
-#define FIRST_BITS 10 /* 1,024 slots to begin with (static: no malloc at the first record) */
+#define FIRST_BITS 10 /* 1,024 buckets to begin with (static: no malloc at the first record) */
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
 
 /* A mapping of a VMM handle; a handle may be mapped at several addresses
@@ -64,34 +46,22 @@ typedef struct pt_map {
     uint64_t size;
 } pt_map;
 
-/* A VMM record's mappings (malloc'd, freed after pt_mu): n live of cap;
- * the last is the one a leak report names. */
-typedef struct pt_maps {
-    unsigned n, cap;
-    pt_map v[];
-} pt_maps;
+/* malloc'd, not aligned to a cache line (aligned_alloc's split chunks
+ * slowed the runtime's own small allocations more than a line saves):
+ * the fields a free reads (the link, the record's first ones) are 48
+ * bytes, on one line or two. */
+typedef struct node {
+    struct node *next;
+    shim_pt_record r;
+    pt_map *mapv; /* r.maps of them, live (VMM) */
+    unsigned capv;
+} node;
 
-enum { SLOT_EMPTY, SLOT_LIVE };
+static node *node_alloc(void)
+{
+    return malloc(sizeof(node));
+}
 
-/* One record: a cache line, the table aligned to lines, so that finding
- * a record and reading what its free needs is one line. `twin`: another
- * live record of the same pointer and family was seen when it was added
- * or while it lived (a runtime freed and gave the address again before
- * the shim heard of the free): a look-up that finds a record without it
- * stops there; with it, it reads the whole run to pick by sequence. */
-typedef struct pt_slot {
-    uintptr_t ptr;
-    uint64_t size;
-    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
-    uint64_t seq;
-    uint32_t refs; /* the program's references (retain/unref) */
-    int32_t ordinal;
-    int32_t device;
-    uint32_t native_stack, python_stack;
-    uint8_t state, family, twin, released;
-    pt_maps *maps; /* VMM's, or NULL */
-} __attribute__((aligned(64))) pt_slot;
-_Static_assert(sizeof(pt_slot) == 64, "a slot is one cache line");
 /* pt_mu: 0 free, 1 held (see the header comment); counted in the
  * thread's shim locks (mutex.h) as a mutex would be. */
 static _Atomic unsigned pt_mu;
@@ -130,19 +100,20 @@ static inline void pt_unlock(void)
     atomic_store_explicit(&pt_mu, 0, memory_order_release);
 }
 
-/* The slots (pt_mu): 2^table_bits of them, the live records under a
- * third of them (rebuild), so that a run of occupied slots is short and a
- * look-up ends at an empty one. */
-static pt_slot first_table[1u << FIRST_BITS];
-static pt_slot *table = first_table;
+/* The buckets (pt_mu): `nbuckets`, a power of two, doubled (grow) while
+ * the records outnumber half of them, so that a free walks a chain of
+ * about one node whatever the number of live objects (each node a likely
+ * cache miss: a free's main cost, bench/opencl_pair.sh). Never shrunk. */
+static node *first_table[1u << FIRST_BITS];
+static node **table = first_table;
 static unsigned table_bits = FIRST_BITS;
-/* 2^table_bits - 1 and 64 - table_bits, kept: each look-up uses both. */
-static size_t table_mask_v = (1u << FIRST_BITS) - 1;
-static unsigned table_shift = 64 - FIRST_BITS;
-static size_t nrecords; /* live records, all families */
-/* Records removed from the table, ever (pt_mu): a removal moves records
- * back (vacate), so that a scan in batches (drop_where) starts again. */
-static uint64_t nremovals;
+static size_t nrecords; /* records in the table, all families */
+/* Nodes of removed records kept for the next ones (pt_mu): a create and
+ * release pair of OpenCL, a few hundred nanoseconds, would otherwise pay a
+ * malloc and a free. At most SPARE_MAX; the rest are freed. */
+#define SPARE_MAX 1024u
+static node *spare;
+static unsigned nspare;
 static shim_pt_counters counters[SHIM_PT_FAMILIES][ORDINALS + 1];
 static bool seen[SHIM_PT_FAMILIES][ORDINALS + 1];
 _Atomic uint64_t shim_pt_live_count[SHIM_PT_FAMILIES];
@@ -185,6 +156,12 @@ void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released)
     if (fn)
         fn(shim_device_seq_next(), pool, released);
 }
+
+static unsigned bucket(uintptr_t ptr)
+{
+    return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> (64 - table_bits));
+}
+
 /* Written under pt_mu only, read without it: a plain load and store, no
  * locked instruction on the path of every record. */
 static void live_count_add(enum shim_pt_family f, int delta)
@@ -214,147 +191,34 @@ int shim_passthrough_reported_device(const shim_pt_record *r)
     return on_device(r->family) ? r->device : -1;
 }
 
-
-static size_t table_mask(void)
+/* The table doubled to 2^bits buckets, the records moved (pt_mu not
+ * held: the new array is had before the lock, the old one freed after
+ * it). Out of memory, or another thread was first: nothing changes. */
+__attribute__((noinline, cold)) static void grow(unsigned bits)
 {
-    return table_mask_v;
-}
-
-/* The pointer's first slot: the high bits of a multiplicative hash (the
- * low bits of a pointer are zeros of its alignment). */
-static size_t home(uintptr_t ptr)
-{
-    return (size_t)((uint64_t)ptr * 0x9E3779B97F4A7C15ull >> table_shift);
-}
-
-/* Which of several live records of one pointer a look-up wants. */
-enum need { ANY, WITH_REFS, WITH_REFS_OR_MAPS, NOT_RELEASED };
-
-static bool fits(const pt_slot *s, enum need need)
-{
-    switch (need) {
-    case WITH_REFS:
-        return s->refs != 0;
-    case WITH_REFS_OR_MAPS:
-        return s->refs != 0 || (s->maps && s->maps->n);
-    case NOT_RELEASED:
-        return !s->released;
-    default:
-        return true;
-    }
-}
-
-/* The live record of `ptr` and `f` that `need` accepts, the newest (or
- * the oldest) by sequence when there are several; NULL: none. pt_mu held. */
-__attribute__((always_inline)) static inline pt_slot *find(enum shim_pt_family f, uintptr_t ptr,
-                                                          bool oldest, enum need need)
-{
-    size_t m = table_mask();
-    pt_slot *best = NULL;
-    /* Unbounded: insert_slot keeps an empty slot, which ends every run. */
-    for (size_t i = home(ptr);; i = (i + 1) & m) {
-        pt_slot *s = &table[i];
-        if (s->state == SLOT_EMPTY)
-            break;
-        if (s->ptr != ptr || s->family != f || !fits(s, need)) /* live: no other state */
-            continue;
-        if (!s->twin)
-            return s; /* no other record of the pointer lives */
-        if (!best || (oldest ? s->seq < best->seq : s->seq > best->seq))
-            best = s;
-    }
-    return best;
-}
-
-/* The slot a new record of `ptr` goes to (the empty one that ends its
- * run), the live records of the same pointer in the run marked twins, and
- * so is the new one then; NULL when the table is full (a rebuild failed
- * for want of memory). pt_mu held. */
-__attribute__((always_inline)) static inline pt_slot *insert_slot(enum shim_pt_family f,
-                                                                 uintptr_t ptr)
-{
-    size_t m = table_mask();
-    if (nrecords + 2 > m)
-        return NULL; /* the last empty slot ends every look-up */
-    bool twin = false;
-    size_t i = home(ptr);
-    for (;; i = (i + 1) & m) {
-        pt_slot *s = &table[i];
-        if (s->state == SLOT_EMPTY)
-            break;
-        if (s->ptr == ptr && s->family == f) {
-            s->twin = 1;
-            twin = true;
-        }
-    }
-    table[i].twin = twin;
-    return &table[i];
-}
-
-/* A removed record's slot freed, and the records after it in its run
- * that it kept from their first slot moved back (linear probing's
- * deletion without tombstones: a look-up still meets no empty slot
- * before its record, and none is left for a rebuild to sweep). pt_mu
- * held. */
-__attribute__((always_inline)) static inline void vacate(pt_slot *s)
-{
-    size_t m = table_mask();
-    size_t i = (size_t)(s - table);
-    nremovals++;
-    for (size_t j = (i + 1) & m;; j = (j + 1) & m) {
-        pt_slot *t = &table[j];
-        if (t->state == SLOT_EMPTY)
-            break;
-        /* t may move to i when its first slot is not in (i, j]. */
-        size_t h = home(t->ptr);
-        if (((j - h) & m) >= ((j - i) & m)) {
-            table[i] = *t;
-            i = j;
-        }
-    }
-    table[i].state = SLOT_EMPTY;
-    table[i].maps = NULL;
-}
-
-/* The bits of the array a table of nrecords live records should be
- * rebuilt to (0: as it is): doubled when they fill a third of it. pt_mu
- * held. */
-static unsigned rebuild_bits(void)
-{
-    size_t cap = (size_t)1 << table_bits;
-    return nrecords * 3 > cap ? table_bits + 1 : 0;
-}
-
-/* The table rebuilt to 2^bits slots, the live records moved (pt_mu not held: the new array is had before the
- * lock, the old one freed after it). Out of memory, or another thread
- * was first: nothing changes. */
-__attribute__((noinline, cold)) static void rebuild(unsigned bits)
-{
-    if (bits > 40)
+    if (bits > 30)
         return;
-    size_t n = (size_t)1 << bits;
-    pt_slot *fresh = NULL;
-    if (posix_memalign((void **)&fresh, sizeof(pt_slot), n * sizeof *fresh) != 0)
+    node **fresh = calloc((size_t)1 << bits, sizeof *fresh);
+    if (!fresh)
         return;
-    for (size_t i = 0; i < n; i++)
-        fresh[i].state = SLOT_EMPTY;
-    pt_slot *old = NULL;
+    node **old = NULL;
     pt_lock();
-    if (rebuild_bits() == bits) {
-        size_t nold = table_mask() + 1;
+    if (table_bits < bits) {
+        unsigned nold = 1u << table_bits;
         old = table;
         table = fresh;
         table_bits = bits;
-        table_mask_v = n - 1;
-        table_shift = 64 - bits;
-        size_t m = n - 1;
-        for (size_t b = 0; b < nold; b++) {
-            if (old[b].state != SLOT_LIVE)
-                continue;
-            size_t i = home(old[b].ptr);
-            while (table[i].state != SLOT_EMPTY)
-                i = (i + 1) & m;
-            table[i] = old[b];
+        for (unsigned b = 0; b < nold; b++) {
+            /* Kept in their order (oldest last: remove and unref rely on
+             * it): each chain appended at its new buckets' tails. */
+            for (node *x = old[b], *next; x; x = next) {
+                next = x->next;
+                node **at = &table[bucket(x->r.ptr)];
+                while (*at)
+                    at = &(*at)->next;
+                x->next = NULL;
+                *at = x;
+            }
         }
         fresh = NULL;
     }
@@ -370,6 +234,9 @@ __attribute__((always_inline)) static inline void add_record(enum shim_pt_family
                                                             size_t size,
                                                             shim_arena_pool *charged)
 {
+    /* A spare node when there may be one (read without the lock: at worst
+     * a malloc too many, or one more look under it). */
+    node *n = __atomic_load_n(&nspare, __ATOMIC_RELAXED) ? NULL : node_alloc();
     shim_pt_capture_fn cap = atomic_load_explicit(&capture, memory_order_relaxed);
     uint32_t ns = 0, ps = 0;
     if (cap)
@@ -377,6 +244,16 @@ __attribute__((always_inline)) static inline void add_record(enum shim_pt_family
     if (__builtin_expect(!atomic_load_explicit(&used, memory_order_relaxed), 0))
         atomic_store(&used, true);
     pt_lock();
+    if (!n && spare) {
+        n = spare;
+        spare = n->next;
+        __atomic_store_n(&nspare, nspare - 1, __ATOMIC_RELAXED);
+    }
+    if (__builtin_expect(!n, 0)) { /* taken by another thread meanwhile */
+        pt_unlock();
+        n = node_alloc();
+        pt_lock();
+    }
     unsigned sl = slot(ordinal);
     shim_pt_counters *c = &counters[f][sl];
     seen[f][sl] = true;
@@ -385,34 +262,39 @@ __attribute__((always_inline)) static inline void add_record(enum shim_pt_family
     if (c->bytes > c->peak_bytes)
         c->peak_bytes = c->bytes;
     uint64_t seq = shim_device_seq_next();
-    pt_slot *s = insert_slot(f, ptr);
-    if (__builtin_expect(s != NULL, 1)) {
-        /* Without a slot (the table full, its rebuild out of memory) the
-         * bytes are still counted; the free of an unrecorded pointer then
-         * cannot take them off: counted as live until exit, the safe side
-         * for a limit-free family. Field by field: a compound literal is
-         * a zeroing `rep stos` first, whose start costs more than the
-         * stores. */
-        s->ptr = ptr;
-        s->size = size;
-        s->charged = charged;
-        s->seq = seq;
-        s->refs = 1;
-        s->ordinal = ordinal;
-        s->device = device;
-        s->native_stack = ns;
-        s->python_stack = ps;
-        s->state = SLOT_LIVE;
-        s->family = (uint8_t)f;
-        s->released = 0;
-        s->maps = NULL;
+    if (n) {
+        /* Without a node the bytes are still counted; the free of an
+         * unrecorded pointer then cannot take them off: counted as live
+         * until exit, the safe side for a limit-free family. */
+        /* Field by field: a compound literal is a zeroing `rep stos`
+         * first, whose start costs more than the stores. */
+        shim_pt_record *r = &n->r;
+        r->ptr = ptr;
+        r->size = size;
+        r->refs = 1;
+        r->charged = charged;
+        r->family = f;
+        r->ordinal = ordinal;
+        r->seq = seq;
+        r->native_stack = ns;
+        r->python_stack = ps;
+        r->device = device;
+        r->va = 0;
+        r->va_size = 0;
+        r->maps = 0;
+        r->released = false;
+        n->mapv = NULL;
+        n->capv = 0;
+        unsigned b = bucket(ptr);
+        n->next = table[b];
+        table[b] = n;
         live_count_add(f, 1);
         nrecords++;
     }
-    unsigned want = rebuild_bits();
+    unsigned grow_to = nrecords > (1u << table_bits) / 2 ? table_bits + 1 : 0;
     pt_unlock();
-    if (__builtin_expect(want != 0, 0))
-        rebuild(want);
+    if (__builtin_expect(grow_to != 0, 0))
+        grow(grow_to);
     shim_pt_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     if (ev)
         ev(true, f, on_device(f) ? device : -1, seq, ptr, size, ns, ps);
@@ -431,28 +313,6 @@ void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, int device,
         add_record(f, ordinal, device, ptr, size, pool);
 }
 
-/* A slot's record as shim_passthrough_live copies it. */
-static void to_record(const pt_slot *s, shim_pt_record *r)
-{
-    const pt_maps *m = s->maps;
-    *r = (shim_pt_record){
-        .ptr = s->ptr,
-        .size = s->size,
-        .refs = s->refs,
-        .charged = s->charged,
-        .family = (enum shim_pt_family)s->family,
-        .ordinal = s->ordinal,
-        .seq = s->seq,
-        .native_stack = s->native_stack,
-        .python_stack = s->python_stack,
-        .device = s->device,
-        .va = m && m->n ? m->v[m->n - 1].va : 0,
-        .va_size = m && m->n ? m->v[m->n - 1].size : 0,
-        .maps = m ? m->n : 0,
-        .released = s->released,
-    };
-}
-
 /* A record gone from the table (pt_mu not held; its counters and charge
  * were settled under it, count_free): the trace told. */
 static void record_gone(const shim_pt_record *r, uint64_t seq)
@@ -463,69 +323,95 @@ static void record_gone(const shim_pt_record *r, uint64_t seq)
            r->native_stack, r->python_stack);
 }
 
-/* Takes `s` out of the counters and gives its charge back; pt_mu held
+/* A node and its list of mappings freed (pt_mu not held); NULL: nothing. */
+static void node_free(node *n)
+{
+    if (n) {
+        free(n->mapv);
+        free(n);
+    }
+}
+
+/* The same for a node unlinked from the table, which is freed. */
+static void gone_record(node *gone, uint64_t seq)
+{
+    record_gone(&gone->r, seq);
+    node_free(gone);
+}
+
+/* `n`, unlinked, kept as a spare or freed; pt_mu held. Its record is
+ * copied out first by the caller. */
+static node *keep_spare(node *n)
+{
+    /* mapv is on the node's last line: looked at only for the family
+     * that has mappings (a free of another touches the first line only). */
+    if (nspare >= SPARE_MAX || (n->r.family == SHIM_PT_VMM && n->mapv))
+        return n; /* the caller frees it (node_free) after the lock */
+    n->next = spare;
+    spare = n;
+    __atomic_store_n(&nspare, nspare + 1, __ATOMIC_RELAXED);
+    return NULL;
+}
+
+/* Takes `n` out of the counters and gives its charge back; pt_mu held
  * (the pool is atomics, a leaf; the bytes freed are counted after the
  * give, so that whoever sees them freed finds them in the pool). */
-__attribute__((always_inline)) static inline void count_free(const pt_slot *s)
+__attribute__((always_inline)) static inline void count_free(const node *n)
 {
-    shim_pt_counters *c = &counters[s->family][slot(s->ordinal)];
+    shim_pt_counters *c = &counters[n->r.family][slot(n->r.ordinal)];
     c->frees++;
-    c->bytes -= s->size;
-    live_count_add((enum shim_pt_family)s->family, -1);
+    c->bytes -= n->r.size;
+    live_count_add(n->r.family, -1);
     nrecords--;
-    if (s->charged) {
-        shim_pool_give(s->charged, s->size);
+    if (n->r.charged) {
+        shim_pool_give(n->r.charged, n->r.size);
         uint64_t v =
-            atomic_load_explicit(&shim_pressure_watched_freed, memory_order_relaxed) + s->size;
+            atomic_load_explicit(&shim_pressure_watched_freed, memory_order_relaxed) + n->r.size;
         atomic_store_explicit(&shim_pressure_watched_freed, v, memory_order_relaxed);
     }
 }
 
-/* What the trace needs of a record removed under pt_mu, copied there
- * only while a trace is on (its slot may be reused at once). */
+/* What the trace needs of a record unlinked under pt_mu, copied there
+ * only while a trace is on (a node kept as a spare is reused at once). */
 static bool traced(void)
 {
     return atomic_load_explicit(&event_hook, memory_order_relaxed) != NULL;
-}
-
-/* A record removed (pt_mu held): counted freed, copied to *copy with a
- * free's sequence number when `tell`, its slot vacated. Returns its list
- * of mappings, to be freed after the lock. */
-__attribute__((always_inline)) static inline pt_maps *take(pt_slot *s, bool tell,
-                                                          shim_pt_record *copy)
-{
-    pt_maps *maps = s->maps;
-    s->maps = NULL;
-    count_free(s);
-    if (tell) {
-        to_record(s, copy);
-        copy->seq = shim_device_seq_next();
-    }
-    vacate(s);
-    return maps;
 }
 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
+    node *gone = NULL, *extra = NULL;
     shim_pt_record copy;
-    pt_maps *maps = NULL;
+    uint64_t seq = 0;
     bool tell = traced();
     pt_lock();
-    /* The oldest record of ptr: the free is told after the driver's, and
-     * by then another thread may have been given the same address again
-     * and recorded it (a stream-ordered pool reuses a block at once); the
-     * record that goes is the one the free ended. */
-    pt_slot *s = find(f, ptr, true, ANY);
-    if (s)
-        maps = take(s, tell, &copy);
+    /* The oldest record of ptr (records go in at the head): the free is
+     * told after the driver's, and by then another thread may have been
+     * given the same address again and recorded it (a stream-ordered pool
+     * reuses a block at once); the record that goes is the one the free
+     * ended. */
+    node **at = NULL;
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next)
+        if ((*p)->r.ptr == ptr && (*p)->r.family == f)
+            at = p;
+    if (at) {
+        gone = *at;
+        *at = gone->next;
+        count_free(gone);
+        if (tell) {
+            seq = shim_device_seq_next();
+            copy = gone->r;
+        }
+        extra = keep_spare(gone);
+    }
     pt_unlock();
-    if (!s)
+    if (!gone)
         return false;
-    free(maps);
+    node_free(extra);
     if (tell)
-        record_gone(&copy, copy.seq);
+        record_gone(&copy, seq);
     return true;
 }
 
@@ -533,125 +419,130 @@ bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
+    bool found = false;
     pt_lock();
-    pt_slot *s = find(f, ptr, false, ANY);
-    if (s)
-        s->refs++;
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f) {
+            p->r.refs++;
+            found = true;
+        }
     pt_unlock();
-    return s != NULL;
+    return found;
 }
 
 long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return -1;
+    node *gone = NULL, *extra = NULL;
     shim_pt_record copy;
-    pt_maps *maps = NULL;
+    uint64_t seq = 0;
     long left = -1;
     bool tell = traced();
     pt_lock();
-    /* The newest record of ptr: the program holds that one; an older one
-     * is an object whose last release the shim did not see (a leak, as
-     * far as it knows). */
-    pt_slot *s = find(f, ptr, false, ANY);
-    if (s) {
-        left = (long)--s->refs;
-        if (left == 0)
-            maps = take(s, tell, &copy);
+    /* The newest record of ptr (records go in at the head): the program
+     * holds that one; an older one is an object whose last release the
+     * shim did not see (a leak, as far as it knows). */
+    for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
+        node *x = *p;
+        if (x->r.ptr != ptr || x->r.family != f)
+            continue;
+        left = (long)--x->r.refs;
+        if (left == 0) {
+            gone = x;
+            *p = x->next;
+            count_free(x);
+            if (tell) {
+                seq = shim_device_seq_next();
+                copy = x->r;
+            }
+            extra = keep_spare(x);
+        }
+        break;
     }
     pt_unlock();
-    if (left == 0) {
-        if (__builtin_expect(maps != NULL, 0))
-            free(maps);
+    if (gone) {
+        if (__builtin_expect(extra != NULL, 0))
+            node_free(extra);
         if (tell)
-            record_gone(&copy, copy.seq);
+            record_gone(&copy, seq);
     }
     return left;
 }
 
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
-    /* VMM's only. */
+    /* VMM's only (keep_spare looks for a list of mappings there alone). */
     if (f != SHIM_PT_VMM || !shim_passthrough_any(f))
         return;
     /* The record's list grows outside pt_mu (a leaf: no allocation under
      * it): look, grow, look again. */
-    pt_maps *spare = NULL;
+    pt_map *spare = NULL;
+    unsigned spare_cap = 0;
     for (;;) {
+        node *p = NULL;
         pt_lock();
-        pt_slot *s = find(f, ptr, false, NOT_RELEASED);
-        pt_maps *m = s ? s->maps : NULL;
-        unsigned n = m ? m->n : 0, cap = m ? m->cap : 0;
-        if (s && n == cap && spare && spare->cap > n) {
-            for (unsigned i = 0; i < n; i++)
-                spare->v[i] = m->v[i];
-            spare->n = n;
-            s->maps = spare;
-            spare = m;
-            m = s->maps;
-            cap = m->cap;
+        for (p = table[bucket(ptr)]; p; p = p->next)
+            if (p->r.ptr == ptr && p->r.family == f && !p->r.released)
+                break;
+        if (p && p->r.maps == p->capv && spare_cap > p->r.maps) {
+            for (unsigned i = 0; i < p->r.maps; i++)
+                spare[i] = p->mapv[i];
+            pt_map *old = p->mapv;
+            p->mapv = spare;
+            p->capv = spare_cap;
+            spare = old;
         }
-        bool room = s && n < cap;
-        if (room)
-            m->v[m->n++] = (pt_map){va, size};
-        unsigned want = s && !room ? 2 * cap + 2 : 0;
+        bool room = p && p->r.maps < p->capv;
+        if (room) {
+            p->mapv[p->r.maps++] = (pt_map){va, size};
+            p->r.va = va;
+            p->r.va_size = size;
+        }
+        unsigned want = p && !room ? 2 * p->capv + 2 : 0;
         pt_unlock();
         if (!want)
             break;
         free(spare);
-        spare = malloc(sizeof *spare + want * sizeof(pt_map));
+        spare = malloc(want * sizeof *spare);
+        spare_cap = spare ? want : 0;
         if (!spare)
             break; /* out of host memory: the mapping is not recorded */
-        spare->cap = want;
-        spare->n = 0;
     }
     free(spare);
 }
 
-/* Removes every record of `f` that `pick` chooses, a batch at a time
- * (their copies on the stack: nothing is allocated under pt_mu), each
- * told to the trace as freed after the lock. Returns how many went. */
-#define DROP_BATCH 64
-static size_t drop_where(enum shim_pt_family f, bool (*pick)(pt_slot *s, void *arg), void *arg)
+/* Unlinks every record of `f` that `pick` chooses into a list (the node's
+ * next), with its counters taken off and a free's sequence number in its
+ * seq; pt_mu held. */
+static node *unlink_where(enum shim_pt_family f, bool (*pick)(node *x, void *arg),
+                          void *arg, size_t *n)
 {
-    size_t total = 0, at = 0;
-    uint64_t removals = 0;
-    for (;;) {
-        struct {
-            shim_pt_record r;
-            pt_maps *maps;
-        } out[DROP_BATCH];
-        size_t k = 0;
-        pt_lock();
-        /* Records moved since the last batch (a removal moves records
-         * back, a rebuild all of them): again from the start (pick is
-         * idempotent: what it chose went, what it changed it does not
-         * choose again). */
-        if (nremovals != removals)
-            at = 0;
-        size_t n = table_mask() + 1;
-        while (at < n && k < DROP_BATCH) {
-            pt_slot *s = &table[at];
-            if (s->state == SLOT_LIVE && s->family == f && pick(s, arg)) {
-                /* A record may move into `at` (vacate): looked at next;
-                 * one from the array's start, before it, may be looked at
-                 * twice. */
-                out[k].maps = take(s, true, &out[k].r);
-                k++;
+    node *out = NULL;
+    for (unsigned b = 0; b < (1u << table_bits); b++) {
+        for (node **p = &table[b]; *p;) {
+            node *x = *p;
+            if (x->r.family == f && pick(x, arg)) {
+                *p = x->next;
+                count_free(x);
+                x->r.seq = shim_device_seq_next();
+                x->next = out;
+                out = x;
+                (*n)++;
             } else {
-                at++;
+                p = &x->next;
             }
         }
-        bool done = at >= n;
-        removals = nremovals;
-        pt_unlock();
-        for (size_t i = 0; i < k; i++) {
-            record_gone(&out[i].r, out[i].r.seq);
-            free(out[i].maps);
-        }
-        total += k;
-        if (done)
-            return total;
+    }
+    return out;
+}
+
+static void gone_list(node *list)
+{
+    while (list) {
+        node *x = list;
+        list = x->next;
+        gone_record(x, x->r.seq);
     }
 }
 
@@ -663,24 +554,24 @@ struct range {
 /* Every mapping of the record starting in the range goes (the driver
  * unmaps whole mappings); the record too once released and unmapped
  * everywhere. */
-static bool unmapped_in(pt_slot *s, void *arg)
+static bool unmapped_in(node *x, void *arg)
 {
     const struct range *g = arg;
-    pt_maps *m = s->maps;
-    if (!m)
-        return false;
+    shim_pt_record *r = &x->r;
     unsigned kept = 0;
     bool hit = false;
-    for (unsigned i = 0; i < m->n; i++) {
-        if (m->v[i].va >= g->va && m->v[i].va - g->va < g->size)
+    for (unsigned i = 0; i < r->maps; i++) {
+        if (x->mapv[i].va >= g->va && x->mapv[i].va - g->va < g->size)
             hit = true;
         else
-            m->v[kept++] = m->v[i];
+            x->mapv[kept++] = x->mapv[i];
     }
     if (!hit)
         return false;
-    m->n = kept;
-    return s->released && kept == 0;
+    r->maps = kept;
+    r->va = kept ? x->mapv[kept - 1].va : 0;
+    r->va_size = kept ? x->mapv[kept - 1].size : 0;
+    return r->released && r->maps == 0;
 }
 
 size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t size)
@@ -688,32 +579,28 @@ size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t siz
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return 0;
     struct range g = {va, size};
-    return drop_where(f, unmapped_in, &g);
+    size_t n = 0;
+    pt_lock();
+    node *dead = unlink_where(f, unmapped_in, &g, &n);
+    pt_unlock();
+    gone_list(dead);
+    return n;
 }
 
 bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
-    shim_pt_record copy;
-    pt_maps *maps = NULL;
-    bool gone = false, tell = traced();
+    bool kept = false, found = false;
     pt_lock();
-    pt_slot *s = find(f, ptr, false, WITH_REFS);
-    if (s) {
-        s->released = --s->refs == 0;
-        if (s->released && !(s->maps && s->maps->n)) {
-            maps = take(s, tell, &copy);
-            gone = true;
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && p->r.refs) {
+            found = true;
+            p->r.released = --p->r.refs == 0;
+            kept = !p->r.released || p->r.maps;
         }
-    }
     pt_unlock();
-    if (gone) {
-        free(maps);
-        if (tell)
-            record_gone(&copy, copy.seq);
-    }
-    return s != NULL;
+    return found && (kept || shim_passthrough_remove(f, ptr));
 }
 
 void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr)
@@ -721,32 +608,40 @@ void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr)
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return;
     pt_lock();
-    pt_slot *s = find(f, ptr, false, WITH_REFS_OR_MAPS);
-    if (s) {
-        s->refs++;
-        s->released = false;
-    }
+    for (node *p = table[bucket(ptr)]; p; p = p->next)
+        if (p->r.ptr == ptr && p->r.family == f && (p->r.refs || p->r.maps)) {
+            p->r.refs++;
+            p->r.released = false;
+            break;
+        }
     pt_unlock();
 }
 
-static bool charged_to(pt_slot *s, void *pool)
+static bool charged_to(node *x, void *pool)
 {
-    return s->charged == pool;
+    return x->r.charged == pool;
 }
 
 size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !pool || !shim_passthrough_any(f))
         return 0;
-    return drop_where(f, charged_to, pool);
+    size_t n = 0;
+    pt_lock();
+    node *dropped = unlink_where(f, charged_to, pool, &n);
+    pt_unlock();
+    gone_list(dropped);
+    return n;
 }
 
 bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
+    bool found = false;
     pt_lock();
-    bool found = find(f, ptr, false, ANY) != NULL;
+    for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
+        found = p->r.ptr == ptr && p->r.family == f;
     pt_unlock();
     return found;
 }
@@ -806,9 +701,10 @@ shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n)
     }
     size_t k = 0;
     pt_lock();
-    for (size_t i = 0, m = table_mask(); i <= m && k < cap; i++)
-        if (table[i].state == SLOT_LIVE && table[i].seq > since)
-            to_record(&table[i], &out[k++]);
+    for (unsigned b = 0; b < (1u << table_bits) && k < cap; b++)
+        for (node *p = table[b]; p && k < cap; p = p->next)
+            if (p->r.seq > since)
+                out[k++] = p->r;
     pt_unlock();
     *n = k;
     if (k == 0) {

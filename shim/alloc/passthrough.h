@@ -142,8 +142,9 @@ void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordi
                                       const shim_pt_counters *c),
                            void *arg);
 
-/* A live record, as copied by shim_passthrough_live (the table keeps
- * each in a slot of one cache line, passthrough.c). */
+/* A live record, as copied by shim_passthrough_live. The fields a free
+ * reads come first: with the table's link they share one cache line of
+ * the record's node (passthrough.c), the one miss of a free. */
 typedef struct shim_pt_record {
     uintptr_t ptr;
     uint64_t size;

@@ -32,7 +32,7 @@ Test(passthrough, a_free_takes_the_oldest_record_of_its_address)
     cr_assert_eq(c.bytes, 0);
 }
 
-/* The table doubles as records come (passthrough.c's rebuild): the records
+/* The table doubles as records come (passthrough.c's grow): the records
  * of an address keep their order (a free takes the oldest, an unref the
  * newest) across the moves, and four threads adding, retaining and
  * releasing at once while it grows leave nothing counted. */
@@ -90,9 +90,11 @@ Test(passthrough, four_threads_while_the_table_grows_leave_nothing_counted)
     cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_MEM));
 }
 
-/* Keys the table's multiplicative hash sends to one slot whatever its
- * size: i times the inverse of its multiplier (mod 2^64) hashes to i,
- * whose high bits are zeros. */
+/* Keys a multiplicative hash (x * 0x9E3779B97F4A7C15, its high bits)
+ * sends to one place whatever the table's size: i times the inverse of
+ * the multiplier (mod 2^64) hashes to i, whose high bits are zeros (an
+ * open-addressing table's worst case, tried on this branch's history;
+ * the chained table hashes ptr >> 4: then spread, still told apart). */
 static uintptr_t colliding(uint64_t i)
 {
     const uint64_t k = 0x9E3779B97F4A7C15ull;
@@ -107,12 +109,12 @@ Test(passthrough, many_colliding_addresses_are_told_apart)
     enum { N = 300 };
     for (uint64_t i = 1; i <= N; i++)
         shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), i);
-    for (uint64_t i = 1; i <= N; i += 2) /* every other one: the run closes up behind them */
+    for (uint64_t i = 1; i <= N; i += 2) /* every other one, in the middle of the others */
         cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_SVM, colliding(i)), 0);
     for (uint64_t i = 1; i <= N; i++)
         cr_assert_eq(shim_passthrough_contains(SHIM_PT_OPENCL_SVM, colliding(i)), i % 2 == 0,
                      "record %lu", (unsigned long)i);
-    /* New colliding records, at the run's end, looked up past the others. */
+    /* New colliding records, looked up among the others. */
     for (uint64_t i = 1; i <= N; i += 2)
         shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), i);
     shim_pt_counters c;
@@ -125,15 +127,15 @@ Test(passthrough, many_colliding_addresses_are_told_apart)
     cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_SVM));
 }
 
-/* Records of one address (twins) in a run with others that go: an unref
- * takes the newest, a free the oldest, wherever the removals moved them. */
-Test(passthrough, twins_are_taken_by_age_while_their_run_moves)
+/* Records of one address (twins) among others that go: an unref takes
+ * the newest, a free the oldest, wherever the removals left them. */
+Test(passthrough, twins_are_taken_by_age_while_others_go)
 {
     uintptr_t p = colliding(7);
     for (uint64_t i = 1; i <= 6; i++)
         shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, colliding(i), 1);
     shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 10);
-    for (uint64_t i = 1; i <= 6; i++) /* p's record moves back */
+    for (uint64_t i = 1; i <= 6; i++)
         cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, colliding(i)), 0);
     shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 20);
     shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 30);
@@ -150,8 +152,8 @@ Test(passthrough, twins_are_taken_by_age_while_their_run_moves)
     cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), -1);
 }
 
-/* Create and release pairs of many distinct addresses, each removal
- * moving records back: the records that live all along are still found. */
+/* Create and release pairs of many distinct addresses around records
+ * that live all along: those are still found. */
 Test(passthrough, many_pairs_around_live_records_do_not_lose_them)
 {
     uintptr_t base = 0x7f3000000000;
@@ -168,9 +170,8 @@ Test(passthrough, many_pairs_around_live_records_do_not_lose_them)
     cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_MEM));
 }
 
-/* Four threads each creating and releasing colliding addresses (one run
- * of slots, moved back by each other's removals) while a fifth's records make
- * the table grow. */
+/* Four threads each creating and releasing colliding addresses while a
+ * fifth's records make the table grow. */
 static void *collide(void *arg)
 {
     long t = (long)arg, bad = 0;
