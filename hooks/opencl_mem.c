@@ -1,8 +1,9 @@
 /* OpenCL's memory objects (docs/opencl.md, "What is watched"): every
  * buffer, sub-buffer, image and pipe is the runtime's own, made by the
  * runtime's call with the program's arguments, and watched: charged to
- * its device's SPYRESHIM_LIMIT before the runtime makes it (images:
- * right after, once the runtime says their size), recorded
+ * its device's SPYRESHIM_LIMIT before the runtime makes it (images and
+ * pipes: right after, once the runtime made them, so that its own
+ * refusal wins: PoCL has no pipes), recorded
  * (shim/alloc/passthrough.c, family "opencl": statistics, leak reports
  * with their stacks, traces on the device opencl:N), and uncharged at the
  * program's last release: the program's references are counted at
