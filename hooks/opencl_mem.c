@@ -1,8 +1,9 @@
 /* OpenCL's memory objects (docs/opencl.md, "What is watched"): every
  * buffer, sub-buffer, image and pipe is the runtime's own, made by the
  * runtime's call with the program's arguments, and watched: charged to
- * its device's SPYRESHIM_LIMIT before the runtime makes it (images:
- * right after, once the runtime says their size), recorded
+ * its device's SPYRESHIM_LIMIT before the runtime makes it (images and
+ * pipes: right after, once the runtime made them, so that its own
+ * refusal wins: PoCL has no pipes), recorded
  * (shim/alloc/passthrough.c, family "opencl": statistics, leak reports
  * with their stacks, traces on the device opencl:N), and uncharged at the
  * program's last release: the program's references are counted at
@@ -230,10 +231,10 @@ EXPORT cl_mem clCreateImage3D(cl_context ctx, cl_mem_flags flags,
                        errcode_ret);
 }
 
-/* A pipe's packets are charged (the runtime's header is its own), before
- * the runtime is asked, unless the arguments are ones it may refuse
- * (flags other than CL_MEM_READ_WRITE and CL_MEM_HOST_NO_ACCESS,
- * properties, no packets): then after, as a buffer's (create_buffer). */
+/* A pipe's packets are charged (the runtime's header is its own) after
+ * the runtime made it (charged_after), as an image's: a runtime may have
+ * no pipes at all (PoCL answers CL_INVALID_OPERATION to every pipe), and
+ * its own refusal is the program's answer, not the limit's. */
 EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_size,
                                    cl_uint max_packets, const cl_pipe_properties *props,
                                    cl_int *errcode_ret)
@@ -244,18 +245,10 @@ EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_si
         return NULL;
     }
     size_t bytes = (size_t)packet_size * max_packets; /* 32 x 32 bits: no overflow */
-    if (!bytes || props || (flags & ~(cl_mem_flags)(CL_MEM_READ_WRITE | CL_MEM_HOST_NO_ACCESS)))
-        return charged_after(a, ctx,
-                             a->create_pipe(ctx, flags, packet_size, max_packets, props,
-                                            errcode_ret),
-                             bytes, errcode_ret);
-    shim_device *d = shim_cl_device_of(a, ctx);
-    if (d && shim_cl_charge(d, bytes) != CL_SUCCESS) {
-        shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
-        return NULL;
-    }
-    return watched(d, bytes,
-                   a->create_pipe(ctx, flags, packet_size, max_packets, props, errcode_ret));
+    return charged_after(a, ctx,
+                         a->create_pipe(ctx, flags, packet_size, max_packets, props,
+                                        errcode_ret),
+                         bytes, errcode_ret);
 }
 
 EXPORT cl_int clRetainMemObject(cl_mem mem)

@@ -340,6 +340,27 @@ def test_arguments_the_runtime_refuses_get_its_error_under_a_limit(program, buil
     assert not [p for p in s["passthrough"] if p["family"] == "opencl" and p["allocs"]], s
 
 
+def test_a_valid_pipe_over_the_limit_gets_the_runtimes_answer(program, builddir, tmp_path):
+    """A valid pipe of 128 MiB under a 64 MiB limit: the runtime is asked
+    first, so a runtime without pipes (PoCL: CL_INVALID_OPERATION, -59)
+    answers as without the shim (the shim that charged first answered
+    CL_MEM_OBJECT_ALLOCATION_FAILURE, -4) and nothing is charged or
+    recorded; a runtime that makes it sees it refused by the limit (-4)."""
+    argv = [built(builddir, "opencl_same"), "pipe"]
+    bare = pythons.run(argv, env=base_env())
+    r = pythons.run(argv, env=shim_env(tmp_path, SPYRESHIM_LIMIT="64M"))
+    assert r.returncode == bare.returncode == 0, bare.describe() + r.describe()
+    if "(made)" in bare.stdout:
+        assert "pipe valid: -4\n" in r.stdout, r.stdout
+    else:
+        assert r.stdout == bare.stdout, bare.describe() + r.describe()
+        # Nothing made, nothing recorded (no statistics at all: the shim
+        # wrote none for a run it saw allocate nothing).
+        if (tmp_path / "stats.json").exists():
+            s = stats(tmp_path)
+            assert not [p for p in s["passthrough"] if p["family"] == "opencl" and p["allocs"]], s
+
+
 def test_svm_freed_by_the_queue_is_uncharged(program, builddir, tmp_path):
     """120 x 1 MiB clSVMAlloc under a 64 MiB limit, each given back with
     clEnqueueSVMFree: none refused, nothing reported leaked, the same

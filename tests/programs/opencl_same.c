@@ -41,6 +41,9 @@
  *            without its flag and the flag without one, a size above the
  *            device's), each of 128 MiB where a size is asked: under
  *            SPYRESHIM_LIMIT=64M the answers are still the runtime's
+ * pipe       a valid pipe of 128 MiB (read-write, 1 KiB packets): the
+ *            runtime's answer (PoCL has no pipes: CL_INVALID_OPERATION,
+ *            under a 64 MiB limit too, the runtime asked first)
  *
  * Exit status: the number of checks that could not run (checks.h). */
 #define CL_TARGET_OPENCL_VERSION 300
@@ -584,6 +587,18 @@ static void check_badargs(void)
     printf("badargs ok\n");
 }
 
+static void check_pipe(void)
+{
+    cl_context c = new_context();
+    CHECK(c, "no context");
+    cl_int err = 1;
+    cl_mem p = clCreatePipe(c, CL_MEM_READ_WRITE, 1024, 128 * 1024, NULL, &err);
+    printf("pipe valid: %d%s\n", err, p ? " (made)" : "");
+    if (p)
+        clReleaseMemObject(p);
+    clReleaseContext(c);
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -593,6 +608,7 @@ int main(int argc, char **argv)
         {"image1d", check_image1d}, {"release", check_release}, {"contexts", check_contexts},
         {"svmfree", check_svmfree}, {"threads", check_threads},   {"retained", check_retained},
         {"refused", check_refused}, {"migrate", check_migrate},   {"badargs", check_badargs},
+        {"pipe", check_pipe},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }

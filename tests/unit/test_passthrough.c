@@ -89,3 +89,125 @@ Test(passthrough, four_threads_while_the_table_grows_leave_nothing_counted)
     cr_assert_eq(c.peak_bytes >= 4000 * 256, 1);
     cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_MEM));
 }
+
+/* Keys a multiplicative hash (x * 0x9E3779B97F4A7C15, its high bits)
+ * sends to one place whatever the table's size: i times the inverse of
+ * the multiplier (mod 2^64) hashes to i, whose high bits are zeros (an
+ * open-addressing table's worst case, tried on this branch's history;
+ * the chained table hashes ptr >> 4: then spread, still told apart). */
+static uintptr_t colliding(uint64_t i)
+{
+    const uint64_t k = 0x9E3779B97F4A7C15ull;
+    uint64_t inv = k; /* Newton's iteration: each step doubles the good bits */
+    for (int s = 0; s < 6; s++)
+        inv *= 2 - k * inv;
+    return (uintptr_t)(i * inv);
+}
+
+Test(passthrough, many_colliding_addresses_are_told_apart)
+{
+    enum { N = 300 };
+    for (uint64_t i = 1; i <= N; i++)
+        shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), i);
+    for (uint64_t i = 1; i <= N; i += 2) /* every other one, in the middle of the others */
+        cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_SVM, colliding(i)), 0);
+    for (uint64_t i = 1; i <= N; i++)
+        cr_assert_eq(shim_passthrough_contains(SHIM_PT_OPENCL_SVM, colliding(i)), i % 2 == 0,
+                     "record %lu", (unsigned long)i);
+    /* New colliding records, looked up among the others. */
+    for (uint64_t i = 1; i <= N; i += 2)
+        shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), i);
+    shim_pt_counters c;
+    shim_passthrough_totals(SHIM_PT_OPENCL_SVM, &c);
+    cr_assert_eq(c.bytes, (uint64_t)N * (N + 1) / 2);
+    for (uint64_t i = N; i >= 1; i--)
+        cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_SVM, colliding(i)), 0);
+    shim_passthrough_totals(SHIM_PT_OPENCL_SVM, &c);
+    cr_assert_eq(c.bytes, 0);
+    cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_SVM));
+}
+
+/* Records of one address (twins) among others that go: an unref takes
+ * the newest, a free the oldest, wherever the removals left them. */
+Test(passthrough, twins_are_taken_by_age_while_others_go)
+{
+    uintptr_t p = colliding(7);
+    for (uint64_t i = 1; i <= 6; i++)
+        shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, colliding(i), 1);
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 10);
+    for (uint64_t i = 1; i <= 6; i++)
+        cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, colliding(i)), 0);
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 20);
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 30);
+    cr_assert(shim_passthrough_retain(SHIM_PT_OPENCL_MEM, p)); /* the newest: 30 */
+    cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), 1);
+    cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), 0);
+    cr_assert(shim_passthrough_remove(SHIM_PT_OPENCL_MEM, p)); /* the oldest: 10 */
+    size_t n = 0;
+    shim_pt_record *live = shim_passthrough_live(0, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(live[0].size, 20);
+    free(live);
+    cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), 0);
+    cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), -1);
+}
+
+/* Create and release pairs of many distinct addresses around records
+ * that live all along: those are still found. */
+Test(passthrough, many_pairs_around_live_records_do_not_lose_them)
+{
+    uintptr_t base = 0x7f3000000000;
+    for (uintptr_t i = 0; i < 10; i++)
+        shim_passthrough_add(SHIM_PT_MANAGED, 0, base + i * 4096, 4096);
+    for (uintptr_t i = 0; i < 200000; i++) {
+        uintptr_t q = 0x7f4000000000 + i * 64;
+        shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, q, 64);
+        cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, q), 0);
+    }
+    for (uintptr_t i = 0; i < 10; i++)
+        cr_assert(shim_passthrough_remove(SHIM_PT_MANAGED, base + i * 4096));
+    cr_assert_not(shim_passthrough_any(SHIM_PT_MANAGED));
+    cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_MEM));
+}
+
+/* Four threads each creating and releasing colliding addresses while a
+ * fifth's records make the table grow. */
+static void *collide(void *arg)
+{
+    long t = (long)arg, bad = 0;
+    for (uint64_t round = 0; round < 2000; round++) {
+        uint64_t i = 1000 + (uint64_t)t * 16 + round % 16;
+        shim_passthrough_add(SHIM_PT_OPENCL_SVM, 0, colliding(i), 8);
+        if (shim_passthrough_unref(SHIM_PT_OPENCL_SVM, colliding(i)) != 0)
+            bad++;
+    }
+    return (void *)bad;
+}
+
+static void *grower(void *arg)
+{
+    (void)arg;
+    for (uintptr_t i = 0; i < 20000; i++)
+        shim_passthrough_add(SHIM_PT_HOST_PINNED, -1, 0x7f5000000000 + i * 64, 64);
+    return NULL;
+}
+
+Test(passthrough, colliding_threads_while_the_table_grows)
+{
+    pthread_t t[5];
+    for (long i = 0; i < 4; i++)
+        cr_assert_eq(pthread_create(&t[i], NULL, collide, (void *)i), 0);
+    cr_assert_eq(pthread_create(&t[4], NULL, grower, NULL), 0);
+    for (int i = 0; i < 5; i++) {
+        void *bad;
+        pthread_join(t[i], &bad);
+        cr_assert_eq((long)bad, 0, "thread %d: a release found no record", i);
+    }
+    shim_pt_counters c;
+    shim_passthrough_totals(SHIM_PT_OPENCL_SVM, &c);
+    cr_assert_eq(c.allocs, 8000);
+    cr_assert_eq(c.frees, 8000);
+    cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_SVM));
+    for (uintptr_t i = 0; i < 20000; i++)
+        cr_assert(shim_passthrough_remove(SHIM_PT_HOST_PINNED, 0x7f5000000000 + i * 64));
+}
