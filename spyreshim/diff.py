@@ -113,8 +113,8 @@ def text(r, title):
         out.append("")
         out.append(rpt.group_text(g, leaks=False).replace("Live:", "Grew by", 1))
     out.append("")
-    out.append("SUMMARY: spyreshim: %d byte(s) grew in %d allocation(s) at %d site(s)." % (
-        r["reported_bytes"], r["reported_allocations"], len(r["groups"])))
+    out.append("SUMMARY: spyreshim: %s grew in %d allocation(s) at %d site(s)." % (
+        rpt.format_size(r["reported_bytes"]), r["reported_allocations"], len(r["groups"])))
     return "\n".join(out) + "\n"
 
 

@@ -250,8 +250,8 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
         x = n.x0 * WIDTH
         bw = frac * WIDTH
         y = height - 1 - (n.depth + 1) * ROW
-        tip = "%s\n%d bytes (%s, %.1f%%) in %s" % (
-            n.tip, n.bytes, rpt.format_size(n.bytes), 100.0 * frac,
+        tip = "%s\n%s, %.1f%% in %s" % (
+            n.tip, rpt.format_size(n.bytes), 100.0 * frac,
             rpt._plural(n.count, "allocation"))
         if n.pids and len(reports) > 1:
             tip += "; pid%s %s" % ("" if len(n.pids) == 1 else "s",
@@ -273,8 +273,8 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
       "<th>allocations</th><th>runtime</th>%s<th>stack (innermost first)</th></tr></thead>\n<tbody>\n"
       % ("<th>pids</th>" if len(reports) > 1 else ""))
     for i, g in enumerate(shown):
-        w("<tr><td class=\"n\">%d</td><td class=\"n\">%d<br>%s</td><td class=\"n\">%d</td><td>%s%s</td>" % (
-            i + 1, g["bytes"], _esc(rpt.format_size(g["bytes"])), g["count"], _esc(g["runtime"]),
+        w("<tr><td class=\"n\">%d</td><td class=\"n\">%s</td><td class=\"n\">%d</td><td>%s%s</td>" % (
+            i + 1, _esc(rpt.format_size(g["bytes"])), g["count"], _esc(g["runtime"]),
             " (suppressed)" if g["suppressed"] else ""))
         if len(reports) > 1:
             w("<td>%s</td>" % _esc(", ".join(str(p) for p in g.get("pids", []))))

@@ -257,10 +257,10 @@ def _verdict(snap, spec, item):
 
 
 def _head(item, nbytes, count, limit, per_location=False):
-    return "spyreshim: %s left %d bytes (%s) of device memory in %d allocation%s after " \
-           "garbage collection (%s %d bytes)" % (
-               item.nodeid, nbytes, rpt.format_size(nbytes), count, "" if count == 1 else "s",
-               "limit per location" if per_location else "limit", limit)
+    return "spyreshim: %s left %s of device memory in %d allocation%s after " \
+           "garbage collection (%s %s)" % (
+               item.nodeid, rpt.format_size(nbytes), count, "" if count == 1 else "s",
+               "limit per location" if per_location else "limit", rpt.format_size(limit))
 
 
 def _groups_text(head, groups, test_file):
@@ -274,8 +274,8 @@ def _groups_text(head, groups, test_file):
     if len(groups) > GROUPS_SHOWN:
         rest = groups[GROUPS_SHOWN:]
         lines.append("")
-        lines.append("... and %d more group(s): %d byte(s) in %d allocation(s)" % (
-            len(rest), sum(g["bytes"] for g in rest), sum(g["count"] for g in rest)))
+        lines.append("... and %d more group(s): %s in %d allocation(s)" % (
+            len(rest), rpt.format_size(sum(g["bytes"] for g in rest)), sum(g["count"] for g in rest)))
     if groups and not any(g["frames"] for g in groups):
         lines.append("(no stacks recorded: run with --leak-check / SPYRESHIM_LEAK_CHECK=1)")
     return "\n".join(lines) + "\n"
@@ -305,9 +305,10 @@ def pytest_runtest_call(item):
         # use at its start.
         peak = max(0, spyreshim.stats()["peak_used_bytes"] - in_use)
         if peak >= memory:
-            texts.append("spyreshim: %s used a device peak of %d bytes (%s) above the %d in use "
-                         "at its start (limit %d bytes)\n" % (
-                             item.nodeid, peak, rpt.format_size(peak), in_use, memory))
+            texts.append("spyreshim: %s used a device peak of %s above the %s in use "
+                         "at its start (limit %s)\n" % (
+                             item.nodeid, rpt.format_size(peak), rpt.format_size(in_use),
+                             rpt.format_size(memory)))
     if spec is not None:
         spyreshim.collect(c.gc_rounds)
         snap = spyreshim.snapshot(since=mark)

@@ -232,9 +232,9 @@ def stats_text(t, top=5):
     w.append("Total allocations:\n\t%d" % st.nalloc)
     w.append("Total frees:\n\t%d" % st.nfree)
     w.append("Total memory allocated:\n\t%s" % rpt.format_size(st.total))
-    w.append("Peak memory usage (all devices):\n\t%s (%d bytes)" % (rpt.format_size(p.bytes), p.bytes))
+    w.append("Peak memory usage (all devices):\n\t%s" % rpt.format_size(p.bytes))
     for d, (b, _i) in sorted(p.per_device.items()):
-        w.append("\tpeak of %s: %s (%d bytes)" % (t.device_name(d), rpt.format_size(b), b))
+        w.append("\tpeak of %s: %s" % (t.device_name(d), rpt.format_size(b)))
     if st.nevents:
         w.append("Duration:\n\t%.3f s" % (st.tmax / 1e9))
     w.append("Histogram of allocation size:")

@@ -37,6 +37,7 @@
 #include "spyreshim.h"
 #include "stack.h"
 #include "suppress.h"
+#include "units.h"
 
 /* SPYRESHIM_STACK_DEPTH unset: native frames recorded per allocation, and
  * the same number of Python frames. A framework's allocation is deep: a
@@ -296,11 +297,12 @@ static void print_teardown_blocks(void)
     size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++)
         shim_device_add_stats(shim_device_at(i), &st);
+    char sz[SHIM_SIZE_TEXT];
     if (st.context_teardown_blocks)
         dprintf(STDERR_FILENO,
-                "spyreshim: %" PRIu64 " block(s), %" PRIu64 " byte(s), were freed by their "
+                "spyreshim: %" PRIu64 " block(s), %s, were freed by their "
                 "context's teardown (not leaks)\n",
-                st.context_teardown_blocks, st.context_teardown_bytes);
+                st.context_teardown_blocks, shim_size_text(sz, st.context_teardown_bytes));
 }
 
 /* Groups of the held-until-exit section printed when they do not decide

@@ -51,15 +51,15 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     p = cli("--diff", a, b)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("Grew by") == 1, p.stdout
-    assert "Grew by 20480 byte(s) (20.0 KiB) in 5 allocation(s)" in p.stdout
+    assert "Grew by 20480 B (20.0 KiB) in 5 allocation(s)" in p.stdout
     lines = p.stdout.splitlines()
     i = next(k for k, ln in enumerate(lines) if ln.startswith("Grew by"))
     assert "Tensor_new" in lines[i + 1] and "in leaky " in lines[i + 2], lines[i:i + 4]
     assert "steady" not in p.stdout and "churn" not in p.stdout
-    assert "SUMMARY: spyreshim: 20480 byte(s) grew in 5 allocation(s) at 1 site(s)." in p.stdout
+    assert "SUMMARY: spyreshim: 20480 B (20.0 KiB) grew in 5 allocation(s) at 1 site(s)." in p.stdout
     # Reversed: nothing grew from B to A.
     p = cli("--diff", b, a)
-    assert "Grew by" not in p.stdout and "0 byte(s) grew" in p.stdout
+    assert "Grew by" not in p.stdout and "0 B grew" in p.stdout
     # The same two moments of the trace (after the third steady
     # allocation, after the last churn's free): exact by block.
     sys.path.insert(0, str(ROOT))
@@ -71,7 +71,7 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     from_trace = cli("--diff", "--at", at1, "--at", at2, trace)
     assert from_trace.returncode == 0, from_trace.stderr
     out = from_trace.stdout
-    assert "Grew by 20480 byte(s) (20.0 KiB) in 5 allocation(s)" in out, out
+    assert "Grew by 20480 B (20.0 KiB) in 5 allocation(s)" in out, out
     assert out.count("Grew by") == 1 and "steady" not in out and "churn" not in out, out
     js, page = tmp_path / "d.json", tmp_path / "d.html"
     p = cli("--diff", a, b, "--json", js, "--html", page)

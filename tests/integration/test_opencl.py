@@ -188,9 +188,9 @@ def test_a_leaked_buffer_is_reported_at_its_line(program, tmp_path):
     assert "leak ok" in r.stdout, r.describe()
     assert r.returncode != 0, "leaks fail the process by default"
     err = r.stderr
-    assert "Leak of 1048576 byte(s) in 1 allocation(s) of opencl:0 memory" in err, err
+    assert "Leak of 1048576 B (1.0 MiB) in 1 allocation(s) of opencl:0 memory" in err, err
     assert " in leak_one_buffer" in err and "opencl_cache.c:" in err, err
-    assert "SUMMARY: spyreshim: 1048576 byte(s) leaked in 1 allocation(s)." in err
+    assert "SUMMARY: spyreshim: 1048576 B (1.0 MiB) leaked in 1 allocation(s)." in err
     data = json.loads(report.read_text())
     (g,) = data["groups"]
     assert g["runtime"].startswith("opencl"), g
@@ -385,7 +385,7 @@ def test_a_leaked_pyopencl_buffer_is_reported_with_its_python_stack(pyopencl, tm
                     # never released: held by Python until exit, a leak under "held"
                     env=shim_env(tmp_path, SPYRESHIM_LEAK_CHECK="held", SPYRESHIM_REPORT=report))
     assert "leak made" in r.stdout and r.returncode != 0, r.describe()
-    assert "Leak of 1048576 byte(s) in 1 allocation(s) of opencl:0 memory" in r.stderr, r.stderr
+    assert "Leak of 1048576 B (1.0 MiB) in 1 allocation(s) of opencl:0 memory" in r.stderr, r.stderr
     assert "in make_leak " in r.stderr and "opencl_leak.py:" in r.stderr, r.stderr
     (g,) = json.loads(report.read_text())["groups"]
     assert g["runtime"] == "opencl:0", g

@@ -264,7 +264,7 @@ def test_cross_rank_report(shim, tmp_path):
                        capture_output=True, text=True, timeout=pythons.HANG_S)
     assert d.returncode == 0, d
     assert "at rank 0's peak beyond rank 1's" in d.stdout, d.stdout
-    assert "Grew by 50331648 byte(s) (48.0 MiB) in 24 allocation(s)" in d.stdout, d.stdout
+    assert "Grew by 50331648 B (48.0 MiB) in 24 allocation(s)" in d.stdout, d.stdout
     assert "in step %s:9 [python]" % (tmp_path / "cycles.py") in d.stdout, d.stdout
 
 

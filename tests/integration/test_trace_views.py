@@ -101,9 +101,9 @@ def test_the_peak_view_holds_the_allocation_that_made_the_peak(tmp_path):
         assert (d, TWO_DEVICES[i][2]) in live
     text = tracepeak.peak_text(t)
     assert "== peak of all devices: 400 B after event 5 ==" in text
-    assert "SUMMARY: spyreshim: 400 byte(s) live in 3 allocation(s)." in text
+    assert "SUMMARY: spyreshim: 400 B live in 3 allocation(s)." in text
     assert "== peak of simdev: 150 B after event 3 ==" in text
-    assert "SUMMARY: spyreshim: 150 byte(s) live in 2 allocation(s)." in text
+    assert "SUMMARY: spyreshim: 150 B live in 2 allocation(s)." in text
     assert "== peak of cuda:0: 300 B after event 5 ==" in text
 
 
