@@ -24,6 +24,12 @@ class ReportError(Exception):
     """A report file that cannot be read or does not follow the format."""
 
 
+# What `spyreshim report` reads, said when a file is neither.
+EXPECTED = ("expected a leak report or snapshot (JSON with \"format\": \"%s\", written by "
+            "--report, SPYRESHIM_REPORT or spyreshim snapshot) or a trace (written by --trace; "
+            "it begins with SPYTRACE)" % FORMAT)
+
+
 # ---------------------------------------------------------------- validation
 
 _INT_MAX = (1 << 64) - 1   # what the shim writes (uint64_t); 10**400 is not a count
@@ -134,7 +140,8 @@ LAUNCH_NUMBERS = ("rank", "local_rank", "world_size", "restart")
 def parse(data, name="<report>"):
     """Validates one decoded report object; returns a normalized copy."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ReportError("%s: not a spyreshim report (no \"format\": \"%s\")" % (name, FORMAT))
+        raise ReportError("%s: not a spyreshim report (no \"format\": \"%s\"): %s" % (
+            name, FORMAT, EXPECTED))
     version = data.get("version")
     if not _is_int(version) or version < 1:
         raise ReportError("%s: missing or invalid \"version\"" % name)
@@ -214,10 +221,10 @@ def _read_report_bytes(path):
             if len(head) < _HEAD_BYTES:
                 return head
             raise ReportError("%s: not a spyreshim report (only white space in its first %d "
-                              "bytes)" % (path, _HEAD_BYTES))
+                              "bytes): %s" % (path, _HEAD_BYTES, EXPECTED))
         if body[:1] not in (b"{", b"["):
-            raise ReportError("%s: not a spyreshim report (it begins with %s; a report is a "
-                              "JSON object)" % (path, repr(body[:8])))
+            raise ReportError("%s: not a spyreshim report (it begins with %s): %s" % (
+                path, repr(body[:8]), EXPECTED))
         return head + f.read()
 
 
@@ -342,9 +349,10 @@ def _plural(n, word):
     return "%d %s%s" % (n, word, "" if n == 1 else "s")
 
 
-def _leaks(merged):
+def leaks(merged):
     """At exit what is live is a leak; on OOM or in a snapshot it is not."""
     return all(r["reason"] == "exit" for r in merged["reports"])
+
 
 
 def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
@@ -433,12 +441,12 @@ def collections_text(r, top=0, show_pid=False, native_frames="folded"):
 def text(merged, top=0, show_suppressed=False, native_frames="folded"):
     """The shim's text report (LeakSanitizer's layout) of a merged view."""
     reports = merged["reports"]
-    leaks = _leaks(merged)
+    is_leak = leaks(merged)
     groups = [g for g in merged["groups"] if show_suppressed or not g["suppressed"]]
     live = [g for g in groups if not g["suppressed"]]
-    if leaks and live:
+    if is_leak and live:
         headline = "ERROR: spyreshim: detected device memory leaks"
-    elif leaks:
+    elif is_leak:
         headline = "spyreshim: no device memory leaks"
     else:
         reasons = sorted(set(REASONS.get(r["reason"], "(%s)" % r["reason"]) for r in reports))
@@ -454,7 +462,7 @@ def text(merged, top=0, show_suppressed=False, native_frames="folded"):
     shown = groups[:top] if top and top > 0 else groups
     for g in shown:
         out.append("")
-        out.append(group_text(g, leaks=leaks, show_pids=len(reports) > 1,
+        out.append(group_text(g, leaks=is_leak, show_pids=len(reports) > 1,
                               native_frames=native_frames))
     rest = groups[len(shown):]
     if rest:
@@ -472,5 +480,5 @@ def text(merged, top=0, show_suppressed=False, native_frames="folded"):
                                         native_frames=native_frames))
     out.append("")
     out.append("SUMMARY: spyreshim: %s %s in %d allocation(s)." % (
-        format_size(merged["reported_bytes"]), "leaked" if leaks else "live", merged["reported_allocations"]))
+        format_size(merged["reported_bytes"]), "leaked" if is_leak else "live", merged["reported_allocations"]))
     return "\n".join(out) + "\n"

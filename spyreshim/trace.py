@@ -50,9 +50,10 @@ META = struct.Struct("<II")
 
 ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
 SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
+SHUTDOWN = 10    # the interpreter began to shut down (report --diff's last moment: diff.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
               PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
-              SEGMENT_FREE: "segment free", 9: "pool trim"}
+              SEGMENT_FREE: "segment free", 9: "pool trim", SHUTDOWN: "shutdown"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
@@ -1152,3 +1153,26 @@ def _replay(lives, b, lo, hi):
 def live_at(t, index, device=None):
     """What was live just after event `index`: {(dev, addr): (size, site, index)}."""
     return live_sets(t, [(index, device)])[0]
+
+
+def times_at(t, indices):
+    """{index: ns since the trace began} of the events at those indices
+    (an index below 0, before the first event: 0). One pass, stopped at
+    the last index wanted."""
+    want = sorted(set(i for i in indices if i >= 0))
+    out = {i: 0 for i in indices if i < 0}
+    w = 0
+    if want:
+        for b in t.batches():
+            n = len(b)
+            while w < len(want) and want[w] < b.start + n:
+                out[want[w]] = b.time[want[w] - b.start]
+                w += 1
+            if w == len(want):
+                break
+    return out
+
+
+def seconds(ns):
+    """A moment of a trace as the views' titles give it: '1.234567 s'."""
+    return "%.6f s" % (ns / 1e9)

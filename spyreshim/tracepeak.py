@@ -23,10 +23,14 @@ def peak_reports(t):
     wants += [(i, d) for d, (_b, i) in per]
     lives = tr.live_sets(t, wants)
     out = []
-    out.append(("peak of all devices: %s after event %d" % (rpt.format_size(p.bytes), p.index + 1),
+    # Titles give the moment's time, not its event number.
+    tm = tr.times_at(t, [i for i, _d in wants])
+    out.append(("peak of all devices: %s at %s" % (rpt.format_size(p.bytes),
+                                                    tr.seconds(tm.get(p.index, 0))),
                 callorder.live_report(t, lives[0], "peak")))
     for (d, (b, i)), live in zip(per, lives[1:]):
-        out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
+        out.append(("peak of %s: %s at %s" % (t.device_name(d), rpt.format_size(b),
+                                              tr.seconds(tm[i])),
                     callorder.live_report(t, live, "peak")))
     return p, out
 

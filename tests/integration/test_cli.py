@@ -83,7 +83,7 @@ def test_report_show_suppressed_lists_them_marked():
 
 
 def _groups(text):
-    return re.findall(r"^(?:Leak of|Live:) (\d+) byte\(s\) \(.*\) in (\d+) allocation\(s\) "
+    return re.findall(r"^(?:Leak of|Live:) (\d+) B(?: \(.*\))? in (\d+) allocation\(s\) "
                       r"of (\w+) memory(.*)$", text, re.M)
 
 
@@ -526,7 +526,7 @@ def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
     h = cli("report", "--html", tmp_path / "r.html", files[0])
     assert h.returncode == 0, h.stderr
     page = (tmp_path / "r.html").read_text()
-    assert "3145728 bytes" in page and "simdevmodule.c" in page
+    assert "3145728 B (3.0 MiB)" in page and "simdevmodule.c" in page
 
 
 def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):

@@ -100,11 +100,13 @@ def test_the_peak_view_holds_the_allocation_that_made_the_peak(tmp_path):
         assert sum(sz for sz, _s, _i in live.values()) == b, (d, live)
         assert (d, TWO_DEVICES[i][2]) in live
     text = tracepeak.peak_text(t)
-    assert "== peak of all devices: 400 B after event 5 ==" in text
+    # Titles give the moment's time (event i at (i + 1) us), not its number.
+    assert "after event" not in text
+    assert "== peak of all devices: 400 B at 0.000005 s ==" in text
     assert "SUMMARY: spyreshim: 400 B live in 3 allocation(s)." in text
-    assert "== peak of simdev: 150 B after event 3 ==" in text
+    assert "== peak of simdev: 150 B at 0.000003 s ==" in text
     assert "SUMMARY: spyreshim: 150 B live in 2 allocation(s)." in text
-    assert "== peak of cuda:0: 300 B after event 5 ==" in text
+    assert "== peak of cuda:0: 300 B at 0.000005 s ==" in text
 
 
 def test_memory_viz_frames_are_innermost_first(tmp_path):
@@ -125,7 +127,7 @@ def test_timeline_page_is_self_contained_with_the_exact_peak(synth):
     p = parse(text)
     assert not re.search(r"(src|href)=\"https?:", text)
     peak = tr.peaks(synth)
-    assert "peak %s (%d bytes)" % (tracepeak.rpt.format_size(peak.bytes), peak.bytes) in text
+    assert "peak %s at" % tracepeak.rpt.format_size(peak.bytes) in text
     layers = [a for tag, a in p.tags if tag == "polygon" and a.get("class") == "layer"]
     assert len(layers) == 5                      # 4 sites + other
     # Markers: one path per kind (issue 24 item 8), a stroke per distinct
