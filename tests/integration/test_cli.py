@@ -669,3 +669,31 @@ def test_report_decides_from_the_first_bytes_in_bounded_memory(tmp_path):
                            text=True, timeout=pythons.HANG_S, preexec_fn=cap)
         line = one_line_error(r)
         assert line.startswith("spyreshim: %s: not a spyreshim report (%s" % (p, why)), line
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b'{"hello": 1}', b"\x7fELF\x02\x01",
+                                     b"\x1f\x8b\x08\x00"])
+def test_report_of_a_file_neither_report_nor_trace_says_what_it_expected(tmp_path, content):
+    p = tmp_path / "x.bin"
+    p.write_bytes(content)
+    line = one_line_error(cli("report", p))
+    assert line.startswith("spyreshim: %s: not a spyreshim report (" % p), line
+    assert line.endswith("expected a leak report or snapshot (JSON with \"format\": "
+                         "\"spyreshim-report\", written by --report, SPYRESHIM_REPORT or "
+                         "spyreshim snapshot) or a trace (written by --trace; it begins with "
+                         "SPYTRACE)"), line
+
+
+def test_sizes_read_one_way(tmp_path):
+    """Every size: its bytes, then from 1 KiB its binary-unit reading; the
+    text report, the HTML page and the views share the one formatter."""
+    from spyreshim.units import format_size
+    assert format_size(268435456) == "268435456 B (256.0 MiB)"
+    assert format_size(512) == "512 B" and format_size(0) == "0 B"
+    assert format_size(1536) == "1536 B (1.5 KiB)"
+    assert format_size(3 << 40) == "3298534883328 B (3.0 TiB)"
+    r = cli("report", DATA / "leak_single.json")
+    sizes = re.findall(r"(\d+) B(?: \(([\d.]+ [KMGT]iB)\))?", r.stdout)
+    assert sizes and all(format_size(int(n)) == ("%s B (%s)" % (n, u) if u else "%s B" % n)
+                         for n, u in sizes), r.stdout
+    assert "byte(s)" not in r.stdout and "bytes" not in r.stdout, r.stdout

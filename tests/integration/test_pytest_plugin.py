@@ -127,10 +127,10 @@ def test_every_test_is_checked_with_the_option(shim, tmp_path):
         "test_marked_over_limit": "FAILED",
         "test_frees_older_memory": "PASSED",
     }, out
-    assert ("spyreshim: test_inner.py::test_leaky left 3145728 bytes (3.0 MiB) of device memory "
-            "in 1 allocation after garbage collection (limit 0 bytes)") in out
-    assert ("spyreshim: test_inner.py::test_marked_over_limit left 1048576 bytes (1.0 MiB) of device "
-            "memory in 1 allocation after garbage collection (limit per location 524288 bytes)") in out
+    assert ("spyreshim: test_inner.py::test_leaky left 3145728 B (3.0 MiB) of device memory "
+            "in 1 allocation after garbage collection (limit 0 B)") in out
+    assert ("spyreshim: test_inner.py::test_marked_over_limit left 1048576 B (1.0 MiB) of device "
+            "memory in 1 allocation after garbage collection (limit per location 524288 B (512.0 KiB))") in out
     assert "own failure" in out
     assert "test_fails_by_itself left" not in out
     # The stacks of the leak: the extension's constructor below it.
@@ -382,7 +382,7 @@ def test_limit_leaks_takes_pytest_memrays_signature(shim, tmp_path):
         "test_all_threads_by_default": "FAILED",
         "test_suppressed": "PASSED",                        # --suppressions applies
     }, r.stdout + r.stderr
-    assert "(limit per location 1048576 bytes)" in r.stdout, r.stdout
+    assert "(limit per location 1048576 B (1.0 MiB))" in r.stdout, r.stdout
     # Without the suppressions file the same test fails.
     supp.write_text("")
     r = subprocess.run(argv + ["-k", "test_suppressed"], capture_output=True, text=True, env=env,
@@ -454,8 +454,8 @@ def test_limit_memory_is_the_device_peak_of_the_test(shim, tmp_path):
         "test_two_of_2mb_one_after_the_other": "PASSED",
     }, r.stdout + r.stderr
     assert ("spyreshim: test_peaks.py::test_peak_of_5mb_freed_at_once used a device peak of "
-            "5242880 bytes (5.0 MiB) above the 8388608 in use at its start (limit 4194304 "
-            "bytes)") in r.stdout, r.stdout
+            "5242880 B (5.0 MiB) above the 8388608 B (8.0 MiB) in use at its start (limit "
+            "4194304 B (4.0 MiB))") in r.stdout, r.stdout
     (tmp_path / "test_bad.py").write_text(
         "import pytest\n@pytest.mark.limit_memory('1 MB', current_thread_only=True)\n"
         "def test_x():\n    pass\n")
