@@ -206,7 +206,7 @@ def test_the_trace_and_its_views_name_the_runtime_opencl(program, tmp_path):
     cli = [sys.executable, REPO / "scripts" / "spyreshim", "report"]
     v = pythons.run([*cli, "--view", "stats", trace])
     assert v.returncode == 0, v.describe()
-    assert "peak of opencl:0: 256.0 MiB" in v.stdout, v.stdout
+    assert "peak of opencl:0: 268435456 B (256.0 MiB)" in v.stdout, v.stdout
     assert "Total allocations:\n\t20" in v.stdout
     peak = pythons.run([*cli, "--view", "peak", trace])
     assert peak.returncode == 0 and "opencl:0" in peak.stdout, peak.describe()

@@ -163,7 +163,7 @@ def test_only_marked_tests_are_checked_without_the_option(shim, tmp_path):
     assert outcomes["test_leaky"] == "PASSED"
     assert outcomes["test_marked_under_limit"] == "PASSED"
     assert outcomes["test_marked_over_limit"] == "FAILED"
-    assert "test_marked_over_limit left 1048576 bytes" in r.stdout
+    assert "test_marked_over_limit left 1048576 B (1.0 MiB)" in r.stdout
 
 
 def test_a_limit_for_every_test(shim, tmp_path):

@@ -225,21 +225,21 @@ def test_cross_rank_report(shim, tmp_path):
     assert sorted(rows) == ["rank 0", "rank 1", "rank 2"], text
     # Rank 0 held every step's tensor (80 MiB, no collection needed) and a
     # spike of 16 MiB; rank 1 collected to stay under 32 MiB.
-    assert "highest peak:   rank 0, 96.0 MiB" in text, text
-    assert "least headroom: rank 1," in text and "of 32.0 MiB" in text, text
+    assert "highest peak:   rank 0, 100663296 B (96.0 MiB)" in text, text
+    assert "least headroom: rank 1," in text and "of 33554432 B (32.0 MiB)" in text, text
     assert "first OOM:      none" in text
     assert rows["rank 0"]["collections (freed)"] == "0 (0 B)", text
     assert not rows["rank 1"]["collections (freed)"].startswith("0 "), text
     assert rows["rank 1"]["headroom"] == "0 B", text
     # The killed rank's trace is read as far as it was flushed: every step.
-    assert rows["rank 2"]["peak in use"] == "80.0 MiB", text
+    assert rows["rank 2"]["peak in use"] == "83886080 B (80.0 MiB)", text
 
     page = tmp_path / "ranks.html"
     h = subprocess.run([str(SCRIPT), "report", "--html", str(page), str(tmp_path / "t")],
                        capture_output=True, text=True, timeout=pythons.HANG_S)
     assert h.returncode == 0, h
     html = page.read_text()
-    assert "least headroom: rank 1, 0 B of 32.0 MiB" in html     # the summary, on the page
+    assert "least headroom: rank 1, 0 B of 33554432 B (32.0 MiB)" in html     # the summary, on the page
     assert html.count("<polyline") == 6, html                    # in use, reserved: 3 ranks
     assert [ln for ln in ("rank 0", "rank 1", "rank 2") if ">%s</text>" % ln in html] == [
         "rank 0", "rank 1", "rank 2"]
@@ -342,10 +342,10 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     rows = {ln.split("  ")[0]: ln for ln in lines[2:5]}
     assert sorted(rows) == ["rank 0", "rank 4", "rank 5"], out.stdout
     assert rows["rank 0"].endswith(" 0     -"), out.stdout
-    assert rows["rank 5"].endswith("?, 8.0 MiB asked, verdict: limit"), out.stdout
+    assert rows["rank 5"].endswith("?, 8388608 B (8.0 MiB) asked, verdict: limit"), out.stdout
     first = lines.index(next(ln for ln in lines if ln.startswith("first OOM:")))
     assert lines[first] == "first OOM:      rank 4", out.stdout
-    assert lines[first + 1].strip() == "8.0 MiB asked at Tensor_new, from hold (hold.py:6)", \
+    assert lines[first + 1].strip() == "8388608 B (8.0 MiB) asked at Tensor_new, from hold (hold.py:6)", \
         out.stdout
 
 
