@@ -250,7 +250,7 @@ def stats_text(t, top=5):
         most = max(c for _l, _h, c in h)
         for lo, hi, c in h:
             bar = "*" * max(1, int(40 * c / most))
-            w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
+            w.append("\t%24s - %-24s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
     for s, v in sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]:
         w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))

@@ -360,7 +360,7 @@ def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim
     assert r.stdout.count("filled") == 2, r.describe()
     lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("spyreshim: out of simdev memory for 1048576 bytes (live: ")
+    assert lines[0].startswith("spyreshim: out of simdev memory for 1048576 B (1.0 MiB) (live: ")
     assert "in 1" in lines[0] and QUIET_OOM in lines[0], lines
     assert not list(tmp_path.glob("report.*.json.oom"))
     assert data["live_bytes"] == 0
@@ -375,7 +375,7 @@ def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path)
     assert r.returncode == 0, "everything was freed before exit: " + r.describe()
     err = r.stderr
     assert err.count(QUIET_OOM) == 1, err
-    assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
+    assert "out of simdev memory: a request of 1048576 B (1.0 MiB) failed" in err, err
     # How many groups depends on the compiler (an unrolled loop has several
     # call sites); the first is the largest, and all of it is accounted for.
     live = [l for l in err.splitlines() if l.startswith("Live: ")]

@@ -160,7 +160,7 @@ def test_past_the_limit_clCreateBuffer_answers_allocation_failure(program, tmp_p
     program goes on), and the shim says why."""
     r = pythons.run([program, "keep", 40, 32], env=shim_env(tmp_path, SPYRESHIM_LIMIT="256M"))
     assert r.returncode == 0 and "keep oom made=8" in r.stdout, r.describe()
-    assert "out of opencl memory for 33554432 bytes" in r.stderr, r.stderr
+    assert "out of opencl memory for 33554432 B (32.0 MiB)" in r.stderr, r.stderr
     assert "verdict: limit" in r.stderr
     s = stats(tmp_path)
     assert s["failed_allocs"] >= 1 and s["pressure_events"] >= 1, s
@@ -280,7 +280,7 @@ def test_the_limit_is_per_device_whatever_the_contexts(program, builddir, tmp_pa
                     env=shim_env(tmp_path, SPYRESHIM_LIMIT="64M", SPYRESHIM_LEAK_CHECK=1))
     assert r.returncode == 0, r.describe()
     assert "contexts round=38 err=0\ncontexts round=39 err=-4\n" in r.stdout, r.stdout
-    assert "out of opencl memory for 50331648 bytes" in r.stderr, r.stderr
+    assert "out of opencl memory for 50331648 B (48.0 MiB)" in r.stderr, r.stderr
     assert [d["name"] for d in stats(tmp_path)["runtimes"]] == ["opencl:0"]
 
 

@@ -169,7 +169,7 @@ def test_final_oom_report_names_linear_py_and_the_script_in_call_order(tmp_path)
                      SPYRESHIM_LEAK_CHECK="1", SPYRESHIM_EXITCODE="0")
     assert r.returncode == 0 and r.stdout.startswith("OOM: simdev: out of memory"), r
     err = r.stderr
-    assert "spyreshim: out of simdev memory: a request of 524288 bytes failed" in err, err
+    assert "spyreshim: out of simdev memory: a request of 524288 B (512.0 KiB) failed" in err, err
     group = err[err.index("Live: "):]
     group = group[:group.index("\n\n")]
     frames = re.findall(r"^    #\d+ (.*)$", group, re.M)
