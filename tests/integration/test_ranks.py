@@ -241,6 +241,11 @@ def test_cross_rank_report(shim, tmp_path):
     html = page.read_text()
     assert "least headroom: rank 1, 0 B of 33554432 B (32.0 MiB)" in html     # the summary, on the page
     assert html.count("<polyline") == 6, html                    # in use, reserved: 3 ranks
+    # The time axis ticks at round times (1, 2 or 5 times a power of ten).
+    ticks = re.findall(r'text-anchor="middle">([^<]*)</text>', html)
+    assert ticks[0] == "0" and len(ticks) >= 3, ticks
+    assert all(re.fullmatch(r"\d+ (s|ms|µs)", tk) for tk in ticks[1:]), ticks
+    assert int(ticks[1].split()[0]) in (1, 2, 5, 10, 20, 50, 100, 200, 500), ticks
     assert [ln for ln in ("rank 0", "rank 1", "rank 2") if ">%s</text>" % ln in html] == [
         "rank 0", "rank 1", "rank 2"]
     assert "<script" not in html
