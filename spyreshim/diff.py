@@ -3,12 +3,15 @@ still live at the second, grouped by allocation site (growth only).
 
 Two moments are: two leak reports or snapshots (spyreshim.snapshot(),
 spyreshim_snapshot_write_json) in the report format, or two points of one
-trace (`--at T1 --at T2`). From a trace the answer is exact: the blocks
-live at T2 that were allocated after T1. From two reports it is by site:
+trace (`--at T1 --at T2`; without them, the start and the moment the
+interpreter began to shut down, trace kind 10). From a trace the answer is
+exact: the blocks live at T2 that were allocated after T1, and those of
+them a later collection of the shim freed (garbage waiting for it, not
+growth) are listed apart. From two reports it is by site:
 a site whose live bytes grew between A and B, by the growth (stacks are
 matched as `report.merge` matches them, so two processes of one program
-compare). Owns this view only: text (group_text's layout), JSON and the
-flame graph page (flamegraph.page). Frames of a trace are in call order
+compare). Owns this view only: text (group_text's layout), JSON, the
+flame graph page (flamegraph.page) and the moments' titles, in times. Frames of a trace are in call order
 (callorder.py).
 """
 
@@ -70,8 +73,9 @@ def of_reports(a, b):
 def at_index(t, text):
     """An --at value as an event index: "2.5s" (the last event at or
     before that time), an event number (1-based; 0 is the start, before
-    the first) or "end" (the last event). A moment past the end of the trace is refused in one line
-    naming where the trace ends (it would read as "nothing grew")."""
+    the first) or "end" (the last event). A moment past the end of the
+    trace is refused in one line naming where the trace ends (it would
+    read as "nothing grew")."""
     v = text.strip()
     if v == "end":
         return len(t) - 1
@@ -98,7 +102,7 @@ def at_index(t, text):
         tm = b.time
         if not len(tm):
             continue
-        last = tm[-1]
+        last = max(last or 0, max(tm))
         if max(tm) <= ns:
             i = b.start + len(tm) - 1
             continue
@@ -132,7 +136,7 @@ def _later_collected(t, live, i2):
     """The keys of `live` (what was live just after event i2) that a later
     collection freed: their free falls in a pressure event's window before
     one of its collections' markers (as gcview.py attributes frees), the
-    first free of the block after i2. Also the times of the events."""
+    first free of the block after i2."""
     left = set(live)
     collected = set()
     window, pending = False, []
