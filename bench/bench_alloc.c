@@ -104,7 +104,7 @@ static void *core_alloc(size_t size)
     size_t block_bytes;
     void *p = NULL;
     if (shim_arena_alloc(core_arena, size, &addr, &node, &block_bytes) == 0) {
-        shim_live_fields f = { .seq = ++core_seq };
+        shim_live_fields f = shim_live_make(++core_seq, 0);
         if (shim_table_add(core_table, addr, node, &f) == 0)
             p = (void *)addr;
         else

@@ -2,7 +2,7 @@
 live simdev blocks (default 100,000) under the shim (SPYRESHIM_CONTROL=1,
 SPYRESHIM_LEAK_CHECK=1), one of its threads allocating and freeing in a
 loop (build/bench/snapshot_target); each snapshot is asked through the
-CLI's client (spyreshim.control) and timed three ways:
+CLI's client (spyreshim.cli.control) and timed three ways:
 
   held    the shim's own figure (the answer's longest_ns): the longest
           time one arena lock was held while the live records were copied
@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from spyreshim import control  # noqa: E402
+from spyreshim.cli import control  # noqa: E402
 
 
 def main():

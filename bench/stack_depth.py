@@ -16,7 +16,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from spyreshim import trace  # noqa: E402
+from spyreshim.reading import trace  # noqa: E402
 
 STARTS = ("main", "__libc_start_call_main", "start_thread", "clone3", "clone")
 

@@ -10,7 +10,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from spyreshim import tracecodec  # noqa: E402
+from spyreshim.reading import tracecodec  # noqa: E402
 
 
 def decode(path):

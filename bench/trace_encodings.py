@@ -17,7 +17,7 @@ from array import array
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, HERE)
-from spyreshim import tracecodec  # noqa: E402
+from spyreshim.reading import tracecodec  # noqa: E402
 import trace_synth  # noqa: E402
 
 MASK = (1 << 64) - 1

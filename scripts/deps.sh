@@ -9,7 +9,7 @@ pkgs=(
   python3 python3-dev python3-pytest python3.11-dbg python3-numba
   python3-pytest-xdist  # scripts/test.sh spreads the test files over the cores (pytest -n)
   python3-venv  # tests/integration/test_wheel.py: a fresh venv of Debian's python3 for the wheel
-  python3-numpy  # the trace reader's vectorized path (spyreshim/trace.py)
+  python3-numpy  # the trace reader's vectorized path (spyreshim/reading/trace.py)
   pypy3 pypy3-dev
   chromium heaptrack
   patchelf

@@ -23,10 +23,11 @@ import gc
 import os
 import sys
 
-from . import report
+from .reading import report
 
 __all__ = [
-    "available", "unavailable_reason", "library_path", "stats", "mark", "snapshot", "track",
+    "available", "unavailable_reason", "library_path", "stats", "reset_peak",
+    "thread_reset_peak", "thread_used", "thread_peak", "mark", "snapshot", "track",
     "Snapshot", "Allocation", "Tracker", "Unavailable", "report", "child_env",
 ]
 
@@ -96,8 +97,8 @@ def library_path():
 def child_env(env=None, full=True):
     """The environment a launcher should give its workers to put each under
     the shim (Ray's runtime_env, subprocess.Popen(env=...), multiprocessing's
-    spawn): spyreshim.launch.child_env says what it holds."""
-    from . import launch
+    spawn): spyreshim.cli.launch.child_env says what it holds."""
+    from .cli import launch
     return launch.child_env(env, full)
 
 
@@ -114,6 +115,53 @@ def reset_peak():
     if not hasattr(lib, "spyreshim_reset_peak"):
         raise RuntimeError("the preloaded libspyreshim has no spyreshim_reset_peak")
     lib.spyreshim_reset_peak()
+
+
+class origin(object):
+    """`with spyreshim.origin(): ...`: the work this block hands to threads
+    without Python frames (a framework's own threads: PyTorch's autograd
+    engine runs backward() on one) records this thread's Python stack as its
+    origin, which reports show after those threads' native frames and label
+    them by (spyreshim_origin_begin/end, docs/python-stacks.md). Does
+    nothing where the shim is not loaded."""
+    __slots__ = ("_lib", "_token")
+
+    def __enter__(self):
+        lib = _bind()
+        self._lib = lib if lib is not None and hasattr(lib, "spyreshim_origin_begin") else None
+        self._token = self._lib.spyreshim_origin_begin() if self._lib is not None else 0
+        return self
+
+    def __exit__(self, *exc):
+        if self._lib is not None:
+            self._lib.spyreshim_origin_end(self._token)
+        return False
+
+
+def thread_reset_peak():
+    """Counts the calling thread's device memory from now on, if it was not
+    counted yet, and restarts its peak (thread_peak()) from its bytes live
+    now, which it returns: the device bytes this thread allocated (since its
+    first call) that are still live, whichever thread frees them."""
+    lib = _need()
+    if not hasattr(lib, "spyreshim_thread_reset_peak"):
+        raise RuntimeError("the preloaded libspyreshim has no spyreshim_thread_reset_peak")
+    if lib.spyreshim_thread_reset_peak() != 0:
+        raise RuntimeError("spyreshim_thread_reset_peak: this thread cannot be counted "
+                           "(65535 counted threads alive, or out of host memory)")
+    return int(lib.spyreshim_thread_used())
+
+
+def thread_used():
+    """The device bytes the calling thread allocated that are still live
+    (counted from its first thread_reset_peak(); 0 before)."""
+    return int(_need().spyreshim_thread_used())
+
+
+def thread_peak():
+    """The most of thread_used() since the calling thread's last
+    thread_reset_peak()."""
+    return int(_need().spyreshim_thread_peak())
 
 
 def mark():
@@ -134,10 +182,14 @@ class Snapshot(object):
     Holds the shim's snapshot until close() (or garbage collection), so that
     print() and write_json() resolve the same stacks later."""
 
-    def __init__(self, since=0):
+    def __init__(self, since=0, current_thread_only=False):
         self._lib = _need()
         self.since = int(since)
-        h = self._lib.spyreshim_snapshot_take(self.since)
+        if current_thread_only and not hasattr(self._lib, "spyreshim_snapshot_take_thread"):
+            raise RuntimeError("the preloaded libspyreshim has no spyreshim_snapshot_take_thread")
+        take = (self._lib.spyreshim_snapshot_take_thread if current_thread_only
+                else self._lib.spyreshim_snapshot_take)
+        h = take(self.since)
         if not h:
             raise MemoryError("spyreshim_snapshot_take failed")
         self._h = h
@@ -168,7 +220,7 @@ class Snapshot(object):
     __nonzero__ = __bool__
 
     def __repr__(self):
-        from .units import format_size
+        from .reading.units import format_size
         return "<spyreshim.Snapshot %d allocations, %s%s>" % (
             self.count, format_size(self.bytes), ", since %d" % self.since if self.since else "")
 
@@ -235,9 +287,11 @@ class Snapshot(object):
             pass
 
 
-def snapshot(since=0):
-    """Live allocations now; with `since` (a mark()), only those made after it."""
-    return Snapshot(since)
+def snapshot(since=0, current_thread_only=False):
+    """Live allocations now; with `since` (a mark()), only those made after
+    it; with current_thread_only, only those the calling thread made while
+    counted (thread_reset_peak(); device blocks the shim serves alone)."""
+    return Snapshot(since, current_thread_only)
 
 
 def collect(rounds=3):

@@ -2,6 +2,6 @@
 (run needs SPYRESHIM_LIB then, as there is no script to look next to)."""
 import sys
 
-from .cli import main
+from .cli.main import main
 
 sys.exit(main())

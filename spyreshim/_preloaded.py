@@ -119,6 +119,24 @@ def bind():
             lib.spyreshim_reset_peak.restype = None
         except AttributeError:
             pass   # an older library: spyreshim.reset_peak() says so
+        try:
+            lib.spyreshim_origin_begin.argtypes = []
+            lib.spyreshim_origin_begin.restype = ctypes.c_uint32
+            lib.spyreshim_origin_end.argtypes = [ctypes.c_uint32]
+            lib.spyreshim_origin_end.restype = None
+        except AttributeError:
+            pass   # an older library: spyreshim.origin() does nothing
+        try:
+            lib.spyreshim_thread_reset_peak.argtypes = []
+            lib.spyreshim_thread_reset_peak.restype = ctypes.c_int
+            lib.spyreshim_thread_used.argtypes = []
+            lib.spyreshim_thread_used.restype = _U64
+            lib.spyreshim_thread_peak.argtypes = []
+            lib.spyreshim_thread_peak.restype = _U64
+            lib.spyreshim_snapshot_take_thread.argtypes = [_U64]
+            lib.spyreshim_snapshot_take_thread.restype = ctypes.c_void_p
+        except AttributeError:
+            pass   # an older library: spyreshim.thread_reset_peak() says so
         _lib, lib_path = lib, path
         return lib
 

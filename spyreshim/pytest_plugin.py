@@ -19,9 +19,19 @@ fails the test when one location (one stack) keeps at least
 powers of 1024; ours also take 1M, 1MiB); `filter_fn(stack)` sees each
 location's `stack.frames`, innermost first, each with `function`,
 `filename`, `lineno`, and returns whether it counts; `current_thread_only`
-counts only what was allocated on the test's thread (the shim records no
-thread: allocations whose Python stack passes through the test function).
-The stacks are numbered innermost first, as in every other report. A test
+counts only what the test's thread allocated (the shim keeps the
+allocating thread of each block once the thread asked,
+spyreshim_snapshot_take_thread).
+The stacks are numbered innermost first, as in every other report.
+`limit_memory(limit, *, current_thread_only=False)`, pytest-memray's
+too, fails the test when its device peak (the most in use during it, above
+what was in use at its start) reaches `limit`; with current_thread_only,
+only the bytes the test's thread allocated count, whoever frees them
+(spyreshim_thread_peak). With --fail-on-increase (pytest-memray's option:
+where pytest-memray is loaded too, its option is the one flag for both) a
+test marked limit_memory also fails when its device peak is above that of
+its last successful run, kept in pytest's cache under
+spyreshim/device_peak/<node id>. A test
 that failed by itself is not checked: its traceback keeps its frames, and
 so its tensors, alive.
 
@@ -45,7 +55,7 @@ MARKER = "limit_leaks"
 MEMORY_MARKER = "limit_memory"
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
     group = parser.getgroup("spyreshim", "device-memory leak checks (spyreshim)")
     group.addoption("--spyreshim-leaks", action="store_true", default=False,
                     help="fail every test whose device allocations grew across it "
@@ -55,6 +65,67 @@ def pytest_addoption(parser):
                          "(e.g. 1MB; default 0)")
     group.addoption("--spyreshim-gc-rounds", metavar="N", type=int, default=3,
                     help="gc.collect() rounds before measuring (default 3)")
+    # --fail-on-increase is pytest-memray's option too, and both plugins
+    # may be loaded in one run (each by its entry point): pytest refuses an
+    # option registered twice, whichever comes second. Ours is added only
+    # where pytest-memray's is not, so one flag drives both plugins, each
+    # checking its own memory. pytest-memray is importable: it may register
+    # after us (the order of entry points is the order of installation), so
+    # ours waits until every plugin is in, pytest_load_initial_conftests;
+    # unless we are loaded by a conftest's pytest_plugins, past that point.
+    if _option_taken(parser, FAIL_ON_INCREASE):
+        return
+    if _memray_installed() and not _conftests_loading(pluginmanager):
+        parser._spyreshim_fail_on_increase_pending = True
+        return
+    _add_fail_on_increase(parser)
+
+
+FAIL_ON_INCREASE = "--fail-on-increase"
+CACHE_KEY = "spyreshim/device_peak/"    # + the test's node id
+
+
+def _add_fail_on_increase(parser):
+    parser.getgroup("spyreshim").addoption(
+        FAIL_ON_INCREASE, action="store_true", default=False, dest="fail_on_increase",
+        help="fail a test marked limit_memory whose device peak is above that of its last "
+             "successful run (kept in pytest's cache; pytest-memray's option, which also "
+             "checks host memory where it is installed)")
+
+
+def _option_taken(parser, name):
+    groups = list(getattr(parser, "_groups", []))
+    anonymous = getattr(parser, "_anonymous", None)
+    if anonymous is not None and anonymous not in groups:
+        groups.append(anonymous)
+    return any(name in opt.names() for g in groups for opt in getattr(g, "options", ()))
+
+
+def _conftests_loading(pluginmanager):
+    """True when a conftest file is registered already (pytest registers
+    each under its path)."""
+    return any(isinstance(name, str) and name.endswith("conftest.py")
+               for name, _ in pluginmanager.list_name_plugin())
+
+
+def _memray_installed():
+    import importlib.util
+    try:
+        return importlib.util.find_spec("pytest_memray") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    # Every plugin is registered now (entry points, -p, the initial
+    # conftests' pytest_plugins): pytest-memray's option is there if it is
+    # loaded; ours otherwise (-p no:memray, PYTEST_DISABLE_PLUGIN_AUTOLOAD).
+    yield
+    if getattr(parser, "_spyreshim_fail_on_increase_pending", False):
+        parser._spyreshim_fail_on_increase_pending = False
+        if not _option_taken(parser, FAIL_ON_INCREASE):
+            _add_fail_on_increase(parser)
 
 
 class _Checker(object):
@@ -69,6 +140,8 @@ class _Checker(object):
         self.available = spyreshim.available()
         self.asked = self.all_tests   # or a collected test carries the marker
         self.results = {}     # nodeid -> failure text
+        # Ours or pytest-memray's: the same dest, one flag for both.
+        self.fail_on_increase = bool(config.getoption("fail_on_increase", default=False))
 
     def limit_for(self, item):
         """None (not checked), or (limit, per_location, filter_fn, current_thread_only)."""
@@ -78,7 +151,8 @@ class _Checker(object):
         return (self.default_limit, False, None, False) if self.all_tests else None
 
     def memory_limit_for(self, item):
-        """None (not checked), or the limit of the test's device peak."""
+        """None (not checked), or (limit of the test's device peak,
+        current_thread_only)."""
         m = item.get_closest_marker(MEMORY_MARKER)
         return None if m is None else _memory_spec(item, m)
 
@@ -97,11 +171,8 @@ def _memory_spec(item, m):
         limit, thread_only = _limit_memory(*m.args, **m.kwargs)
     except TypeError as e:
         raise bad(str(e).replace("_limit_memory()", "limit_memory()"))
-    if thread_only:
-        # A device's memory in use is the process's: no thread to count apart.
-        raise bad("current_thread_only=True: device memory in use has no thread")
     try:
-        return rpt.parse_size(limit)
+        return rpt.parse_size(limit), bool(thread_only)
     except ValueError as e:
         raise bad(e)
 
@@ -138,14 +209,17 @@ def pytest_configure(config):
         "markers",
         "%s(location_limit, *, filter_fn=None, current_thread_only=False): fail the test "
         "if one location (stack) keeps at least location_limit of the device memory it "
-        "allocated, after garbage collection (e.g. \"1 MB\"; pytest-memray's marker, read "
-        "by spyreshim for device memory)" % MARKER)
+        "allocated, after garbage collection (e.g. \"1 MB\"); filter_fn(stack): whether a "
+        "location counts; current_thread_only: count only what the test's thread allocated. "
+        "pytest-memray's marker, read by spyreshim for device memory" % MARKER)
     config.addinivalue_line(
         "markers",
         "%s(limit, *, current_thread_only=False): fail the test if its device peak (the most "
         "device memory in use during it, above what was in use at its start) reaches limit "
-        "(e.g. \"24 MB\"; pytest-memray's marker, read by spyreshim for device memory)"
-        % MEMORY_MARKER)
+        "(e.g. \"24 MB\"); current_thread_only: count only what the test's thread allocated "
+        "(whoever frees it); with --fail-on-increase, also fail if the peak is above that of "
+        "the test's last successful run (pytest's cache). pytest-memray's marker, read by "
+        "spyreshim for device memory" % MEMORY_MARKER)
     config.pluginmanager.register(_Checker(config), "spyreshim-checker")
 
 
@@ -223,14 +297,9 @@ class Stack(object):
                                        f.get("line") or 0) for f in frames)
 
 
-def _in_test(g, test_file, test_name):
-    return any(f["kind"] == "python" and f["file"] == test_file and f["function"] == test_name
-               for f in g["frames"])
-
-
 def _verdict(snap, spec, item):
     """The failure text of a checked test, or None. `spec` as limit_for's."""
-    limit, per_location, filter_fn, thread_only = spec
+    limit, per_location, filter_fn, _ = spec   # current_thread_only: in the snapshot
     test_file = str(getattr(item, "path", None) or getattr(item, "fspath", ""))
     try:
         merged = rpt.merge([snap.report()])
@@ -240,9 +309,6 @@ def _verdict(snap, spec, item):
         return _head(item, snap.bytes, snap.count, limit, per_location) + \
             "\n(stacks unavailable: %s)\n" % e
     groups = [g for g in merged["groups"] if not g["suppressed"]]
-    if thread_only:
-        groups = [g for g in groups if _in_test(g, test_file, getattr(item, "originalname", None)
-                                                or item.name)]
     if filter_fn is not None:
         groups = [g for g in groups if filter_fn(Stack(g["frames"]))]
     if per_location:
@@ -268,7 +334,8 @@ def _groups_text(head, groups, test_file):
     for g in groups[:GROUPS_SHOWN]:
         frames, hidden = _trim(g["frames"], test_file)
         lines.append("")
-        lines.append(rpt.group_text(dict(g, frames=frames), leaks=True))
+        lines.append(rpt.group_text(dict(g, frames=frames), leaks=True,
+                                    native_frames="interpreter"))
         if hidden:
             lines.append("    ... %d outer frame%s not shown" % (hidden, "" if hidden == 1 else "s"))
     if len(groups) > GROUPS_SHOWN:
@@ -291,27 +358,41 @@ def pytest_runtest_call(item):
         return
     if spec is not None:
         spyreshim.collect(c.gc_rounds)
+        if spec[3]:
+            # current_thread_only: the blocks this thread allocates are
+            # told apart from now on.
+            spyreshim.thread_reset_peak()
         mark = spyreshim.mark()
     if memory is not None:
-        in_use = spyreshim.stats()["used_bytes"]
-        spyreshim.reset_peak()
+        memory, thread_only = memory
+        if thread_only:
+            # The bytes this thread allocated, whoever frees them; what
+            # other threads allocate meanwhile is not counted.
+            in_use = spyreshim.thread_reset_peak()
+        else:
+            in_use = spyreshim.stats()["used_bytes"]
+            spyreshim.reset_peak()
     outcome = yield
     if outcome.excinfo is not None:
         return
     texts = []
     if memory is not None:
         # pytest-memray's limit_memory: the test fails at its limit or above.
-        # Its device peak: the most in use during it, above what was in
-        # use at its start.
-        peak = max(0, spyreshim.stats()["peak_used_bytes"] - in_use)
-        if peak >= memory:
+        # Its device peak: the most in use during it, above what was in use
+        # at its start (of its own thread's, with current_thread_only).
+        now = spyreshim.thread_peak() if thread_only else spyreshim.stats()["peak_used_bytes"]
+        peak = max(0, now - in_use)
+        text = _increase(item, peak)
+        if text:
+            texts.append(text)
+        elif peak >= memory:
             texts.append("spyreshim: %s used a device peak of %s above the %s in use "
-                         "at its start (limit %s)\n" % (
+                         "at its start%s (limit %s)\n" % (
                              item.nodeid, rpt.format_size(peak), rpt.format_size(in_use),
-                             rpt.format_size(memory)))
+                             " by its thread" if thread_only else "", rpt.format_size(memory)))
     if spec is not None:
         spyreshim.collect(c.gc_rounds)
-        snap = spyreshim.snapshot(since=mark)
+        snap = spyreshim.snapshot(since=mark, current_thread_only=spec[3])
         try:
             if snap.bytes:
                 text = _verdict(snap, spec, item)
@@ -321,6 +402,27 @@ def pytest_runtest_call(item):
             snap.close()
     if texts:
         c.results[item.nodeid] = "\n".join(texts)
+
+
+def _increase(item, peak):
+    """pytest-memray's --fail-on-increase, for the device peak: the failure
+    text when the test's peak is above that of its last successful run,
+    else None, the peak then kept in pytest's cache as the one to beat
+    (also without the option, as pytest-memray keeps its own; a run that
+    fails on the increase keeps the old one). No cache
+    (-p no:cacheprovider): nothing to compare with."""
+    cache = getattr(item.config, "cache", None)
+    if cache is None:
+        return None
+    key = CACHE_KEY + item.nodeid
+    entry = cache.get(key, None)
+    previous = entry.get("device_peak") if isinstance(entry, dict) else None
+    if _checker(item.config).fail_on_increase and isinstance(previous, int) and peak > previous:
+        return ("spyreshim: %s used a device peak of %s, more than the %s "
+                "of its last successful run (--fail-on-increase)\n" % (
+                    item.nodeid, rpt.format_size(peak), rpt.format_size(previous)))
+    cache.set(key, {"device_peak": peak})
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -531,7 +531,19 @@ static void schedule_resolve(void)
         atomic_store(&resolve_scheduled, false);
 }
 
+static uint32_t capture(unsigned max_depth, uint8_t extra_flags);
+
 uint32_t shim_pystack_capture(unsigned max_depth)
+{
+    return capture(max_depth, 0);
+}
+
+uint32_t shim_pystack_capture_origin(unsigned max_depth)
+{
+    return capture(max_depth, SHIM_PYSTACK_ORIGIN);
+}
+
+static uint32_t capture(unsigned max_depth, uint8_t extra_flags)
 {
     if (max_depth == 0 || !ready())
         return 0;
@@ -568,7 +580,7 @@ uint32_t shim_pystack_capture(unsigned max_depth)
         return 0;
     uint32_t ep = atomic_load_explicit(&epoch, memory_order_relaxed);
     uint8_t flags = (w.truncated ? SHIM_PYSTACK_TRUNCATED : 0) |
-                    (w.unsure || !w.clean ? SHIM_PYSTACK_UNSURE : 0);
+                    (w.unsure || !w.clean ? SHIM_PYSTACK_UNSURE : 0) | extra_flags;
     uint64_t h = stack_hash(buf, entry, n, flags, ep);
     shim_mutex_lock(&stack_lock);
     bool is_closed = atomic_load(&closed);

@@ -25,6 +25,10 @@ typedef struct shim_pyframe {
 /* Flags of a stack (shim_pystack_flags). */
 #define SHIM_PYSTACK_TRUNCATED 1u   /* cut at the depth asked: outer frames missing */
 #define SHIM_PYSTACK_UNSURE 2u      /* the entry marks may be incomplete */
+/* The stack of the thread that started the work, recorded for an
+ * allocation made on a thread without Python frames (shim/leak/origin.c):
+ * its frames did not call the allocation's native frames. */
+#define SHIM_PYSTACK_ORIGIN 4u
 
 /* Interned Python stack of the calling thread, innermost frame first, at
  * most `max_depth` frames; 0 when the thread runs no Python (or on PyPy). */
@@ -34,6 +38,9 @@ uint32_t shim_pystack_capture(unsigned max_depth);
  * Resolves what is still unresolved when the interpreter is alive and this
  * thread holds the GIL; otherwise reports what was resolved before. */
 size_t shim_pystack_frames(uint32_t id, shim_pyframe *out, size_t max);
+/* As shim_pystack_capture, interned apart with SHIM_PYSTACK_ORIGIN set: the
+ * calling thread's stack as the origin of work other threads run. */
+uint32_t shim_pystack_capture_origin(unsigned max_depth);
 /* With the GIL held: resolve every frame seen so far (run at interpreter
  * exit through shim_gate_at_finalize, and by report/snapshot calls). */
 void shim_pystack_resolve_all(void);

@@ -18,14 +18,15 @@
 #include "options.h"
 
 /* Step: one try at serving the request from shard `s`, recording the
- * block. Shard lock held. False when no block fits (or the table could not
+ * block (and counting it to the calling thread's slot `thread`, nonzero
+ * where it asked to be counted: thread_live.h). Shard lock held. False when no block fits (or the table could not
  * grow: out of host memory, reported as out-of-memory too); *rt_err is
  * then the runtime's own error when it refused a region for a reason other
  * than out-of-memory (0 otherwise). *seq is the allocation's sequence
  * number. */
 static inline __attribute__((always_inline)) bool
 serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint32_t nstack,
-      uint32_t pystack, uintptr_t *out, uint64_t *seq, int *rt_err)
+      uint32_t pystack, uint16_t thread, uintptr_t *out, uint64_t *seq, int *rt_err)
 {
     shim_lock_assert_held(&s->lock);
     uintptr_t addr;
@@ -43,9 +44,8 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint3
     *rt_err = rc > 0 ? rc : 0;
     if (rc != 0)
         return false;
-    shim_live_fields f = {
-        .seq = seq_take(),
-    };
+    uint64_t n = seq_take();
+    shim_live_fields f = shim_live_make(n, thread);
     if (nstack | pystack) /* a new block's tags are 0 */
         shim_arena_set_tags(s->arena, node, nstack, pystack);
     if (shim_table_add(s->table, addr, node, &f) != 0) {
@@ -62,8 +62,10 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint3
         finish_prefetched_frees(d, s);
     s->allocs++;
     note_live(d, s, (int64_t)size);
+    if (__builtin_expect(thread != 0, 0))
+        shim_thread_live_count(thread, size);
     *out = addr;
-    *seq = f.seq;
+    *seq = n;
     return true;
 }
 
@@ -73,8 +75,8 @@ serve(shim_device *d, shim_shard *s, size_t size, bool may_grow, bool own, uint3
  * caller's excepted, reserving nothing (room in a busy shard is not worth
  * a wait: the caller moved away from it for that); otherwise growing. */
 static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, bool own,
-                      uint32_t nstack, uint32_t pystack, uintptr_t *out, uint64_t *seq,
-                      int *rt_err)
+                      uint32_t nstack, uint32_t pystack, uint16_t thread, uintptr_t *out,
+                      uint64_t *seq, int *rt_err)
 {
     unsigned n = shard_count(d), home = home_index(d);
     int first_err = 0;
@@ -86,7 +88,7 @@ static bool serve_any(shim_device *d, size_t size, bool steal, bool skip_home, b
             continue;
         if (taken && !steal)
             shim_lock_acquire(&s->lock);
-        bool ok = serve(d, s, size, !steal, own, nstack, pystack, out, seq, rt_err);
+        bool ok = serve(d, s, size, !steal, own, nstack, pystack, thread, out, seq, rt_err);
         if (taken)
             shim_lock_release(&s->lock);
         if (ok)
@@ -167,16 +169,16 @@ static int fail_other(shim_device *d, size_t size, int rt_err)
  * under the device lock, everything that makes room. No shard lock is
  * held on entry. Returns 0 with *addr and *seq, or the runtime's error. */
 static int malloc_slow(shim_device *d, size_t size, bool home_grew, bool own, uint32_t nstack,
-                       uint32_t pystack, uintptr_t *addr, uint64_t *seq)
+                       uint32_t pystack, uint16_t thread, uintptr_t *addr, uint64_t *seq)
 {
     int rt_err;
     /* Free blocks of the other shards not busy now before a new region
      * for this one: threads that moved leave space behind in the shard
      * they left. Then every shard, growing; the caller's only if its try
      * did not (the runtime has just refused it). */
-    if (serve_any(d, size, true, true, own, nstack, pystack, addr, seq, &rt_err))
+    if (serve_any(d, size, true, true, own, nstack, pystack, thread, addr, seq, &rt_err))
         return 0;
-    if (serve_any(d, size, false, home_grew, own, nstack, pystack, addr, seq, &rt_err))
+    if (serve_any(d, size, false, home_grew, own, nstack, pystack, thread, addr, seq, &rt_err))
         return 0;
     if (rt_err)
         return fail_other(d, size, rt_err);
@@ -188,7 +190,7 @@ static int malloc_slow(shim_device *d, size_t size, bool home_grew, bool own, ui
     for (;;) {
         if (!taken || !shim_device_make_room(d, size, &budget))
             return fail(d, size, taken);
-        if (serve_any(d, size, false, false, own, nstack, pystack, addr, seq, &rt_err))
+        if (serve_any(d, size, false, false, own, nstack, pystack, thread, addr, seq, &rt_err))
             break;
         if (rt_err) {
             shim_lock_release(&d->lock);
@@ -204,9 +206,10 @@ static int malloc_general(shim_device *d, void **ptr, size_t size, bool own);
 int shim_device_malloc(shim_device *d, void **ptr, size_t size)
 {
     /* The common request, apart so that it carries only what it uses: no
-     * stacks to capture, no trace, fork handlers in place, and the thread's
-     * arena free. Anything else, and a failed try, take the general path. */
-    if (ptr && size - 1 < (SIZE_MAX >> 1) &&
+     * stacks to capture, no trace, fork handlers in place, a thread not
+     * counted (thread_live.h), and the thread's arena free. Anything else,
+     * and a failed try, take the general path. */
+    if (ptr && size - 1 < (SIZE_MAX >> 1) && !shim_tls_thread_slot &&
         !atomic_load_explicit(&capture_hook, memory_order_relaxed) &&
         !atomic_load_explicit(&event_hook, memory_order_relaxed) &&
         atomic_load_explicit(&d->fork_registered, memory_order_relaxed)) {
@@ -216,12 +219,12 @@ int shim_device_malloc(shim_device *d, void **ptr, size_t size)
             uint64_t seq;
             int rt_err;
             bool grow = shard_count(d) == 1;
-            bool ok = serve(d, s, size, grow, false, 0, 0, &addr, &seq, &rt_err);
+            bool ok = serve(d, s, size, grow, false, 0, 0, 0, &addr, &seq, &rt_err);
             shim_lock_release(&s->lock);
             if (!ok) {
                 if (rt_err)
                     return fail_other(d, size, rt_err);
-                int rc = malloc_slow(d, size, grow, false, 0, 0, &addr, &seq);
+                int rc = malloc_slow(d, size, grow, false, 0, 0, 0, &addr, &seq);
                 if (rc != 0)
                     return rc;
             }
@@ -256,6 +259,7 @@ __attribute__((noinline)) static int malloc_general(shim_device *d, void **ptr, 
     if (capture)
         capture(&nstack, &pystack);
 
+    uint16_t thread = shim_tls_thread_slot;
     bool taken;
     shim_shard *s = shim_shard_lock_home(d, &taken);
     uintptr_t addr;
@@ -264,13 +268,13 @@ __attribute__((noinline)) static int malloc_general(shim_device *d, void **ptr, 
     /* With one shard, as ever; with several, this shard's free blocks
      * first, then the others' (malloc_slow), then a new region. */
     bool grow = shard_count(d) == 1;
-    bool ok = serve(d, s, size, grow, own, nstack, pystack, &addr, &seq, &rt_err);
+    bool ok = serve(d, s, size, grow, own, nstack, pystack, thread, &addr, &seq, &rt_err);
     if (taken)
         shim_lock_release(&s->lock);
     if (!ok) {
         if (rt_err)
             return fail_other(d, size, rt_err);
-        int rc = malloc_slow(d, size, grow, own, nstack, pystack, &addr, &seq);
+        int rc = malloc_slow(d, size, grow, own, nstack, pystack, thread, &addr, &seq);
         if (rc != 0)
             return rc;
     }

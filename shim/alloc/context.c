@@ -37,7 +37,7 @@ static void note_forgotten(uintptr_t ptr, uint32_t id, const shim_live_fields *f
         fb->v[fb->n++] = (shim_record){
             .ptr = ptr,
             .size = shim_arena_block_requested(fb->arena, id),
-            .seq = f->seq,
+            .seq = shim_live_seq(f),
             .native_stack = shim_arena_tag(fb->arena, id, 0),
             .python_stack = shim_arena_tag(fb->arena, id, 1),
         };

@@ -34,6 +34,7 @@
 #include "mutex.h"
 #include "pressure.h"
 #include "table.h"
+#include "thread_live.h"
 
 #pragma GCC visibility push(hidden)
 

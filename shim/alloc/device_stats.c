@@ -86,15 +86,17 @@ struct live_ctx {
 static void collect_live(uintptr_t ptr, uint32_t id, const shim_live_fields *f, void *user)
 {
     struct live_ctx *c = user;
-    if (f->seq <= c->since || c->n == c->cap)
+    uint64_t seq = shim_live_seq(f);
+    if (seq <= c->since || c->n == c->cap)
         return;
     c->out[c->n++] = (shim_record){
         .ptr = ptr,
         .size = shim_arena_block_requested(c->arena, id),
-        .seq = f->seq,
+        .seq = seq,
         .node = id,
         .native_stack = shim_arena_tag(c->arena, id, 0),
         .python_stack = shim_arena_tag(c->arena, id, 1),
+        .thread = shim_live_thread(f),
     };
 }
 
@@ -191,7 +193,7 @@ static void collect_seq(uintptr_t ptr, uint32_t id, const shim_live_fields *f, v
     (void)id;
     struct seq_ctx *c = user;
     if (c->n < c->cap)
-        c->out[c->n++] = f->seq;
+        c->out[c->n++] = shim_live_seq(f);
 }
 
 static void seq_ahead(uint32_t id, void *user)

@@ -93,9 +93,14 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
                 shim_lock_release(&s->lock);
             continue;
         }
-        uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, NULL);
+        /* The allocating thread's slot, once some thread is counted
+         * (thread_live.h); until then the fields are not read. */
+        shim_live_fields f = {0};
+        bool counted = atomic_load_explicit(&shim_thread_live_on, memory_order_relaxed);
+        uint32_t node = shim_table_remove(s->table, (uintptr_t)ptr, counted ? &f : NULL);
         shim_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
-        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device) {
+        if (node != SHIM_TABLE_NONE && !ev && !d->rt->sync_device &&
+            !shim_live_thread(&f)) {
             /* As on the fast path: a thread freeing blocks another
              * allocated holds their shard's lock the shorter for it. */
             free_after_prefetch(d, s, node);
@@ -111,6 +116,8 @@ static int free_in_device(shim_device *d, const shim_runtime *rt, void *ptr, uns
             uint64_t seq = ev ? shim_device_seq_next() : 0;
             uint32_t nstack = ev ? shim_arena_tag(s->arena, node, 0) : 0;
             uint32_t pystack = ev ? shim_arena_tag(s->arena, node, 1) : 0;
+            if (shim_live_thread(&f))
+                shim_thread_live_freed(shim_live_thread(&f), size);
             release_block(d, s, node, size, taken);
             if (taken)
                 shim_lock_release(&s->lock);
@@ -149,7 +156,8 @@ static int free_on(shim_device *d, const shim_runtime *caller, void *ptr, bool o
     /* The common free, apart so that it carries only what it uses: a block
      * of the thread's own arena, free to lock, no trace to tell, no device
      * to wait for. Anything else takes the general path. */
-    if (!atomic_load_explicit(&event_hook, memory_order_relaxed) && !d->rt->sync_device) {
+    if (!atomic_load_explicit(&event_hook, memory_order_relaxed) && !d->rt->sync_device &&
+        !atomic_load_explicit(&shim_thread_live_on, memory_order_relaxed)) {
         unsigned n = shard_count(d);
         shim_shard *s = d->shards[home_index(d)];
         shim_table_prefetch(s->table, (uintptr_t)ptr);

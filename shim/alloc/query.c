@@ -41,7 +41,7 @@ enum shim_block_state shim_device_block_info(const shim_runtime *rt, uintptr_t a
                     info->size = size;
                     /* Apart from the driver's own buffer ids (small
                      * counters): the top bit set. */
-                    info->id = f.seq | (UINT64_C(1) << 63);
+                    info->id = shim_live_seq(&f) | (UINT64_C(1) << 63);
                     info->context = atomic_load_explicit(&d->context, memory_order_relaxed);
                     info->ordinal = d->ordinal;
                 }

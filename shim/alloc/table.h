@@ -1,6 +1,7 @@
 /* Live allocations: device pointer -> the arena node of its block, and the
  * block's sequence number, kept apart from the node because only
- * allocation writes it and only reports read it (the stack ids fit in the
+ * allocation writes it and only reports read it, with the frees once some
+ * thread is counted, thread_live.h (the stack ids fit in the
  * node: shim_arena_set_tags). Open addressing with linear probing and
  * tombstones, live entries' load kept under 1/2 (3/4 above 2^16 slots),
  * the array rebuilt when tombstones pile up, so insert, find and remove
@@ -29,13 +30,39 @@ typedef struct shim_record {
     uint32_t native_stack;   /* interned stack id, 0 = none */
     uint32_t python_stack;   /* interned stack id, 0 = none */
     uint32_t flags;
+    uint16_t thread;         /* the allocating thread's slot, 0: not counted (thread_live.h) */
 } shim_record;
 
 /* What the table keeps of a live block besides its node: written once at
  * allocation, read by reports only (never on the free path). */
 typedef struct shim_live_fields {
-    uint64_t seq;
+    /* The sequence number (low SHIM_LIVE_SEQ_BITS bits) and the
+     * allocating thread's slot above it (0: not counted, thread_live.h):
+     * 8 bytes a block, as before the thread was kept. Sequence numbers
+     * stay below 2^48 (at 10^8 allocations a second, 32 days). A plain
+     * word, not bit-fields: a thread not counted stores its number as it
+     * is, with no masking on the allocation path. Read it with
+     * shim_live_seq and shim_live_thread. */
+    uint64_t word;
 } shim_live_fields;
+_Static_assert(sizeof(shim_live_fields) == 8, "a block's fields stay 8 bytes");
+
+#define SHIM_LIVE_SEQ_BITS 48
+
+static inline shim_live_fields shim_live_make(uint64_t seq, uint16_t thread)
+{
+    return (shim_live_fields){.word = seq | (uint64_t)thread << SHIM_LIVE_SEQ_BITS};
+}
+
+static inline uint64_t shim_live_seq(const shim_live_fields *f)
+{
+    return f->word & (((uint64_t)1 << SHIM_LIVE_SEQ_BITS) - 1);
+}
+
+static inline uint16_t shim_live_thread(const shim_live_fields *f)
+{
+    return (uint16_t)(f->word >> SHIM_LIVE_SEQ_BITS);
+}
 
 typedef struct shim_table shim_table;
 

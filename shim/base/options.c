@@ -1,8 +1,10 @@
 /* SPYRESHIM_* configuration: one table row per variable (name, kind,
  * default, bounds, doc). The same table parses, validates (one warning per
- * bad value, naming the variable and the default used), dumps the effective
- * configuration for SPYRESHIM_LOG=debug, and is what README's table is
- * written from. No other file calls getenv for SPYRESHIM_*.
+ * bad value, naming the variable and the default used; one per name in the
+ * environment that looks like ours and is no option, naming the closest
+ * option), dumps the effective configuration for SPYRESHIM_LOG=debug, and
+ * is what README's table is written from. No other file calls getenv for
+ * SPYRESHIM_*.
  *
  * Parsing must not call shim_log(): shim_log() reads the options, and the
  * options are being built. Warnings go through warn_bad() instead, and this
@@ -22,6 +24,10 @@
 
 #include "escape.h"
 #include "options.h"
+#include "stackdepth.h"
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 /* K_FILE: a path to a file the shim opens later (at exit, at the first
  * flush), resolved at load against the working directory then: the
@@ -61,7 +67,7 @@ static const struct row rows[] = {
     {"SPYRESHIM_LEAK_CHECK", K_LEAKCHECK, OFF(leak_check), "0", 0, 0,
      "1: record stacks of live allocations; report at exit what leaked (live after the interpreter finalized and not held by Python when it began to) and, apart, what Python still held when it began to shut down; held: that too makes the exit status"},
     {"SPYRESHIM_STACK_DEPTH", K_UINT, OFF(stack_depth), "0", 0, 256,
-     "native frames recorded per allocation (and Python frames at most); 0 = 32, or 128 once Python frames are recorded"},
+     "native frames recorded per allocation (and Python frames at most); 0 = " STR(SHIM_STACK_DEPTH_DEFAULT) ", or " STR(SHIM_STACK_DEPTH_DEFAULT_PYTHON) " once Python frames are recorded"},
     {"SPYRESHIM_PYTHON_STACKS", K_BOOL, OFF(python_stacks), "1", 0, 0,
      "with leak checking or a trace, also record the Python stack of the allocating thread"},
     {"SPYRESHIM_REPORT", K_FILE, OFF(report_path), "", 0, 0,
@@ -78,12 +84,28 @@ static const struct row rows[] = {
      "record every allocation, free, pressure event, collection and OOM with its stacks to this file (%p = pid, %r %l %R %h = rank, local rank, restart, host; docs/trace-format.md)"},
     {"SPYRESHIM_TRACE_FLUSH_MS", K_UINT, OFF(trace_flush_ms), "1000", 1, 1000,
      "longest time a recorded event waits in memory before it is written to the trace"},
+    {"SPYRESHIM_TRACE_NOTE", K_BOOL, OFF(trace_note), "0", 0, 0,
+     "1: at exit, one line on stderr naming the trace file this process wrote (%p expanded, a .N suffix where the path was taken) and its events; `spyreshim run --trace` sets it"},
     {"SPYRESHIM_CUDA_IPC_MIN", K_SIZE, OFF(cuda_ipc_min), "0", 0, 0,
      "CUDA: cuMemAlloc requests of at least this size get a region of their own, so that an IPC handle (cuIpcGetMemHandle) can name them (each such request then costs the driver an allocation unless a cached region has its exact size); 0, the default = none (only blocks alone in their region by chance can be exported); `spyreshim run --preset torch` sets 2M"},
     {"SPYRESHIM_CUDA_IPC_CALLERS", K_PATH, OFF(cuda_ipc_callers), "", 0, 0,
      "CUDA: comma-separated names (substrings of the file name) of shared objects whose cuMemAlloc_v2 requests all get a region of their own, so that they can be exported (e.g. libnccl)"},
 };
 #undef OFF
+
+/* SPYRESHIM_* names that are no option of the library but are read by
+ * spyreshim's own tools: no warning for them. */
+static const char *const others[] = {
+    "SPYRESHIM_LIB",        /* the library `spyreshim run` preloads (spyreshim/cli/main.py) */
+    "SPYRESHIM_BUILD",      /* a checkout's build folder (spyreshim/cli/main.py, the tests) */
+    "SPYRESHIM_PRESETS",    /* `run --preset` (spyreshim/presets/__init__.py) */
+    "SPYRESHIM_NO_NUMPY",   /* the trace reader's pure-Python path (spyreshim/reading/trace.py) */
+    "SPYRESHIM_CACHE",      /* where the scripts (torch2_venv.sh, ...) keep their venvs */
+    /* The test suite's (tests/integration, scripts/test.sh). */
+    "SPYRESHIM_PYTHONS", "SPYRESHIM_PYTHONS_CACHE", "SPYRESHIM_SCREENSHOT_DIR",
+    "SPYRESHIM_OPENCL_SUITE", "SPYRESHIM_MODEL_RUNS", "SPYRESHIM_TSAN", "SPYRESHIM_TSAN_BUILD",
+    "SPYRESHIM_TEST_JOBS",
+};
 
 static shim_options opts;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -316,6 +338,120 @@ static int apply(const struct row *r, const char *s, const char **why)
     return -1;
 }
 
+/* A name as compared: upper case, without '_' and '-' (SPYRESHIM_LEAKCHECK
+ * and spyreshim-leak-check are SPYRESHIM_LEAK_CHECK misspelt). Returns its
+ * length, or 0 when it does not fit. */
+static size_t squeeze(const char *s, size_t len, char *out, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '_' || c == '-')
+            continue;
+        if (k + 1 >= n)
+            return 0;
+        out[k++] = c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+    }
+    out[k] = 0;
+    return k;
+}
+
+/* Damerau-Levenshtein distance (optimal string alignment) of two short
+ * strings: an insertion, deletion, substitution or swap of neighbours is
+ * one step. Three rows on the stack (1.5 KiB: any thread may parse). */
+static size_t distance(const char *a, size_t na, const char *b, size_t nb)
+{
+    size_t rows3[3][65];
+    if (na > 64 || nb > 64)
+        return (size_t)-1;
+    size_t *two = rows3[0], *one = rows3[1], *cur = rows3[2];
+    for (size_t j = 0; j <= nb; j++)
+        one[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t best = one[j - 1] + (a[i - 1] != b[j - 1]);
+            if (one[j] + 1 < best)
+                best = one[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                two[j - 2] + 1 < best)
+                best = two[j - 2] + 1;
+            cur[j] = best;
+        }
+        size_t *t = two;
+        two = one;
+        one = cur;
+        cur = t;
+    }
+    return one[nb];
+}
+
+/* The option a misspelt name most likely meant, or NULL: the nearest
+ * within a quarter of the option's own part (at least one step:
+ * SPYRESHIM_LIMT, and SPYRESHIM_LEAKCHECK or spyreshim_limit at none);
+ * else the longest option it begins with (SPYRESHIM_TRACEFILE,
+ * SPYRESHIM_LOGLEVEL). */
+static const char *closest(const char *name, size_t len)
+{
+    char want[65], have[65];
+    size_t nw = squeeze(name, len, want, sizeof want);
+    if (!nw)
+        return NULL;
+    const char *near = NULL, *prefix = NULL;
+    size_t near_d = (size_t)-1, prefix_len = 0;
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        size_t nh = squeeze(rows[i].name, strlen(rows[i].name), have, sizeof have);
+        size_t d = distance(want, nw, have, nh);
+        size_t within = (nh - strlen("SPYRESHIM")) / 4;
+        if (d <= (within ? within : 1) && d < near_d) {
+            near_d = d;
+            near = rows[i].name;
+        }
+        if (nw > nh && !strncmp(want, have, nh) && nh > prefix_len) {
+            prefix_len = nh;
+            prefix = rows[i].name;
+        }
+    }
+    return near ? near : prefix;
+}
+
+/* One warning per name in the environment that begins with "spyreshim"
+ * (any case) and is neither an option nor one of `others`: a misspelt
+ * option is otherwise silently not applied. */
+static void warn_unknown(void)
+{
+    extern char **environ;
+    if (opts.log_level >= SHIM_LOG_OFF || !environ)
+        return;
+    for (char **e = environ; *e; e++) {
+        const char *eq = strchr(*e, '=');
+        size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+        if (len < 9 || strncasecmp(*e, "spyreshim", 9) != 0)
+            continue;
+        bool known = false;
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0] && !known; i++)
+            known = strlen(rows[i].name) == len && !strncmp(rows[i].name, *e, len);
+        for (size_t i = 0; i < sizeof others / sizeof others[0] && !known; i++)
+            known = strlen(others[i]) == len && !strncmp(others[i], *e, len);
+        if (known)
+            continue;
+        char name[65], esc[4 * 64 + 1];
+        snprintf(name, sizeof name, "%.*s", (int)(len < 64 ? len : 64), *e);
+        shim_escape_line(name, esc, sizeof esc);
+        const char *guess = closest(*e, len);
+        char buf[640];
+        if (guess)
+            snprintf(buf, sizeof buf, "spyreshim: warning: %s is not an option (did you mean %s?); "
+                     "ignored\n", esc, guess);
+        else
+            snprintf(buf, sizeof buf, "spyreshim: warning: %s is not an option; ignored "
+                     "(SPYRESHIM_LOG=debug lists the options)\n", esc);
+        write_err(buf);
+    }
+}
+
 static void parse(void)
 {
     memset(&opts, 0, sizeof opts);
@@ -337,6 +473,7 @@ static void parse(void)
             apply(r, r->def, &why);
         }
     }
+    warn_unknown();
 }
 
 const shim_options *shim_opts(void)

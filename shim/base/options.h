@@ -41,6 +41,7 @@ typedef struct shim_options {
     bool control;            /* SPYRESHIM_CONTROL: the control socket (shim/leak/control.c) */
     const char *trace_path;  /* SPYRESHIM_TRACE (%p = pid) */
     unsigned trace_flush_ms; /* SPYRESHIM_TRACE_FLUSH_MS */
+    bool trace_note;         /* SPYRESHIM_TRACE_NOTE: name the file written, at exit */
     bool secure;             /* AT_SECURE: paths from the environment are ignored */
     size_t cuda_ipc_min;     /* SPYRESHIM_CUDA_IPC_MIN: 0 = none */
     const char *cuda_ipc_callers; /* SPYRESHIM_CUDA_IPC_CALLERS: comma-separated object names */

@@ -112,6 +112,19 @@ SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out);
  * limit_memory). peak_reserved_bytes is left alone. */
 SPYRESHIM_API void spyreshim_reset_peak(void);
 
+/* The device peak of one thread: the bytes of the live blocks the calling
+ * thread allocated (on any device the shim serves; freed by whichever
+ * thread), and the most of them since its last reset. A thread is counted
+ * from its first spyreshim_thread_reset_peak on: what it allocated before
+ * is not counted, on its side or at its frees. spyreshim_thread_reset_peak
+ * restarts the peak from the thread's bytes live now; it returns 0, or -1
+ * when the thread could not be counted (65,535 counted threads alive, or
+ * out of host memory). Until a thread's first reset, both readers give 0.
+ * The pytest plugin's limit_memory(current_thread_only=True). */
+SPYRESHIM_API int spyreshim_thread_reset_peak(void);
+SPYRESHIM_API uint64_t spyreshim_thread_used(void);
+SPYRESHIM_API uint64_t spyreshim_thread_peak(void);
+
 /* Leak hunting. A mark is a point in the sequence of allocations. */
 typedef uint64_t spyreshim_mark;
 SPYRESHIM_API spyreshim_mark spyreshim_mark_now(void);
@@ -131,6 +144,11 @@ typedef struct spyreshim_snapshot spyreshim_snapshot;
 
 /* Live allocations made after `since` (0: all of them). NULL on failure. */
 SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since);
+/* The same, of the blocks the calling thread allocated (freed by no thread
+ * since) while it was counted (spyreshim_thread_reset_peak): the blocks
+ * the shim serves, not memory it passes through and watches. Empty when
+ * the thread is not counted. */
+SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take_thread(spyreshim_mark since);
 SPYRESHIM_API size_t spyreshim_snapshot_count(const spyreshim_snapshot *s);
 SPYRESHIM_API uint64_t spyreshim_snapshot_bytes(const spyreshim_snapshot *s);
 SPYRESHIM_API const spyreshim_alloc_info *spyreshim_snapshot_get(const spyreshim_snapshot *s, size_t i);
@@ -139,6 +157,17 @@ SPYRESHIM_API int spyreshim_snapshot_print(const spyreshim_snapshot *s, int fd, 
 /* The report JSON format of SPYRESHIM_REPORT. Returns 0 or -1 (errno set). */
 SPYRESHIM_API int spyreshim_snapshot_write_json(const spyreshim_snapshot *s, const char *path);
 SPYRESHIM_API void spyreshim_snapshot_free(spyreshim_snapshot *s);
+
+/* Work this thread's Python call hands to threads of a framework's own
+ * (PyTorch's autograd engine runs backward() on a device thread without
+ * Python frames): between begin and end, device allocations made by a
+ * thread that runs no Python frame record this thread's Python stack at
+ * begin as their origin (reports show it after their native frames and
+ * label them by it), as long as no other such call runs at the same time
+ * (with two, none is named). Call end once per begin, on any thread;
+ * begin's value is for end. Cheap: one capture of the caller's stack. */
+SPYRESHIM_API uint32_t spyreshim_origin_begin(void);
+SPYRESHIM_API void spyreshim_origin_end(uint32_t token);
 
 #ifdef __cplusplus
 }

@@ -24,31 +24,27 @@
 
 #include "collections.h"
 #include "device.h"
+#include "exitstatus.h"
 #include "find.h"
 #include "log.h"
 #include "mutex.h"
 #include "options.h"
 #include "passthrough.h"
 #include "pressure.h"
+#include "origin.h"
 #include "pystack.h"
 #include "report.h"
 #include "path.h"
 #include "shutdown.h"
 #include "spyreshim.h"
 #include "stack.h"
+#include "stackdepth.h"
 #include "suppress.h"
 #include "units.h"
 
-/* SPYRESHIM_STACK_DEPTH unset: native frames recorded per allocation, and
- * the same number of Python frames. A framework's allocation is deep: a
- * PyTorch tensor allocated in an nn.Module's forward is 50-60 native frames
- * below main (an MLP with Adam, measured in docs/leaks.md), most of them
- * the dispatcher's, and every Python call entered from C adds the
- * interpreter's frames; cut there, the Python frames cannot be spliced in
- * (report.c). Walking costs only the frames a stack has, so the larger
- * depth costs nothing where stacks are shallow. */
-#define DEFAULT_DEPTH 32
-#define DEFAULT_DEPTH_PYTHON 128
+/* SPYRESHIM_STACK_DEPTH unset (stackdepth.h says why these). */
+#define DEFAULT_DEPTH SHIM_STACK_DEPTH_DEFAULT
+#define DEFAULT_DEPTH_PYTHON SHIM_STACK_DEPTH_DEFAULT_PYTHON
 
 static atomic_bool g_enabled;
 static unsigned g_depth;             /* SPYRESHIM_STACK_DEPTH; 0: the defaults above */
@@ -101,6 +97,9 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
      * lock), which no lock of ours may be held across. */
     if (shim_locks_held())
         return;
+    /* The program runs: from now on its exit status can be known at exit
+     * (exitstatus.c says why not earlier). One load after the first. */
+    shim_exitstatus_watch();
     unsigned depth = g_depth ? g_depth : atomic_load_explicit(&g_depth_auto, memory_order_relaxed);
     uint32_t id = shim_stack_capture(depth);
     *native_stack = id;
@@ -116,7 +115,10 @@ void shim_leak_capture(uint32_t *native_stack, uint32_t *python_stack)
         shim_python_find_hint();
     }
     uint32_t py = shim_pystack_capture(depth);
-    *python_stack = py;
+    /* A thread without Python frames running work a Python call handed
+     * off (the autograd engine's device thread in backward()): the
+     * caller's stack, flagged as the origin (origin.c). */
+    *python_stack = py ? py : shim_origin_current();
     /* Python runs here: the exit check also needs what it holds when it
      * begins to shut down (shutdown.c). */
     if (py && atomic_load_explicit(&g_enabled, memory_order_relaxed))
@@ -173,21 +175,47 @@ static void write_json(const shim_report *r, const char *suffix, const char *rea
                   "report per process", path, (long)getpid());
 }
 
+/* Successful allocations so far, every device and every family passed
+ * through: what tells a program that recovered from its last failure.
+ * Not the sequence counter: a trace numbers frees, collections and the
+ * failure itself from it too, and a program that only freed after its
+ * failure did not recover. */
+static uint64_t allocations_so_far(void)
+{
+    spyreshim_stats st;
+    memset(&st, 0, sizeof st);
+    size_t n = shim_device_count();
+    for (size_t i = 0; i < n; i++)
+        shim_device_add_stats(shim_device_at(i), &st);
+    uint64_t total = st.allocs;
+    for (int f = 0; f < SHIM_PT_FAMILIES; f++) {
+        shim_pt_counters c;
+        shim_passthrough_totals((enum shim_pt_family)f, &c);
+        total += c.allocs;
+    }
+    return total;
+}
+
 /* The last out-of-memory, kept for the verdict at exit: a copy of the live
- * records (stack ids only, nothing resolved), what failed, and the
- * allocation sequence at that moment. Published by an atomic exchange, so
- * no lock (none to be left held by a fork, none to order with others). */
+ * records (stack ids only, nothing resolved), what failed, and how many
+ * allocations had succeeded at that moment. Published by an atomic
+ * exchange, so no lock (none to be left held by a fork, none to order
+ * with others). */
 typedef struct oom_state {
     spyreshim_snapshot *snap;
     char runtime[32];
     size_t size;
-    uint64_t seq;
+    uint64_t allocations;
     shim_oom_facts facts;
     char verdict[289];   /* with "spyreshim: " in front, at most 300 characters */
 } oom_state;
 
 static _Atomic(oom_state *) g_oom;
 static atomic_bool g_oom_line_done;
+/* The groups the out-of-memory report printed at exit, so that the leak
+ * report after it gives each of those stacks once. Exit's thread only. */
+static shim_report_key *g_oom_printed;
+static size_t g_noom_printed;
 
 static void oom_state_free(oom_state *st)
 {
@@ -209,7 +237,7 @@ void shim_leak_on_oom(const char *runtime, size_t size, const shim_oom_facts *fa
     oom_state *st = calloc(1, sizeof *st);
     if (!st)
         return;
-    st->seq = shim_device_seq_now();
+    st->allocations = allocations_so_far();
     st->snap = spyreshim_snapshot_take(0);
     snprintf(st->runtime, sizeof st->runtime, "%s", runtime);
     st->size = size;
@@ -238,7 +266,7 @@ void shim_leak_oom_at_exit(void)
     /* As a user would judge it: the program recovered when something was
      * allocated after its last failure; if not, that failure is what it
      * ended on, and the report shows what held the memory then. */
-    if (shim_device_seq_now() != st->seq) {
+    if (allocations_so_far() != st->allocations) {
         oom_state_free(st);
         return;
     }
@@ -264,6 +292,10 @@ void shim_leak_oom_at_exit(void)
         size_t hl = strlen(headline);
         snprintf(headline + hl, sizeof headline - hl, "\nspyreshim: %s", st->verdict);
         shim_report_print(r, STDERR_FILENO, SHIM_REPORT_LIVE, headline, o->oom_report_top);
+        g_oom_printed = malloc(o->oom_report_top * sizeof *g_oom_printed);
+        if (g_oom_printed)
+            g_noom_printed = shim_report_printed_keys(r, o->oom_report_top, g_oom_printed,
+                                                      o->oom_report_top);
         char oom_json[720];
         const shim_oom_facts *f = &st->facts;
         char unreachable[24] = "null";
@@ -391,6 +423,14 @@ void shim_leak_at_exit(void)
         shim_report_free(r);
         return;
     }
+    /* A program that ended on an out-of-memory leaks what held the device
+     * then: those stacks were just printed (the JSON keeps them all). */
+    shim_report_mark_printed(r, g_oom_printed, g_noom_printed);
+    if (hr)
+        shim_report_mark_printed(hr, g_oom_printed, g_noom_printed);
+    free(g_oom_printed);
+    g_oom_printed = NULL;
+    g_noom_printed = 0;
     uint64_t leaked_bytes, leaked, held_bytes = 0, held_count = 0;
     shim_report_totals(r, &leaked_bytes, &leaked, NULL, NULL);
     if (hr)
@@ -425,9 +465,19 @@ void shim_leak_at_exit(void)
     shim_report_free(hr); /* before r: it names its frames with r's symbolizer */
     shim_report_free(r);
     bool fail = leaked != 0;
+    int own;
+    if (fail && o->exitcode != 0 && shim_exitstatus_get(&own) && (own & 0xff) != 0) {
+        /* The program failed on its own (an out-of-memory it gave up on,
+         * an error): its status says more than the leak verdict, which the
+         * report above already gave. */
+        dprintf(STDERR_FILENO, "spyreshim: the program exits with status %d, kept (leaks "
+                "would have made it SPYRESHIM_EXITCODE=%d)\n", own & 0xff, o->exitcode);
+        return;
+    }
     if (fail && o->exitcode != 0) {
-        /* As LeakSanitizer: the verdict replaces the exit status. Flush
-         * what the program buffered, since _exit skips stdio. */
+        /* As LeakSanitizer: the verdict replaces the status of a program
+         * that succeeded. Flush what the program buffered, since _exit
+         * skips stdio. */
         fflush(NULL);
         _exit(o->exitcode);
     }

@@ -212,13 +212,15 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         uintptr_t base = native[i].object ? native[i].address - native[i].offset : 0;
         native[i].interpreter = base && (base == interp || base == loop_base);
     }
-    if (npy && nn) {
+    if (npy && (shim_pystack_flags(g->python_stack) & SHIM_PYSTACK_ORIGIN))
+        g->order = SHIM_ORDER_ORIGIN;      /* no call links them: the thread's own frames first */
+    else if (npy && nn) {
         g->unspliced = splice_refusal(py, npy, shim_pystack_flags(g->python_stack), calls_native);
         if (g->unspliced)
             g->order = SHIM_ORDER_PYTHON_FIRST;
     }
     size_t next_py = 0;
-    if (g->order != SHIM_ORDER_HYBRID) {
+    if (g->order != SHIM_ORDER_HYBRID && g->order != SHIM_ORDER_ORIGIN) {
         for (; next_py < npy; next_py++) {
             shim_report_frame *f = &g->frames[g->nframes++];
             f->python = true;
@@ -247,6 +249,14 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         g->frames[g->nframes++] = native[i];
     }
     free(native);
+    for (; g->order == SHIM_ORDER_ORIGIN && next_py < npy; next_py++) {
+        shim_report_frame *f = &g->frames[g->nframes++];
+        f->python = true;
+        f->function = py[next_py].function;
+        f->file = py[next_py].file;
+        f->line = py[next_py].line;
+        f->python_frames = -1;
+    }
     if (g->order == SHIM_ORDER_HYBRID)
         fold(g);
     return 0;
@@ -442,6 +452,36 @@ static void print_frame(out *o, size_t i, const shim_report_frame *f)
     outf(o, "\n");
 }
 
+size_t shim_report_printed_keys(const shim_report *r, size_t max_groups, shim_report_key *out,
+                                size_t n)
+{
+    size_t k = 0, shown = 0;
+    for (size_t i = 0; i < r->ngroups && k < n && (!max_groups || shown < max_groups); i++) {
+        const shim_report_group *g = &r->groups[i];
+        if (g->suppression >= 0)
+            continue;
+        shown++;
+        if (g->nframes == 0)
+            continue;
+        snprintf(out[k].runtime, sizeof out[k].runtime, "%s", g->runtime ? g->runtime : "");
+        out[k].python_stack = g->python_stack;
+        out[k].native_stack = g->native_stack;
+        k++;
+    }
+    return k;
+}
+
+void shim_report_mark_printed(shim_report *r, const shim_report_key *keys, size_t n)
+{
+    for (size_t i = 0; i < r->ngroups; i++) {
+        shim_report_group *g = &r->groups[i];
+        for (size_t k = 0; k < n && !g->printed_before; k++)
+            g->printed_before = g->nframes && keys[k].python_stack == g->python_stack &&
+                                keys[k].native_stack == g->native_stack &&
+                                !strcmp(keys[k].runtime, g->runtime ? g->runtime : "");
+    }
+}
+
 int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
                       const char *headline, size_t max_groups)
 {
@@ -482,9 +522,16 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
              g->runtime ? esc(g->runtime, rt, sizeof rt) : "device");
         if (g->nframes == 0)
             outf(o, "    <no stack recorded>\n");
-        for (size_t k = 0, shown_frames = 0; k < g->nframes; k++)
+        size_t shown_frames = 0;
+        for (size_t k = 0; k < g->nframes && !(g->printed_before && shown_frames); k++)
             if (!g->frames[k].folded)
                 print_frame(o, shown_frames++, &g->frames[k]);
+        if (g->printed_before) {
+            /* Each stack once: the rest is in the report printed above. */
+            outf(o, "    (the same stack as in the out-of-memory report above)\n");
+            out_flush(o);
+            continue;
+        }
         if (g->nfolded)
             outf(o, "    (%zu interpreter frame(s) folded; the JSON report keeps every frame)\n",
                  g->nfolded);
@@ -492,6 +539,9 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
         if (g->order == SHIM_ORDER_PYTHON_FIRST)
             outf(o, "    (unspliced, Python frames first: %s)\n",
                  esc(g->unspliced ? g->unspliced : "?", why, sizeof why));
+        if (g->order == SHIM_ORDER_ORIGIN)
+            outf(o, "    (a thread without Python frames; the Python frames are the call that "
+                    "started its work)\n");
         out_flush(o);
     }
     char sz[SHIM_SIZE_TEXT];
@@ -604,6 +654,7 @@ static void write_order_frames(FILE *f, const shim_report_group *g, const char *
     static const char *const orders[] = {
         [SHIM_ORDER_NATIVE] = "native", [SHIM_ORDER_PYTHON] = "python",
         [SHIM_ORDER_HYBRID] = "hybrid", [SHIM_ORDER_PYTHON_FIRST] = "python-first",
+        [SHIM_ORDER_ORIGIN] = "origin",
     };
     fprintf(f, "\"order\": \"%s\"", orders[g->order]);
     if (g->unspliced) {

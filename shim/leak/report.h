@@ -34,6 +34,8 @@ enum shim_report_order {
     SHIM_ORDER_PYTHON,       /* Python frames only */
     SHIM_ORDER_HYBRID,       /* true call order: Python frames where the interpreter ran them */
     SHIM_ORDER_PYTHON_FIRST, /* not spliced (see `unspliced`): Python frames, then native */
+    SHIM_ORDER_ORIGIN,       /* native frames of a thread without Python, then the Python
+                              * stack that started the work (origin.c) */
 };
 
 typedef struct shim_report_group {
@@ -46,7 +48,17 @@ typedef struct shim_report_group {
     enum shim_report_order order;
     const char *unspliced;   /* SHIM_ORDER_PYTHON_FIRST: why (static string) */
     size_t nfolded;
+    /* Its stack was printed earlier in this exit's output (the
+     * out-of-memory report): the text gives its first frame only
+     * (shim_report_mark_printed). */
+    bool printed_before;
 } shim_report_group;
+
+/* A group's key (runtime, stacks), kept to find it in another report. */
+typedef struct shim_report_key {
+    char runtime[32];
+    uint32_t python_stack, native_stack;
+} shim_report_key;
 
 typedef struct shim_report shim_report;
 
@@ -63,6 +75,13 @@ shim_report *shim_report_build(const spyreshim_alloc_info *allocs, size_t n,
 shim_report *shim_report_build_like(const spyreshim_alloc_info *allocs, size_t n,
                                     const shim_suppressions *sup, const shim_report *like);
 void shim_report_free(shim_report *r);
+/* The keys of the first `max_groups` unsuppressed groups with a stack (0:
+ * all), the ones shim_report_print shows, into `out` (room for `n`);
+ * returns how many. */
+size_t shim_report_printed_keys(const shim_report *r, size_t max_groups, shim_report_key *out,
+                                size_t n);
+/* Marks the groups of `r` whose key is among `keys` as printed before. */
+void shim_report_mark_printed(shim_report *r, const shim_report_key *keys, size_t n);
 size_t shim_report_ngroups(const shim_report *r);
 const shim_report_group *shim_report_group_at(const shim_report *r, size_t i);
 /* Totals over unsuppressed and suppressed groups. */

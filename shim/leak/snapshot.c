@@ -22,6 +22,7 @@
 #include "snapshot.h"
 #include "spyreshim.h"
 #include "suppress.h"
+#include "thread_live.h"
 
 struct spyreshim_snapshot {
     spyreshim_alloc_info *allocs;
@@ -68,8 +69,23 @@ SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take(spyreshim_mark since)
     return shim_snapshot_take_timed(since, NULL);
 }
 
+static spyreshim_snapshot *take(spyreshim_mark since, shim_live_timing *t, bool mine);
+
+SPYRESHIM_API spyreshim_snapshot *spyreshim_snapshot_take_thread(spyreshim_mark since)
+{
+    return take(since, NULL, true);
+}
+
 spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_timing *t)
 {
+    return take(since, t, false);
+}
+
+/* `mine`: the blocks the calling thread allocated since it is counted
+ * (thread_live.h) alone; none when it is not counted. */
+static spyreshim_snapshot *take(spyreshim_mark since, shim_live_timing *t, bool mine)
+{
+    uint16_t slot = mine ? shim_tls_thread_slot : 0;
     if (t)
         memset(t, 0, sizeof *t);
     spyreshim_snapshot *s = calloc(1, sizeof *s);
@@ -98,6 +114,8 @@ spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_tim
         }
         const char *name = shim_device_name(dev);
         for (size_t i = 0; i < k; i++) {
+            if (mine && (!slot || recs[i].thread != slot))
+                continue;
             spyreshim_alloc_info *a = &s->allocs[s->n++];
             a->ptr = recs[i].ptr;
             a->size = (size_t)recs[i].size;
@@ -110,7 +128,10 @@ spyreshim_snapshot *shim_snapshot_take_timed(spyreshim_mark since, shim_live_tim
         free(recs);
     }
     /* Memory passed through and watched (managed, host-pinned): its
-     * family is its runtime's name in the reports. */
+     * family is its runtime's name in the reports. No thread is kept for
+     * it: a thread's snapshot has the blocks the shim serves alone. */
+    if (mine)
+        return s;
     size_t k = 0;
     shim_pt_record *pt = shim_passthrough_live(since, &k);
     if (!pt && k) {

@@ -54,6 +54,7 @@
 #include "forkgate.h"
 #include "collections.h"
 #include "control.h"
+#include "origin.h"
 #include "pressure.h"
 #include "passthrough.h"
 #include "pygc.h"
@@ -90,6 +91,7 @@ static void child(void)
     shim_trace_atfork_child();
     shim_collections_atfork_child();
     shim_control_atfork_child();
+    shim_origin_atfork_child();
     shim_pystack_atfork_child();
     shim_stack_atfork_child();
     shim_pressure_atfork_child();

@@ -2,7 +2,7 @@
  * split into byte planes, the planes that hold one byte throughout stored
  * as that byte, the rest compressed with zlib when it is there. The layout
  * is tracefmt.h and docs/trace-format.md; the reader is
- * spyreshim/tracecodec.py. Called by the writer
+ * spyreshim/reading/tracecodec.py. Called by the writer
  * (tracefile.c) with the trace write lock held, never on an allocating
  * thread. */
 #ifndef SHIM_TRACECODEC_H

@@ -40,6 +40,7 @@ static struct shim_ownfd g_own = SHIM_OWNFD_NONE;
 static uint64_t g_good;          /* bytes of whole records in the file */
 static uint64_t g_events;        /* events in them */
 static bool g_failed;
+static bool g_opened;            /* this process opened a file (g_path) */
 static uint32_t sites_written;
 static size_t devices_written;
 static bool families_written; /* the pass-through families' device records */
@@ -478,6 +479,7 @@ bool shim_tracefile_ready(void)
         stop();
         return false;
     }
+    g_opened = true;
     write_state(TRACE_STATE_RECORDING);
     return !g_failed;
 }
@@ -530,6 +532,15 @@ void shim_tracefile_close(void)
     shim_ownfd_close(&g_own);
 }
 
+bool shim_tracefile_written(char *path, size_t n, uint64_t *events)
+{
+    if (!g_opened)
+        return false;
+    snprintf(path, n, "%s", g_path);
+    *events = g_events;
+    return true;
+}
+
 void shim_tracefile_atfork_child(void)
 {
     /* The sites table is kept (ids stay valid): every site and stack is
@@ -543,6 +554,7 @@ void shim_tracefile_atfork_child(void)
     if (nstack_seen)
         memset(nstack_seen, 0, nstack_seen_bytes);
     maps_hash = 0;
+    g_opened = false;
     /* The parent's descriptor: closed here (when it still is the trace),
      * never written. */
     shim_ownfd_close(&g_own);

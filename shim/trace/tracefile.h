@@ -54,6 +54,10 @@ void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
  * reached it. */
 void shim_tracefile_end(void);
 void shim_tracefile_close(void);
+/* The path of the file this process wrote (`%p` expanded, a `.N` suffix
+ * where the path was taken) into path[n] and the events in it; false when
+ * it opened none. */
+bool shim_tracefile_written(char *path, size_t n, uint64_t *events);
 /* fork() child: the parent's file is closed here, never written; with %p
  * in the path the child writes a file of its own (every site and stack
  * again), without it the child records nothing. */

@@ -1,5 +1,5 @@
 /* The trace file's layout (docs/trace-format.md is its description; the
- * reader is spyreshim/trace.py, a chunk's events
+ * reader is spyreshim/reading/trace.py, a chunk's events
  * tracecodec.py). Little-endian, as written by the host. A file is a
  * header followed by chunks, one per flushed buffer; a chunk is complete
  * or it is the last one (a crash or SIGKILL cut it) and readers drop an

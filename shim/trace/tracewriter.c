@@ -185,7 +185,15 @@ void shim_tracewriter_close(void)
     }
     shim_tracefile_close();
     shim_tracebuf_stop();
+    static char path[4096];   /* exit's thread only, once */
+    uint64_t events = 0;
+    bool note = shim_opts()->trace_note && shim_tracefile_written(path, sizeof path, &events);
     shim_mutex_unlock(&write_mu);
+    /* `spyreshim run --trace` asks: which file, among PATH, PATH.2, ... or
+     * one per process, is this one's. */
+    if (note)
+        shim_log(SHIM_LOG_WARN, "trace written to %s (%llu events)", path,
+                 (unsigned long long)events);
 }
 
 void shim_tracewriter_atfork_prepare(void) { shim_mutex_lock(&write_mu); }

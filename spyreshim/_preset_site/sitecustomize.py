@@ -1,4 +1,4 @@
-"""Installed by `spyreshim run --preset ...` (spyreshim/presets.py): installs
+"""Installed by `spyreshim run --preset ...` (spyreshim/presets/__init__.py): installs
 the presets' hooks when their frameworks are imported, then runs the
 sitecustomize this one shadows, if any."""
 import os

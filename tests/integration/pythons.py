@@ -215,6 +215,8 @@ DEPENDENCIES = {
     "torch": "scripts/deps.sh",
     "torch2": "scripts/torch2_venv.sh",
     "numba-cuda": "scripts/numba_cuda_venv.sh",
+    "hta": "scripts/hta_venv.sh",   # HolisticTraceAnalysis (test_categories)
+    "pytest-memray": None,     # PyPI's, into a cached venv by test_pytest_plugin.py
     "cuda-toolkit": None,
     "torch-cuda": None,        # Debian's torch is built without CUDA
     "cupy": None,

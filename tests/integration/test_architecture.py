@@ -394,3 +394,58 @@ def test_the_circle_check_sees_data_and_inline_helpers(tmp_path):
     graph = file_graph(tmp_path, ["room"])
     assert circles(graph) == []
     assert graph["room/seq"]["room/hooks"] == "seq.c uses hook (in take)"
+
+
+# ---- the Python package's rooms ----------------------------------------------
+# spyreshim/ has rooms by concept as the C side has; a module's imports of
+# another room go down this order only (presets stand apart: they import
+# nothing of the others), and docs/architecture.md names every module.
+PY_ROOMS = ["reading", "exports", "views", "cli"]
+PY_PKG = REPO / "spyreshim"
+
+
+def _py_room_imports():
+    """[(module path, room it imports)] for every intra-package import."""
+    out = []
+    for src in sorted(PY_PKG.glob("*/*.py")):
+        if src.parent.name.startswith("_"):
+            continue
+        for m in re.finditer(r"^\s*from (\.+)(\w*)(?:\.\w+)* import ([\w, ]+)", src.read_text(), re.M):
+            dots, first, names = m.groups()
+            if dots == ".":
+                out.append((src, src.parent.name))
+            elif dots == ".." and first:
+                out.append((src, first))
+            elif dots == "..":   # from .. import presets: a room by name
+                out += [(src, n.split(" as ")[0].strip()) for n in names.split(",")
+                        if (PY_PKG / n.split(" as ")[0].strip()).is_dir()]
+    return out
+
+
+def test_python_rooms_import_one_way():
+    bad = []
+    for src, room in _py_room_imports():
+        mine = src.parent.name
+        if room == mine:
+            continue
+        if mine == "presets" or room == "presets" and mine != "cli":
+            bad.append(f"{src.relative_to(REPO)} imports {room}")
+        elif room in PY_ROOMS and mine in PY_ROOMS and PY_ROOMS.index(room) > PY_ROOMS.index(mine):
+            bad.append(f"{src.relative_to(REPO)} ({mine}) imports {room}, a room above it")
+    assert not bad, "\n".join(bad)
+
+
+def test_python_package_is_rooms_and_the_doc_names_every_module():
+    doc = (REPO / "docs/architecture.md").read_text()
+    flat = sorted(p.name for p in PY_PKG.glob("*.py"))
+    assert flat == ["__init__.py", "__main__.py", "_preloaded.py", "pytest_plugin.py"], \
+        "a module at the package's top: put it in a room (docs/architecture.md)"
+    missing = []
+    for src in sorted(PY_PKG.glob("*/*.py")):
+        room = src.parent.name
+        if room.startswith("_"):
+            continue
+        assert f"`spyreshim/{room}/`" in doc, f"docs/architecture.md does not describe spyreshim/{room}/"
+        if src.name != "__init__.py" and f"`{src.name}`" not in doc:
+            missing.append(str(src.relative_to(REPO)))
+    assert not missing, "docs/architecture.md does not name: " + ", ".join(missing)

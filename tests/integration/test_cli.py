@@ -24,7 +24,7 @@ DATA = HERE / "data"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from spyreshim import report as rpt  # noqa: E402
+from spyreshim.reading import report as rpt  # noqa: E402
 import pythons  # noqa: E402
 
 # Any library that is harmless to preload, for the tests of `run` that only
@@ -65,7 +65,11 @@ def test_report_lists_groups_largest_first_with_sizes_counts_and_frames():
     assert "    #1 in <module> /t/leak.py:20 [python]\n" in out
     assert ("    #2 0x7f3a2c001234 in Tensor_init simdevmodule.c:88 "
             "(/b/simdev.cpython-311-x86_64-linux-gnu.so+0x1234)\n") in out
-    assert "    #3 0x55d0c0a1b2c3 in _PyEval_EvalFrameDefault (/usr/bin/python3.11+0x1b2c3)\n" in out
+    # The interpreter's own frames, by default one frame named after it
+    # (issue 48: a library's frames folded); --native-frames=all lists them.
+    assert "    #3 [python3.11: 2 frames]\n" in out
+    every = cli("report", "--native-frames=all", DATA / "leak_single.json").stdout
+    assert "    #3 0x55d0c0a1b2c3 in _PyEval_EvalFrameDefault (/usr/bin/python3.11+0x1b2c3)\n" in every
     # No symbol: object+offset still locate it.
     assert "    #1 0x7f3a2d000900 (/b/libworker.so+0x900)\n" in out
     # Suppressed groups are counted, not listed.
@@ -319,8 +323,8 @@ def test_run_execs_the_command_in_place():
 # (ctypes, a thread lock), the readers and the other commands cost every
 # launch CPU time when imported.
 NOT_FOR_RUN = ("ctypes", "threading", "json", "tempfile", "spyreshim._preloaded",
-               "spyreshim.trace", "spyreshim.tracepeak", "spyreshim.timeline",
-               "spyreshim.presets", "spyreshim.doctor", "spyreshim.control")
+               "spyreshim.reading.trace", "spyreshim.views.tracepeak", "spyreshim.views.timeline",
+               "spyreshim.presets", "spyreshim.cli.doctor", "spyreshim.cli.control")
 
 
 def test_run_imports_only_what_it_needs():
@@ -364,9 +368,103 @@ def test_run_bad_options_are_usage_errors(args, expected):
     assert expected in r.stderr
 
 
+def test_the_names_the_library_does_not_warn_about_are_the_documented_ones():
+    """options.c's `others[]` and docs/configuration.md's "Other
+    variables" name the same SPYRESHIM_* variables."""
+    code = (REPO / "shim" / "base" / "options.c").read_text()
+    code = code[code.index("others[] = {"):]
+    code = set(re.findall(r'"(SPYRESHIM_\w+)"', code[:code.index("};")]))
+    doc = (REPO / "docs" / "configuration.md").read_text()
+    doc = doc[doc.index("## Other variables"):]
+    doc = set(re.findall(r"`(SPYRESHIM_\w+)`", doc[:doc.index("The library knows")]))
+    assert code == doc and len(code) >= 10, (sorted(code - doc), sorted(doc - code))
+
+
+@pytest.mark.parametrize("args,line", [
+    (["run", "--leakcheck", "--", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --leakcheck (did you mean --leak-check?)"),
+    (["run", "--leak_check", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --leak_check (did you mean --leak-check?)"),
+    (["run", "--stack-depht", "8", "--", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --stack-depht (did you mean --stack-depth?)"),
+    (["run", "--shout", "--", "sh", "-c", "echo ran"],
+     "spyreshim run: error: unrecognized arguments: --shout"),
+    (["report", "--topp", "3", str(DATA / "leak_single.json")],
+     "spyreshim report: error: unrecognized arguments: --topp (did you mean --top?)"),
+])
+def test_a_misspelt_option_is_one_line_naming_the_option_meant(args, line):
+    """Nothing runs; one line (no usage block) with the option a misspelt
+    one most likely meant, as git and pip suggest commands."""
+    r = cli(*args, env={"SPYRESHIM_LIB": LIBC})
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", line + "\n"), r
+
+
 def test_run_with_spyreshim_lib_missing():
     line = one_line_error(cli("run", "--", "true", env={"SPYRESHIM_LIB": "/nonexistent/lib.so"}))
     assert line == "spyreshim: SPYRESHIM_LIB=/nonexistent/lib.so: no such file"
+
+
+@pytest.mark.parametrize("name,meant", [
+    ("SPYRESHIM_LIMT", "SPYRESHIM_LIMIT"),
+    ("SPYRESHIM_LEAKCHECK", "SPYRESHIM_LEAK_CHECK"),
+    ("spyreshim_limit", "SPYRESHIM_LIMIT"),
+    ("SPYRESHIM-STACK-DEPTH", "SPYRESHIM_STACK_DEPTH"),
+    ("SPYRESHIM_GC_TIMEOUT", "SPYRESHIM_GC_TIMEOUT_MS"),
+    ("SPYRESHIM_TRACEFILE", "SPYRESHIM_TRACE"),
+    ("SPYRESHIM_SHOUT", None),
+])
+def test_a_name_that_is_no_option_gets_one_warning_naming_the_closest(shim_lib, name, meant):
+    """A misspelt SPYRESHIM_* variable is not applied: the shim says so,
+    once, in one line, with the option it most likely meant; the program
+    runs as it does bare. Variables of spyreshim's tools are not options
+    and get nothing; SPYRESHIM_LOG=off silences it."""
+    base = {k: v for k, v in os.environ.items()
+            if k != "LD_PRELOAD" and not k.lower().startswith("spyreshim")}
+    argv = ["sh", "-c", "echo ran; exit 5"]
+    bare = subprocess.run(argv, env=dict(base, **{name: "1"}), capture_output=True, text=True,
+                          timeout=pythons.HANG_S)
+    r = subprocess.run(argv, env=dict(base, LD_PRELOAD=str(shim_lib), **{name: "1"}),
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert (r.returncode, r.stdout) == (bare.returncode, bare.stdout) == (5, "ran\n"), r
+    if meant:
+        want = "spyreshim: warning: %s is not an option (did you mean %s?); ignored" % (name,
+                                                                                       meant)
+    else:
+        want = ("spyreshim: warning: %s is not an option; ignored (SPYRESHIM_LOG=debug lists "
+                "the options)" % name)
+    assert r.stderr.splitlines() == [want], r.stderr
+    quiet = subprocess.run(argv, env=dict(base, LD_PRELOAD=str(shim_lib), SPYRESHIM_LOG="off",
+                                          SPYRESHIM_LIB="x", SPYRESHIM_NO_NUMPY="1",
+                                          **{name: "1"}),
+                           capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert quiet.stderr == "", quiet
+    ours = subprocess.run(argv, env=dict(base, LD_PRELOAD=str(shim_lib), SPYRESHIM_LIB="x",
+                                         SPYRESHIM_BUILD="x", SPYRESHIM_PRESETS="torch",
+                                         SPYRESHIM_NO_NUMPY="1", SPYRESHIM_LIMIT="1G"),
+                          capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert ours.stderr == "", ours
+
+
+def stack_depth_defaults():
+    """SPYRESHIM_STACK_DEPTH's defaults as the C code has them."""
+    text = (REPO / "shim" / "base" / "stackdepth.h").read_text()
+    return tuple(int(re.search(r"#define SHIM_STACK_DEPTH_DEFAULT%s (\d+)" % s, text).group(1))
+                 for s in ("", "_PYTHON"))
+
+
+def test_run_help_gives_the_librarys_stack_depth_defaults(shim_lib):
+    """--stack-depth's help says the defaults the library uses, read from
+    the one header both use: the library's own table says the same."""
+    native, python = stack_depth_defaults()
+    r = cli("run", "--help")
+    assert r.returncode == 0, r
+    assert "(default %d, %d once Python frames are recorded)" % (native, python) in \
+        " ".join(r.stdout.split()), r.stdout
+    dump = subprocess.run(["true"], env=dict(os.environ, LD_PRELOAD=str(shim_lib),
+                                             SPYRESHIM_LOG="debug"),
+                          capture_output=True, text=True, timeout=pythons.HANG_S).stderr
+    assert "SPYRESHIM_STACK_DEPTH=0  # native frames recorded per allocation (and Python " \
+           "frames at most); 0 = %d, or %d once" % (native, python) in dump, dump
 
 
 def test_version_is_meson_builds():
@@ -429,6 +527,8 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     _copy_tree(src)
     for f in ("meson.build", "version.py.in"):
         (src / "scripts" / f).write_text((REPO / "scripts" / f).read_text())
+    (src / "shim" / "base").mkdir(parents=True)
+    shutil.copy2(REPO / "shim" / "base" / "stackdepth.h", src / "shim" / "base")
     shutil.copy2(REPO / "meson_options.txt", src / "meson_options.txt")
     # A stand-in project around scripts/: the real one needs the whole build.
     (src / "meson.build").write_text(
@@ -458,6 +558,11 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     r = subprocess.run([str(script), "report", DATA / "leak_single.json"], capture_output=True,
                        text=True, env=env)
     assert r.returncode == 0 and "SUMMARY: spyreshim: 3145728 B (3.0 MiB)" in r.stdout, r
+    # --stack-depth's defaults, from the header installed beside the package.
+    assert (pkg / "stackdepth.h").read_text() == (REPO / "shim/base/stackdepth.h").read_text()
+    r = subprocess.run([str(script), "run", "--help"], capture_output=True, text=True, env=env)
+    assert "(default %d, %d once Python frames are recorded)" % stack_depth_defaults() in \
+        " ".join(r.stdout.split()), r.stdout
 
 
 # ------------------------------------------------------ end to end, real shim
@@ -529,6 +634,64 @@ def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
     assert "3145728 B (3.0 MiB)" in page and "simdevmodule.c" in page
 
 
+@pytest.mark.parametrize("cache", ["cache", "a b/cache"], ids=["cache", "cache-with-space"])
+def test_run_installed_under_a_folder_with_a_space_still_preloads(real_shim, tmp_path, cache):
+    """The package with its library (the wheel's layout) under "my envs/":
+    ld.so splits LD_PRELOAD at spaces, so `run` preloads it through a link
+    whose path has none (in the cache folder, else under /tmp when the
+    cache's own path has a space); the leak is found, as from a folder
+    without one, and the link stays for the program's later execs."""
+    pythons, interp, moddir = real_shim
+    site = tmp_path / "my envs" / "site-packages"
+    shutil.copytree(REPO / "spyreshim", site / "spyreshim",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    lib = site / "spyreshim" / "libspyreshim.so"
+    shutil.copy2(pythons.shim_lib(), lib)
+    (tmp_path / "leaky.py").write_text(LEAKY + textwrap.dedent("""\
+        import os, subprocess, sys
+        print(os.environ["LD_PRELOAD"])
+        subprocess.run([sys.executable, "-c", "import simdev; simdev.Tensor(1 << 20)"],
+                       check=True)
+        """))
+    env = pythons.module_env(interp, env={}, simdev_memory="1G")
+    for k in ("SPYRESHIM_LIB", "SPYRESHIM_BUILD", "LD_PRELOAD"):
+        env.pop(k, None)
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    env["XDG_CACHE_HOME"] = str(tmp_path / cache)
+    r = subprocess.run([sys.executable, "-m", "spyreshim", "run", "--leak-check=held", "--report",
+                        tmp_path / "r-%p.json", "--", interp.exe, tmp_path / "leaky.py"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    assert r.returncode == 23, r
+    assert "ERROR: spyreshim: detected device memory leaks" in r.stderr, r
+    preload = r.stdout.split()[0]
+    assert " " not in preload and os.path.realpath(preload) == str(lib), preload
+    if " " in cache:
+        assert preload.startswith("/tmp/spyreshim-%d/preload/" % os.getuid()), preload
+    else:
+        assert preload.startswith(str(tmp_path / cache / "spyreshim" / "preload")), preload
+    assert os.path.islink(preload)
+    # The program and its child each wrote a report: both ran under the shim.
+    assert len(list(tmp_path.glob("r-*.json"))) == 2, r.stderr
+
+
+def test_a_library_that_cannot_be_linked_to_is_refused_in_one_line(tmp_path, monkeypatch):
+    from spyreshim.cli import launch
+    lib = tmp_path / "a b" / "libspyreshim.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(launch, "_link_dirs", lambda: iter([(str(tmp_path / "file" / "x"), None)]))
+    with pytest.raises(launch.PreloadError) as e:
+        launch.compose_preload(str(lib), None)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(str(lib) + ": ld.so splits LD_PRELOAD at spaces "
+                                               "and colons"), msg
+    assert msg.endswith("install spyreshim in a folder without them"), msg
+    assert launch.compose_preload(str(tmp_path / "lib.so"), "/a.so") == "%s:/a.so" % (
+        tmp_path / "lib.so")
+
+
 def test_e2e_report_has_the_python_function_and_line(real_shim, tmp_path):
     r = _run_leaky(real_shim, tmp_path, "--leak-check=held", "--report", tmp_path / "r-%p.json")
     assert r.returncode == 23, r
@@ -553,6 +716,30 @@ def test_e2e_run_exitcode_is_configurable(real_shim, tmp_path):
     assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in r.stderr
     r = _run_leaky(real_shim, tmp_path)      # no leak check: the program's own status
     assert r.returncode == 0, r
+
+
+def test_e2e_a_program_that_fails_keeps_its_status(real_shim, tmp_path):
+    """A Python program that leaks and then fails on its own (an uncaught
+    exception: status 1; sys.exit(4)): its status, not the leak verdict's;
+    the report is given as always, and one line says the status is kept."""
+    pythons, interp, moddir = real_shim
+    env = pythons.module_env(interp, env={"SPYRESHIM_LIB": str(pythons.shim_lib())},
+                             simdev_memory="1G")
+    for tail, status in (("raise RuntimeError('no')\n", 1), ("import sys; sys.exit(4)\n", 4),
+                         ("", 23)):
+        (tmp_path / "fails.py").write_text(LEAKY + tail)
+        bare = subprocess.run([interp.exe, "fails.py"], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=pythons.HANG_S)
+        r = subprocess.run([str(SCRIPT), "run", "--leak-check=held", "--", interp.exe,
+                            "fails.py"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                           timeout=pythons.HANG_S)
+        assert r.returncode == status and bare.returncode == (status if tail else 0), (r, bare)
+        assert r.stdout == bare.stdout, (r, bare)
+        assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in r.stderr, r
+        kept = [ln for ln in r.stderr.splitlines() if "kept (leaks would" in ln]
+        assert kept == ([] if status == 23 else [
+            "spyreshim: the program exits with status %d, kept (leaks would have made it "
+            "SPYRESHIM_EXITCODE=23)" % status]), r.stderr
 
 
 RANKS = textwrap.dedent("""\
@@ -687,7 +874,7 @@ def test_report_of_a_file_neither_report_nor_trace_says_what_it_expected(tmp_pat
 def test_sizes_read_one_way(tmp_path):
     """Every size: its bytes, then from 1 KiB its binary-unit reading; the
     text report, the HTML page and the views share the one formatter."""
-    from spyreshim.units import format_size
+    from spyreshim.reading.units import format_size
     assert format_size(268435456) == "268435456 B (256.0 MiB)"
     assert format_size(512) == "512 B" and format_size(0) == "0 B"
     assert format_size(1536) == "1536 B (1.5 KiB)"

@@ -255,7 +255,7 @@ def test_numba_device_arrays_in_cycles_complete_under_the_shim(driver, shim_lib,
 
 def _trace_module():
     sys.path.insert(0, str(HERE.parent.parent))
-    from spyreshim import trace
+    from spyreshim.reading import trace
     return trace
 
 
@@ -313,3 +313,41 @@ def test_leaked_managed_and_host_pinned_memory_reported_with_family_and_stack(
     assert sorted(by_family["cuda-managed"]) == [1 << 20, 2 << 20], by_family
     assert sorted(by_family["cuda-host-pinned"]) == [8192, 16384, 32768, 65536, 4 << 20], \
         by_family
+
+
+def test_an_oom_the_program_gives_up_on_keeps_its_status_and_prints_each_stack_once(
+        shim_lib, tmp_path):
+    """A program that runs out of device memory and exits with an error of
+    its own (3) without freeing, under `spyreshim run --leak-check`: its
+    status and output are what they are bare (not the leak verdict's 23);
+    the out-of-memory report prints the holders' stack, and the leak
+    report after it names the same blocks with their first frame only (the
+    JSON keeps every frame). A program that succeeds but leaks still gets
+    23."""
+    prog = built_tests() / "cuda_checks"
+    env = shim_env(tmp_path, CUDASTANDIN_MEMORY="8M,8M", SPYRESHIM_LIB=pythons.shim_lib())
+    bare = dict(env)
+    del bare["LD_PRELOAD"]
+    b = run([prog, "oomexit"], bare)
+    assert b.returncode == 3 and b.stdout == "oomexit: 2\n", b
+    del env["LD_PRELOAD"]       # `spyreshim run` preloads it
+    report = tmp_path / "r.json"
+    r = run([pythons.REPO / "scripts" / "spyreshim", "run", "--leak-check", "--report", report,
+             "--", prog, "oomexit"], env)
+    assert (r.returncode, r.stdout) == (3, b.stdout), r
+    err = r.stderr
+    assert "out of cuda memory: a request of 1048576 bytes failed" in err, err
+    assert "ERROR: spyreshim: detected device memory leaks" in err, err
+    assert err.count(" in check_oomexit ") == 2, err         # once in each report
+    assert err.count(" in main ") == 1, err                  # the rest of the stack: once
+    assert err.count("(the same stack as in the out-of-memory report above)") == 1, err
+    assert "the program exits with status 3, kept" in err.splitlines()[-1], err
+    assert len([ln for ln in err.splitlines() if "status 3" in ln]) == 1, err
+    d = json.loads(report.read_text())
+    assert [f["function"] for f in d["groups"][0]["frames"][:2]] == ["check_oomexit", "main"], d
+    oom = json.loads((tmp_path / "r.json.oom").read_text())
+    assert oom["groups"][0]["frames"][:2] == d["groups"][0]["frames"][:2], oom
+    # Succeeding with leaks: the verdict's status, as LeakSanitizer's.
+    r = run([pythons.REPO / "scripts" / "spyreshim", "run", "--leak-check", "--",
+             prog, "hostleak"], env)
+    assert "hostleak ok" in r.stdout and r.returncode == 23, r

@@ -66,7 +66,7 @@ def test_diff_of_two_snapshots_and_of_a_trace_shows_only_the_leak(builddir, tmp_
     # The same two moments of the trace (after the third steady
     # allocation, after the last churn's free): exact by block.
     sys.path.insert(0, str(ROOT))
-    from spyreshim import trace as tr
+    from spyreshim.reading import trace as tr
     t = tr.load(str(trace))
     ev = [(t.kind[i], t.size[i]) for i in range(len(t))]
     at1 = [i for i, e in enumerate(ev) if e == (tr.ALLOC, 1000)][2] + 1
@@ -152,7 +152,7 @@ def test_diff_lists_garbage_a_later_collection_freed_apart(garbage_trace, tmp_pa
     # under its own heading, and counted apart in the summary.
     grew, _, later = out.partition("Garbage a later collection freed")
     assert grew.count("Grew by") == 1 and "in leaky " in grew and "Node" not in grew, out
-    from spyreshim.units import format_size
+    from spyreshim.reading.units import format_size
     assert "Grew by %s in %d allocation(s)" % (format_size(sum(leak)), len(leak)) in grew, out
     assert "Collected later: %s in %d allocation(s)" % (format_size(sum(junk)), len(junk)) in later
     assert "in Node.__init__ " in later and "Grew by" not in later, out

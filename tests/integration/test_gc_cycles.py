@@ -134,7 +134,7 @@ def test_required_interpreters_are_present(name):
 
 
 def test_demo_dies_without_the_shim_and_completes_with_it(interpreter, tmp_path):
-    """scripts/demo_train.py, the README's demo."""
+    """scripts/demo_train.py, the minimal demo (scripts/demo.sh --minimal, docs/testing.md)."""
     demo = pythons.REPO / "scripts" / "demo_train.py"
     res = pythons.run_python(interpreter, path=demo, preload=False, simdev_memory="256M")
     assert res.returncode == 1 and "OutOfMemoryError" in res.stdout, res.describe()

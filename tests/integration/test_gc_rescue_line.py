@@ -71,7 +71,7 @@ def test_the_summary_at_exit_says_recovered_once(builddir, shim_lib, tmp_path):
     line, = [ln for ln in res.stderr.splitlines() if " pressure events recovered " in ln]
     assert line.count("recovered") == 1, line
     sys.path.insert(0, str(pythons.REPO))
-    from spyreshim.units import format_size
+    from spyreshim.reading.units import format_size
     assert " pressure events recovered %s in " % format_size(
         stats["callback_recovered_bytes"]) in line, line
     assert "timeouts: %s of it)" % format_size(stats["gc_recovered_bytes"]) in line, line

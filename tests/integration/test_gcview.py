@@ -15,7 +15,8 @@ import pythons
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
-from spyreshim import gcview, trace as tr  # noqa: E402
+from spyreshim.views import gcview  # noqa: E402
+from spyreshim.reading import trace as tr
 
 
 def test_demo_collections_are_attributed_to_their_sites(tmp_path, builddir):

@@ -23,7 +23,8 @@ SCRIPT = REPO / "scripts" / "spyreshim"
 DATA = HERE / "data"
 sys.path.insert(0, str(REPO))
 
-from spyreshim import flamegraph, report as rpt  # noqa: E402
+from spyreshim.views import flamegraph  # noqa: E402
+from spyreshim.reading import report as rpt
 
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
@@ -192,13 +193,18 @@ def test_python_frames_sit_above_native_frames(tmp_path):
     p = parse(out.read_text(encoding="utf-8"))
     depth = {b["attrs"]["data-label"]: int(b["attrs"]["data-d"]) for b in p.boxes}
     kinds = {b["attrs"]["data-label"]: b["attrs"]["class"].split()[1] for b in p.boxes}
-    # Outermost (main) at the root, the innermost Python frame on top.
-    assert depth["main"] == 1
-    assert depth["_PyEval_EvalFrameDefault"] == 2
-    assert depth["Tensor_init"] == 3
-    assert depth["<module> (leak.py:20)"] == 4
-    assert depth["make_leak (leak.py:12)"] == 5
+    # Outermost (the interpreter's frames, one box by default) at the root,
+    # the innermost Python frame on top.
+    assert depth["[python3.11: 2 frames]"] == 1
+    assert depth["Tensor_init"] == 2
+    assert depth["<module> (leak.py:20)"] == 3
+    assert depth["make_leak (leak.py:12)"] == 4
     assert kinds["make_leak (leak.py:12)"] == "python" and kinds["Tensor_init"] == "native"
+    out = write_page(tmp_path, DATA / "leak_single.json", args=["--native-frames=all"])
+    p = parse(out.read_text(encoding="utf-8"))
+    depth = {b["attrs"]["data-label"]: int(b["attrs"]["data-d"]) for b in p.boxes}
+    assert depth["main"] == 1 and depth["_PyEval_EvalFrameDefault"] == 2
+    assert depth["make_leak (leak.py:12)"] == 5
 
 
 def test_every_report_string_is_escaped(tmp_path, hostile):

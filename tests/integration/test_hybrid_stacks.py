@@ -22,7 +22,7 @@ import pythons
 ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "scripts" / "spyreshim"
 sys.path.insert(0, str(ROOT))
-from spyreshim import report as rpt  # noqa: E402
+from spyreshim.reading import report as rpt  # noqa: E402
 
 SCRIPT = '''import ctypes, sys, simdev
 def keep(t):

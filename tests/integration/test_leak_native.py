@@ -350,12 +350,25 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
 QUIET_OOM = "full report at exit if it does not recover"
 
 
-def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim_lib, tmp_path):
+# With a trace too: it numbers frees and collections from the counter that
+# allocations take theirs from, and a program that only freed after its
+# failure has not recovered from it.
+TRACED = pytest.mark.parametrize("traced", [False, True], ids=["untraced", "traced"])
+
+
+def _trace_env(traced, tmp_path):
+    return {"SPYRESHIM_TRACE": str(tmp_path / "t.trace")} if traced else {}
+
+
+@TRACED
+def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim_lib, tmp_path,
+                                                                  traced):
     # Two failures, each followed by frees and a successful allocation, as a
     # caching allocator does: one quiet line, no report, no .oom file.
     steps = ["a:4M", "a:4M", "fill:1M", "f", "f", "a:512K", "fill:1M", "f", "a:256K", "F"]
     r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
-                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
+                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5,
+                                **_trace_env(traced, tmp_path)})
     assert r.returncode == 0, r.describe()
     assert r.stdout.count("filled") == 2, r.describe()
     lines = r.stderr.splitlines()
@@ -366,12 +379,15 @@ def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim
     assert data["live_bytes"] == 0
 
 
-def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path):
-    # The program ends on its failure (nothing allocated after it): the full
-    # report, at exit, of what held memory when it failed.
+@TRACED
+def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path, traced):
+    # The program ends on its failure (nothing allocated after it, though
+    # everything is freed): the full report, at exit, of what held memory
+    # when it failed.
     steps = ["a:4M", "a:4M", "fill:1M", "F"]
     r, data, _ = run_leaks(programs, shim_lib, steps, tmp_path, program="simdev_ops",
-                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5})
+                           env={"SIMDEV_MEMORY": "16M", "SPYRESHIM_OOM_REPORT": 5,
+                                **_trace_env(traced, tmp_path)})
     assert r.returncode == 0, "everything was freed before exit: " + r.describe()
     err = r.stderr
     assert err.count(QUIET_OOM) == 1, err

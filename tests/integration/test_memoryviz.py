@@ -31,7 +31,8 @@ from test_trace_views import VIZ_OPCODES
 ROOT = Path(__file__).resolve().parents[2]
 CLI = ROOT / "scripts" / "spyreshim"
 sys.path.insert(0, str(ROOT))
-from spyreshim import memoryviz, trace as tr  # noqa: E402
+from spyreshim.exports import memoryviz  # noqa: E402
+from spyreshim.reading import trace as tr
 
 SCRIPT = '''import ctypes, simdev
 def keep(n, held):

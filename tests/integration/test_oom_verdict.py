@@ -15,7 +15,7 @@ import pythons
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))
-from spyreshim.units import format_size  # noqa: E402
+from spyreshim.reading.units import format_size  # noqa: E402
 M = 1 << 20
 
 

@@ -18,7 +18,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
-from spyreshim import report as rpt, trace as tr  # noqa: E402
+from spyreshim.reading import report as rpt, trace as tr  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "spyreshim"
 

@@ -18,7 +18,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 CLI = REPO / "scripts" / "spyreshim"
 sys.path.insert(0, str(REPO))
-from spyreshim import trace as tr  # noqa: E402
+from spyreshim.reading import trace as tr  # noqa: E402
 
 
 def varint(b, i):

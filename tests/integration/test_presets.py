@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE))
 
 import pythons  # noqa: E402
 from spyreshim import presets  # noqa: E402
-from spyreshim import torch as sp_torch  # noqa: E402
+from spyreshim.presets import torch as sp_torch  # noqa: E402
 
 # Harmless to preload for tests that only look at the environment.
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
@@ -87,7 +87,7 @@ def test_torch_preset_keeps_the_users_choice():
 def test_torch_observer_registers_when_torch_is_imported():
     if not has("torch"):
         pythons.need("torch", "PyTorch is not installed for /usr/bin/python3 (scripts/deps.sh)")
-    src = ("import torch, spyreshim.torch as t; "
+    src = ("import torch, spyreshim.presets.torch as t; "
            "print('API', hasattr(torch._C, '_cuda_attach_out_of_memory_observer')); "
            "print('INSTALLED', t._installed); print(t.install())")
     r = run_cli("--preset", "torch", "--", PYTHON, "-c", src)
@@ -108,7 +108,7 @@ def test_jax_preset_environment():
 
 
 def test_jax_install_in_process_before_import(tmp_path):
-    src = ("import os, spyreshim.jax as j; print(j.install()); "
+    src = ("import os, spyreshim.presets.jax as j; print(j.install()); "
            "print(os.environ['XLA_PYTHON_CLIENT_ALLOCATOR'])")
     e = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
     e["PYTHONPATH"] = str(PKG)
@@ -126,12 +126,12 @@ def test_cupy_and_rmm_presets_change_nothing_in_the_environment():
 @pytest.mark.parametrize("name", ["cupy", "rmm"])
 def test_cupy_and_rmm_hooks(name):
     if not has(name):
-        r = subprocess.run([PYTHON, "-c", f"import spyreshim.{name} as m; print(m.install())"],
+        r = subprocess.run([PYTHON, "-c", f"import spyreshim.presets.{name} as m; print(m.install())"],
                            env={**os.environ, "PYTHONPATH": str(PKG)}, capture_output=True,
                            text=True, timeout=pythons.HANG_S)
         assert r.returncode == 0 and "(False," in r.stdout and "not installed" in r.stdout, r
         pythons.need(name, f"{name} is not installed for /usr/bin/python3: install() says so")
-    r = subprocess.run([PYTHON, "-c", f"import spyreshim.{name} as m; print(m.install())"],
+    r = subprocess.run([PYTHON, "-c", f"import spyreshim.presets.{name} as m; print(m.install())"],
                        env={**os.environ, "PYTHONPATH": str(PKG)}, capture_output=True,
                        text=True, timeout=pythons.HANG_S)
     assert r.returncode == 0 and "(True," in r.stdout, r

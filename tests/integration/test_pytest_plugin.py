@@ -457,8 +457,288 @@ def test_limit_memory_is_the_device_peak_of_the_test(shim, tmp_path):
             "5242880 B (5.0 MiB) above the 8388608 B (8.0 MiB) in use at its start (limit "
             "4194304 B (4.0 MiB))") in r.stdout, r.stdout
     (tmp_path / "test_bad.py").write_text(
-        "import pytest\n@pytest.mark.limit_memory('1 MB', current_thread_only=True)\n"
+        "import pytest\n@pytest.mark.limit_memory('1 MB', thread_only=True)\n"
         "def test_x():\n    pass\n")
     r = subprocess.run(argv[:-1] + ["test_bad.py"], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=pythons.HANG_S)
-    assert r.returncode == 4 and "device memory in use has no thread" in r.stderr, r.stderr
+    assert r.returncode == 4 and "@pytest.mark.limit_memory" in r.stderr, r.stderr
+
+
+THREADS = textwrap.dedent('''\
+    import threading
+    import pytest
+    import simdev
+
+    held = [simdev.Tensor(8 << 20)]    # allocated by this thread before any test
+
+    def with_a_busy_neighbour(mine):
+        # Another thread holds 16 MiB while this one allocates `mine`.
+        started, done = threading.Event(), threading.Event()
+        def neighbour():
+            big = simdev.Tensor(16 << 20)
+            started.set()
+            done.wait()
+            del big
+        t = threading.Thread(target=neighbour)
+        t.start()
+        started.wait()
+        a = simdev.Tensor(mine)
+        del a
+        done.set()
+        t.join()
+
+    @pytest.mark.limit_memory("4 MB", current_thread_only=True)
+    def test_own_thread_only():
+        with_a_busy_neighbour(1 << 20)
+
+    @pytest.mark.limit_memory("4 MB")
+    def test_every_thread_by_default():
+        with_a_busy_neighbour(1 << 20)
+
+    @pytest.mark.limit_memory("4 MB", current_thread_only=True)
+    def test_own_thread_over_its_limit():
+        with_a_busy_neighbour(5 << 20)
+
+    @pytest.mark.limit_memory("4 MB", current_thread_only=True)
+    def test_freed_by_another_thread():
+        # 3 MiB of this thread's, freed by another thread, then 3 MiB
+        # again: a peak of 3 MiB, not 6.
+        kept = [simdev.Tensor(3 << 20)]
+        t = threading.Thread(target=kept.clear)
+        t.start()
+        t.join()
+        b = simdev.Tensor(3 << 20)
+        del b
+
+    @pytest.mark.limit_memory("4 MB", current_thread_only=True)
+    def test_frees_what_was_allocated_before():
+        # What the thread allocated before it was counted is not counted
+        # at its free either: the 3 MiB after it are the peak.
+        held.clear()
+        b = simdev.Tensor(3 << 20)
+        del b
+
+    @pytest.mark.limit_leaks("1 KB", current_thread_only=True)
+    def test_leaks_of_another_thread_only():
+        t = threading.Thread(target=lambda: held.append(simdev.Tensor(1 << 20)))
+        t.start()
+        t.join()
+
+    @pytest.mark.limit_leaks("1 KB", current_thread_only=True)
+    def test_leaks_of_its_own_thread():
+        t = threading.Thread(target=lambda: held.append(simdev.Tensor(1 << 20)))
+        t.start()
+        t.join()
+        held.append(simdev.Tensor(2 << 20))
+    ''')
+
+
+@pytest.mark.parametrize("stacks", [True, False], ids=["stacks", "no-stacks"])
+def test_current_thread_only_counts_the_tests_thread(shim, tmp_path, stacks):
+    """limit_memory's and limit_leaks' current_thread_only, by the thread
+    that allocated each block: with stacks recorded (--leak-check) or not."""
+    pythons, interp, moddir = shim
+    (tmp_path / "test_threads.py").write_text(THREADS)
+    argv = [str(SCRIPT), "run"] + (["--leak-check"] if stacks else []) + [
+        "--exitcode", "0", "--", PYTEST_PYTHON, "-m", "pytest", "-p", "spyreshim.pytest_plugin",
+        "-p", "no:cacheprovider", "-rA", "test_threads.py"]
+    env = pythons.module_env(interp, simdev_memory="1G")
+    env["SPYRESHIM_LIB"] = need_lib(pythons)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    outcomes = dict((name, word) for word, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR) test_threads\.py::(\w+)", r.stdout, re.M))
+    assert outcomes == {
+        "test_own_thread_only": "PASSED",              # 1 MiB of its own, 16 of the other's
+        "test_every_thread_by_default": "FAILED",      # 17 MiB at once
+        "test_own_thread_over_its_limit": "FAILED",
+        "test_freed_by_another_thread": "PASSED",
+        "test_frees_what_was_allocated_before": "PASSED",
+        "test_leaks_of_another_thread_only": "PASSED",
+        "test_leaks_of_its_own_thread": "FAILED",
+    }, r.stdout + r.stderr
+    assert ("spyreshim: test_threads.py::test_own_thread_over_its_limit used a device peak of "
+            "5242880 B (5.0 MiB) above the 0 B in use at its start by its thread (limit "
+            "4194304 B (4.0 MiB))") in r.stdout, r.stdout
+    # Its own 2 MiB, not the other thread's 1 MiB.
+    assert ("spyreshim: test_threads.py::test_leaks_of_its_own_thread left 2097152 B "
+            "(2.0 MiB) of device memory in 1 allocation after garbage collection") in r.stdout, \
+        r.stdout
+
+
+INCREASE = textwrap.dedent('''\
+    from pathlib import Path
+    import pytest
+    import simdev
+
+    def mib(name):
+        return int(Path(name).read_text()) << 20
+
+    @pytest.mark.limit_memory("64 MB")
+    def test_grows():
+        t = simdev.Tensor(mib("grows"))
+        del t
+
+    @pytest.mark.limit_memory("64 MB")
+    def test_shrinks():
+        t = simdev.Tensor(mib("shrinks"))
+        del t
+
+    @pytest.mark.limit_memory("1 MB")
+    def test_over_its_limit():
+        t = simdev.Tensor(2 << 20)
+        del t
+    ''')
+
+
+def increase_run(shim, tmp_path, python, test_file, sizes, *args):
+    """One pytest run of `test_file` under the shim, with pytest's cache
+    (in tmp_path), the sizes in MiB written where the tests read them."""
+    pythons, interp, moddir = shim
+    for name, n in sizes.items():
+        (tmp_path / name).write_text(str(n))
+    argv = [str(SCRIPT), "run", "--", python, "-m", "pytest", "-p", "spyreshim.pytest_plugin",
+            "-rA", "-o", "console_output_style=classic", test_file] + list(args)
+    env = pythons.module_env(interp, simdev_memory="1G")
+    env["SPYRESHIM_LIB"] = need_lib(pythons)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=pythons.HANG_S)
+    stem = test_file[:-3]
+    # pytest-memray names its failures MEMORY PROBLEMS in the summary.
+    outcomes = dict((name, "FAILED" if word == "MEMORY PROBLEMS" else word) for word, name in
+                    re.findall(r"^(PASSED|FAILED|ERROR|MEMORY PROBLEMS) %s\.py::(\w+)" % stem,
+                               r.stdout, re.M))
+    return r, outcomes
+
+
+def test_fail_on_increase_compares_with_the_last_successful_run(shim, tmp_path):
+    (tmp_path / "test_increase.py").write_text(INCREASE)
+    run = lambda sizes, *args: increase_run(shim, tmp_path, PYTEST_PYTHON, "test_increase.py",
+                                            sizes, *args)
+    r, outcomes = run({"grows": 2, "shrinks": 4}, "--fail-on-increase")
+    assert outcomes == {"test_grows": "PASSED", "test_shrinks": "PASSED",
+                        "test_over_its_limit": "FAILED"}, r.stdout + r.stderr
+    # Second run: one test's device peak grew, the other's shrank.
+    for again in range(2):
+        r, outcomes = run({"grows": 4, "shrinks": 2}, "--fail-on-increase")
+        assert outcomes == {"test_grows": "FAILED", "test_shrinks": "PASSED",
+                            "test_over_its_limit": "FAILED"}, r.stdout + r.stderr
+        # Compared with the last successful run's 2 MiB, again in the run
+        # after (a failed run keeps the old peak).
+        assert ("spyreshim: test_increase.py::test_grows used a device peak of 4194304 B "
+                "(4.0 MiB), more than the 2097152 B (2.0 MiB) of its last successful run "
+                "(--fail-on-increase)") in r.stdout, r.stdout
+        # The limit is still told as before.
+        assert ("spyreshim: test_increase.py::test_over_its_limit used a device peak of 2097152 "
+                "B (2.0 MiB) above the 0 B in use at its start (limit 1048576 B (1.0 MiB))") \
+            in r.stdout, r.stdout
+    # Without the option the same growth passes, and becomes the peak to beat.
+    r, outcomes = run({"grows": 4, "shrinks": 2})
+    assert outcomes["test_grows"] == "PASSED", r.stdout + r.stderr
+    r, outcomes = run({"grows": 4, "shrinks": 2}, "--fail-on-increase")
+    assert outcomes["test_grows"] == "PASSED", r.stdout + r.stderr
+    # pytest's cache holds it under our own key.
+    assert list((tmp_path / ".pytest_cache" / "v" / "spyreshim" / "device_peak").iterdir())
+
+
+MEMRAY_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
+    "spyreshim" / "venv-pytest-memray"
+
+
+def memray_python():
+    """A venv of Debian's python3 (its site packages seen) with
+    pytest-memray from PyPI, made once and cached."""
+    py = MEMRAY_VENV / "bin" / "python"
+    probe = [str(py), "-c", "import pytest_memray, memray"]
+    if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+        return str(py)
+    r = subprocess.run([PYTEST_PYTHON, "-m", "venv", "--clear", "--system-site-packages",
+                        str(MEMRAY_VENV)], capture_output=True, text=True, timeout=pythons.HANG_S)
+    if r.returncode == 0:
+        r = subprocess.run([str(py), "-m", "pip", "install", "-q", "pytest-memray"],
+                           capture_output=True, text=True, timeout=pythons.HANG_S)
+    if r.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
+        pythons.need("pytest-memray", "pytest-memray could not be installed into %s: %s" % (
+            MEMRAY_VENV, r.stderr.strip()[-300:]))
+    return str(py)
+
+
+BOTH = textwrap.dedent('''\
+    from pathlib import Path
+    import pytest
+    import simdev
+
+    # simdev maps its device into the host on its first call: here, not
+    # inside a test, where pytest-memray would count it.
+    ready = simdev.Tensor(256)
+
+    def mib(name):
+        return int(Path(name).read_text()) << 20
+
+    @pytest.mark.limit_memory("1 GB")
+    def test_device_grows():
+        host = bytearray(mib("device_grows_host"))
+        host[::4096] = b"x" * len(host[::4096])
+        t = simdev.Tensor(mib("device_grows_device"))
+        del t, host
+
+    @pytest.mark.limit_memory("1 GB")
+    def test_host_grows():
+        host = bytearray(mib("host_grows_host"))
+        host[::4096] = b"x" * len(host[::4096])
+        t = simdev.Tensor(mib("host_grows_device"))
+        del t, host
+    ''')
+
+
+def test_fail_on_increase_with_pytest_memray_loaded_too(shim, tmp_path):
+    """Both plugins loaded (ours by -p first, pytest-memray by its entry
+    point after): pytest-memray's --fail-on-increase is the one option, and
+    each plugin checks its own memory with it: ours the device peak,
+    pytest-memray the host's."""
+    py = memray_python()
+    (tmp_path / "test_both.py").write_text(BOTH)
+    run = lambda sizes, *args: increase_run(shim, tmp_path, py, "test_both.py", sizes, *args)
+    first = {"device_grows_host": 32, "device_grows_device": 2,
+             "host_grows_host": 4, "host_grows_device": 8}
+    second = {"device_grows_host": 4, "device_grows_device": 4,
+              "host_grows_host": 32, "host_grows_device": 2}
+    r, outcomes = run(first, "--fail-on-increase")
+    assert outcomes == {"test_device_grows": "PASSED", "test_host_grows": "PASSED"}, \
+        r.stdout + r.stderr
+    r, outcomes = run(second, "--fail-on-increase")
+    assert outcomes == {"test_device_grows": "FAILED", "test_host_grows": "FAILED"}, \
+        r.stdout + r.stderr
+    assert ("spyreshim: test_both.py::test_device_grows used a device peak of 4194304 B "
+            "(4.0 MiB), more than the 2097152 B (2.0 MiB) of its last successful run "
+            "(--fail-on-increase)") in r.stdout, r.stdout
+    # pytest-memray's own verdict on the host memory of the other test.
+    host_failure = r.stdout[r.stdout.index("test_host_grows"):]
+    assert "Test previously used" in host_failure, r.stdout
+    assert "spyreshim: test_both.py::test_host_grows" not in r.stdout, r.stdout
+    # Without the option, neither fails.
+    r, outcomes = run(first)
+    assert outcomes == {"test_device_grows": "PASSED", "test_host_grows": "PASSED"}, \
+        r.stdout + r.stderr
+    # One --fail-on-increase whichever plugin comes first, and ours where
+    # pytest-memray is installed but not loaded.
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "conftest.py").write_text('pytest_plugins = ["spyreshim.pytest_plugin"]\n')
+    off = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    for args, extra, cwd, whose in [
+            (["-p", "spyreshim.pytest_plugin"], {}, tmp_path, "memray"),
+            (["-p", "no:memray", "-p", "spyreshim.pytest_plugin"], {}, tmp_path, "ours"),
+            (["-p", "spyreshim.pytest_plugin"], off, tmp_path, "ours"),
+            (["-p", "pytest_memray.plugin", "-p", "spyreshim.pytest_plugin"], off, tmp_path,
+             "memray"),
+            (["-p", "spyreshim.pytest_plugin", "-p", "pytest_memray.plugin"], off, tmp_path,
+             "memray"),
+            ([], {}, conf, "memray"),
+            ([], off, conf, "ours")]:
+        env = dict(pythons.module_env(shim[1]), PYTHONPATH=str(PKG), **extra)
+        r = subprocess.run([py, "-m", "pytest"] + args + ["--help"], capture_output=True,
+                           text=True, cwd=cwd, timeout=pythons.HANG_S, env=env)
+        help_line = " ".join(r.stdout[r.stdout.find("--fail-on-increase"):].split()[:12])
+        assert r.returncode == 0 and r.stdout.count("--fail-on-increase") == 1 and \
+            ("device peak" in help_line) == (whose == "ours"), (args, extra, cwd, r.stdout + r.stderr)

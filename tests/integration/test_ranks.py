@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from html import escape as html_escape
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ SCRIPT = REPO / "scripts" / "spyreshim"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from spyreshim import trace as tr  # noqa: E402
+from spyreshim.reading import trace as tr  # noqa: E402
 import pythons  # noqa: E402
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
@@ -344,7 +345,8 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
                          capture_output=True, text=True, timeout=pythons.HANG_S)
     assert out.returncode == 0, out
     lines = out.stdout.splitlines()
-    rows = {ln.split("  ")[0]: ln for ln in lines[2:5]}
+    table = lines.index("== every process ==") + 1
+    rows = {ln.split("  ")[0]: ln for ln in lines[table + 1:table + 4]}
     assert sorted(rows) == ["rank 0", "rank 4", "rank 5"], out.stdout
     assert rows["rank 0"].endswith(" 0     -"), out.stdout
     assert rows["rank 5"].endswith("?, 8388608 B (8.0 MiB) asked, verdict: limit"), out.stdout
@@ -352,6 +354,48 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     assert lines[first] == "first OOM:      rank 4", out.stdout
     assert lines[first + 1].strip() == "8388608 B (8.0 MiB) asked at Tensor_new, from hold (hold.py:6)", \
         out.stdout
+    # Before the table: rank 4's stacks, as its own out-of-memory report
+    # gives them: the request that failed, then what was live then.
+    oom = lines[1:table - 1]
+    hold = "in hold %s:6 [python]" % (tmp_path / "hold.py")
+    module = "in <module> %s:10 [python]" % (tmp_path / "hold.py")
+    assert oom[1].startswith("== first out-of-memory: rank 4 (pid "), out.stdout
+    assert oom[2] == ("Request of 8388608 B (8.0 MiB) of simdev memory that failed, "
+                      "asked from:"), out.stdout
+    assert " in Tensor_new " in oom[3] and oom[4:6] == ["    #1 " + hold, "    #2 " + module], \
+        out.stdout
+    live = oom.index("Live: 67108864 B (64.0 MiB) in 8 allocation(s) of simdev memory, "
+                     "allocated from:")
+    assert oom[live - 2].endswith("==spyreshim: live device memory at out-of-memory"), out.stdout
+    assert " in Tensor_new " in oom[live + 1] and oom[live + 2:live + 4] == [
+        "    #1 " + hold, "    #2 " + module], out.stdout
+    assert "SUMMARY: spyreshim: 67108864 B (64.0 MiB) live in 8 allocation(s)." in oom, out.stdout
+    # The same first in the page.
+    page = tmp_path / "ranks.html"
+    h = subprocess.run([str(SCRIPT), "report", "--html", page, *sorted((tmp_path / "t").iterdir())],
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert h.returncode == 0, h
+    html = page.read_text()
+    at = html.index("== first out-of-memory: rank 4 (pid ")
+    assert at < html.index("== every process ==") < html.index("<svg"), html
+    assert html.index("Request of 8388608 B (8.0 MiB)") < html.index(
+        "Live: 67108864 B (64.0 MiB)") < html.index("<svg"), html
+    assert html.count(html_escape(hold)) == 2 and "<script" not in html, html
+
+    # Rank 5 alone ran out: what was live comes from its `.oom` report
+    # (the request's own stack is in a trace only).
+    rep = subprocess.run([str(SCRIPT), "report", "--ranks", tmp_path / "t" / "r.rank5.json",
+                          tmp_path / "t" / "r.rank5.json.oom", tmp_path / "t" / "w.rank0.trace"],
+                         capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert rep.returncode == 0, rep
+    lines = rep.stdout.splitlines()
+    table = lines.index("== every process ==") + 1
+    oom = lines[1:table - 1]
+    assert oom[1].startswith("== first out-of-memory: rank 5 (pid "), rep.stdout
+    assert oom[1].endswith(", 8.0 MiB asked, verdict: limit =="), rep.stdout
+    assert "Live: 67108864 B (64.0 MiB) in 8 allocation(s) of simdev memory, " \
+           "allocated from:" in oom, rep.stdout
+    assert "    #1 " + hold in oom and "Request of" not in rep.stdout, rep.stdout
 
 
 def _synth(path, n, rank, records=None):

@@ -20,7 +20,7 @@ import pythons  # noqa: E402
 import torchrun  # noqa: E402
 
 sys.path.insert(0, str(HERE.parents[1]))
-from spyreshim import trace as tr  # noqa: E402
+from spyreshim.reading import trace as tr  # noqa: E402
 
 TRAIN = textwrap.dedent("""\
     import gc

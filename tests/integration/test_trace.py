@@ -18,7 +18,8 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
-from spyreshim import trace as tr, tracepeak  # noqa: E402
+from spyreshim.reading import trace as tr  # noqa: E402
+from spyreshim.views import tracepeak
 
 SCRIPT = REPO / "scripts" / "spyreshim"
 

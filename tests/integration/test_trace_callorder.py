@@ -1,7 +1,7 @@
 """Every view of a trace in true call order (issue 24, item 1): the
 stacks a trace's views draw (peak text and flame graph, the timeline's
 "live at", --view stats, memory_viz) are the leak report's, spliced and
-folded the same way (spyreshim/callorder.py reads the
+folded the same way (spyreshim/reading/callorder.py reads the
 evaluation-loop and interpreter marks of the symbol records and the Python
 stacks' entry marks, docs/trace-format.md). One run records both a leak
 report and a trace of the same allocations; each leaked block's stack in
@@ -17,7 +17,9 @@ from test_hybrid_stacks import CALLBACK, MODEL, SCRIPT, by_size, key_frames
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from spyreshim import callorder, memoryviz, report as rpt, timeline, trace as tr, tracepeak  # noqa: E402,E501
+from spyreshim.reading import callorder, report as rpt, trace as tr  # noqa: E402,E501
+from spyreshim.exports import memoryviz
+from spyreshim.views import timeline, tracepeak
 
 # A static build, a shared one, one before 3.11 (one loop call per frame),
 # one after 3.12 (the entry frame below the chain).

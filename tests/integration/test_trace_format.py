@@ -1,5 +1,5 @@
 """Trace format version 2 (docs/trace-format.md, shim/trace/tracecodec.c,
-spyreshim/tracecodec.py): the same events read back
+spyreshim/reading/tracecodec.py): the same events read back
 identically from versions 1 and 2; a traced program writes version 2 (each
 chunk naming its thread, compressed, uncompressed when zlib cannot be
 loaded) that gives the peak of its statistics; a version 1 file still
@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
 import trace_synth  # noqa: E402
-from spyreshim import trace as tr, tracecodec  # noqa: E402
+from spyreshim.reading import trace as tr, tracecodec  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "spyreshim"
 COLUMNS = trace_synth.COLUMNS

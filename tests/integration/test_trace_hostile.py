@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
 import trace_synth  # noqa: E402
-from spyreshim import escape, trace as tr  # noqa: E402
+from spyreshim.reading import escape, trace as tr  # noqa: E402
 from test_html_report import chromium  # noqa: E402
 
 SCRIPT = REPO / "scripts" / "spyreshim"
@@ -140,6 +140,34 @@ def test_run_trace_defaults_to_a_file_per_process(tmp_path, builddir):
     assert r.returncode == 0, r.stderr
     files = list(tmp_path.glob("spyreshim-*.trace"))
     assert len(files) == 1 and re.fullmatch(r"spyreshim-\d+\.trace", files[0].name)
+    # The process says which file it wrote, %p expanded, in one line at exit.
+    n = len(tr.load(str(files[0])))
+    assert r.stderr.splitlines() == ["spyreshim: trace written to %s (%d events)" % (files[0], n)], \
+        r.stderr
+
+
+def test_run_trace_names_the_file_a_taken_path_became(tmp_path, builddir):
+    """The path is being written by another process (it holds the file's
+    lock): this one writes same.2.trace, and its line at exit names that."""
+    import fcntl
+    env = dict(os.environ, SIMDEV_MEMORY="64M", SPYRESHIM_LIB=str(pythons.shim_lib()))
+    with open(tmp_path / "same.trace", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        r = subprocess.run([sys.executable, str(SCRIPT), "run", "--trace", "same.trace", "--",
+                            builddir / "tests" / "simdev_ops", "a:1M"],
+                           env=env, capture_output=True, text=True, cwd=tmp_path,
+                           timeout=pythons.HANG_S)
+    assert r.returncode == 0, r.stderr
+    written = tmp_path / "same.2.trace"
+    lines = r.stderr.splitlines()
+    assert lines[-1] == "spyreshim: trace written to %s (%d events)" % (
+        written, len(tr.load(str(written)))), r.stderr
+    assert len(lines) == 2 and "being written by another process" in lines[0], r.stderr
+    # Set by the environment alone, the trace is written without the line.
+    bare = dict(env, LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_TRACE=str(tmp_path / "e.trace"))
+    r = subprocess.run([builddir / "tests" / "simdev_ops", "a:1M"], env=bare,
+                       capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert r.returncode == 0 and r.stderr == "" and (tmp_path / "e.trace").is_file(), r
 
 
 # ------------------------------------------------------- crafted traces
@@ -226,7 +254,7 @@ def test_a_free_of_the_parents_block_is_the_freeing_process_s(tmp_path):
 FUZZ_DRIVER = r"""
 import io, json, os, random, sys, traceback
 sys.path.insert(0, sys.argv[1])
-from spyreshim import cli
+from spyreshim.cli import main as cli
 seeds, out = json.load(open(sys.argv[2])), sys.argv[3]
 progress = open(sys.argv[4], "ab", buffering=0)
 bad = []
@@ -478,7 +506,7 @@ def test_non_utf8_path_round_trip(tmp_path, builddir):
 PEAK_DRIVER = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from spyreshim import cli
+from spyreshim.cli import main as cli
 rc = cli.main(["report", sys.argv[2]])
 sys.stdout.flush()
 # VmHWM, this process's own peak: ru_maxrss would carry the pytest

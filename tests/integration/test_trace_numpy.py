@@ -26,7 +26,10 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import trace_synth  # noqa: E402
-from spyreshim import gcview, memoryviz, pprof, timeline, trace as tr, tracepeak  # noqa: E402
+from spyreshim import (categories,   # noqa: E402
+from spyreshim.views import gcview, timeline
+from spyreshim.exports import memoryviz, pprof
+                       trace as tr, tracepeak)
 
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
@@ -114,6 +117,10 @@ def answers(path, tmp):
     buf = io.BytesIO()
     memoryviz.stream_write(tr.stream(str(path)), buf)
     out["memory_viz"] = buf.getvalue()
+    mt = tmp / "m.json"
+    t = tr.stream(str(path))
+    categories.write_timeline(t, str(mt), categories.Classifier(t))
+    out["memory timeline"] = mt.read_bytes()
     return out
 
 

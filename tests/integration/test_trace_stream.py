@@ -17,7 +17,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
-from spyreshim import memoryviz, timeline, trace as tr  # noqa: E402
+from spyreshim.exports import memoryviz  # noqa: E402
+from spyreshim.views import timeline
+from spyreshim.reading import trace as tr
 
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
@@ -147,7 +149,7 @@ def write_big(path, n):
 DRIVER = r"""
 import sys
 sys.path.insert(0, sys.argv[1])
-from spyreshim import cli
+from spyreshim.cli import main as cli
 rc = cli.main(["report"] + sys.argv[2:])
 sys.stdout.flush()
 # VmHWM: this process's own peak (ru_maxrss also counts the parent's RSS
@@ -163,7 +165,8 @@ def views(tmp, n):
             "timeline": ["--view", "timeline", "--html", tmp / "t.html"],
             "gc": ["--view", "gc"], "pprof": ["--pprof", tmp / "p.pb.gz"],
             "diff": ["--diff", "--at", "1", "--at", str(n // 2)],
-            "memory-viz": ["--memory-viz", tmp / "m.pickle"]}
+            "memory-viz": ["--memory-viz", tmp / "m.pickle"],
+            "memory-timeline": ["--memory-timeline", tmp / "m.json.gz"]}
 
 
 def peak_rss(path, args, package=REPO):

@@ -26,7 +26,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(HERE))
 import trace_synth  # noqa: E402
-from spyreshim import memoryviz, timeline, trace as tr, tracepeak  # noqa: E402
+from spyreshim.exports import memoryviz  # noqa: E402
+from spyreshim.views import timeline, tracepeak
+from spyreshim.reading import trace as tr
 from test_html_report import Page, chromium, png_size  # noqa: E402
 import pythons  # noqa: E402
 

@@ -149,7 +149,8 @@ def test_the_wheel_holds_the_library_the_command_and_the_plugin(venv):
     assert "spyreshim/libspyreshim.so" in names
     assert "spyreshim/_libs/libunwind.so.8" in names
     assert "spyreshim/pytest_plugin.py" in names and "spyreshim/_version.py" in names
-    assert "[console_scripts]\nspyreshim = spyreshim.cli:main" in entry
+    assert "spyreshim/stackdepth.h" in names      # `run --help` reads the library's defaults
+    assert "[console_scripts]\nspyreshim = spyreshim.cli.main:main" in entry
     assert "[pytest11]\nspyreshim.pytest_plugin = spyreshim.pytest_plugin" in entry
     # Nothing of the tests: no simulated device in the product.
     assert not [n for n in names if "simdev" in n], names

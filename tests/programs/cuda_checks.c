@@ -36,7 +36,10 @@
  *             either device's peak and what is live at exit)
  *   procaddr  cuGetProcAddress hands out the shim's teardown, pointer-query
  *             and stream-ordered-free functions at their ABI versions (the
- *             route of the CUDA runtime); prints "<name>@<version> <object>" */
+ *             route of the CUDA runtime); prints "<name>@<version> <object>"
+ *   oomexit   1 MiB blocks on device 0 until a request fails, none freed,
+ *             then exit(3): a program that fails on its own after an
+ *             out-of-memory (prints "oomexit: <the failure's code>") */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -519,6 +522,18 @@ __attribute__((noinline)) void hostmem_leaked_here(int keep)
     printf("%s ok\n", check_name);
 }
 
+static void check_oomexit(void)
+{
+    CUdeviceptr p;
+    CUresult rc;
+    CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS, "cuCtxSetCurrent");
+    for (int n = 0; (rc = cuMemAlloc_v2(&p, 1 << 20)) == CUDA_SUCCESS && n < 4096; n++)
+        ;
+    printf("%s: %d\n", check_name, rc);
+    fflush(stdout);
+    exit(3);
+}
+
 static void check_hostmem(void)
 {
     hostmem_leaked_here(0);
@@ -547,6 +562,7 @@ int main(int argc, char **argv)
         {"attrs", check_attrs}, {"freeasync", check_freeasync}, {"peak", check_peak},
         {"peaksum", check_peaksum},
         {"procaddr", check_procaddr}, {"hostmem", check_hostmem}, {"hostleak", check_hostleak},
+        {"oomexit", check_oomexit},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }

@@ -20,7 +20,7 @@ import re
 import subprocess
 import sys
 
-from . import presets
+from .. import presets
 
 # The runtimes whose entry points the shim intercepts (hooks/), one row
 # each: (name, sonames or glob patterns the loader would be asked for,
@@ -37,8 +37,8 @@ RUNTIMES = [
      ""),
 ]
 
-# What the shim collects garbage in and reads Python stacks of (README,
-# "Python interpreters").
+# What the shim collects garbage in and reads Python stacks of
+# (docs/testing.md, "Python interpreters").
 INTERPRETERS = ("CPython 3.8 to 3.15 (3.13t free-threaded too): garbage collection and "
                 "Python stacks; PyPy 3: garbage collection, native stacks only")
 
@@ -101,7 +101,12 @@ def find_library(candidates, env=None):
 def probe(lib, python_dir, timeout=60):
     """Preloads `lib` into a child of this interpreter, as `run` does, and
     asks the package there whether it bound to it: (ok, one line)."""
-    env = dict(os.environ, LD_PRELOAD=lib, SPYRESHIM_LOG="warn",
+    from . import launch
+    try:
+        preload = launch.preload_path(lib)
+    except launch.PreloadError as e:
+        return False, "does not load: %s" % e
+    env = dict(os.environ, LD_PRELOAD=preload, SPYRESHIM_LOG="warn",
                PYTHONPATH=os.pathsep.join([python_dir] + [p for p in os.environ.get(
                    "PYTHONPATH", "").split(os.pathsep) if p]))
     for k in ("SPYRESHIM_LEAK_CHECK", "SPYRESHIM_TRACE", "SPYRESHIM_REPORT", "SPYRESHIM_STATS",
@@ -216,11 +221,11 @@ def preset_rows():
 
 
 def main(candidates, python_dir, write):
-    from . import __version__
+    from .. import __version__
     finder = Finder()
     lib, source = find_library(candidates)
     status = 0
-    write("spyreshim %s (package %s)\n" % (__version__, os.path.dirname(os.path.abspath(__file__))))
+    write("spyreshim %s (package %s)\n" % (__version__, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     write("\nlibrary\n")
     if lib is None:
         looked = ", ".join(os.path.normpath(c) for c in candidates) or "nowhere"

@@ -18,9 +18,9 @@ flame graph page (flamegraph.page) and the moments' titles, in times. Frames of 
 import itertools
 import json
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 JSON_FORMAT = "spyreshim-diff"
 
@@ -68,51 +68,6 @@ def of_reports(a, b):
             m["count"] = max(0, m["count"] - oc)
             out.append(m)
     return _shape(out, "%s -> %s" % (a["name"], b["name"]), b["pid"])
-
-
-def at_index(t, text):
-    """An --at value as an event index: "2.5s" (the last event at or
-    before that time), an event number (1-based; 0 is the start, before
-    the first) or "end" (the last event). A moment past the end of the
-    trace is refused in one line naming where the trace ends (it would
-    read as "nothing grew")."""
-    v = text.strip()
-    if v == "end":
-        return len(t) - 1
-    try:
-        if v.endswith("s"):
-            ns = float(v[:-1]) * 1e9
-            if not ns >= 0:
-                raise ValueError
-        else:
-            k = int(v)
-            if k < 0:
-                raise ValueError
-    except ValueError:
-        raise rpt.ReportError("--at %r: not a time in seconds (\"2.5s\"), an event number "
-                              "(0: before the first) or \"end\"" % text)
-    if not v.endswith("s"):
-        n = len(t)
-        if k > n:
-            raise rpt.ReportError("--at %s: past the end of %s (it has %d events; \"end\" is "
-                                  "the last)" % (text, t.path, n))
-        return k - 1
-    i, last = -1, None
-    for b in t.batches():
-        tm = b.time
-        if not len(tm):
-            continue
-        last = max(last or 0, max(tm))
-        if max(tm) <= ns:
-            i = b.start + len(tm) - 1
-            continue
-        for j, x in enumerate(tm):
-            if x > ns:
-                return b.start + j - 1
-    if last is None or ns > last:
-        raise rpt.ReportError("--at %s: past the end of %s (it ends at %s; \"end\" is its last "
-                              "moment)" % (text, t.path, tr.seconds(last or 0)))
-    return i
 
 
 def default_moments(t):

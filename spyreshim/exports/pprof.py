@@ -15,9 +15,9 @@ groups (`report --pprof OUT.pb.gz REPORT.json`: what leaked, by stack).
 
 import gzip
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 
 def _varint(v):
@@ -150,14 +150,13 @@ def _encode(samples, start_ns, comment):
 def moment(t, at):
     """(event index, words) for the peak (None), "end" or an --at value;
     the words give the moment's time, not its event number."""
-    from . import diff
     if at is None:
         p = tr.peaks(t)
         i, what = p.index, "the peak (%s)" % rpt.format_size(p.bytes)
     elif at == "end":
         i, what = len(t) - 1, "the end of the trace"   # a counting pass when streaming
     else:
-        i, what = diff.at_index(t, at), None
+        i, what = tr.at_index(t, at), None
     if i < 0:
         return i, what or "the start"
     when = tr.seconds(tr.times_at(t, [i])[i])

@@ -49,9 +49,9 @@ import os
 import pickle
 import tempfile
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 PROTOCOL = 4
 

@@ -11,15 +11,21 @@ launcher's, from the trace's process record or the report's fields
 A trace and reports of one process are one row. Times are the launch's
 wall clock: from the earliest trace's start, not each process's.
 
-Each trace is read in one streaming pass (trace.batches()); memory is
-one trace's chunks in flight and the rows, never the events."""
+The rank that ran out of memory first comes first, with its stacks as the
+single-process out-of-memory report gives them (report.text): the stack
+of the request that failed (from its trace) and of the largest groups
+live at that moment (from its trace, else its `.oom` report).
+
+Each trace is read in one streaming pass (trace.batches()), and the first
+out-of-memory rank's once more, up to that failure; memory is one trace's
+chunks in flight, the rows, and that rank's live set, never the events."""
 
 import glob
 import os
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 _SEGMENT = bytes(1 if k in (tr.SEGMENT_ALLOC, tr.SEGMENT_FREE) else 0 for k in range(256))
 _MARK = bytes(1 if k in (tr.GC, tr.OOM, tr.SEGMENT_ALLOC, tr.SEGMENT_FREE) else 0
@@ -71,6 +77,8 @@ class Row(object):
         self.first_oom_ns = None    # wall clock of the first out-of-memory
         self.oom_request = None
         self.oom_site = None        # where the first out-of-memory was asked for
+        self.oom_event = None       # (index, site, device) of it in the trace
+        self.oom_report = None      # the `.oom` report's path
         self.verdict = None
         self.truncated = False
 
@@ -123,6 +131,7 @@ def _read_trace(row, t, path):
                     first = time[i]
                     row.oom_request = size[i]
                     row.oom_site = callorder.label(t, site[i]) if site[i] else None
+                    row.oom_event = (b.start + i, site[i], dev[i])
             elif dev[i] not in tr.PASSTHROUGH_DEVICES:
                 reserved += size[i] if k == tr.SEGMENT_ALLOC else -size[i]
                 top = max(top, reserved)
@@ -155,6 +164,7 @@ def gather(paths):
             oom = r.get("oom")
             if r["reason"] == "oom" and oom:
                 row.verdict = oom.get("verdict")
+                row.oom_report = path
                 if row.trace is None:
                     row.ooms = max(row.ooms, 1)
                     row.oom_request = oom.get("request")
@@ -166,7 +176,50 @@ def _size(n):
     return "-" if n is None else rpt.format_size(n)
 
 
-def text(rows):
+def first_oom(rows):
+    """The row of the earliest out-of-memory (a trace has its time; a rank
+    known from its `.oom` report alone comes after those), or None."""
+    ooms = [r for r in rows if r.ooms]
+    if not ooms:
+        return None
+    return min(ooms, key=lambda r: (r.first_oom_ns is None, r.first_oom_ns or 0))
+
+
+# Groups live at the failure shown when --top is not given: the shim's own
+# out-of-memory report's default (SPYRESHIM_OOM_REPORT).
+OOM_TOP = 10
+
+
+def oom_stacks(r, top=0, native_frames="folded"):
+    """Lines: the stacks of rank r's first out-of-memory, as `spyreshim
+    report` prints an `.oom` report (report.text): the request that failed
+    (its trace only) and the largest groups live at that moment (from its
+    trace, else from its `.oom` report, which the shim wrote at its last
+    failure)."""
+    top = top or OOM_TOP
+    lines = []
+    if r.trace is not None and r.oom_event is not None:
+        index, site, dev = r.oom_event
+        t = tr.stream(r.trace)
+        g = dict(callorder.group(t, site), bytes=r.oom_request, count=1,
+                 runtime=t.device_name(dev), suppressed=False)
+        head = "Request of %s of %s memory that failed, asked from:" % (
+            rpt.format_size(r.oom_request), rpt._t(g["runtime"]))
+        lines.append(rpt.group_text(g, native_frames=native_frames, head=head))
+        lines.append("")
+        live = callorder.live_report(t, tr.live_at(t, index), "oom")
+        lines.append(rpt.text(rpt.merge([live]), top=top, native_frames=native_frames))
+        lines.append("(from %s, what was live at its event %d)" % (rpt._t(r.trace), index + 1))
+    elif r.oom_report is not None:
+        lines.append("(the failing request's stack is in a trace only: spyreshim run --trace)")
+        lines.append("")
+        lines.append(rpt.text(rpt.merge([rpt.load(r.oom_report)]), top=top,
+                              native_frames=native_frames))
+        lines.append("(from %s)" % rpt._t(r.oom_report))
+    return [ln.rstrip("\n") for ln in lines]
+
+
+def text(rows, top=0, native_frames="folded"):
     starts = [r.start_ns for r in rows if r.start_ns]
     t0 = min(starts) if starts else None
     lines = []
@@ -176,6 +229,19 @@ def text(rows):
         len(rows), "" if len(rows) == 1 else "es",
         ", run id %s" % ", ".join(sorted(ids)) if ids else "",
         ", world size %s" % ", ".join(map(str, sorted(sizes))) if sizes else ""))
+    # The rank that ran out first, with its stacks: what a reader of a
+    # failed launch needs first; the table and the summary follow.
+    first = first_oom(rows)
+    if first is not None:
+        at = ("+%.3f s, " % ((first.first_oom_ns - t0) / 1e9)
+              if first.first_oom_ns and t0 else "")
+        lines.append("")
+        lines.append("== first out-of-memory: %s (pid %s, host %s), %s%s asked%s ==" % (
+            first.label(), first.pid, first.launch.get("host", "-"), at,
+            _size(first.oom_request), ", verdict: %s" % first.verdict if first.verdict else ""))
+        lines.extend(oom_stacks(first, top, native_frames))
+        lines.append("")
+        lines.append("== every process ==")
     head = ("process", "host", "pid", "peak in use", "reserved", "capacity", "headroom",
             "collections (freed)", "OOMs", "first OOM")
     table = [head]
@@ -201,9 +267,8 @@ def text(rows):
         r = min(rooms, key=lambda r: r.headroom)
         lines.append("least headroom: %s, %s of %s" % (r.label(), _size(r.headroom),
                                                        _size(r.capacity)))
-    ooms = [r for r in rows if r.ooms]
-    if ooms:
-        r = min(ooms, key=lambda r: (r.first_oom_ns is None, r.first_oom_ns or 0))
+    r = first
+    if r is not None:
         lines.append("first OOM:      %s%s" % (r.label(), ", verdict: %s" % r.verdict
                                                if r.verdict else ""))
         if r.oom_site:

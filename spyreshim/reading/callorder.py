@@ -20,6 +20,7 @@ SYMBOL_EVAL_LOOP = 1
 SYMBOL_INTERPRETER = 2
 PYSTACK_TRUNCATED = 1
 PYSTACK_UNSURE = 2
+PYSTACK_ORIGIN = 4      # the stack of the call that started a thread's work (origin.c)
 
 EVAL_LOOP = "_PyEval_EvalFrameDefault"
 PROGRAM_START = frozenset(("_start", "__libc_start_main", "__libc_start_main_impl",
@@ -90,14 +91,21 @@ def group(t, site):
         f["folded"] = False
     order = ("hybrid" if native else "python") if pyframes else "native"
     unspliced = None
-    if pyframes and native:
+    marks = t.pymarks.get(ps) if py else None
+    if pyframes and marks is not None and marks[0] & PYSTACK_ORIGIN:
+        order = "origin"        # the thread's own frames, then the call that started them
+        for f in pyframes:
+            f["origin"] = True
+    elif pyframes and native:
         unspliced = _refusal(t.pymarks.get(ps) if py else None, len(pyframes), calls)
         if unspliced:
             order = "python-first"
     for f in pyframes:
         f["interpreter"] = False
         f["folded"] = False
-    if order != "hybrid":
+    if order == "origin":
+        frames = native + pyframes
+    elif order != "hybrid":
         frames = pyframes + native
     else:
         entry = t.pymarks[ps][1]
@@ -139,19 +147,58 @@ def visible(t, site):
     return [f for f in frames(t, site) if not f["folded"]]
 
 
+def shown(t, site, native_frames="folded"):
+    """The frames a view draws, innermost first: visible() with each run of
+    a library's frames folded into one (report.visible_frames, frames.py);
+    native_frames "all" gives every frame."""
+    return rpt.visible_frames({"frames": frames(t, site)}, native_frames)
+
+
 def label(t, site):
-    """One line naming a site: its innermost visible frame with a name and,
-    when that is native, the innermost Python frame that led to it
-    ("Tensor_new, from forward (train.py:40)")."""
-    fr = visible(t, site)
-    if not fr:
-        return "[no stack recorded]"
-    first = next((f for f in fr if f["function"]), fr[0])
-    out = rpt.frame_label(first)
-    if first["kind"] != "python":
-        py = next((f for f in fr if f["kind"] == "python"), None)
-        if py is not None:
-            out += ", from " + rpt.frame_label(py)
+    """One line naming a site: its innermost frame in the user's own code
+    (frames.first_user: outside the interpreter, the frameworks' libraries,
+    site-packages and the standard library), else its innermost named
+    frame, with its library (report.label_of)."""
+    out = rpt.label_of(visible(t, site)) or "[no stack recorded]"
+    return out + ORIGIN_NOTE if group(t, site)["order"] == "origin" else out
+
+
+# After the label of a site on a thread without Python frames, named by the
+# Python call that started its work (spyreshim.origin).
+ORIGIN_NOTE = ", on another thread"
+
+
+def labels(t, sites):
+    """{site: label} for sites listed together (`--view stats`, the
+    timeline's legend): label() for each, and where several distinct
+    sites read the same, each gets " via " and the frame where its stack
+    last parted from the others' (walking in from the outermost frame: the
+    call inside the library that made the difference, "step (loop.py:17)
+    via Linear.forward (linear.py:125)", "... via
+    torch::autograd::generated::MmBackward0::apply"). Sites whose stacks
+    are the same to the end keep the same label."""
+    sites = list(dict.fromkeys(sites))
+    out = {s: label(t, s) for s in sites}
+    same = {}
+    for s in sites:
+        same.setdefault(out[s], []).append(s)
+    for base, group in same.items():
+        if len(group) < 2:
+            continue
+        paths = {s: [rpt.short_label(f) for f in reversed(visible(t, s))] for s in group}
+        todo = [(group, 0, None)]
+        while todo:
+            part, k, via = todo.pop()
+            if len(part) == 1 or all(len(paths[s]) <= k for s in part):
+                for s in part:
+                    if via:
+                        out[s] = "%s via %s" % (base, via)
+                continue
+            by = {}
+            for s in part:
+                by.setdefault(paths[s][k] if len(paths[s]) > k else None, []).append(s)
+            for name, sub in by.items():
+                todo.append((sub, k + 1, (name or via) if len(by) > 1 else via))
     return out
 
 

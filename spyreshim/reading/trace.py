@@ -29,6 +29,7 @@ import os
 import struct
 from array import array
 
+from . import elfsyms
 from . import report as rpt
 from . import tracecodec
 
@@ -167,18 +168,21 @@ class Trace(object):
         return None, None
 
     def native_frame(self, a):
+        """Report frame of return address `a`: the process's own names (its
+        symbol record), else, for a frame it did not name, the function of
+        the object's symbol tables (.symtab, .dynsym) that holds it, read
+        from the file the module map names (elfsyms.py)."""
         s = self.symbols.get(a)
+        path, off = self._module(a)
         if s:
             fn, file, line, obj = s
-            base = None
-            if obj:
-                base = self._module(a)[1]
+            if not fn:
+                fn = elfsyms.function_at(path, off)
             return {"kind": "native", "function": fn or None, "file": file or None,
                     "line": line or None, "object": obj or None, "address": "0x%x" % a,
-                    "offset": "0x%x" % base if base is not None else None}
-        obj, off = self._module(a)
-        return {"kind": "native", "function": None, "file": None, "line": None,
-                "object": obj, "address": "0x%x" % a,
+                    "offset": "0x%x" % off if obj and off is not None else None}
+        return {"kind": "native", "function": elfsyms.function_at(path, off), "file": None,
+                "line": None, "object": path, "address": "0x%x" % a,
                 "offset": "0x%x" % off if off is not None else None}
 
     def frames(self, site):
@@ -202,14 +206,10 @@ class Trace(object):
         return out
 
     def site_label(self, site):
-        """One line naming a site: its innermost frame that has a name."""
-        fr = self.frames(site)
-        if not fr:
-            return "[no stack recorded]"
-        for f in fr:
-            if f["function"]:
-                return rpt.frame_label(f)
-        return rpt.frame_label(fr[0])
+        """One line naming a site: its innermost frame in the user's own code
+        (report.label_of; the views use callorder.label, which also
+        knows the call order)."""
+        return rpt.label_of(self.frames(site)) or "[no stack recorded]"
 
     def device_name(self, d):
         return self.devices.get(d, "device %d" % d)
@@ -1176,3 +1176,48 @@ def times_at(t, indices):
 def seconds(ns):
     """A moment of a trace as the views' titles give it: '1.234567 s'."""
     return "%.6f s" % (ns / 1e9)
+
+
+def at_index(t, text):
+    """An --at value as an event index: "2.5s" (the last event at or
+    before that time), an event number (1-based; 0 is the start, before
+    the first) or "end" (the last event). A moment past the end of the
+    trace is refused in one line naming where the trace ends (it would
+    read as "nothing grew")."""
+    v = text.strip()
+    if v == "end":
+        return len(t) - 1
+    try:
+        if v.endswith("s"):
+            ns = float(v[:-1]) * 1e9
+            if not ns >= 0:
+                raise ValueError
+        else:
+            k = int(v)
+            if k < 0:
+                raise ValueError
+    except ValueError:
+        raise rpt.ReportError("--at %r: not a time in seconds (\"2.5s\"), an event number "
+                              "(0: before the first) or \"end\"" % text)
+    if not v.endswith("s"):
+        n = len(t)
+        if k > n:
+            raise rpt.ReportError("--at %s: past the end of %s (it has %d events; \"end\" is "
+                                  "the last)" % (text, t.path, n))
+        return k - 1
+    i, last = -1, None
+    for b in t.batches():
+        tm = b.time
+        if not len(tm):
+            continue
+        last = max(last or 0, max(tm))
+        if max(tm) <= ns:
+            i = b.start + len(tm) - 1
+            continue
+        for j, x in enumerate(tm):
+            if x > ns:
+                return b.start + j - 1
+    if last is None or ns > last:
+        raise rpt.ReportError("--at %s: past the end of %s (it ends at %s; \"end\" is its last "
+                              "moment)" % (text, t.path, seconds(last or 0)))
+    return i

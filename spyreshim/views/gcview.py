@@ -20,9 +20,9 @@ event's window and the sites).
 import itertools
 import tempfile
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 
 def collections(t):
@@ -94,7 +94,7 @@ def text(t, top=10):
     return "".join(out)
 
 
-def write(t, w, top=10):
+def write(t, w, top=10, native_frames="folded"):
     """The view, line by line to w, in one pass: each collection's lines go
     to a spool file while the totals that head the view are summed (memory
     is the sites, not the collections)."""
@@ -139,5 +139,5 @@ def write(t, w, top=10):
         for (d, s), (b, k, nc) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:top]:
             w("    %24s in %6d block(s) over %d collection(s)  %s\n" % (
                 rpt.format_size(b), k, nc, callorder.label(t, s)))
-            for f in callorder.visible(t, s)[:6]:
+            for f in callorder.shown(t, s, native_frames)[:6]:
                 w("        %s\n" % rpt.frame_label(f))

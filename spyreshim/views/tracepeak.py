@@ -1,22 +1,26 @@
 """Two views of a trace (trace.py): what was live at the peak (text, and
 HTML through the leak reports' flame graph, flamegraph.page), and summary
 statistics in the shape of `memray stats`. Owns these views only; stacks
-are in call order (callorder.py). Both stream (trace.batches()): the peak
-takes two passes (where the peaks are, then the live sets there), the
-statistics one (two when the trace has markers: their intervals need the
-trace's duration); memory is the live set and the sites."""
+are in call order (callorder.py); each peak is broken down by category
+(categories.py). Both stream (trace.batches()): the peak takes two passes
+(where the peaks are, then the live sets there), the statistics two (the
+second: the live set at the peak, for its categories; three when the
+trace has markers: their intervals need the trace's duration); memory is
+the live set and the sites."""
 
 import collections
 import itertools
 
-from . import callorder
+from ..reading import callorder
+from ..reading import categories as cats
 from . import flamegraph
-from . import report as rpt
-from . import trace as tr
+from ..reading import report as rpt
+from ..reading import trace as tr
 
 
-def peak_reports(t):
-    """[(title, report)]: all devices together, then each device."""
+def peak_reports(t, classifier=None):
+    """[(title, report)]: all devices together, then each device; with a
+    categories.Classifier, [(title, report, {category: bytes})]."""
     p = tr.peaks(t)
     wants = [(p.index, None)]
     per = sorted(p.per_device.items()) if len(p.per_device) > 1 else []
@@ -32,25 +36,39 @@ def peak_reports(t):
         out.append(("peak of %s: %s at %s" % (t.device_name(d), rpt.format_size(b),
                                               tr.seconds(tm[i])),
                     callorder.live_report(t, live, "peak")))
+    if classifier is not None:
+        out = [o + (cats.breakdown(classifier, live, served=(j == 0)),)
+               for j, (o, live) in enumerate(zip(out, lives))]
     return p, out
 
 
-def peak_text(t, top=0):
-    p, reports = peak_reports(t)
+def peak_text(t, top=0, rules=(), native_frames="folded"):
+    """Each peak's live blocks by stack, after its breakdown by category
+    (categories.py; `rules`: the user's, before the built-in ones)."""
+    p, reports = peak_reports(t, cats.Classifier(t, rules))
     lines = []
-    for title, r in reports:
+    for title, r, by in reports:
         lines.append("== %s ==" % title)
-        lines.append(rpt.text(rpt.merge([r]), top=top).rstrip("\n"))
+        if by:
+            lines.append("By category:")
+            lines.extend(cats.breakdown_lines(by))
+            lines.append("")
+        lines.append(rpt.text(rpt.merge([r]), top=top, native_frames=native_frames).rstrip("\n"))
         lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def peak_html(t, top=0):
+def peak_html(t, top=0, rules=(), native_frames="folded"):
     """The flame graph page of the overall peak (per-device peaks follow
-    as their own pages only in text; one device is the usual case)."""
-    p, reports = peak_reports(t)
-    title, r = reports[0]
-    return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top)
+    as their own pages only in text; one device is the usual case); its
+    title ends with the peak's categories."""
+    p, reports = peak_reports(t, cats.Classifier(t, rules))
+    title, r, by = reports[0]
+    if by:
+        title += " (%s)" % ", ".join("%s %s" % (c or "unknown", rpt.format_size(by[c]))
+                                     for c in cats.ORDER if by.get(c))
+    return flamegraph.page(rpt.merge([r]), title="spyreshim: device memory at the " + title, top=top,
+                           native_frames=native_frames)
 
 
 _MARKS = (tr.PRESSURE_BEGIN, tr.GC, tr.OOM)
@@ -226,7 +244,7 @@ def _mark_intervals(t, span, n):
     return buckets
 
 
-def stats_text(t, top=5):
+def stats_text(t, top=5, rules=()):
     st = _gather(t)
     p = st.peaks.p
     w = []
@@ -239,6 +257,12 @@ def stats_text(t, top=5):
     w.append("Peak memory usage (all devices):\n\t%s" % rpt.format_size(p.bytes))
     for d, (b, _i) in sorted(p.per_device.items()):
         w.append("\tpeak of %s: %s" % (t.device_name(d), rpt.format_size(b)))
+    if p.index >= 0:
+        # What the overall peak held, by category (one more pass: the live
+        # set at the peak).
+        by = cats.breakdown(cats.Classifier(t, rules), tr.live_sets(t, [(p.index, None)])[0])
+        w.append("Peak memory usage by category (all devices):")
+        w.extend(cats.breakdown_lines(by))
     if st.nevents:
         w.append("Duration:\n\t%.3f s" % (st.tmax / 1e9))
     w.append("Histogram of allocation size:")
@@ -251,13 +275,15 @@ def stats_text(t, top=5):
         for lo, hi, c in h:
             bar = "*" * max(1, int(40 * c / most))
             w.append("\t%24s - %-24s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
+    by_peak = sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]
+    by_count = sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]
+    names = callorder.labels(t, [s for s, _v in by_peak + by_count])
     w.append("Top %d largest allocating locations (by peak live bytes):" % top)
-    for s, v in sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %s" % (callorder.label(t, s), rpt.format_size(v)))
+    for s, v in by_peak:
+        w.append("\t- %s: %s" % (names[s], rpt.format_size(v)))
     w.append("Top %d largest allocating locations (by number of allocations):" % top)
-    for s, v in sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]:
-        w.append("\t- %s: %d (%s in all)" % (callorder.label(t, s), v,
-                                              rpt.format_size(st.by_bytes[s])))
+    for s, v in by_count:
+        w.append("\t- %s: %d (%s in all)" % (names[s], v, rpt.format_size(st.by_bytes[s])))
     npress, ngc, gcfreed, noom = st.marks
     w.append("Pressure events: %d, collections: %d (%s freed), out-of-memory: %d" % (
         npress, ngc, rpt.format_size(gcfreed), noom))

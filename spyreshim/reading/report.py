@@ -8,6 +8,7 @@ with a ReportError naming the file and the field, never a traceback.
 """
 
 from .escape import terminal as _t
+from . import frames as frames_mod
 from .units import format_size, parse_size  # noqa: F401 (one formatter: units.py)
 
 FORMAT = "spyreshim-report"
@@ -302,14 +303,26 @@ def visible_frames(g, native_frames="folded"):
     """The frames a reader sees, innermost first: with "folded" (the
     default), the interpreter's own native frames the shim marked folded
     (between Python frames, and below the outermost one down to the
-    program's entry) are left out; "all" keeps every frame."""
+    program's entry) are left out, and each run of a library's frames
+    between the allocation and the user's code is one frame named after
+    the library (frames.fold: "[libtorch_cpu.so: 22 frames]"); "all" keeps
+    every frame."""
     if native_frames == "all":
         return list(g["frames"])
-    return [f for f in g["frames"] if not f.get("folded")]
+    shown = [f for f in g["frames"] if not f.get("folded")]
+    # "interpreter": the interpreter's frames folded only (the pytest
+    # plugin's failure text, which trims to the test function itself).
+    return shown if native_frames == "interpreter" else frames_mod.fold(shown)
+
+
+def _interpreter_folded(g):
+    return sum(1 for f in g["frames"] if f.get("folded"))
 
 
 def frame_label(f):
     """Short name for a flame-graph box (control characters escaped)."""
+    if f["kind"] == "library":
+        return _t(f["function"])
     if f["kind"] == "python":
         name = _t(f["function"]) or "<unknown>"
         if f["file"]:
@@ -328,6 +341,8 @@ def frame_text(f, address=True):
     '#n' prefix; names with control characters escaped (escape.py).
     `address` False leaves out the load address (meaningless for a group
     merged from several processes)."""
+    if f["kind"] == "library":
+        return _t(f["function"])
     if f["kind"] == "python":
         where = _t(f["file"]) or "<unknown>"
         if f["line"]:
@@ -354,45 +369,89 @@ def leaks(merged):
     return all(r["reason"] == "exit" for r in merged["reports"])
 
 
-
-def group_text(g, leaks=True, show_pids=False, native_frames="folded"):
+def group_text(g, leaks=True, show_pids=False, native_frames="folded", head=None):
+    """A group's head line and its frames; `head` replaces the head line
+    (a failed request's, cross-rank report)."""
     lines = []
-    if g["suppressed"]:
-        what = "Suppressed:"
-    else:
-        what = "Leak of" if leaks else "Live:"
-    head = "%s %s in %d allocation(s) of %s memory" % (
-        what, format_size(g["bytes"]), g["count"], _t(g["runtime"]))
-    if show_pids and g.get("pids"):
-        head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
-                                  ", ".join(str(p) for p in g["pids"]))
-    lines.append(head + ", allocated from:")
+    if head is None:
+        if g["suppressed"]:
+            what = "Suppressed:"
+        else:
+            what = "Leak of" if leaks else "Live:"
+        head = "%s %s in %d allocation(s) of %s memory" % (
+            what, format_size(g["bytes"]), g["count"], _t(g["runtime"]))
+        if show_pids and g.get("pids"):
+            head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
+                                      ", ".join(str(p) for p in g["pids"]))
+        head += ", allocated from:"
+    lines.append(head)
     one_process = len(g.get("pids", ())) <= 1
     frames = visible_frames(g, native_frames)
     for i, f in enumerate(frames):
         lines.append("    #%d %s" % (i, frame_text(f, address=one_process)))
     if not g["frames"]:
         lines.append("    <no stack recorded>")
-    folded = len(g["frames"]) - len(frames)
+    folded = _interpreter_folded(g) if native_frames != "all" else 0
     if folded:
         lines.append("    (%d interpreter frame%s folded; --native-frames=all shows them)"
                      % (folded, "" if folded == 1 else "s"))
     if g.get("order") == "python-first":
         lines.append("    (unspliced, Python frames first: %s)" % (_t(g.get("unspliced")) or "?"))
+    if g.get("order") == "origin":
+        lines.append("    (a thread without Python frames; the Python frames are the call that "
+                     "started its work)")
     return "\n".join(lines)
 
 
 def site_label(g):
-    """A site in one line: its innermost visible frame, and the innermost
-    Python frame when that is another (as `report --view gc` labels them)."""
-    frames = visible_frames(g)
+    """A site in one line: its innermost frame in the user's own code
+    (frames.first_user), else its innermost frame with a name outside the
+    libraries, else its innermost frame (as callorder.label names a
+    trace's sites)."""
+    return label_of([f for f in g["frames"] if not f.get("folded")]) or "<no stack recorded>"
+
+
+def short_label(f):
+    """frame_label without a C++ function's parameter list (a label's
+    "via" part, a site named by the framework's frame)."""
+    out = frame_label(f)
+    if f["kind"] != "python" and f["function"] and "(" in out:
+        depth = 0
+        for i, c in enumerate(out):
+            if c == "<":
+                depth += 1
+            elif c == ">":
+                depth -= 1
+            elif c == "(" and depth == 0 and i and not out[:i].endswith("operator"):
+                return out[:i]
+    return out
+
+
+def label_of(frames):
+    """The label of a site whose visible frames (innermost first) are
+    `frames`: the user's innermost frame (a native one with the user's
+    innermost Python frame that called it); where the stack has none (a
+    thread of the framework's own, such as PyTorch's autograd worker), the
+    innermost named frame with ", in <library>" when that is a library's;
+    None for no frames."""
     if not frames:
-        return "<no stack recorded>"
-    label = frame_label(frames[0])
-    py = next((f for f in frames if f["kind"] == "python"), None)
-    if py is not None and py is not frames[0]:
-        label += ", from " + frame_label(py)
-    return label
+        return None
+    user = frames_mod.first_user(frames)
+    if user is not None:
+        out = frame_label(user)
+        if user["kind"] != "python":
+            # The user's native code, called from the user's Python: both
+            # ("Tensor_new, from mlp (train.py:5)").
+            at = frames.index(user)
+            py = next((f for f in frames[at + 1:] if f["kind"] == "python"
+                       and frames_mod.is_user(f)), None)
+            if py is not None:
+                out += ", from " + frame_label(py)
+        return out
+    first = next((f for f in frames if f["function"]), frames[0])
+    lib = frames_mod.library(first)
+    out = short_label(first)
+    return out if not lib or lib in out else "%s (%s)" % (out, _t(lib))
 
 
 def _pct(a, b):

@@ -25,10 +25,10 @@ import json
 import operator
 from array import array
 
-from . import callorder
-from . import report as rpt
-from . import trace as tr
-from . import units
+from ..reading import callorder
+from ..reading import report as rpt
+from ..reading import trace as tr
+from ..reading import units
 
 BUCKETS = 800
 TOP_SITES = 8
@@ -349,12 +349,14 @@ def _batch_np(np, b, chart, site_live, marks, st):
     return True
 
 
-def _site_frames(t, s):
+def _site_frames(t, s, native_frames="folded"):
     """Frame labels, outermost first (the flame graph's root side), in call
-    order with the interpreter's frames folded (callorder.py)."""
+    order with the interpreter's frames and each run of a library's frames
+    folded (callorder.shown) unless native_frames is "all"."""
     if s == -1:
         return ["(smaller sites)"]
-    return [rpt.frame_label(f) for f in reversed(callorder.visible(t, s))] or ["[no stack recorded]"]
+    return ([rpt.frame_label(f) for f in reversed(callorder.shown(t, s, native_frames))]
+            or ["[no stack recorded]"])
 
 
 _CSS = """
@@ -410,7 +412,8 @@ show(D.peak_bucket);
 """
 
 
-def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over time"):
+def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over time",
+         native_frames="folded"):
     d = build(t, buckets, top)
     cols = d["columns"]
     yticks = units.size_ticks(max([sum(c) for _t, c in cols] + [d["peak"], 1]))
@@ -450,6 +453,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
               xt, xt, 10 + ph, 14 + ph, xt, H - 6, _esc(label)))
     # stacked areas: one polygon per layer, bottom layer first ("other" on top)
     nl = len(d["top_sites"]) + 1
+    names = callorder.labels(t, d["top_sites"])
     base = [0] * buckets
     for layer in list(range(nl - 1)) + [nl - 1]:
         top_pts, bot_pts = [], []
@@ -460,7 +464,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             bot_pts += ["%.1f,%.1f" % (xa, y(base[b])), "%.1f,%.1f" % (xb, y(base[b]))]
             base[b] += v
         colour = OTHER if layer == nl - 1 else COLOURS[layer % len(COLOURS)]
-        name = "other sites" if layer == nl - 1 else callorder.label(t, d["top_sites"][layer])
+        name = "other sites" if layer == nl - 1 else names[d["top_sites"][layer]]
         w("<polygon class=\"layer\" data-site=\"%s\" fill=\"%s\" points=\"%s\"><title>%s</title></polygon>\n" % (
             _esc(d["top_sites"][layer] if layer < nl - 1 else "other"), colour,
             " ".join(top_pts + list(reversed(bot_pts))), _esc(name)))
@@ -488,7 +492,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     w("<div id=\"legend\">")
     for j, s in enumerate(d["top_sites"]):
         w("<span><i style=\"background:%s\"></i>%s</span>" % (COLOURS[j % len(COLOURS)],
-                                                             _esc(callorder.label(t, s))))
+                                                             _esc(names[s])))
     w("<span><i style=\"background:%s\"></i>other sites</span>" % OTHER)
     for k in (tr.PRESSURE_BEGIN, tr.GC, tr.OOM):
         w("<span><i style=\"background:%s;width:2px\"></i>%s</span>" % (MARK_COLOURS[k], MARK_NAMES[k]))
@@ -499,7 +503,7 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
             used.add(site)
     data = {"x0": x0, "bw": bw, "times": [c[0] for c in cols], "snaps": d["snaps"],
             "peak_bucket": d["peak_bucket"],
-            "sites": {str(s): _site_frames(t, s) for s in sorted(used)}}
+            "sites": {str(s): _site_frames(t, s, native_frames) for s in sorted(used)}}
     # json.dumps, then every "<" escaped: the data cannot end the script element.
     w("<script type=\"application/json\" id=\"data\">%s</script>\n" %
       json.dumps(data, separators=(",", ":")).replace("<", "\\u003c"))

@@ -16,8 +16,8 @@ reserved bytes' interval; a file of millions of events stays a few MB."""
 import json
 import os
 
-from . import callorder
-from . import trace as tr
+from ..reading import callorder
+from ..reading import trace as tr
 
 SAMPLE_NS = 1_000_000     # 1 ms
 

@@ -7,7 +7,10 @@ cudaMalloc). With it the caching allocator drops its lock around
 cudaMalloc, so the shim's in-call collection is safe and the shim's policy
 collects there (python_gc/gc/policy.c reads the same variable).
 
-install(): registers an out-of-memory observer
+install(): wraps torch.autograd.backward and torch.autograd.grad in
+spyreshim.origin(), so that what the autograd engine allocates on its
+device threads (no Python frame there) is labelled by the backward() call
+that started it (docs/python-stacks.md); and registers an out-of-memory observer
 (torch._C._cuda_attach_out_of_memory_observer) that collects garbage after
 PyTorch has released its lock and before it raises OutOfMemoryError, so
 that the program's next allocation (a retry) finds the memory free.
@@ -75,6 +78,32 @@ def _observer(device, alloc, device_allocated, device_free):
     gc.collect()
 
 
+def _with_origin(fn):
+    """fn (torch.autograd.backward or grad) inside spyreshim.origin(): the
+    autograd engine runs the graph on its device threads, which have no
+    Python frame; their allocations then name this call's Python stack."""
+    import functools
+    import spyreshim
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        with spyreshim.origin():
+            return fn(*args, **kwargs)
+    call._spyreshim_origin = True
+    return call
+
+
+def install_origin(torch):
+    """Wraps torch.autograd.backward (Tensor.backward calls it) and
+    torch.autograd.grad once; True when done now or before."""
+    ag = torch.autograd
+    for name in ("backward", "grad"):
+        fn = getattr(ag, name, None)
+        if fn is not None and not getattr(fn, "_spyreshim_origin", False):
+            setattr(ag, name, _with_origin(fn))
+    return True
+
+
 def install():
     global _installed
     if _installed:
@@ -83,6 +112,7 @@ def install():
         import torch
     except ImportError as e:
         return False, "PyTorch is not installed (%s)" % e
+    install_origin(torch)
     attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
     if attach is None:
         return False, ("this PyTorch (%s) has no out-of-memory observer API (a build without "

@@ -1,15 +1,16 @@
 """`spyreshim report --html OUT.html` over several ranks: one self-contained
-page (no script, no network), the cross-rank summary (ranks.text) and every
+page (no script, no network), the cross-rank summary (ranks.text: the
+first out-of-memory rank's stacks first, then the table) and every
 rank's device memory on one time axis, the launch's wall clock: a lane per
 rank with its bytes in use (solid) and reserved (dashed) per device, its
 capacity (a line), collections (grey ticks) and out-of-memory failures
 (red). The curves are chrometrace.walk's samples, so the page and the
 Trace Event Format export show the same figures."""
 
-from . import chrometrace
+from ..exports import chrometrace
 from . import ranks as rk
-from . import report as rpt
-from . import units
+from ..reading import report as rpt
+from ..reading import units
 
 WIDTH, LANE, PAD, LEFT = 1000, 120, 14, 130
 
@@ -19,7 +20,7 @@ def _esc(s):
             .replace('"', "&quot;"))
 
 
-def page(rows):
+def page(rows, top=0, native_frames="folded"):
     t0 = chrometrace.launch_start(rows)
     lanes = []
     tmax = 1
@@ -88,4 +89,5 @@ def page(rows):
             "<pre>%s</pre>%s<p style=\"color:#555\">Solid: bytes in use; dashed: reserved; "
             "red dashed: capacity (each lane to its own scale, up to its capacity); ticks: collections (grey), out-of-memory (red). One "
             "sample a millisecond at most, each the largest in-use value of its "
-            "millisecond.</p></body></html>\n" % (_esc(rk.text(rows)), "\n".join(svg)))
+            "millisecond.</p></body></html>\n" % (_esc(rk.text(rows, top, native_frames)),
+                                                  "\n".join(svg)))

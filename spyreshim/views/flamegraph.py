@@ -11,7 +11,7 @@ html.escape: function and file names are program-controlled text.
 import hashlib
 import html
 
-from . import report as rpt
+from ..reading import report as rpt
 
 WIDTH = 1200          # SVG user units; the page scales it to the window
 ROW = 18              # height of one frame
@@ -39,6 +39,9 @@ class _Node(object):
 
 
 def _frame_tip(f):
+    if f["kind"] == "library":
+        return "%d frame%s folded, by library: %s (--native-frames=all shows them)" % (
+            f["frames"], "" if f["frames"] == 1 else "s", f["library"])
     if f["kind"] == "python":
         where = "%s:%s" % (f["file"] or "<unknown file>", f["line"] or "?")
         return "%s  %s  (python)" % (f["function"] or "<unknown>", where)
@@ -121,6 +124,8 @@ def _colour(node):
     if node.kind == "none":
         return "#d0d0d0"
     h = int(hashlib.md5(node.label.encode("utf-8", "replace")).hexdigest()[:6], 16)
+    if node.kind == "library":  # folded library frames: grey-blue, no hue of their own
+        return "hsl(215,18%%,%d%%)" % (70 + h % 10)
     if node.kind == "python":   # cool: blues and greens
         return "hsl(%d,55%%,%d%%)" % (165 + h % 45, 62 + (h >> 8) % 14)
     return "hsl(%d,80%%,%d%%)" % (h % 45, 58 + (h >> 8) % 14)   # warm: reds to yellows
@@ -228,8 +233,9 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
               omitted, "" if omitted == 1 else "s", MIN_WIDTH))
     notes = sorted(set(r["python_note"] for r in reports if r.get("python_note")))
     if native_frames != "all":
-        notes.append("The interpreter's own native frames are folded "
-                     "(spyreshim report --native-frames=all shows them).")
+        notes.append("The interpreter's own native frames are folded, and each run of a "
+                     "library's frames is one box named after it (spyreshim report "
+                     "--native-frames=all shows them).")
     unspliced = len([g for g in merged["groups"] if g.get("order") == "python-first"
                      and (show_suppressed or not g["suppressed"])])
     if unspliced:

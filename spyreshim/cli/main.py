@@ -14,18 +14,18 @@ import os
 import struct
 import sys
 
-from . import escape
+from ..reading import escape
 from . import launch
-from . import report as rpt
+from ..reading import report as rpt
 
 PROG = "spyreshim"
 LIBNAME = "libspyreshim.so"
 LOG_LEVELS = ("debug", "info", "warn", "off")
 # `run --trace` without a file: one file per process (%p), so that a forked
-# or exec'd child never finds its parent's file in use (README, "Traces").
+# or exec'd child never finds its parent's file in use (docs/trace-format.md).
 DEFAULT_TRACE = "spyreshim-%p.trace"
 
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _default_candidates():
@@ -69,8 +69,40 @@ def find_library(env=None):
                      "ninja -C build) or set SPYRESHIM_LIB" % (LIBNAME, looked))
 
 
+# SPYRESHIM_STACK_DEPTH's defaults are the library's, in one header
+# (shim/base/stackdepth.h), installed next to this package; read here for
+# --help rather than written a second time.
+STACK_DEPTH_HEADERS = (os.path.join(PACKAGE_DIR, "stackdepth.h"),
+                       os.path.join(os.path.dirname(PACKAGE_DIR), "shim", "base", "stackdepth.h"))
+
+
+def stack_depth_defaults():
+    """(native default, default once Python frames are recorded), or None
+    when the header is not found."""
+    import re
+    for path in STACK_DEPTH_HEADERS:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        got = dict(re.findall(r"^#define SHIM_STACK_DEPTH_DEFAULT(_PYTHON)?\s+(\d+)\s*$", text,
+                              re.M))
+        if "" in got and "_PYTHON" in got:
+            return int(got[""]), int(got["_PYTHON"])
+    return None
+
+
+def _stack_depth_help():
+    d = stack_depth_defaults()
+    default = ("default %d, %d once Python frames are recorded" % d if d else
+               "default: the library's, docs/configuration.md")
+    return ("native frames recorded per allocation, and Python frames at most (%s)"
+            % default).replace("%", "%%")
+
+
 def _version():
-    from . import __version__
+    from .. import __version__
     return __version__
 
 
@@ -114,7 +146,8 @@ def _parser():
         usage="%(prog)s [options] -- CMD [ARG ...]",
         description="Runs CMD with libspyreshim.so preloaded (LD_PRELOAD) and the SPYRESHIM_* "
                     "variables set from the options. The exit status is the command's "
-                    "(with --leak-check and leaks at exit: --exitcode, default 23). "
+                    "(with --leak-check and leaks at exit of a command that exits 0: "
+                    "--exitcode, default 23; one that fails keeps its status). "
                     "--report, --exitcode and --suppressions imply --leak-check. "
                     "What counts as a leak: device memory still allocated at exit that was "
                     "not live when the Python interpreter began to shut down (after a "
@@ -139,8 +172,7 @@ def _parser():
                    help="exit status when leaks remain at exit (default 23)")
     r.add_argument("--suppressions", metavar="FILE",
                    help="file of leak:<pattern> lines (LeakSanitizer format)")
-    r.add_argument("--stack-depth", type=_positive, metavar="N",
-                   help="native frames recorded per allocation (default 32)")
+    r.add_argument("--stack-depth", type=_positive, metavar="N", help=_stack_depth_help())
     r.add_argument("--stats", metavar="FILE", help="write the counters to FILE at exit")
     r.add_argument("--trace", metavar="FILE", nargs="?", const=DEFAULT_TRACE,
                    help="record every allocation, free, pressure event and collection with "
@@ -183,6 +215,15 @@ def _parser():
                           "freed, by allocation site)")
     rep.add_argument("--memory-viz", metavar="OUT.pickle",
                      help="for a trace: write the snapshot PyTorch's memory_viz page reads")
+    rep.add_argument("--memory-timeline", metavar="OUT.json.gz",
+                     help="for a trace: write PyTorch's raw memory timeline (torch.profiler's "
+                          "export_memory_timeline to .raw.json.gz: [time ns, action, bytes, "
+                          "category]), which HTA's MemoryAnalysis reads")
+    rep.add_argument("--categories", metavar="RULES.toml",
+                     help="for a trace: rules = [[\"REGEX\", \"CATEGORY\"], ...] classing "
+                          "blocks by their frames (first match wins) before the built-in "
+                          "rules (parameter, optimizer state, activation, gradient, input, "
+                          "temporary)")
     rep.add_argument("--diff", action="store_true",
                      help="what grew between two moments and is still live: two reports or "
                           "snapshots (A B), or one trace with --at T1 --at T2 (without: from "
@@ -209,7 +250,9 @@ def _parser():
                      help="also list groups matched by suppressions")
     rep.add_argument("--native-frames", choices=rpt.NATIVE_FRAMES, default="folded",
                      help="folded (default): hide the interpreter's own native frames between "
-                          "and below Python frames; all: show every frame")
+                          "and below Python frames and show each run of a library's frames "
+                          "(frameworks, site-packages, the C runtime) as one frame named after "
+                          "it; all: show every frame")
     rep.add_argument("--fail-on-leaks", action="store_true",
                      help="exit with status 1 when unsuppressed live memory is reported")
     snap = sub.add_parser(
@@ -231,7 +274,40 @@ def _parser():
                       help="where to write the report (default: spyreshim-snapshot-PID.json)")
     snap.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                       help="how long to wait for the answer (default 10)")
+    p.commands = {"run": r, "report": rep, "snapshot": snap}
     return p
+
+
+def _squeezed(option):
+    return option.lstrip("-").replace("_", "-").replace("-", "").lower()
+
+
+def _meant(parser, option):
+    """The option of `parser` that `option` (not one of its) most likely
+    meant, or None: the same but for case, '-' and '_', else the closest
+    spelling."""
+    import difflib
+    name = option.split("=", 1)[0]
+    known = [s for a in parser._actions if a.help != argparse.SUPPRESS
+             for s in a.option_strings if s.startswith("--")]
+    same = [s for s in known if _squeezed(s) == _squeezed(name)]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _unknown(parser, args, extra):
+    """One line for arguments no option takes (argparse's "unrecognized
+    arguments"), naming the option a misspelt one most likely meant."""
+    sub = parser.commands.get(args.command, parser)
+    words = []
+    for a in extra:
+        meant = _meant(sub, a) if a.startswith("--") else None
+        words.append("%s (did you mean %s?)" % (a, meant) if meant else a)
+    sys.stderr.write("%s: error: unrecognized arguments: %s\n" % (
+        sub.prog, escape.terminal(" ".join(words))))
+    return 2
 
 
 def cmd_snapshot(args):
@@ -271,7 +347,10 @@ def cmd_run(args):
     lib = find_library()
 
     env = dict(os.environ)
-    env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
+    try:
+        env["LD_PRELOAD"] = launch.compose_preload(lib, env.get("LD_PRELOAD"))
+    except launch.PreloadError as e:
+        raise UsageError("run: %s" % e)
     leak = (args.leak_check or args.leak_check_held or args.report or
             args.exitcode is not None or args.suppressions)
     settings = [
@@ -283,6 +362,8 @@ def cmd_run(args):
         ("SPYRESHIM_STACK_DEPTH", str(args.stack_depth) if args.stack_depth else None),
         ("SPYRESHIM_STATS", _abs(args.stats)),
         ("SPYRESHIM_TRACE", _abs(args.trace)),
+        # Which file each process wrote (%p, a .N suffix): one line at its exit.
+        ("SPYRESHIM_TRACE_NOTE", "1" if args.trace else None),
         ("SPYRESHIM_LOG", args.log),
         ("SPYRESHIM_CONTROL", "1" if args.control else None),
     ]
@@ -294,7 +375,7 @@ def cmd_run(args):
     # path entries keep precedence.
     env["PYTHONPATH"] = launch.compose_python_path(env.get("PYTHONPATH", ""))
     if args.preset:
-        from . import presets
+        from .. import presets
         presets.apply(list(dict.fromkeys(args.preset)), env)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -306,8 +387,8 @@ def cmd_run(args):
 
 
 def cmd_trace_report(args):
-    from . import trace as tr
-    from . import tracepeak
+    from ..reading import trace as tr
+    from ..views import tracepeak
     if len(args.files) != 1:
         raise UsageError("report: one trace at a time")
     t = tr.stream(args.files[0])
@@ -319,7 +400,7 @@ def cmd_trace_report(args):
                          "or recording stopped); reading what was flushed, without the names "
                          "written at exit\n" % (PROG, args.files[0]))
     if args.pprof:
-        from . import pprof
+        from ..exports import pprof
         if len(args.at or ()) > 1:
             raise UsageError("report --pprof: one --at at most")
         try:
@@ -330,12 +411,32 @@ def cmd_trace_report(args):
                          "-top %s)\n" % (PROG, args.pprof,
                                           rpt.format_size(sum(v[0] for v in live.values())),
                                           len(live), words, args.pprof))
+        if (not args.view and not args.html and not args.memory_viz
+                and not args.memory_timeline):
+            return 0
+    rules = ()
+    if args.categories:
+        from ..reading import categories
+        try:
+            rules = categories.load_rules(args.categories)
+        except categories.RulesError as e:
+            raise UsageError("report: %s" % e)
+    if args.memory_timeline:
+        from ..reading import categories
+        try:
+            nev = categories.write_timeline(t, args.memory_timeline,
+                                            categories.Classifier(t, rules))
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.memory_timeline,
+                                                             e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %d memory events (HTA's MemoryAnalysis "
+                         "reads it)\n" % (PROG, args.memory_timeline, nev))
         if not args.view and not args.html and not args.memory_viz:
             return 0
     if (args.first is not None or args.last is not None) and not args.memory_viz:
         raise UsageError("report: --from and --to cut the --memory-viz export")
     if args.memory_viz:
-        from . import memoryviz
+        from ..exports import memoryviz
         first = memoryviz.parse_bound(args.first) if args.first is not None else None
         last = memoryviz.parse_bound(args.last) if args.last is not None else None
         try:
@@ -348,20 +449,21 @@ def cmd_trace_report(args):
             return 0
     view = args.view or "peak"
     if view == "gc":
-        from . import gcview
-        gcview.write(t, sys.stdout.write, top=args.top or 10)
+        from ..views import gcview
+        gcview.write(t, sys.stdout.write, top=args.top or 10, native_frames=args.native_frames)
         return 0
     if view == "stats":
-        sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5)))
+        sys.stdout.write(escape.text_out(tracepeak.stats_text(t, top=args.top or 5, rules=rules)))
         return 0
     if view == "timeline" and not args.html:
         raise UsageError("report: --view timeline draws a page: give --html OUT.html")
     if args.html:
         if view == "timeline":
-            from . import timeline
-            page = timeline.page(t)
+            from ..views import timeline
+            page = timeline.page(t, native_frames=args.native_frames)
         else:
-            page = tracepeak.peak_html(t, top=args.top)
+            page = tracepeak.peak_html(t, top=args.top, rules=rules,
+                                       native_frames=args.native_frames)
         try:
             with open(args.html, "w", encoding="utf-8", errors="backslashreplace") as f:
                 f.write(page)
@@ -369,7 +471,8 @@ def cmd_trace_report(args):
             raise UsageError("report: cannot write %s: %s" % (args.html, e.strerror or e))
         sys.stderr.write("%s report: wrote %s (%s of %d events)\n" % (PROG, args.html, view, len(t)))
         return 0
-    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top)))
+    sys.stdout.write(escape.text_out(tracepeak.peak_text(t, top=args.top, rules=rules,
+                                                         native_frames=args.native_frames)))
     return 0
 
 
@@ -382,8 +485,8 @@ def _write(path, text):
 
 
 def cmd_diff(args):
-    from . import diff
-    from . import trace as tr
+    from ..views import diff
+    from ..reading import trace as tr
     traces = [p for p in args.files if tr.is_trace(p)]
     if traces:
         if len(args.files) != 1 or len(args.at or ()) not in (0, 2):
@@ -392,7 +495,7 @@ def cmd_diff(args):
         t = tr.stream(args.files[0])
         words = None
         if args.at:
-            i1, i2 = sorted(diff.at_index(t, v) for v in args.at)
+            i1, i2 = sorted(tr.at_index(t, v) for v in args.at)
         else:
             i1, i2, words = diff.default_moments(t)
         r = diff.of_trace(t, i1, i2)
@@ -407,7 +510,7 @@ def cmd_diff(args):
     if args.json:
         _write(args.json, diff.to_json(r, title))
     if args.pprof:
-        from . import pprof
+        from ..exports import pprof
         try:
             pprof.write_report(r, args.pprof, "growth " + title)
         except OSError as e:
@@ -427,18 +530,18 @@ def cmd_diff(args):
 
 def _many(files):
     """Several processes' files: more than one trace, a folder or a glob."""
-    from . import trace as tr
+    from ..reading import trace as tr
     return (sum(1 for p in files if tr.is_trace(p)) > 1 or
             any(os.path.isdir(p) or (not os.path.exists(p) and glob.has_magic(p))
                 for p in files))
 
 
 def cmd_ranks(args):
-    from . import diff
-    from . import ranks
+    from ..views import diff
+    from ..views import ranks
     rows = ranks.gather(args.files)
     if args.chrome_trace:
-        from . import chrometrace
+        from ..exports import chrometrace
         try:
             n = chrometrace.write(rows, args.chrome_trace)
         except OSError as e:
@@ -450,8 +553,8 @@ def cmd_ranks(args):
                              "" if len(rows) == 1 else "es"))
         return 0
     if args.html and not args.diff_ranks:
-        from . import rankpage
-        _write(args.html, rankpage.page(rows))
+        from ..views import rankpage
+        _write(args.html, rankpage.page(rows, top=args.top, native_frames=args.native_frames))
         sys.stderr.write("%s report: wrote %s (%d process%s on one time axis)\n" % (
             PROG, args.html, len(rows), "" if len(rows) == 1 else "es"))
         return 0
@@ -459,12 +562,13 @@ def cmd_ranks(args):
         r, title = ranks.diff_ranks(rows, *args.diff_ranks)
         sys.stdout.write(escape.text_out(diff.text(r, title)))
         return 0
-    sys.stdout.write(escape.text_out(ranks.text(rows)))
+    sys.stdout.write(escape.text_out(ranks.text(rows, top=args.top,
+                                                 native_frames=args.native_frames)))
     return 0
 
 
 def cmd_report(args):
-    from . import trace as tr
+    from ..reading import trace as tr
     if args.ranks or args.diff_ranks or args.chrome_trace or _many(args.files):
         return cmd_ranks(args)
     if args.diff:
@@ -473,14 +577,15 @@ def cmd_report(args):
         raise UsageError("report: --at and --json go with --diff (--at also with --pprof)")
     if any(tr.is_trace(path) for path in args.files):
         return cmd_trace_report(args)
-    if args.view or args.memory_viz:
-        raise UsageError("report: --view and --memory-viz read a trace (spyreshim run --trace)")
+    if args.view or args.memory_viz or args.memory_timeline or args.categories:
+        raise UsageError("report: --view, --memory-viz, --memory-timeline and --categories "
+                         "read a trace (spyreshim run --trace)")
     reports = [rpt.load(path) for path in args.files]
     merged = rpt.merge(reports)
     if args.pprof:
         # What leaked (or was live), by stack, as heaptrack's and jeprof's
         # leak profiles: the groups the text lists.
-        from . import pprof
+        from ..exports import pprof
         what = "leaked" if rpt.leaks(merged) else "live"
         try:
             pprof.write_report(merged, args.pprof, "device memory %s in %s" % (
@@ -492,7 +597,7 @@ def cmd_report(args):
             PROG, args.pprof, rpt.format_size(merged["reported_bytes"]), what, ngroups,
             "" if ngroups == 1 else "s", args.pprof))
     if args.html:
-        from . import flamegraph
+        from ..views import flamegraph
         page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top,
                                native_frames=args.native_frames)
         try:
@@ -521,7 +626,9 @@ def main(argv=None):
         argv = [("--leak-check-held" if a == "--leak-check=held" and i < end else a)
                 for i, a in enumerate(argv)]
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _unknown(parser, args, extra)
     try:
         if args.command == "run":
             return cmd_run(args)

@@ -23,13 +23,13 @@ NAMES = ("torch", "cupy", "numba", "jax", "rmm")
 # the hooks of these presets once their framework is imported. Read by the
 # Python package only, never by the shim.
 ENV_VAR = "SPYRESHIM_PRESETS"
-SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_preset_site")
+SITE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_preset_site")
 
 
 def module(name):
     if name not in NAMES:
         raise ValueError("unknown preset %r (one of: %s)" % (name, ", ".join(NAMES)))
-    return importlib.import_module("spyreshim." + name)
+    return importlib.import_module("spyreshim.presets." + name)
 
 
 def apply(names, env):

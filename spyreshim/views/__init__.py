@@ -1,0 +1,1 @@
+"""Views of a trace or report for a person: text and self-contained HTML pages."""
