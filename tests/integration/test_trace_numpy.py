@@ -26,10 +26,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 import trace_synth  # noqa: E402
-from spyreshim import (categories,   # noqa: E402
-from spyreshim.views import gcview, timeline
-from spyreshim.exports import memoryviz, pprof
-                       trace as tr, tracepeak)
+from spyreshim.reading import categories, trace as tr  # noqa: E402
+from spyreshim.views import gcview, timeline, tracepeak  # noqa: E402
+from spyreshim.exports import memoryviz, pprof  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import pythons  # noqa: E402
