@@ -122,7 +122,7 @@ def garbage_trace(tmp_path_factory):
                            env={"SPYRESHIM_TRACE": str(trace)})
     assert r.returncode == 0, r.describe()
     sys.path.insert(0, str(ROOT))
-    from spyreshim import trace as tr
+    from spyreshim.reading import trace as tr
     return trace, tr.load(str(trace)), tr
 
 

@@ -167,7 +167,7 @@ def test_profile_of_a_leak_report_is_what_leaked_by_stack(tmp_path):
     one sample per listed group, suppressed ones left out unless
     --show-suppressed, innermost frame first."""
     sys.path.insert(0, str(REPO))
-    from spyreshim import report as rpt
+    from spyreshim.reading import report as rpt
     data = HERE / "data" / "leak_single.json"
     merged = rpt.merge([rpt.load(str(data))])
     out = tmp_path / "leaks.pb.gz"

@@ -392,7 +392,7 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     table = lines.index("== every process ==") + 1
     oom = lines[1:table - 1]
     assert oom[1].startswith("== first out-of-memory: rank 5 (pid "), rep.stdout
-    assert oom[1].endswith(", 8.0 MiB asked, verdict: limit =="), rep.stdout
+    assert oom[1].endswith(", 8388608 B (8.0 MiB) asked, verdict: limit =="), rep.stdout
     assert "Live: 67108864 B (64.0 MiB) in 8 allocation(s) of simdev memory, " \
            "allocated from:" in oom, rep.stdout
     assert "    #1 " + hold in oom and "Request of" not in rep.stdout, rep.stdout

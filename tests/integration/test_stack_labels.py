@@ -279,7 +279,7 @@ def test_unnamed_frame_of_a_stripped_object_gets_its_dynamic_symbol(tmp_path):
     # The stats view labels the site by it too (the user's own object).
     s = subprocess.run([sys.executable, "-m", "spyreshim", "report", "--view", "stats",
                         str(trace)], capture_output=True, text=True, cwd=str(REPO))
-    assert "\t- exported_alloc: 4.0 KiB" in s.stdout, s.stdout
+    assert "\t- exported_alloc: 4096 B (4.0 KiB)" in s.stdout, s.stdout
 
 
 # ------------------------------------------------------ the origin of work

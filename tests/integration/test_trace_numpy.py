@@ -158,7 +158,8 @@ def test_spyreshim_no_numpy_turns_the_vectorized_path_off(traces, tmp_path):
         env.pop("SPYRESHIM_NO_NUMPY", None) if not env_extra else None
         r = subprocess.run(
             [sys.executable, "-c",
-             "import sys; from spyreshim import cli, trace; print(trace.np is None); "
+             "import sys; from spyreshim.cli import main as cli; from spyreshim.reading import trace; "
+             "print(trace.np is None); "
              "sys.exit(cli.main(sys.argv[1:]))",
              "report", "--view", "timeline", "--html", str(out), str(traces["messy"])],
             env=env, capture_output=True, text=True, timeout=pythons.HANG_S)
@@ -182,7 +183,7 @@ def test_pypy3_without_numpy_writes_the_same_timeline_and_stats(traces, tmp_path
     tr.np = NUMPY
     path = str(traces["messy"])
     code = ("import sys; sys.path.insert(0, %r)\n"
-            "from spyreshim import trace, timeline, tracepeak\n"
+            "from spyreshim.reading import trace\nfrom spyreshim.views import timeline, tracepeak\n"
             "assert trace.np is None\n"
             "open(sys.argv[2], 'w').write(timeline.page(trace.stream(sys.argv[1])))\n"
             "open(sys.argv[3], 'w').write(tracepeak.stats_text(trace.stream(sys.argv[1])))\n"
