@@ -5,7 +5,23 @@
 # REPS (default 3) runs, wall time and the process's CPU time per pair
 # (the CPU figure is the steadier one on a busy machine).
 #
+# With INSTR=1 (valgrind installed), a third figure: the instructions of
+# a pair on the program's thread, the one that creates and releases,
+# counted by callgrind (the difference of two runs, N1 and N2 pairs, over
+# N2 - N1: the set-up and the kernel's compile cancel out), about the same
+# on every run however loaded the machine is (idle: to the instruction;
+# use: within about 150 of 6,700, PoCL's waits for its worker threads
+# vary; the kernels those threads run are not counted, so the use ratio
+# is above what the process's would be). Instructions are
+# not time (a cache miss or a locked instruction costs more than an add),
+# so the wall and CPU ratios stay the measure; the instruction ratio says
+# what the shim's code adds where time is too noisy to.
+#
 #   bench/opencl_pair.sh [BUILD_DIR]        (default build-bench/, release)
+#   INSTR=1 bench/opencl_pair.sh build      (the instruction counts too)
+#
+# The figures measured, and where the shim's share of a pair goes:
+# docs/opencl.md, "Cost".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 b=${1:-build-bench}
@@ -32,13 +48,50 @@ best() {  # "wall cpu": the best of $reps runs of "$@", each figure on its own
   done
   echo "$bw $bc"
 }
-printf '| buffers | PoCL ns/pair | shim ns/pair | ratio | PoCL CPU ns/pair | shim CPU ns/pair | CPU ratio |\n'
-printf '|---|---:|---:|---:|---:|---:|---:|\n'
+instr=${INSTR:-0}
+if [ "$instr" = 1 ] && ! command -v valgrind >/dev/null; then
+  echo "opencl_pair.sh: INSTR=1 needs valgrind (apt-get install valgrind)" >&2
+  exit 1
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Instructions of the program's thread (callgrind's file of thread 1) in a
+# run of N pairs [use].
+thread_instr() {
+  rm -f "$tmp"/cg*
+  valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$tmp/cg" \
+    "$prog" "$@" >/dev/null 2>&1
+  sed -n 's/^summary: //p' "$tmp/cg-01"
+}
+# Instructions per pair: N1 N2 [use].
+per_pair() {
+  local n1=$1 n2=$2 a b
+  shift 2
+  a=$(thread_instr "$n1" "$@")
+  b=$(thread_instr "$n2" "$@")
+  echo $(( (b - a) / (n2 - n1) ))
+}
+head='| buffers | PoCL ns/pair | shim ns/pair | ratio | PoCL CPU ns/pair | shim CPU ns/pair | CPU ratio |'
+rule='|---|---:|---:|---:|---:|---:|---:|'
+if [ "$instr" = 1 ]; then
+  head="$head PoCL instr/pair | shim instr/pair | instr ratio |"
+  rule="$rule---:|---:|---:|"
+fi
+echo "$head"
+echo "$rule"
 for mode in idle use; do
   pairs=$([ "$mode" = idle ] && echo 1000000 || echo 20000)
   arg=$([ "$mode" = use ] && echo use || echo "")
   read -r pw pc < <(best "$prog" "$pairs" $arg)
   read -r sw sc < <(LD_PRELOAD=$PWD/$b/libspyreshim.so best "$prog" "$pairs" $arg)
-  printf '| %s | %s | %s | %.3f | %s | %s | %.3f |\n' "$mode" "$pw" "$sw" \
-    "$(echo "$sw / $pw" | bc -l)" "$pc" "$sc" "$(echo "$sc / $pc" | bc -l)"
+  line=$(printf '| %s | %s | %s | %.3f | %s | %s | %.3f |' "$mode" "$pw" "$sw" \
+    "$(echo "$sw / $pw" | bc -l)" "$pc" "$sc" "$(echo "$sc / $pc" | bc -l)")
+  if [ "$instr" = 1 ]; then
+    n1=$([ "$mode" = idle ] && echo 20000 || echo 1000)
+    n2=$([ "$mode" = idle ] && echo 120000 || echo 5000)
+    pi=$(per_pair "$n1" "$n2" $arg)
+    si=$(LD_PRELOAD=$PWD/$b/libspyreshim.so per_pair "$n1" "$n2" $arg)
+    line="$line $(printf ' %s | %s | %.3f |' "$pi" "$si" "$(echo "$si / $pi" | bc -l)")"
+  fi
+  echo "$line"
 done

@@ -34,7 +34,7 @@ for n in ${SIZES:-1m 10m}; do
     memory-viz) args="--memory-viz $DIR/o.pickle";;
     *) echo "view $view?" >&2; exit 2;;
    esac
-   /usr/bin/time -f "%M KiB, CPU %U s user + %S s system, %e s wall" -o $DIR/tm nice $PY -c "import sys; sys.path.insert(0, '$P'); from spyreshim import cli; sys.exit(cli.main(sys.argv[1:]))" report $args $n.trace >/dev/null 2>$DIR/err
+   /usr/bin/time -f "%M KiB, CPU %U s user + %S s system, %e s wall" -o $DIR/tm nice $PY -c "import sys; sys.path.insert(0, '$P'); from spyreshim.cli import main as cli; sys.exit(cli.main(sys.argv[1:]))" report $args $n.trace >/dev/null 2>$DIR/err
    echo "$n $ver $view rc=$? $(cat $DIR/tm) $(tail -c 200 $DIR/err | tr '\n' ' ')"
   done
  done

@@ -19,7 +19,18 @@
     X(CL_INVALID_CONTEXT, -34)                     \
     X(CL_INVALID_MEM_OBJECT, -38)                  \
     X(CL_INVALID_COMMAND_QUEUE, -36)               \
+    X(CL_INVALID_HOST_PTR, -37)                    \
     X(CL_INVALID_BUFFER_SIZE, -61)                 \
+    X(CL_MEM_READ_WRITE, 1 << 0)                   \
+    X(CL_MEM_WRITE_ONLY, 1 << 1)                   \
+    X(CL_MEM_READ_ONLY, 1 << 2)                    \
+    X(CL_MEM_USE_HOST_PTR, 1 << 3)                 \
+    X(CL_MEM_ALLOC_HOST_PTR, 1 << 4)               \
+    X(CL_MEM_COPY_HOST_PTR, 1 << 5)                \
+    X(CL_MEM_HOST_WRITE_ONLY, 1 << 7)              \
+    X(CL_MEM_HOST_READ_ONLY, 1 << 8)               \
+    X(CL_MEM_HOST_NO_ACCESS, 1 << 9)               \
+    X(CL_MEM_KERNEL_READ_AND_WRITE, 1 << 12)       \
     X(CL_DEVICE_TYPE_CUSTOM, 1 << 4)               \
     X(CL_DEVICE_TYPE_ALL, 0xFFFFFFFF)              \
     X(CL_DEVICE_MAX_MEM_ALLOC_SIZE, 0x1010)        \

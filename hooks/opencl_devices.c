@@ -116,8 +116,9 @@ static shim_device *device_of_id(shim_cl_api *a, cl_device_id id)
 
 /* The system's only device, where it has one (PoCL's CPU here): then
  * every context's memory is its (a sub-device's too: the same memory),
- * known without asking the runtime at each creation. */
-static _Atomic(shim_device *) only_device;
+ * known without asking the runtime at each creation (read inline by
+ * shim_cl_device_of). */
+_Atomic(shim_device *) shim_cl_only_device;
 static _Atomic int devices_in_system = -1; /* -1: not counted yet */
 
 /* The devices of every platform (CL_DEVICE_TYPE_ALL leaves custom ones
@@ -141,11 +142,11 @@ static int count_devices(shim_cl_api *a, cl_device_id *only)
     return n;
 }
 
-shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
+shim_device *shim_cl_device_lookup(shim_cl_api *a, cl_context ctx)
 {
     if (!ctx)
         return NULL;
-    shim_device *one = atomic_load_explicit(&only_device, memory_order_acquire);
+    shim_device *one = atomic_load_explicit(&shim_cl_only_device, memory_order_acquire);
     if (one)
         return one;
     if (atomic_load_explicit(&devices_in_system, memory_order_relaxed) < 0) {
@@ -153,7 +154,7 @@ shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
         int n = count_devices(a, &id);
         one = n == 1 ? device_of_id(a, id) : NULL;
         if (one)
-            atomic_store_explicit(&only_device, one, memory_order_release);
+            atomic_store_explicit(&shim_cl_only_device, one, memory_order_release);
         atomic_store_explicit(&devices_in_system, n, memory_order_relaxed);
         if (one)
             return one;
@@ -177,6 +178,9 @@ shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
 
 cl_int shim_cl_charge(shim_device *d, size_t bytes)
 {
+    /* Room under the limit: no room to make, no report to name it in. */
+    if (shim_passthrough_charge_fits(d, shim_opts()->limit, bytes))
+        return CL_SUCCESS;
     /* Restored, not cleared: a pressure callback may make memory itself. */
     int outer = tls_charging;
     tls_charging = shim_passthrough_ordinal(d);
@@ -185,12 +189,15 @@ cl_int shim_cl_charge(shim_device *d, size_t bytes)
     return rc == 0 ? CL_SUCCESS : CL_MEM_OBJECT_ALLOCATION_FAILURE;
 }
 
-bool shim_cl_over_max_alloc(shim_device *d, size_t bytes)
+cl_int shim_cl_charge_buffer(shim_device *d, size_t bytes)
 {
     size_t limit = shim_opts()->limit;
     int i = shim_passthrough_ordinal(d);
-    return limit && bytes > limit &&
-           bytes <= atomic_load_explicit(&devs[i].max_alloc, memory_order_relaxed);
+    if (bytes > atomic_load_explicit(&devs[i].max_alloc, memory_order_relaxed))
+        return SHIM_CL_RUNTIME_FIRST;
+    if (limit && bytes > limit)
+        return CL_INVALID_BUFFER_SIZE;
+    return shim_passthrough_charge_fits(d, limit, bytes) ? CL_SUCCESS : shim_cl_charge(d, bytes);
 }
 
 /* The device's memory as the shim lets the program have it: the size and

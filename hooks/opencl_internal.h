@@ -4,6 +4,8 @@
 #ifndef SHIM_HOOKS_OPENCL_INTERNAL_H
 #define SHIM_HOOKS_OPENCL_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "device.h"
 #include "opencl.h"
 #include "runtime_table.h"
@@ -40,16 +42,29 @@ static inline shim_cl_api *shim_cl(void)
  * (opencl:N, one per cl_device_id, whatever the number of contexts).
  * NULL when the runtime does not know `ctx` (the call then goes to the
  * runtime for its own error) or no device can be had; never holds a
- * reference on the context. */
-shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx);
+ * reference on the context. Inline where the system has one device
+ * (shim_cl_only_device, set once known): a load on every create. */
+extern _Atomic(shim_device *) shim_cl_only_device;
+shim_device *shim_cl_device_lookup(shim_cl_api *a, cl_context ctx);
+static inline shim_device *shim_cl_device_of(shim_cl_api *a, cl_context ctx)
+{
+    shim_device *one = atomic_load_explicit(&shim_cl_only_device, memory_order_acquire);
+    return one && ctx ? one : shim_cl_device_lookup(a, ctx);
+}
 /* `bytes` charged to `d` before the runtime is asked (charge.c: room is
  * made, pressure callbacks and collections run, before a refusal).
  * CL_SUCCESS, or CL_MEM_OBJECT_ALLOCATION_FAILURE. */
 cl_int shim_cl_charge(shim_device *d, size_t bytes);
-/* The largest buffer `d` may have under SPYRESHIM_LIMIT: the runtime's
- * CL_DEVICE_MAX_MEM_ALLOC_SIZE capped to the limit (what clGetDeviceInfo
- * tells the program); the runtime's own when there is no limit. */
-bool shim_cl_over_max_alloc(shim_device *d, size_t bytes);
+/* A buffer's `bytes` charged to `d` (shim_cl_charge), after its size is
+ * held against the largest buffer the program was told `d` has
+ * (CL_DEVICE_MAX_MEM_ALLOC_SIZE, the runtime's capped to SPYRESHIM_LIMIT:
+ * clGetDeviceInfo). CL_SUCCESS; CL_INVALID_BUFFER_SIZE above the cap,
+ * within the runtime's own (the specification's answer for a device of
+ * that size); CL_MEM_OBJECT_ALLOCATION_FAILURE past the limit; or
+ * SHIM_CL_RUNTIME_FIRST (no CL error: those are 0 or below), above the
+ * runtime's own: nothing charged, the runtime answers first, its error. */
+#define SHIM_CL_RUNTIME_FIRST 1
+cl_int shim_cl_charge_buffer(shim_device *d, size_t bytes);
 
 static inline void shim_cl_set_err(cl_int *errcode_ret, cl_int err)
 {

@@ -28,36 +28,64 @@
  * when the runtime refused. */
 static cl_mem watched(shim_device *d, size_t bytes, cl_mem m)
 {
-    if (!m) {
-        if (d && bytes)
-            shim_passthrough_uncharge(d, bytes);
-    } else if (d && bytes) {
+    if (__builtin_expect(d && bytes && m != NULL, 1))
         shim_passthrough_add_charged(FAMILY, d, (uintptr_t)m, bytes);
-    } else if (d) {
+    else if (!m && d && bytes)
+        shim_passthrough_uncharge(d, bytes);
+    else if (m && d)
         shim_passthrough_add_on(FAMILY, d, (uintptr_t)m, 0);
-    } else {
+    else if (m)
         shim_passthrough_add(FAMILY, -1, (uintptr_t)m, bytes);
-    }
     return m;
 }
 
-/* The device `bytes` of `ctx` are charged to, before the runtime is
- * asked: *d NULL when it is not known (the runtime answers alone).
- * CL_SUCCESS, or the error the program gets instead of the object: a
- * buffer past the CL_DEVICE_MAX_MEM_ALLOC_SIZE the program was told
- * (capped to SPYRESHIM_LIMIT) is CL_INVALID_BUFFER_SIZE, the
- * specification's answer for a device of that size. */
-static cl_int charge_before(shim_cl_api *a, cl_context ctx, size_t bytes, bool buffer,
-                            shim_device **d)
+/* An object the runtime made before anything was charged (NULL: refused,
+ * its error set): `bytes` of `ctx`'s device charged now, or, past the
+ * limit, the object released again and CL_MEM_OBJECT_ALLOCATION_FAILURE
+ * for the program. */
+static cl_mem charged_after(shim_cl_api *a, cl_context ctx, cl_mem m, size_t bytes,
+                            cl_int *errcode_ret)
 {
-    *d = bytes ? shim_cl_device_of(a, ctx) : NULL;
-    if (!*d)
-        return CL_SUCCESS;
-    cl_int err = buffer && shim_cl_over_max_alloc(*d, bytes) ? CL_INVALID_BUFFER_SIZE
-                                                           : shim_cl_charge(*d, bytes);
-    if (err != CL_SUCCESS)
-        *d = NULL;
-    return err;
+    if (!m)
+        return NULL;
+    shim_device *d = shim_cl_device_of(a, ctx);
+    if (d && bytes && shim_cl_charge(d, bytes) != CL_SUCCESS) {
+        a->release_mem_object(m);
+        shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
+        return NULL;
+    }
+    return watched(d, bytes, m);
+}
+
+/* Whether the runtime refuses a buffer for its flags, size or host
+ * pointer alone, the errors the specification gives clCreateBuffer
+ * without looking at any object (CL_INVALID_VALUE: flags that exclude
+ * each other; CL_INVALID_BUFFER_SIZE: 0; CL_INVALID_HOST_PTR: a pointer
+ * without CL_MEM_USE_HOST_PTR or CL_MEM_COPY_HOST_PTR, or one of them
+ * without a pointer), or may (a flag the shim does not know: a vendor's,
+ * or one the specification keeps for images). Such a request goes to the
+ * runtime before the limit, so that the program gets the runtime's
+ * error, whatever the limit would say. */
+static bool args_refused(cl_mem_flags flags, size_t size, const void *host_ptr)
+{
+    const cl_mem_flags known = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY |
+                               CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR |
+                               CL_MEM_COPY_HOST_PTR | CL_MEM_HOST_WRITE_ONLY |
+                               CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
+    if (__builtin_expect(flags == CL_MEM_READ_WRITE && size && !host_ptr, 1))
+        return false; /* the common request, at a glance */
+    if (size == 0 || (flags & ~known))
+        return true;
+    int access = !!(flags & CL_MEM_READ_WRITE) + !!(flags & CL_MEM_WRITE_ONLY) +
+                 !!(flags & CL_MEM_READ_ONLY);
+    int host = !!(flags & CL_MEM_HOST_WRITE_ONLY) + !!(flags & CL_MEM_HOST_READ_ONLY) +
+               !!(flags & CL_MEM_HOST_NO_ACCESS);
+    if (access > 1 || host > 1 ||
+        ((flags & CL_MEM_USE_HOST_PTR) &&
+         (flags & (CL_MEM_ALLOC_HOST_PTR | CL_MEM_COPY_HOST_PTR))))
+        return true;
+    bool wants_ptr = (flags & (CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR)) != 0;
+    return wants_ptr != (host_ptr != NULL);
 }
 
 /* clCreateBuffer, and clCreateBufferWithProperties where `with_props`. */
@@ -70,16 +98,22 @@ static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_proper
         shim_cl_set_err(errcode_ret, CL_INVALID_CONTEXT);
         return NULL;
     }
-    shim_device *d;
-    cl_int err = charge_before(a, ctx, size, true, &d);
+#define REAL_CREATE()                                                                      \
+    (with_props ? a->create_buffer_with_properties(ctx, props, flags, size, host_ptr,      \
+                                                   errcode_ret)                            \
+                : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret))
+    shim_device *d = NULL;
+    cl_int err = CL_SUCCESS;
+    if (args_refused(flags, size, host_ptr) ||
+        ((d = shim_cl_device_of(a, ctx)) &&
+         (err = shim_cl_charge_buffer(d, size)) == SHIM_CL_RUNTIME_FIRST))
+        return charged_after(a, ctx, REAL_CREATE(), size, errcode_ret);
     if (err != CL_SUCCESS) {
         shim_cl_set_err(errcode_ret, err);
         return NULL;
     }
-    return watched(d, size,
-                   with_props ? a->create_buffer_with_properties(ctx, props, flags, size,
-                                                                 host_ptr, errcode_ret)
-                              : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret));
+    return watched(d, size, REAL_CREATE());
+#undef REAL_CREATE
 }
 
 EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void *host_ptr,
@@ -118,27 +152,20 @@ EXPORT cl_mem clCreateSubBuffer(cl_mem buffer, cl_mem_flags flags,
 }
 
 /* An image the runtime made (NULL: refused, its error set): its size
- * charged now that the runtime says it, unless it is a buffer's memory
- * (CL_MEM_ASSOCIATED_MEMOBJECT). Past the limit it is released again and
- * the program gets CL_MEM_OBJECT_ALLOCATION_FAILURE. */
+ * charged now that the runtime says it (charged_after), unless it is a
+ * buffer's memory (CL_MEM_ASSOCIATED_MEMOBJECT). */
 static cl_mem watch_image(shim_cl_api *a, cl_context ctx, cl_mem m, cl_int *errcode_ret)
 {
     if (!m)
         return NULL;
     size_t size = 0;
     cl_mem over = NULL;
-    shim_device *d = shim_cl_device_of(a, ctx);
-    if (d && (a->get_mem_object_info(m, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof over, &over, NULL) !=
-                  CL_SUCCESS ||
-              over ||
-              a->get_mem_object_info(m, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS))
+    if (a->get_mem_object_info(m, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof over, &over, NULL) !=
+            CL_SUCCESS ||
+        over ||
+        a->get_mem_object_info(m, CL_MEM_SIZE, sizeof size, &size, NULL) != CL_SUCCESS)
         size = 0;
-    if (d && size && shim_cl_charge(d, size) != CL_SUCCESS) {
-        a->release_mem_object(m);
-        shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
-        return NULL;
-    }
-    return watched(d, size, m);
+    return charged_after(a, ctx, m, size, errcode_ret);
 }
 
 EXPORT cl_mem clCreateImage(cl_context ctx, cl_mem_flags flags,
@@ -203,7 +230,10 @@ EXPORT cl_mem clCreateImage3D(cl_context ctx, cl_mem_flags flags,
                        errcode_ret);
 }
 
-/* A pipe's packets are charged (the runtime's header is its own). */
+/* A pipe's packets are charged (the runtime's header is its own), before
+ * the runtime is asked, unless the arguments are ones it may refuse
+ * (flags other than CL_MEM_READ_WRITE and CL_MEM_HOST_NO_ACCESS,
+ * properties, no packets): then after, as a buffer's (create_buffer). */
 EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_size,
                                    cl_uint max_packets, const cl_pipe_properties *props,
                                    cl_int *errcode_ret)
@@ -214,10 +244,14 @@ EXPORT cl_mem clCreatePipe(cl_context ctx, cl_mem_flags flags, cl_uint packet_si
         return NULL;
     }
     size_t bytes = (size_t)packet_size * max_packets; /* 32 x 32 bits: no overflow */
-    shim_device *d;
-    cl_int err = charge_before(a, ctx, bytes, false, &d);
-    if (err != CL_SUCCESS) {
-        shim_cl_set_err(errcode_ret, err);
+    if (!bytes || props || (flags & ~(cl_mem_flags)(CL_MEM_READ_WRITE | CL_MEM_HOST_NO_ACCESS)))
+        return charged_after(a, ctx,
+                             a->create_pipe(ctx, flags, packet_size, max_packets, props,
+                                            errcode_ret),
+                             bytes, errcode_ret);
+    shim_device *d = shim_cl_device_of(a, ctx);
+    if (d && shim_cl_charge(d, bytes) != CL_SUCCESS) {
+        shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
         return NULL;
     }
     return watched(d, bytes,

@@ -680,6 +680,31 @@ void shim_pystack_resolve_all(void)
     free(todo);
 }
 
+bool shim_pystack_pending(uint32_t id)
+{
+    if (id == 0)
+        return false;
+    size_t n = 0;
+    shim_mutex_lock(&stack_lock);
+    uint32_t *todo = id <= nstacks ? pending_locked(id, &n) : NULL;
+    shim_mutex_unlock(&stack_lock);
+    free(todo);
+    return n != 0;
+}
+
+void shim_pystack_resolve_soon(void)
+{
+    if (atomic_load_explicit(&state, memory_order_acquire) != ST_READY || atomic_load(&closed))
+        return;
+    size_t n = 0;
+    shim_mutex_lock(&stack_lock);
+    uint32_t *todo = pending_locked(0, &n);
+    shim_mutex_unlock(&stack_lock);
+    free(todo);
+    if (n)
+        schedule_resolve();
+}
+
 uint64_t shim_pystack_resolve_detached(void)
 {
     if (atomic_load_explicit(&state, memory_order_acquire) != ST_READY || atomic_load(&closed))

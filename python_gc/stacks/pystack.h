@@ -51,6 +51,14 @@ void shim_pystack_resolve_all(void);
  * the GIL was held, the time Python threads were stopped (0: nothing was
  * pending, or the interpreter is not up or is finalizing). */
 uint64_t shim_pystack_resolve_detached(void);
+/* Whether some frame of stack `id` is still to be resolved in this
+ * interpreter lifetime (a later shim_pystack_frames may name it). */
+bool shim_pystack_pending(uint32_t id);
+/* From a thread of the shim's own, holding no lock (the trace writer):
+ * when frames wait to be resolved, asks the interpreter's main thread to
+ * resolve them at its next check for pending calls (Py_AddPendingCall:
+ * no GIL, no waiting). */
+void shim_pystack_resolve_soon(void);
 /* SHIM_PYSTACK_* flags of stack `id` (0 for an unknown id). */
 unsigned shim_pystack_flags(uint32_t id);
 /* The load address of the object that holds the interpreter (libpython,

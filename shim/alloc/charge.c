@@ -74,6 +74,11 @@ static void report_failed(shim_device *d, size_t bytes, size_t limit)
     on_oom(d->rt->name, bytes, &facts);
 }
 
+bool shim_passthrough_charge_fits(shim_device *d, size_t limit, size_t bytes)
+{
+    return shim_pool_take(&d->pool, limit, bytes);
+}
+
 int shim_passthrough_charge(shim_device *d, size_t bytes)
 {
     size_t limit = shim_opts()->limit;

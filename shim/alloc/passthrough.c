@@ -12,15 +12,22 @@
  *
  * Owns the live records (pointer -> size, family, device, stacks,
  * sequence) in a chained hash table, and the counters per family and
- * device. One mutex, pt_mu, guards both; it is a leaf: nothing is called
+ * device. One lock, pt_mu, guards both; it is a leaf: nothing is called
  * with it held but malloc-free bookkeeping (docs/locking.md). Stacks are
- * captured before it is taken, on the allocating thread.
+ * captured before it is taken, on the allocating thread. Each record's
+ * add and each free take it once: an OpenCL create and release pair, a
+ * hundred nanoseconds in the runtime, pays two round trips, so it is a
+ * word taken with one exchange and released with a plain store (a
+ * pthread mutex's release is a second locked instruction), waited on by
+ * spinning, then yielding: what it guards is a few dozen instructions
+ * that never block (bench/opencl_pair.sh, docs/opencl.md's cost).
  *
  * Never calls the runtime (the hooks do, and record only what it
  * accepted) and never dereferences a recorded pointer. */
 #include "passthrough.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -29,7 +36,7 @@
 #include "pool.h"
 #include "pressure.h"
 
-#define BUCKETS 1024u
+#define FIRST_BITS 10 /* 1,024 buckets to begin with (static: no malloc at the first record) */
 #define ORDINALS 64 /* device ordinals counted one by one; slot 0 is the host (-1) */
 
 /* A mapping of a VMM handle; a handle may be mapped at several addresses
@@ -39,6 +46,10 @@ typedef struct pt_map {
     uint64_t size;
 } pt_map;
 
+/* malloc'd, not aligned to a cache line (aligned_alloc's split chunks
+ * slowed the runtime's own small allocations more than a line saves):
+ * the fields a free reads (the link, the record's first ones) are 48
+ * bytes, on one line or two. */
 typedef struct node {
     struct node *next;
     shim_pt_record r;
@@ -46,8 +57,57 @@ typedef struct node {
     unsigned capv;
 } node;
 
-static pthread_mutex_t pt_mu = PTHREAD_MUTEX_INITIALIZER;
-static node *table[BUCKETS];
+static node *node_alloc(void)
+{
+    return malloc(sizeof(node));
+}
+
+/* pt_mu: 0 free, 1 held (see the header comment); counted in the
+ * thread's shim locks (mutex.h) as a mutex would be. */
+static _Atomic unsigned pt_mu;
+
+__attribute__((noinline, cold)) static void pt_wait(void)
+{
+    for (unsigned spins = 0;; spins++) {
+        if (atomic_load_explicit(&pt_mu, memory_order_relaxed) == 0 &&
+            atomic_exchange_explicit(&pt_mu, 1, memory_order_acquire) == 0)
+            return;
+        if (spins < 64) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else {
+            sched_yield(); /* the holder may be preempted: let it run */
+        }
+    }
+}
+
+static inline void pt_lock(void)
+{
+    /* One thread: nothing else can take it between the load and the
+     * store (shim_single_threaded), and a locked exchange would be a full
+     * barrier on each record. */
+    if (shim_single_threaded() && atomic_load_explicit(&pt_mu, memory_order_relaxed) == 0)
+        atomic_store_explicit(&pt_mu, 1, memory_order_relaxed);
+    else if (atomic_exchange_explicit(&pt_mu, 1, memory_order_acquire) != 0)
+        pt_wait();
+    shim_locks_note_acquired();
+}
+
+static inline void pt_unlock(void)
+{
+    shim_locks_note_released();
+    atomic_store_explicit(&pt_mu, 0, memory_order_release);
+}
+
+/* The buckets (pt_mu): `nbuckets`, a power of two, doubled (grow) while
+ * the records outnumber half of them, so that a free walks a chain of
+ * about one node whatever the number of live objects (each node a likely
+ * cache miss: a free's main cost, bench/opencl_pair.sh). Never shrunk. */
+static node *first_table[1u << FIRST_BITS];
+static node **table = first_table;
+static unsigned table_bits = FIRST_BITS;
+static size_t nrecords; /* records in the table, all families */
 /* Nodes of removed records kept for the next ones (pt_mu): a create and
  * release pair of OpenCL, a few hundred nanoseconds, would otherwise pay a
  * malloc and a free. At most SPARE_MAX; the rest are freed. */
@@ -99,7 +159,7 @@ void shim_passthrough_pool_trimmed(uintptr_t pool, size_t released)
 
 static unsigned bucket(uintptr_t ptr)
 {
-    return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> 54) % BUCKETS;
+    return (unsigned)((ptr >> 4) * 0x9E3779B97F4A7C15ull >> (64 - table_bits));
 }
 
 /* Written under pt_mu only, read without it: a plain load and store, no
@@ -131,31 +191,72 @@ int shim_passthrough_reported_device(const shim_pt_record *r)
     return on_device(r->family) ? r->device : -1;
 }
 
-static void add_record(enum shim_pt_family f, int ordinal, int device, uintptr_t ptr,
-                       size_t size, shim_arena_pool *charged)
+/* The table doubled to 2^bits buckets, the records moved (pt_mu not
+ * held: the new array is had before the lock, the old one freed after
+ * it). Out of memory, or another thread was first: nothing changes. */
+__attribute__((noinline, cold)) static void grow(unsigned bits)
+{
+    if (bits > 30)
+        return;
+    node **fresh = calloc((size_t)1 << bits, sizeof *fresh);
+    if (!fresh)
+        return;
+    node **old = NULL;
+    pt_lock();
+    if (table_bits < bits) {
+        unsigned nold = 1u << table_bits;
+        old = table;
+        table = fresh;
+        table_bits = bits;
+        for (unsigned b = 0; b < nold; b++) {
+            /* Kept in their order (oldest last: remove and unref rely on
+             * it): each chain appended at its new buckets' tails. */
+            for (node *x = old[b], *next; x; x = next) {
+                next = x->next;
+                node **at = &table[bucket(x->r.ptr)];
+                while (*at)
+                    at = &(*at)->next;
+                x->next = NULL;
+                *at = x;
+            }
+        }
+        fresh = NULL;
+    }
+    pt_unlock();
+    free(fresh);
+    if (old != first_table)
+        free(old);
+}
+
+/* Inline in both adds: a create pays no call more. */
+__attribute__((always_inline)) static inline void add_record(enum shim_pt_family f, int ordinal,
+                                                            int device, uintptr_t ptr,
+                                                            size_t size,
+                                                            shim_arena_pool *charged)
 {
     /* A spare node when there may be one (read without the lock: at worst
      * a malloc too many, or one more look under it). */
-    node *n = __atomic_load_n(&nspare, __ATOMIC_RELAXED) ? NULL : malloc(sizeof *n);
-    shim_pt_capture_fn cap = atomic_load(&capture);
+    node *n = __atomic_load_n(&nspare, __ATOMIC_RELAXED) ? NULL : node_alloc();
+    shim_pt_capture_fn cap = atomic_load_explicit(&capture, memory_order_relaxed);
     uint32_t ns = 0, ps = 0;
     if (cap)
         cap(&ns, &ps);
-    if (!atomic_load_explicit(&used, memory_order_relaxed))
+    if (__builtin_expect(!atomic_load_explicit(&used, memory_order_relaxed), 0))
         atomic_store(&used, true);
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     if (!n && spare) {
         n = spare;
         spare = n->next;
         __atomic_store_n(&nspare, nspare - 1, __ATOMIC_RELAXED);
     }
-    if (!n) { /* taken by another thread meanwhile */
-        shim_mutex_unlock(&pt_mu);
-        n = malloc(sizeof *n);
-        shim_mutex_lock(&pt_mu);
+    if (__builtin_expect(!n, 0)) { /* taken by another thread meanwhile */
+        pt_unlock();
+        n = node_alloc();
+        pt_lock();
     }
-    shim_pt_counters *c = &counters[f][slot(ordinal)];
-    seen[f][slot(ordinal)] = true;
+    unsigned sl = slot(ordinal);
+    shim_pt_counters *c = &counters[f][sl];
+    seen[f][sl] = true;
     c->allocs++;
     c->bytes += size;
     if (c->bytes > c->peak_bytes)
@@ -165,19 +266,36 @@ static void add_record(enum shim_pt_family f, int ordinal, int device, uintptr_t
         /* Without a node the bytes are still counted; the free of an
          * unrecorded pointer then cannot take them off: counted as live
          * until exit, the safe side for a limit-free family. */
-        n->r = (shim_pt_record){.ptr = ptr, .size = size, .seq = seq,
-                                .native_stack = ns, .python_stack = ps, .family = f,
-                                .ordinal = ordinal, .device = device, .charged = charged,
-                                .refs = 1};
+        /* Field by field: a compound literal is a zeroing `rep stos`
+         * first, whose start costs more than the stores. */
+        shim_pt_record *r = &n->r;
+        r->ptr = ptr;
+        r->size = size;
+        r->refs = 1;
+        r->charged = charged;
+        r->family = f;
+        r->ordinal = ordinal;
+        r->seq = seq;
+        r->native_stack = ns;
+        r->python_stack = ps;
+        r->device = device;
+        r->va = 0;
+        r->va_size = 0;
+        r->maps = 0;
+        r->released = false;
         n->mapv = NULL;
         n->capv = 0;
         unsigned b = bucket(ptr);
         n->next = table[b];
         table[b] = n;
         live_count_add(f, 1);
+        nrecords++;
     }
-    shim_mutex_unlock(&pt_mu);
-    shim_pt_event_fn ev = atomic_load(&event_hook);
+    unsigned grow_to = nrecords > (1u << table_bits) / 2 ? table_bits + 1 : 0;
+    pt_unlock();
+    if (__builtin_expect(grow_to != 0, 0))
+        grow(grow_to);
+    shim_pt_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     if (ev)
         ev(true, f, on_device(f) ? device : -1, seq, ptr, size, ns, ps);
 }
@@ -195,15 +313,11 @@ void shim_passthrough_add_pooled(enum shim_pt_family f, int ordinal, int device,
         add_record(f, ordinal, device, ptr, size, pool);
 }
 
-/* A record gone from the table (pt_mu not held): its charge given back,
- * the trace told. */
+/* A record gone from the table (pt_mu not held; its counters and charge
+ * were settled under it, count_free): the trace told. */
 static void record_gone(const shim_pt_record *r, uint64_t seq)
 {
-    if (r->charged) {
-        shim_pool_give(r->charged, r->size);
-        shim_pressure_note_freed(r->size);
-    }
-    shim_pt_event_fn ev = atomic_load(&event_hook);
+    shim_pt_event_fn ev = atomic_load_explicit(&event_hook, memory_order_relaxed);
     if (ev)
         ev(false, r->family, shim_passthrough_reported_device(r), seq, r->ptr, r->size,
            r->native_stack, r->python_stack);
@@ -229,7 +343,9 @@ static void gone_record(node *gone, uint64_t seq)
  * copied out first by the caller. */
 static node *keep_spare(node *n)
 {
-    if (nspare >= SPARE_MAX || n->mapv)
+    /* mapv is on the node's last line: looked at only for the family
+     * that has mappings (a free of another touches the first line only). */
+    if (nspare >= SPARE_MAX || (n->r.family == SHIM_PT_VMM && n->mapv))
         return n; /* the caller frees it (node_free) after the lock */
     n->next = spare;
     spare = n;
@@ -237,13 +353,29 @@ static node *keep_spare(node *n)
     return NULL;
 }
 
-/* Takes `n` out of the counters; pt_mu held. */
-static void count_free(const node *n)
+/* Takes `n` out of the counters and gives its charge back; pt_mu held
+ * (the pool is atomics, a leaf; the bytes freed are counted after the
+ * give, so that whoever sees them freed finds them in the pool). */
+__attribute__((always_inline)) static inline void count_free(const node *n)
 {
     shim_pt_counters *c = &counters[n->r.family][slot(n->r.ordinal)];
     c->frees++;
     c->bytes -= n->r.size;
     live_count_add(n->r.family, -1);
+    nrecords--;
+    if (n->r.charged) {
+        shim_pool_give(n->r.charged, n->r.size);
+        uint64_t v =
+            atomic_load_explicit(&shim_pressure_watched_freed, memory_order_relaxed) + n->r.size;
+        atomic_store_explicit(&shim_pressure_watched_freed, v, memory_order_relaxed);
+    }
+}
+
+/* What the trace needs of a record unlinked under pt_mu, copied there
+ * only while a trace is on (a node kept as a spare is reused at once). */
+static bool traced(void)
+{
+    return atomic_load_explicit(&event_hook, memory_order_relaxed) != NULL;
 }
 
 bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
@@ -253,7 +385,8 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
     node *gone = NULL, *extra = NULL;
     shim_pt_record copy;
     uint64_t seq = 0;
-    shim_mutex_lock(&pt_mu);
+    bool tell = traced();
+    pt_lock();
     /* The oldest record of ptr (records go in at the head): the free is
      * told after the driver's, and by then another thread may have been
      * given the same address again and recorded it (a stream-ordered pool
@@ -267,15 +400,18 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr)
         gone = *at;
         *at = gone->next;
         count_free(gone);
-        seq = shim_device_seq_next();
-        copy = gone->r;
+        if (tell) {
+            seq = shim_device_seq_next();
+            copy = gone->r;
+        }
         extra = keep_spare(gone);
     }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     if (!gone)
         return false;
     node_free(extra);
-    record_gone(&copy, seq);
+    if (tell)
+        record_gone(&copy, seq);
     return true;
 }
 
@@ -284,13 +420,13 @@ bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr)
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
     bool found = false;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
         if (p->r.ptr == ptr && p->r.family == f) {
             p->r.refs++;
             found = true;
         }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     return found;
 }
 
@@ -302,35 +438,42 @@ long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
     shim_pt_record copy;
     uint64_t seq = 0;
     long left = -1;
-    shim_mutex_lock(&pt_mu);
+    bool tell = traced();
+    pt_lock();
     /* The newest record of ptr (records go in at the head): the program
      * holds that one; an older one is an object whose last release the
      * shim did not see (a leak, as far as it knows). */
     for (node **p = &table[bucket(ptr)]; *p; p = &(*p)->next) {
-        if ((*p)->r.ptr != ptr || (*p)->r.family != f)
+        node *x = *p;
+        if (x->r.ptr != ptr || x->r.family != f)
             continue;
-        left = (long)--(*p)->r.refs;
+        left = (long)--x->r.refs;
         if (left == 0) {
-            gone = *p;
-            *p = gone->next;
-            count_free(gone);
-            seq = shim_device_seq_next();
-            copy = gone->r;
-            extra = keep_spare(gone);
+            gone = x;
+            *p = x->next;
+            count_free(x);
+            if (tell) {
+                seq = shim_device_seq_next();
+                copy = x->r;
+            }
+            extra = keep_spare(x);
         }
         break;
     }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     if (gone) {
-        node_free(extra);
-        record_gone(&copy, seq);
+        if (__builtin_expect(extra != NULL, 0))
+            node_free(extra);
+        if (tell)
+            record_gone(&copy, seq);
     }
     return left;
 }
 
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
-    if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
+    /* VMM's only (keep_spare looks for a list of mappings there alone). */
+    if (f != SHIM_PT_VMM || !shim_passthrough_any(f))
         return;
     /* The record's list grows outside pt_mu (a leaf: no allocation under
      * it): look, grow, look again. */
@@ -338,7 +481,7 @@ void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va,
     unsigned spare_cap = 0;
     for (;;) {
         node *p = NULL;
-        shim_mutex_lock(&pt_mu);
+        pt_lock();
         for (p = table[bucket(ptr)]; p; p = p->next)
             if (p->r.ptr == ptr && p->r.family == f && !p->r.released)
                 break;
@@ -357,7 +500,7 @@ void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va,
             p->r.va_size = size;
         }
         unsigned want = p && !room ? 2 * p->capv + 2 : 0;
-        shim_mutex_unlock(&pt_mu);
+        pt_unlock();
         if (!want)
             break;
         free(spare);
@@ -376,7 +519,7 @@ static node *unlink_where(enum shim_pt_family f, bool (*pick)(node *x, void *arg
                           void *arg, size_t *n)
 {
     node *out = NULL;
-    for (unsigned b = 0; b < BUCKETS; b++) {
+    for (unsigned b = 0; b < (1u << table_bits); b++) {
         for (node **p = &table[b]; *p;) {
             node *x = *p;
             if (x->r.family == f && pick(x, arg)) {
@@ -437,9 +580,9 @@ size_t shim_passthrough_unmapped(enum shim_pt_family f, uintptr_t va, size_t siz
         return 0;
     struct range g = {va, size};
     size_t n = 0;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     node *dead = unlink_where(f, unmapped_in, &g, &n);
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     gone_list(dead);
     return n;
 }
@@ -449,14 +592,14 @@ bool shim_passthrough_release(enum shim_pt_family f, uintptr_t ptr)
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
     bool kept = false, found = false;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
         if (p->r.ptr == ptr && p->r.family == f && p->r.refs) {
             found = true;
             p->r.released = --p->r.refs == 0;
             kept = !p->r.released || p->r.maps;
         }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     return found && (kept || shim_passthrough_remove(f, ptr));
 }
 
@@ -464,14 +607,14 @@ void shim_passthrough_retained(enum shim_pt_family f, uintptr_t ptr)
 {
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     for (node *p = table[bucket(ptr)]; p; p = p->next)
         if (p->r.ptr == ptr && p->r.family == f && (p->r.refs || p->r.maps)) {
             p->r.refs++;
             p->r.released = false;
             break;
         }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
 }
 
 static bool charged_to(node *x, void *pool)
@@ -484,9 +627,9 @@ size_t shim_passthrough_drop_pool(enum shim_pt_family f, shim_arena_pool *pool)
     if ((unsigned)f >= SHIM_PT_FAMILIES || !pool || !shim_passthrough_any(f))
         return 0;
     size_t n = 0;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     node *dropped = unlink_where(f, charged_to, pool, &n);
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     gone_list(dropped);
     return n;
 }
@@ -496,10 +639,10 @@ bool shim_passthrough_contains(enum shim_pt_family f, uintptr_t ptr)
     if ((unsigned)f >= SHIM_PT_FAMILIES || !shim_passthrough_any(f))
         return false;
     bool found = false;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     for (node *p = table[bucket(ptr)]; p && !found; p = p->next)
         found = p->r.ptr == ptr && p->r.family == f;
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     return found;
 }
 
@@ -513,14 +656,14 @@ void shim_passthrough_totals(enum shim_pt_family f, shim_pt_counters *out)
     *out = (shim_pt_counters){0};
     if ((unsigned)f >= SHIM_PT_FAMILIES)
         return;
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     for (unsigned i = 0; i <= ORDINALS; i++) {
         out->bytes += counters[f][i].bytes;
         out->peak_bytes += counters[f][i].peak_bytes; /* the sum of each device's peak */
         out->allocs += counters[f][i].allocs;
         out->frees += counters[f][i].frees;
     }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
 }
 
 void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordinal,
@@ -529,13 +672,13 @@ void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordi
 {
     shim_pt_counters copy[SHIM_PT_FAMILIES][ORDINALS + 1];
     bool had[SHIM_PT_FAMILIES][ORDINALS + 1];
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
     for (unsigned f = 0; f < SHIM_PT_FAMILIES; f++)
         for (unsigned i = 0; i <= ORDINALS; i++) {
             copy[f][i] = counters[f][i];
             had[f][i] = seen[f][i];
         }
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     for (unsigned f = 0; f < SHIM_PT_FAMILIES; f++)
         for (unsigned i = 0; i <= ORDINALS; i++)
             if (had[f][i])
@@ -557,12 +700,12 @@ shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n)
         return NULL;
     }
     size_t k = 0;
-    shim_mutex_lock(&pt_mu);
-    for (unsigned b = 0; b < BUCKETS && k < cap; b++)
+    pt_lock();
+    for (unsigned b = 0; b < (1u << table_bits) && k < cap; b++)
         for (node *p = table[b]; p && k < cap; p = p->next)
             if (p->r.seq > since)
                 out[k++] = p->r;
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
     *n = k;
     if (k == 0) {
         free(out);
@@ -573,15 +716,15 @@ shim_pt_record *shim_passthrough_live(uint64_t since, size_t *n)
 
 void shim_passthrough_atfork_prepare(void)
 {
-    shim_mutex_lock(&pt_mu);
+    pt_lock();
 }
 
 void shim_passthrough_atfork_parent(void)
 {
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
 }
 
 void shim_passthrough_atfork_child(void)
 {
-    shim_mutex_unlock(&pt_mu);
+    pt_unlock();
 }

@@ -59,6 +59,10 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
  * back itself when removed or dropped). */
 typedef struct shim_device shim_device;
 int shim_passthrough_charge(shim_device *d, size_t bytes);
+/* Its first step alone, for a caller that has SPYRESHIM_LIMIT (`limit`)
+ * at hand: true when the bytes were charged while the limit had room,
+ * false (nothing charged, no room made) otherwise; then charge. */
+bool shim_passthrough_charge_fits(shim_device *d, size_t limit, size_t bytes);
 void shim_passthrough_uncharge(shim_device *d, size_t bytes);
 /* The same for host-pinned memory, under SPYRESHIM_HOST_LIMIT (0: none),
  * with pressure events of its own: false when out of memory. */
@@ -101,7 +105,7 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
  * references left (0: removed), or -1 when `ptr` is no live record. */
 bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr);
 long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr);
-/* Mappings of a record (VMM: a physical allocation lives while its
+/* Mappings of a record (VMM's only: a physical allocation lives while its
  * handle is not released or a mapping uses it). mapped: `ptr` was mapped
  * at [va, va + size) (a handle may be mapped at several addresses; a leak
  * report names the last one mapped that is still live). unmapped: the
@@ -138,20 +142,23 @@ void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordi
                                       const shim_pt_counters *c),
                            void *arg);
 
-/* A live record, as copied by shim_passthrough_live. */
+/* A live record, as copied by shim_passthrough_live. The fields a free
+ * reads come first: with the table's link they share one cache line of
+ * the record's node (passthrough.c), the one miss of a free. */
 typedef struct shim_pt_record {
     uintptr_t ptr;
-    uint64_t size, seq;
-    uint32_t native_stack, python_stack;
+    uint64_t size;
+    unsigned long refs;              /* the program's references (retain/unref) */
+    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     enum shim_pt_family family;
     int ordinal;
+    uint64_t seq;
+    uint32_t native_stack, python_stack;
     int device;                      /* its device's index (shim_device_at), or -1 */
-    struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     uintptr_t va;                    /* where it is mapped (VMM), or 0 */
     uint64_t va_size;
     unsigned maps;                   /* live mappings (where: passthrough.c) */
     bool released;                   /* its handle went; it lives while mapped */
-    unsigned long refs;              /* the program's references (retain/unref) */
 } shim_pt_record;
 /* A malloc'd copy of the live records allocated after `since` (their
  * count in *n); NULL with *n = 0 when there are none, NULL with *n > 0

@@ -287,17 +287,12 @@ void shim_pressure_set_freed_source(shim_pressure_freed_fn fn)
 }
 
 /* Watched memory charged to a limit and given back (passthrough.c). */
-static _Atomic uint64_t watched_freed;
-
-void shim_pressure_note_freed(uint64_t bytes)
-{
-    atomic_fetch_add_explicit(&watched_freed, bytes, memory_order_relaxed);
-}
+_Atomic uint64_t shim_pressure_watched_freed;
 
 uint64_t shim_pressure_freed_total(void)
 {
     shim_pressure_freed_fn fn = atomic_load_explicit(&freed_source, memory_order_relaxed);
-    return (fn ? fn() : 0) + atomic_load_explicit(&watched_freed, memory_order_relaxed);
+    return (fn ? fn() : 0) + atomic_load_explicit(&shim_pressure_watched_freed, memory_order_relaxed);
 }
 
 static void check_contract(spyreshim_lock *lock, spyreshim_pressure_fn fn)

@@ -4,6 +4,7 @@
 #ifndef SHIM_PRESSURE_H
 #define SHIM_PRESSURE_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -116,9 +117,11 @@ void shim_pressure_atfork_child(void);
  * of the allocator (device.c registers its sum when it makes a device). */
 typedef uint64_t (*shim_pressure_freed_fn)(void);
 void shim_pressure_set_freed_source(shim_pressure_freed_fn fn);
-/* Watched memory charged to a limit and freed by the program
- * (passthrough.c): counted with the allocator's frees. */
-void shim_pressure_note_freed(uint64_t bytes);
+/* Watched memory charged to a limit and freed by the program, counted
+ * with the allocator's frees: written by passthrough.c under its lock
+ * only (a load and a store: no locked instruction on each free), read by
+ * anyone. */
+extern _Atomic uint64_t shim_pressure_watched_freed;
 uint64_t shim_pressure_freed_total(void);
 
 #endif

@@ -8,7 +8,8 @@
  * shutdown (python_gc/interp/gate.c's close); the layers below never include
  * a trace header. Each hook turns its call into one 32-byte event of
  * tracebuf.c. It also wires the trace's parts together at init (the
- * buffers start the writer with the first event) and runs their fork
+ * buffers open the file and start the writer with the first event; the
+ * SIGTERM handler asks the writer for a flush) and runs their fork
  * handlers in lock order (writer, buffers, sites). No lock of its own.
  *
  * Ordering: allocations, frees and out-of-memory carry the sequence number
@@ -23,6 +24,7 @@
 #include "passthrough.h"
 #include "pressure.h"
 #include "pygc.h"
+#include "sigterm.h"
 #include "trace.h"
 #include "tracebuf.h"
 #include "tracefile.h"
@@ -100,6 +102,9 @@ void shim_trace_init(void)
     shim_pressure_set_event_hook(on_pressure);
     shim_pygc_set_collection_hook(on_collection);
     shim_gate_on_close(on_shutdown);
+    /* SIGTERM (how job limits end a process) flushes first, then the
+     * program's own handling proceeds (shim/base/sigterm.c). */
+    shim_sigterm_install(shim_tracewriter_signal_flush);
 }
 
 void shim_trace_at_exit(void)
@@ -126,6 +131,7 @@ void shim_trace_atfork_child(void)
 {
     /* The parent writes what it buffered; the child drops it and, with
      * %p in the path, starts a file of its own with its next event. */
+    shim_sigterm_atfork_child();
     shim_tracesites_atfork_child();
     shim_tracebuf_atfork_child();
     shim_tracefile_atfork_child();

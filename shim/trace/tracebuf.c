@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "clock.h"
+#include "futex.h"
 #include "mutex.h"
 #include "tracebuf.h"
 #include "tracesites.h"
@@ -57,10 +58,12 @@ static bool g_key_ok;
 static __thread struct tbuf *tls_buf __attribute__((tls_model("initial-exec")));
 static _Atomic uint64_t dropped;
 static atomic_bool first_done;
+/* Bumped to wake the writer (a chunk is full, recording closed, a flush is
+ * asked for from a signal handler): a futex word, no lock. */
+static _Atomic uint32_t wake_word;
 
 /* Guarded by buf_mu. */
 static pthread_mutex_t buf_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t buf_cv;    /* a chunk is full, or recording closed */
 static struct tbuf *threads;     /* every thread's buffer */
 static size_t nthreads;
 static uint32_t thread_numbers;  /* given so far: each buffer its own (chunk headers) */
@@ -80,7 +83,6 @@ static void tbuf_exit(void *arg);
 void shim_tracebuf_init(void (*first_event)(void))
 {
     g_first_event = first_event;
-    shim_cond_init_monotonic(&buf_cv);
     /* Without the key a thread's buffer outlives it: its events are still
      * written (the writer finds the buffer in the list), only the memory
      * stays. */
@@ -200,7 +202,7 @@ static struct trace_buf_chunk *chunk_swap(struct tbuf *tb)
     }
     tb->cur = c;
     shim_mutex_unlock(&buf_mu);
-    pthread_cond_signal(&buf_cv);
+    shim_tracebuf_wake();
     if (!c) {
         c = malloc(sizeof *c);
         if (!c)
@@ -265,14 +267,25 @@ void shim_tracebuf_append(unsigned kind, unsigned device, uint64_t seq, uint64_t
 
 /* ---- the writer's side ---- */
 
-bool shim_tracebuf_wait(const struct timespec *deadline)
+void shim_tracebuf_wake(void)
 {
-    shim_mutex_lock(&buf_mu);
-    while (!full_head && !closed && pthread_cond_timedwait(&buf_cv, &buf_mu, deadline) != ETIMEDOUT)
-        ;
-    bool open = !closed;
-    shim_mutex_unlock(&buf_mu);
-    return open;
+    atomic_fetch_add(&wake_word, 1);
+    shim_futex_wake_all(&wake_word);
+}
+
+bool shim_tracebuf_wait(uint64_t deadline_ns)
+{
+    for (;;) {
+        uint32_t w = atomic_load(&wake_word);
+        shim_mutex_lock(&buf_mu);
+        bool go = full_head || closed, open = !closed;
+        shim_mutex_unlock(&buf_mu);
+        /* Woken by anything but a chunk or the close (a signal's flush):
+         * back to the writer all the same. */
+        if (go || shim_futex_wait_until(&wake_word, w, deadline_ns) == ETIMEDOUT ||
+            atomic_load(&wake_word) != w)
+            return open;
+    }
 }
 
 size_t shim_tracebuf_take(struct trace_buf_chunk **full, struct trace_buf_span *spans, size_t cap,
@@ -330,7 +343,7 @@ bool shim_tracebuf_close(uint64_t *lost)
     closed = true;
     *lost = atomic_load(&dropped);
     shim_mutex_unlock(&buf_mu);
-    pthread_cond_broadcast(&buf_cv);
+    shim_tracebuf_wake();
     return !was_closed && any;
 }
 
@@ -365,6 +378,5 @@ void shim_tracebuf_atfork_child(void)
     if (g_key_ok)
         pthread_setspecific(g_key, NULL);
     atomic_store(&first_done, false);
-    shim_cond_init_monotonic(&buf_cv);
     shim_mutex_unlock(&buf_mu);
 }

@@ -49,9 +49,12 @@ uint64_t shim_tracebuf_start_realtime_ns(void);
 void shim_tracebuf_append(unsigned kind, unsigned device, uint64_t seq, uint64_t addr,
                           uint64_t size, uint32_t native_stack, uint32_t python_stack);
 
-/* The writer's side. Waits until a chunk is full, `deadline` passes or
- * recording closes; false once closed. */
-bool shim_tracebuf_wait(const struct timespec *deadline);
+/* The writer's side. Waits until a chunk is full, recording closes,
+ * shim_tracebuf_wake is called or CLOCK_MONOTONIC passes deadline_ns;
+ * false once closed. */
+bool shim_tracebuf_wait(uint64_t deadline_ns);
+/* Wakes the writer's wait: async-signal-safe (an atomic and a futex). */
+void shim_tracebuf_wake(void);
 #define TRACEBUF_MORE ((size_t)-1)
 /* Takes the queue of full chunks (*full; no thread's any more: their
  * counts are final) and a snapshot of every thread's current chunk past

@@ -424,10 +424,10 @@ static int write_record(const void *a, size_t alen, const void *b, size_t blen, 
 
 /* One state record, a chunk of its own: the reader knows from it whether
  * the file reached its process's exit. */
-static void write_state(uint32_t state)
+static void write_state(uint32_t state, uint32_t value)
 {
     struct trace_meta_buf m = {0};
-    uint32_t rec[2] = {state, 0};
+    uint32_t rec[2] = {state, value};
     shim_tracefile_meta_add(&m, TRACE_META_STATE, rec, sizeof rec, NULL, 0);
     if (!m.oom)
         shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
@@ -480,14 +480,30 @@ bool shim_tracefile_ready(void)
         return false;
     }
     g_opened = true;
-    write_state(TRACE_STATE_RECORDING);
+    write_state(TRACE_STATE_RECORDING, 0);
     return !g_failed;
 }
 
 void shim_tracefile_end(void)
 {
     if (shim_tracefile_writable())
-        write_state(TRACE_STATE_ENDED);
+        write_state(TRACE_STATE_ENDED, 0);
+}
+
+void shim_tracefile_end_by_signal(int sig)
+{
+    if (!shim_tracefile_writable())
+        return;
+    write_state(TRACE_STATE_SIGNALLED, (uint32_t)sig);
+    /* The last record: the process ends now, and a record begun after
+     * this one would be cut by its end. */
+    g_failed = true;
+    shim_tracebuf_stop();
+}
+
+uint32_t shim_tracefile_sites(void)
+{
+    return sites_written;
 }
 
 void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref, uint32_t thread,

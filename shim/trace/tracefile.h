@@ -53,6 +53,12 @@ void shim_tracefile_write_chunk(const trace_event *ev, uint32_t n, uint64_t ref,
 /* The last record at the process's exit (after the names): the file
  * reached it. */
 void shim_tracefile_end(void);
+/* The last record when SIGTERM's default action ends the process
+ * (tracewriter.c, asked by the shim's handler): nothing is written after
+ * it. */
+void shim_tracefile_end_by_signal(int sig);
+/* How many sites the file has (their records written). */
+uint32_t shim_tracefile_sites(void);
 void shim_tracefile_close(void);
 /* The path of the file this process wrote (`%p` expanded, a `.N` suffix
  * where the path was taken) into path[n] and the events in it; false when

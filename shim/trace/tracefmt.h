@@ -110,17 +110,22 @@ enum trace_tag {
     TRACE_META_SYMBOL = 5,   /* u64 addr, i32 line, u32 flags, function\0 file\0 object\0 (at exit) */
     TRACE_META_PYSTACK = 6,  /* u32 id, u32 n, then n times: i32 line, function\0 file\0 (at exit) */
     TRACE_META_PYMARKS = 7,  /* u32 id, u32 SHIM_PYSTACK_* flags, u8 entry[n] (at exit, after 6) */
-    TRACE_META_STATE = 8,    /* u32 TRACE_STATE_*, u32 0: recording (right after the header),
-                                ended (the process's exit: the file's last record) */
+    TRACE_META_STATE = 8,    /* u32 TRACE_STATE_*, u32 value: recording (right after the
+                                header), ended (the process's exit: the file's last record),
+                                signalled (value: the signal whose default action ends it) */
     TRACE_META_PROCESS = 9,  /* key\0value\0 pairs: the launcher's identity (base/rank.h) */
     TRACE_META_CAPACITY = 10, /* u32 device index, u32 0, u64 bytes the program may have there */
 };
 
-/* A state record's value: a file that says "recording" and never "ended"
+/* A state record's state: a file that says "recording" and never "ended"
  * stopped before its process's exit (killed, _exit, exec, a write that
  * failed); a file with neither was written before they existed. */
 #define TRACE_STATE_RECORDING 1u
 #define TRACE_STATE_ENDED 2u
+/* The process is ended by a signal's default action (value: the signal,
+ * SIGTERM), after the flush the shim's handler asked for: the file's last
+ * record. A reader that knows only 1 and 2 reads it as "recording". */
+#define TRACE_STATE_SIGNALLED 3u
 
 /* A symbol record's flags (0 in files written before they existed). */
 #define TRACE_SYMBOL_EVAL_LOOP 1u    /* inside the interpreter's evaluation loop, by address */

@@ -1,11 +1,15 @@
-/* Names at exit (tracenames.h): every native frame of the trace
- * symbolized in-process (shim/leak/symbolize.c) and every Python stack
- * (resolved while the interpreter lived), written once each.
+/* Names (tracenames.h), written as the frames are first seen: with each
+ * flush, every native frame new to the file symbolized in-process
+ * (shim/leak/symbolize.c) and every Python stack new to it whose frames
+ * are resolved (those still to be resolved are asked for, and written by a
+ * later flush or at exit), each once per file.
  *
- * Owns nothing past the call: the sets of what was already named live on
- * the stack of shim_tracenames_add. No lock of its own, and none of ours
- * may be held by its caller: symbolizing calls the loader. Runs once, from
- * the destructor; never on an allocating thread. */
+ * Owns the sets of what the file was given (addresses, Python stacks) and
+ * the Python stacks left for later. No lock of its own: one caller at a
+ * time holds the names token (tracewriter.c: taken under the trace write
+ * lock, held without it), the writer thread or the destructor. None of
+ * ours may be held meanwhile: symbolizing calls the loader. Never on an
+ * allocating thread; never waits for the GIL. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -72,12 +76,6 @@ static bool seen_first(struct seen *s, uint64_t value)
     s->v[s->n++] = value;
     shim_hashidx_insert(&s->idx, h, (uint32_t)s->n);
     return true;
-}
-
-static void seen_free(struct seen *s)
-{
-    shim_hashidx_destroy(&s->idx);
-    free(s->v);
 }
 
 /* What a reader needs to splice Python frames into native stacks as the
@@ -158,33 +156,111 @@ static void add_pystack(struct trace_meta_buf *m, uint32_t id)
     shim_tracefile_meta_add(m, TRACE_META_PYMARKS, mhead, sizeof mhead, marks, n);
 }
 
-void shim_tracenames_add(struct trace_meta_buf *m)
+/* What the file has been given (its names are written once each), and
+ * the Python stacks whose frames were still to be resolved last time. */
+static struct seen addrs_named, py_named;
+static bool seen_ready;
+static uint32_t sites_named;      /* sites of the file whose Python stack was looked at */
+static uint32_t *py_later;        /* Python stacks to name when resolved */
+static size_t n_later, cap_later;
+
+static void later_add(uint32_t id)
 {
-    shim_symbolizer *sym = shim_symbolizer_create();
-    struct interp_marks im = {.interp = shim_pystack_interpreter_base()};
-    shim_evalloop_find(shim_pystack_eval_entry(), &im.loop);
-    struct seen addrs;
-    seen_init(&addrs);
-    const uint32_t *ids;
-    size_t nids = shim_tracefile_native_stacks(&ids);
-    for (size_t i = 0; sym && i < nids; i++) {
-        const uintptr_t *frames;
-        size_t nf = shim_stack_frames(ids[i], &frames);
-        for (size_t k = 0; k < nf; k++)
-            if (frames[k] && seen_first(&addrs, frames[k]))
-                add_symbol(m, sym, &im, frames[k]);
+    if (n_later == cap_later) {
+        size_t cap = cap_later ? cap_later * 2 : 64;
+        uint32_t *p = realloc(py_later, cap * sizeof *p);
+        if (!p)
+            return;              /* named at exit instead (its site is in the file) */
+        py_later = p;
+        cap_later = cap;
     }
-    seen_free(&addrs);
+    py_later[n_later++] = id;
+}
+
+/* A Python stack's records, unless it was written already; while some of
+ * its frames may still be resolved (and `final` is false), later. */
+static void offer_pystack(struct trace_meta_buf *m, uint32_t id, bool final)
+{
+    uint64_t key = id;
+    if (shim_hashidx_find(&py_named.idx, mix(key), &key))
+        return;
+    if (!final && shim_pystack_pending(id)) {
+        later_add(id);
+        return;
+    }
+    if (seen_first(&py_named, key))
+        add_pystack(m, id);
+}
+
+void shim_tracenames_add(struct trace_meta_buf *m, const uint32_t *nstacks, size_t nids,
+                         uint32_t sites_in_file, bool final)
+{
+    if (!seen_ready) {
+        seen_init(&addrs_named);
+        seen_init(&py_named);
+        seen_ready = true;
+    }
+    /* Native frames: one symbolizer (a libdw session) for this call, made
+     * only when some frame is new to the file. */
+    shim_symbolizer *sym = NULL;
+    struct interp_marks im;
+    for (size_t i = 0; i < nids; i++) {
+        const uintptr_t *frames;
+        size_t nf = shim_stack_frames(nstacks[i], &frames);
+        for (size_t k = 0; k < nf; k++) {
+            if (!frames[k] || !seen_first(&addrs_named, frames[k]))
+                continue;
+            if (!sym) {
+                sym = shim_symbolizer_create();
+                if (!sym)
+                    break;
+                im.interp = shim_pystack_interpreter_base();
+                shim_evalloop_find(shim_pystack_eval_entry(), &im.loop);
+            }
+            add_symbol(m, sym, &im, frames[k]);
+        }
+    }
     if (sym)
         shim_symbolizer_destroy(sym);
-    /* Python stacks were resolved while the interpreter was alive. */
-    struct seen py;
-    seen_init(&py);
-    uint32_t n;
-    struct trace_site *sites = shim_tracesites_since(0, &n);
-    for (uint32_t i = 0; i < n; i++)
-        if (sites[i].pystack && seen_first(&py, sites[i].pystack))
-            add_pystack(m, sites[i].pystack);
-    free(sites);
-    seen_free(&py);
+    /* Python stacks: those of the sites new to the file, and those left
+     * for later; frames still to be resolved are asked for (the main
+     * thread resolves them at its next check for pending calls), and
+     * named by a later flush. At exit (`final`) every one is written with
+     * what was resolved. */
+    size_t retry = n_later;
+    uint32_t *again = NULL;
+    if (retry) {
+        again = py_later;
+        py_later = NULL;
+        n_later = cap_later = 0;
+    }
+    for (size_t i = 0; i < retry; i++)
+        offer_pystack(m, again[i], final);
+    free(again);
+    if (sites_in_file > sites_named) {
+        uint32_t n;
+        struct trace_site *sites = shim_tracesites_since(sites_named, &n);
+        if (n > sites_in_file - sites_named)
+            n = sites_in_file - sites_named;
+        for (uint32_t i = 0; i < n; i++)
+            if (sites[i].pystack)
+                offer_pystack(m, sites[i].pystack, final);
+        free(sites);
+        if (sites || n == 0)
+            sites_named += n;
+    }
+    if (n_later && !final)
+        shim_pystack_resolve_soon();
+}
+
+void shim_tracenames_atfork_child(void)
+{
+    /* The parent's writer may have been changing these as it forked: left
+     * as they are (not freed), and begun again for the child's file. */
+    memset(&addrs_named, 0, sizeof addrs_named);
+    memset(&py_named, 0, sizeof py_named);
+    seen_ready = false;
+    sites_named = 0;
+    py_later = NULL;
+    n_later = cap_later = 0;
 }

@@ -11,6 +11,7 @@
  * (tracefile.c) and what it has been given; held across the file's I/O,
  * taken before the buffer and site locks. Never does I/O with the buffer
  * or site lock held, never calls into the allocator or Python. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <time.h>
 
 #include "clock.h"
+#include "futex.h"
 #include "log.h"
 #include "mutex.h"
 #include "tracebuf.h"
@@ -38,6 +40,19 @@ static pthread_mutex_t write_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct trace_buf_span *spans;  /* the snapshot of threads' chunks */
 static uint64_t events_written;       /* by this process, for the writer's cost */
 static size_t spans_cap;
+/* The names token: whoever set it (under write_mu) names frames with
+ * write_mu released (tracenames.c); the other waits on names_cv. */
+static bool names_busy;
+static pthread_cond_t names_cv = PTHREAD_COND_INITIALIZER;
+static size_t nstacks_named;          /* the file's native stacks given to tracenames */
+
+/* A flush asked for by the SIGTERM handler (shim/base/sigterm.c), which
+ * waits for it at most SIGNAL_WAIT_MS: counters on futex words (no lock:
+ * a signal handler bumps one and sleeps on the other). */
+#define SIGNAL_WAIT_MS 2000
+static _Atomic uint32_t sig_asked, sig_done;
+static atomic_bool sig_dies;          /* the default action follows: the last flush */
+static atomic_bool writer_alive;      /* the writer thread runs in this process */
 
 void shim_tracewriter_init(unsigned flush_ms)
 {
@@ -107,39 +122,119 @@ static void flush_locked(void)
     shim_tracebuf_recycle(list);
 }
 
+/* The names of what the file was just given (tracenames.c), with
+ * write_mu released meanwhile: symbolizing calls the loader. `final`: at
+ * exit, every Python stack with what was resolved. write_mu held on entry
+ * and on return. */
+static void names_locked(bool final)
+{
+    if (names_busy || !shim_tracefile_writable())
+        return;
+    const uint32_t *ids;
+    size_t n = shim_tracefile_native_stacks(&ids);
+    uint32_t nsites = shim_tracefile_sites();
+    size_t from = nstacks_named < n ? nstacks_named : n;
+    uint32_t *mine = n > from ? malloc((n - from) * sizeof *mine) : NULL;
+    if (mine)
+        memcpy(mine, ids + from, (n - from) * sizeof *mine);
+    size_t nmine = mine ? n - from : 0;
+    nstacks_named = from + nmine;
+    names_busy = true;
+    shim_mutex_unlock(&write_mu);
+    struct trace_meta_buf m = {0};
+    shim_tracenames_add(&m, mine, nmine, nsites, final);
+    free(mine);
+    shim_mutex_lock(&write_mu);
+    names_busy = false;
+    pthread_cond_broadcast(&names_cv);
+    if (m.len && !m.oom && shim_tracefile_writable())
+        shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
+    free(m.p);
+}
+
 static void *writer_main(void *arg)
 {
     (void)arg;
     shim_tracecodec_load(); /* a loader call: before any lock of ours */
     uint64_t mine = 0;      /* events this thread wrote (the rest: at exit) */
+    uint32_t answered = atomic_load(&sig_done);
+    /* Names at most once a flush interval (a libdw session costs the
+     * writer tens of milliseconds, during which full chunks queue up and
+     * would go uncompressed), and with a signal's flush. */
+    uint64_t names_at = shim_now_ns() + (uint64_t)g_flush_ms * 1000000u;
     for (;;) {
-        struct timespec deadline;
-        shim_deadline_after_ms(&deadline, g_flush_ms);
-        if (!shim_tracebuf_wait(&deadline)) {
-            /* What encoding costs (bench/trace_overhead.sh has the
-             * instructions): the thread's own CPU time. */
-            struct timespec cpu;
-            if (shim_log_enabled(SHIM_LOG_DEBUG) &&
-                clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
-                uint64_t n = mine;
-                double s = (double)cpu.tv_sec + (double)cpu.tv_nsec / 1e9;
-                shim_debug("trace: the writer thread wrote %llu events with %.3f s of CPU "
-                           "(%.0f ns an event)", (unsigned long long)n, s,
-                           n ? s * 1e9 / (double)n : 0.0);
-            }
-            return NULL;
-        }
+        bool open = true;
+        /* A signal's flush asked for since the last one is not waited for. */
+        if (atomic_load(&sig_asked) == answered)
+            open = shim_tracebuf_wait(shim_now_ns() + (uint64_t)g_flush_ms * 1000000u);
+        uint32_t asked = atomic_load(&sig_asked);
+        if (!open)
+            break;
         shim_mutex_lock(&write_mu);
         uint64_t before = events_written;
         flush_locked();
         mine += events_written - before;
+        uint64_t now = shim_now_ns();
+        if (asked != answered || now >= names_at) {
+            names_locked(false);
+            names_at = now + (uint64_t)g_flush_ms * 1000000u;
+        }
+        if (asked != answered && atomic_exchange(&sig_dies, false))
+            shim_tracefile_end_by_signal(SIGTERM);
         shim_mutex_unlock(&write_mu);
+        if (asked != answered) {
+            answered = asked;
+            atomic_store(&sig_done, asked);
+            shim_futex_wake_all(&sig_done);
+        }
     }
+    /* What encoding costs (bench/trace_overhead.sh has the instructions):
+     * the thread's own CPU time. */
+    struct timespec cpu;
+    if (shim_log_enabled(SHIM_LOG_DEBUG) && clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu) == 0) {
+        uint64_t n = mine;
+        double s = (double)cpu.tv_sec + (double)cpu.tv_nsec / 1e9;
+        shim_debug("trace: the writer thread wrote %llu events with %.3f s of CPU "
+                   "(%.0f ns an event)", (unsigned long long)n, s,
+                   n ? s * 1e9 / (double)n : 0.0);
+    }
+    /* No one answers a flush from here on: whoever waits, stops waiting. */
+    atomic_store(&writer_alive, false);
+    atomic_store(&sig_done, atomic_load(&sig_asked));
+    shim_futex_wake_all(&sig_done);
+    return NULL;
+}
+
+void shim_tracewriter_signal_flush(bool dies)
+{
+    int saved = errno;
+    if (dies)
+        atomic_store(&sig_dies, true);
+    uint32_t mine = atomic_fetch_add(&sig_asked, 1) + 1;
+    if (atomic_load(&writer_alive)) {
+        shim_tracebuf_wake();
+        uint64_t deadline = shim_now_ns() + (uint64_t)SIGNAL_WAIT_MS * 1000000u;
+        for (;;) {
+            uint32_t done = atomic_load(&sig_done);
+            if ((int32_t)(done - mine) >= 0 ||
+                shim_futex_wait_until(&sig_done, done, deadline) == ETIMEDOUT)
+                break;
+        }
+    }
+    errno = saved;
 }
 
 void shim_tracewriter_start(void)
 {
     atomic_store(&g_started, true);
+    /* The path is claimed now, at the first event, not at the first flush:
+     * a second process given the same path while this one runs finds it
+     * locked (tracefile.c). No writer exists yet, so the file is this
+     * thread's alone (write_mu is not taken: the caller may hold an
+     * allocator lock, and the writer takes the device list's under it). */
+    if (!shim_tracefile_ready())
+        return;
+    atomic_store(&writer_alive, true);
     /* The writer must never take a signal meant for the program. */
     sigset_t all, old;
     sigfillset(&all);
@@ -152,6 +247,8 @@ void shim_tracewriter_start(void)
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0)
+        atomic_store(&writer_alive, false);
+    if (rc != 0)
         shim_warn("trace: cannot start the writer thread (%s); the trace is written at exit only",
                   strerror(rc));
 }
@@ -163,22 +260,16 @@ void shim_tracewriter_close(void)
     if (atomic_load(&g_started))
         shim_tracecodec_load();
     shim_mutex_lock(&write_mu);
+    /* The writer may be naming what it wrote last: its names come first. */
+    while (names_busy)
+        pthread_cond_wait(&names_cv, &write_mu);
     uint64_t lost;
     if (shim_tracebuf_close(&lost)) {
         flush_locked();
-        if (shim_tracefile_writable()) {
-            /* Names come from the loader (symbolization): never with a
-             * lock of ours held (docs/locking.md). The buffers are closed,
-             * which keeps every other writer out meanwhile. */
-            shim_mutex_unlock(&write_mu);
-            struct trace_meta_buf m = {0};
-            shim_tracenames_add(&m);
-            shim_mutex_lock(&write_mu);
-            if (!m.oom && !shim_tracefile_failed())
-                shim_tracefile_write_chunk(NULL, 0, 0, 0, false, &m);
-            free(m.p);
-            shim_tracefile_end();
-        }
+        /* The buffers are closed: the names of the last events, and every
+         * Python stack with what was resolved, then the end. */
+        names_locked(true);
+        shim_tracefile_end();
         if (lost)
             shim_warn("SPYRESHIM_TRACE: %llu events were not recorded (out of host memory)",
                       (unsigned long long)lost);
@@ -198,4 +289,15 @@ void shim_tracewriter_close(void)
 
 void shim_tracewriter_atfork_prepare(void) { shim_mutex_lock(&write_mu); }
 void shim_tracewriter_atfork_parent(void) { shim_mutex_unlock(&write_mu); }
-void shim_tracewriter_atfork_child(void) { shim_mutex_unlock(&write_mu); }
+void shim_tracewriter_atfork_child(void)
+{
+    /* No writer thread here: the child's starts with its first event; the
+     * names token of the parent's is dropped, its names begin again. */
+    atomic_store(&g_started, false);
+    atomic_store(&writer_alive, false);
+    names_busy = false;
+    nstacks_named = 0;
+    pthread_cond_init(&names_cv, NULL);
+    shim_tracenames_atfork_child();
+    shim_mutex_unlock(&write_mu);
+}

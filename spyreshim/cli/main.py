@@ -223,7 +223,8 @@ def _parser():
                      help="for a trace: rules = [[\"REGEX\", \"CATEGORY\"], ...] classing "
                           "blocks by their frames (first match wins) before the built-in "
                           "rules (parameter, optimizer state, activation, gradient, input, "
-                          "temporary)")
+                          "temporary; a forward's and the autograd engine's blocks by their "
+                          "lifetimes: autograd detail, temporary)")
     rep.add_argument("--diff", action="store_true",
                      help="what grew between two moments and is still live: two reports or "
                           "snapshots (A B), or one trace with --at T1 --at T2 (without: from "
@@ -386,6 +387,14 @@ def cmd_run(args):
         raise UsageError("run: cannot run %s: %s" % (cmd[0], e.strerror or e), status)
 
 
+def _signal_name(n):
+    import signal
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return "signal %d" % n
+
+
 def cmd_trace_report(args):
     from ..reading import trace as tr
     from ..views import tracepeak
@@ -395,10 +404,14 @@ def cmd_trace_report(args):
     if t.truncated:
         sys.stderr.write("%s report: %s is truncated (the process did not exit); "
                          "reading what was flushed\n" % (PROG, args.files[0]))
+    elif t.signal is not None:
+        sys.stderr.write("%s report: %s ends where its process was ended by signal %d (%s); "
+                         "reading what was flushed then\n"
+                         % (PROG, args.files[0], t.signal, _signal_name(t.signal)))
     elif t.ended is False:
         sys.stderr.write("%s report: %s ends before its process's exit (killed, _exit, exec, "
-                         "or recording stopped); reading what was flushed, without the names "
-                         "written at exit\n" % (PROG, args.files[0]))
+                         "or recording stopped); reading what was flushed, with the names "
+                         "written by its last flush\n" % (PROG, args.files[0]))
     if args.pprof:
         from ..exports import pprof
         if len(args.at or ()) > 1:

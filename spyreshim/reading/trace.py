@@ -62,7 +62,7 @@ SIZE_MASK = (1 << 48) - 1
 
 (T_SITE, T_NSTACK, T_DEVICE, T_MAPS, T_SYMBOL, T_PYSTACK, T_PYMARKS, T_STATE, T_PROCESS,
  T_CAPACITY) = range(1, 11)
-STATE_RECORDING, STATE_ENDED = 1, 2
+STATE_RECORDING, STATE_ENDED, STATE_SIGNALLED = 1, 2, 3
 # The process record's keys whose values are numbers (the others: text).
 PROCESS_NUMBERS = ("rank", "local_rank", "world_size", "restart")
 
@@ -109,6 +109,9 @@ class Trace(object):
         # not say (written before state records existed), False when it
         # stopped before (killed, _exit, exec, a failed write).
         self.ended = None
+        # The signal whose default action ended the process (SIGTERM: the
+        # shim flushed first), else None.
+        self.signal = None
         self.chunks = 0
         self.file_bytes = 0
         self.kind = array("B")
@@ -311,6 +314,10 @@ def _parse_record(t, tag, p):
             t.ended = False
         elif state == STATE_ENDED:
             t.ended = True
+        elif state == STATE_SIGNALLED:
+            _need(p, 8, "record")
+            t.ended = False
+            t.signal = struct.unpack_from("<I", p, 4)[0]
     elif tag == T_PYSTACK:
         _need(p, 8, "record")
         sid, nf = struct.unpack_from("<II", p)

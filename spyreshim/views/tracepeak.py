@@ -5,8 +5,10 @@ are in call order (callorder.py); each peak is broken down by category
 (categories.py). Both stream (trace.batches()): the peak takes two passes
 (where the peaks are, then the live sets there), the statistics two (the
 second: the live set at the peak, for its categories; three when the
-trace has markers: their intervals need the trace's duration); memory is
-the live set and the sites."""
+trace has markers: their intervals need the trace's duration), and one
+more for the categories' lifetimes when stacks hold a module's forward or
+the autograd engine (categories.Lifetimes); memory is the live set, the
+sites and a bit an event."""
 
 import collections
 import itertools

@@ -1,7 +1,10 @@
 """Memory categories (spyreshim/reading/categories.py): a real trace of a training
 loop (tests/torch_examples/train.py's VAE with Adam, PyTorch 1.13 and 2.x
 on the simdev device, `spyreshim run --trace`) classed by its stacks into
-PyTorch's categories; `report --view stats` and the peak view break the
+PyTorch's categories, and by lifetimes (a forward's blocks live as the
+backward begins are activations, the rest temporaries; the engine's that
+outlive their backward gradients, the rest autograd detail: a synthetic
+trace of the phases too); `report --view stats` and the peak view break the
 peak down by them; `report --memory-timeline OUT.json.gz` writes PyTorch's
 raw memory timeline, which Holistic Trace Analysis' MemoryAnalysis
 (PyPI HolisticTraceAnalysis, scripts/hta_venv.sh's venv) reads and draws;
@@ -36,6 +39,16 @@ LAYERS = [(784, 400), (400, 20), (400, 20), (20, 400), (400, 784)]
 PARAMS = sorted([i * o * 4 for i, o in LAYERS] + [o * 4 for _i, o in LAYERS])
 # A batch: 32 images of 1x28x28 float32 and their 32 int64 labels.
 INPUTS = sorted([BATCH * 784 * 4, BATCH * 8])
+# What a VAE step's forward saves for backward (PyTorch's saved tensors):
+# relu's results h and relu(dec1(z)) (relu's backward, dec's addmm), mu
+# and logvar (returned: the KL term's pow and exp read them), randn_like's
+# eps and exp(logvar / 2) (mul's and exp's backward), z (dec1's addmm),
+# sigmoid's result and the clamped reconstruction (sigmoid's and the
+# BCE's backward): all live as the backward begins.
+SAVED = sorted([BATCH * 400 * 4] * 2 + [BATCH * 20 * 4] * 5 + [BATCH * 784 * 4] * 2)
+# What it frees before backward: the three linear layers' outputs that
+# relu and sigmoid replace (enc, dec1, dec2), logvar / 2 and eps * std.
+FORWARD_TEMPORARIES = sorted([BATCH * 400 * 4] * 2 + [BATCH * 20 * 4] * 2 + [BATCH * 784 * 4])
 # The raw export's category numbers (torch.profiler._memory_profiler's
 # _CATEGORY_TO_INDEX, HTA's _CATEGORY_TO_INDEX).
 IDX = {"PARAMETER": 0, "OPTIMIZER_STATE": 1, "INPUT": 2, "TEMPORARY": 3, "ACTIVATION": 4,
@@ -66,8 +79,8 @@ def traced(request, tmp_path_factory, builddir, shim_lib):
     assert re.search(r"wrote .*vae\.json\.gz: \d+ memory events", e.stderr), e
     stats = cli("report", "--view", "stats", trace, cwd=d)
     assert stats.returncode == 0, stats
-    return {"dir": d, "trace": trace, "timeline": out, "stats": stats.stdout,
-            "events": json.loads(gzip.open(out, "rt").read())}
+    return {"version": request.param, "dir": d, "trace": trace, "timeline": out,
+            "stats": stats.stdout, "events": json.loads(gzip.open(out, "rt").read())}
 
 
 def created(events, cat):
@@ -101,17 +114,72 @@ def test_blocks_are_classed_by_their_stacks(traced):
     assert created(ev, "OPTIMIZER_STATE") == sorted(PARAMS * 2)
     # each step's data.to(device), target.to(device)
     assert created(ev, "INPUT") == sorted(INPUTS * STEPS)
-    # the autograd engine: each step's .grad of each parameter (set to None
-    # by zero_grad) among the backward's buffers
-    grads = created(ev, "GRADIENT")
-    for p in PARAMS:
-        assert grads.count(p) >= STEPS, (p, grads)
-    # forward's outputs: the encoder's 32x400 and the decoder's 32x784 among them
-    acts = created(ev, "ACTIVATION")
-    assert BATCH * 400 * 4 in acts and BATCH * 784 * 4 in acts, acts
-    # the rest: torch.sigmoid(data), the loss's terms, Adam's update temporaries
-    assert len(created(ev, "TEMPORARY")) >= STEPS
-    assert not created(ev, "unknown") and not created(ev, "AUTOGRAD_DETAIL")
+    # the autograd engine's blocks that outlive their backward: the .grad
+    # of each parameter. PyTorch 2.x's zero_grad() sets them to None, so
+    # each step's backward makes them anew; 1.13's zeroes them, and from
+    # the second step on AccumulateGrad adds each new gradient into the
+    # old .grad and frees it within the backward.
+    assert created(ev, "GRADIENT") == sorted(PARAMS * (STEPS if traced["version"] == "2" else 1))
+    # the rest of the engine's blocks: the intermediate gradients, each
+    # backward's initial gradient (backward()'s ones, 4 bytes), ...
+    detail = created(ev, "AUTOGRAD_DETAIL")
+    assert detail.count(4) >= STEPS and BATCH * 784 * 4 in detail, detail
+    if traced["version"] != "2":
+        for p in PARAMS:
+            assert detail.count(p) >= STEPS - 1, (p, detail)
+    # a module's forward: what it saves for backward is an ACTIVATION,
+    # what it frees before backward a TEMPORARY, beside the loss's terms
+    # (outside any module), torch.sigmoid(data) and Adam's update's
+    assert created(ev, "ACTIVATION") == sorted(SAVED * STEPS)
+    temps = created(ev, "TEMPORARY")
+    for n in set(FORWARD_TEMPORARIES):
+        assert temps.count(n) >= FORWARD_TEMPORARIES.count(n) * STEPS, (n, temps)
+    assert not created(ev, "unknown")
+
+
+def test_activations_are_what_backward_finds_live(traced):
+    """The phases from the export alone: a step begins with its batch
+    (INPUT), its backward with its first engine block (GRADIENT or
+    AUTOGRAD_DETAIL). Every ACTIVATION is made before its step's
+    backward and dies after it began; as each backward begins, the live
+    ACTIVATION bytes are what the forward saved for it."""
+    ev = traced["events"]
+    steps, bwd, act, at_start = 0, True, 0, []
+    for _t, a, n, c in ev:
+        if a == 2 and c == IDX["INPUT"] and bwd:
+            steps, bwd = steps + 1, False
+        elif a == 2 and c in (IDX["GRADIENT"], IDX["AUTOGRAD_DETAIL"]) and not bwd:
+            bwd = True
+            at_start.append(act)
+        if c == IDX["ACTIVATION"]:
+            act += n
+            assert bwd == (a == 4), "an activation made in a backward or freed before it"
+    assert steps == STEPS
+    assert at_start == [sum(SAVED)] * STEPS
+    assert act == 0
+
+
+def test_numpy_and_pure_python_class_lifetimes_alike(traced, tmp_path):
+    """Both paths of Lifetimes' pass and the export, streamed, and on the
+    loaded trace in batches of 5 events (a backward's state carried from
+    batch to batch)."""
+    out = {}
+    saved, batch = tr.np, tr.BATCH
+    try:
+        for name, np in (("numpy", saved), ("python", None)):
+            if name == "numpy" and np is None:
+                pythons.need("numpy", "numpy is not installed (Debian: python3-numpy)")
+            tr.np = np
+            for how in ("stream", "small batches"):
+                tr.BATCH = batch if how == "stream" else 5
+                t = (tr.stream if how == "stream" else tr.load)(str(traced["trace"]))
+                p = tmp_path / (name + ".json")
+                categories.write_timeline(t, str(p), categories.Classifier(t))
+                out[name, how] = p.read_bytes()
+    finally:
+        tr.np, tr.BATCH = saved, batch
+    assert len(set(out.values())) == 1, [k for k in out if out[k] != out["python", "stream"]]
+    assert json.loads(out["python", "stream"]) == traced["events"]
 
 
 def ours_at_peak(stats):
@@ -131,6 +199,11 @@ def test_stats_and_peak_views_break_the_peak_down(traced):
     # at the peak, the parameters and Adam's state are all live
     assert by["PARAMETER"] == sum(PARAMS)
     assert by["OPTIMIZER_STATE"] == 2 * sum(PARAMS)
+    # the peak is in the first step's optimizer.step(): every .grad, and
+    # of the activations, those the step still holds: the model's
+    # returned reconstruction, mu and logvar
+    assert by["GRADIENT"] == sum(PARAMS)
+    assert by["ACTIVATION"] == BATCH * 784 * 4 + 2 * BATCH * 20 * 4
     v = cli("report", traced["trace"], cwd=traced["dir"])
     assert v.returncode == 0, v
     head = v.stdout.split("\n\n", 1)[0]
@@ -197,16 +270,23 @@ def test_hta_reads_and_draws_the_timeline(traced, hta_python, tmp_path):
 
 def test_user_rules_come_first(traced, tmp_path):
     rules = tmp_path / "rules.toml"
-    # the batches train.py draws: AUTOGRAD_DETAIL instead of INPUT
-    rules.write_text('rules = [\n  ["^ImageData\\\\.draw ", "autograd detail"],\n]\n')
+    # the batches train.py draws: unknown instead of INPUT; the linear
+    # layers' outputs: ACTIVATION outright, although forward frees three
+    rules.write_text('rules = [\n  ["^ImageData\\\\.draw ", "unknown"],\n'
+                     '  ["^Linear\\\\.forward ", "activation"],\n]\n')
     out = tmp_path / "t.raw.json.gz"
     r = cli("report", "--categories", rules, "--memory-timeline", out, traced["trace"],
             cwd=tmp_path)
     assert r.returncode == 0, r
     ev = json.loads(gzip.open(out, "rt").read())
-    assert created(ev, "AUTOGRAD_DETAIL") == sorted(INPUTS * STEPS)
+    assert created(ev, "unknown") == sorted(INPUTS * STEPS)
     assert not created(ev, "INPUT")
     assert created(ev, "PARAMETER") == PARAMS
+    # enc, mu, logvar, dec1, dec2: Linear's outputs, whenever they die
+    linear = [BATCH * 400 * 4, BATCH * 20 * 4, BATCH * 20 * 4, BATCH * 400 * 4, BATCH * 784 * 4]
+    # relu's, sigmoid's, the clamp's, randn_like's, exp's: saved
+    rest = [BATCH * 400 * 4] * 2 + [BATCH * 784 * 4] * 2 + [BATCH * 20 * 4] * 3
+    assert created(ev, "ACTIVATION") == sorted((linear + rest) * STEPS)
     s = cli("report", "--categories", rules, "--view", "stats", traced["trace"], cwd=tmp_path)
     assert s.returncode == 0, s
 
@@ -280,3 +360,89 @@ def test_bad_rules_are_one_line_errors(synth, tmp_path, text, error):
     rep = pycli("report", "--categories", rules, REPO / "tests/integration/data/leak_single.json",
                 cwd=tmp_path)
     assert rep.returncode == 2 and "read a trace" in rep.stderr, rep
+
+
+# A training step's phases in a synthetic trace (bench/trace_synth.py's
+# layout, sites named here): a module's forward, backward()'s initial
+# gradient, the autograd engine, anything else.
+PHASE_SITES = {1: ("_call_impl", "/t/torch/nn/modules/module.py"),
+               2: ("backward", "/t/torch/autograd/__init__.py"),
+               3: ("torch::autograd::Engine::evaluate_function", ""),
+               4: ("main", "main.c")}
+FWD, INIT, ENG, OTHER = 1, 2, 3, 4
+# (kind, block, site) in order, with each block's expected category
+PHASES = [
+    ("A", "x1", FWD), ("A", "x2", FWD), ("F", "x1", FWD),      # freed in forward
+    ("A", "g0", INIT), ("A", "e1", ENG), ("A", "e2", ENG),      # backward begins
+    ("F", "e1", ENG), ("F", "x2", FWD),
+    ("F", "g0", INIT),          # backward() returns: its end
+    ("F", "e2", ENG),           # zero_grad(), no allocation between
+    ("A", "x3", FWD),
+    ("A", "e3", ENG), ("A", "e4", ENG),     # backward(gradient=...): no initial one
+    ("F", "e3", ENG),
+    ("A", "o1", OTHER),         # its end: the next other allocation
+    ("F", "e4", ENG), ("F", "x3", FWD),
+    ("A", "x4", FWD),           # no backward follows
+]
+PHASE_CATS = {"x1": "TEMPORARY", "x2": "ACTIVATION", "g0": "AUTOGRAD_DETAIL",
+              "e1": "AUTOGRAD_DETAIL", "e2": "GRADIENT", "x3": "ACTIVATION",
+              "e3": "AUTOGRAD_DETAIL", "e4": "GRADIENT", "o1": "TEMPORARY", "x4": "TEMPORARY"}
+
+
+def phase_trace(path):
+    import struct
+    from array import array
+    sys.path.insert(0, str(REPO / "bench"))
+    import trace_synth as ts
+    meta = b""
+    for s, (fn, file) in PHASE_SITES.items():
+        meta += ts._rec(1, struct.pack("<IIII", s, s, 0, 0))
+        meta += ts._rec(2, struct.pack("<IIQ", s, 1, 0x400000 + s * 16))
+        meta += ts._rec(5, struct.pack("<QiI", 0x400000 + s * 16, 7, 0) +
+                        b"%s\0%s\0/bin/synth\0" % (fn.encode(), file.encode()))
+    meta += ts._rec(3, struct.pack("<II", 0, 0) + b"simdev\0")
+    addr = {b: 0x10000 * (i + 1) for i, b in enumerate(PHASE_CATS)}
+    cols = {c: array(ts.TYPECODES[c]) for c in ts.COLUMNS}
+    for i, (k, b, s) in enumerate(PHASES):
+        for c, v in zip(ts.COLUMNS, (i + 1, addr[b], 4096 * (i + 1), tr.ALLOC if k == "A"
+                                     else tr.FREE, 0, 1000 * (i + 1), s)):
+            cols[c].append(v)
+    # a free carries its allocation's size
+    for i, (k, b, _s) in enumerate(PHASES):
+        if k == "F":
+            cols["size"][i] = next(cols["size"][j] for j, (k2, b2, _x) in enumerate(PHASES)
+                                   if k2 == "A" and b2 == b)
+    ts.write_events(str(path), [(0, cols)], meta)
+
+
+def test_lifetimes_find_the_phases_in_any_batching(tmp_path):
+    p = tmp_path / "phases.trace"
+    phase_trace(p)
+    want = []
+    for k, b, _s in PHASES:
+        want.append((2 if k == "A" else 4, IDX[PHASE_CATS[b]]))
+    saved, batch = tr.np, tr.BATCH
+    try:
+        for np in {saved, None}:
+            tr.np = np
+            for size in range(1, len(PHASES) + 1):
+                tr.BATCH = size
+                t = tr.load(str(p))
+                rows = [r for b in categories.timeline_rows(t, categories.Classifier(t))
+                        for r in b]
+                got = [(a, c) for _t, a, _n, c in rows]
+                assert got == want, (np is not None, size)
+    finally:
+        tr.np, tr.BATCH = saved, batch
+    # a user's rule names the category outright: the engine's blocks stay
+    # AUTOGRAD_DETAIL however long they live, the forward's ACTIVATION
+    rules = tmp_path / "rules.toml"
+    rules.write_text('rules = [["^torch::autograd::Engine::", "AUTOGRAD_DETAIL"],\n'
+                     '         ["^_call_impl ", "ACTIVATION"]]\n')
+    t = tr.stream(str(p))
+    cl = categories.Classifier(t, categories.load_rules(str(rules)))
+    rows = [r for b in categories.timeline_rows(t, cl) for r in b]
+    user = {"x1": "ACTIVATION", "x4": "ACTIVATION", "e2": "AUTOGRAD_DETAIL",
+            "e4": "AUTOGRAD_DETAIL"}
+    assert [(a, c) for _t, a, _n, c in rows] == [
+        (2 if k == "A" else 4, IDX[user.get(b, PHASE_CATS[b])]) for k, b, _s in PHASES]

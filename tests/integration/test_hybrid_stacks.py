@@ -24,9 +24,9 @@ CLI = ROOT / "scripts" / "spyreshim"
 sys.path.insert(0, str(ROOT))
 from spyreshim.reading import report as rpt  # noqa: E402
 
-SCRIPT = '''import ctypes, sys, simdev
-def keep(t):
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(t))
+SCRIPT = '''import ctypes, sys, simdev; kept = []
+def keep(t):  # an extension's reference leak; PyPy's ctypes has no pythonapi: held until exit there
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(t)) if hasattr(ctypes, "pythonapi") else kept.append(t)
 def mlp(release):
     keep(simdev.Tensor(1000 + release, release_gil=release))
 def layer(release):

@@ -239,7 +239,8 @@ def same_both_ways(argv, tmp_path, **shim_extra):
     return r
 
 
-SAME = ["rect", "range", "hostflags", "image1d", "release", "contexts", "svmfree", "threads"]
+SAME = ["rect", "range", "hostflags", "image1d", "release", "contexts", "svmfree", "threads",
+        "migrate"]
 
 
 @pytest.mark.parametrize("check", SAME)
@@ -253,8 +254,11 @@ def test_an_opencl_program_sees_what_it_sees_without_the_shim(program, builddir,
     with the host access flags, IMAGE1D_BUFFER over a buffer, releases
     that return while a user event is incomplete (with the destructor
     callback after the command), contexts released while a queue holds
-    them, clEnqueueSVMFree, 4 threads in a context held by its queue only.
-    Identical output and status without and with the shim."""
+    them, clEnqueueSVMFree, 4 threads in a context held by its queue only,
+    clEnqueueMigrateMemObjects (to the host and back with the contents
+    kept, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED on one buffer written
+    again after, the runtime's errors). Identical output and status
+    without and with the shim."""
     r = same_both_ways([built(builddir, "opencl_same"), check], tmp_path)
     assert f"{check} ok" in r.stdout or "svmfree none" in r.stdout, r.describe()
     assert "gate_status=2 destroyed=0" in r.stdout or check != "release", r.stdout
@@ -314,6 +318,27 @@ def test_what_the_runtime_refuses_is_not_charged(program, builddir, tmp_path):
     assert "refused" + " -37" * 8 + "\nthen 48 MiB err=0\n" in r.stdout, r.stdout
     if "refused svm" in r.stdout:
         assert "refused svm" + " 0" * 8 + "\nthen 48 MiB of svm: 1\n" in r.stdout, r.stdout
+
+def test_arguments_the_runtime_refuses_get_its_error_under_a_limit(program, builddir,
+                                                                   tmp_path):
+    """Buffers of 128 MiB with flags that exclude each other, a host pointer
+    without its flag or the flag without one, size 0, a size above the
+    device's (with and without bad flags), and pipes with a flag that is no
+    pipe's: under a 64 MiB limit each gets the runtime's own error, as
+    without the shim (the shim that charged before the runtime looked at
+    the arguments answered CL_INVALID_BUFFER_SIZE for the cap, or
+    CL_MEM_OBJECT_ALLOCATION_FAILURE above the device), and nothing is
+    charged or recorded."""
+    r = same_both_ways([built(builddir, "opencl_same"), "badargs"], tmp_path,
+                       SPYRESHIM_LIMIT="64M")
+    assert "badargs read_only|write_only: -30 -30\n" in r.stdout, r.stdout
+    assert "badargs copy_host_ptr without one: -37 -37\n" in r.stdout, r.stdout
+    assert "badargs above the device: -61 -61\n" in r.stdout, r.stdout
+    assert "(made)" not in r.stdout and "badargs ok" in r.stdout, r.stdout
+    assert "out of opencl memory" not in r.stderr, r.stderr
+    s = stats(tmp_path)
+    assert not [p for p in s["passthrough"] if p["family"] == "opencl" and p["allocs"]], s
+
 
 def test_svm_freed_by_the_queue_is_uncharged(program, builddir, tmp_path):
     """120 x 1 MiB clSVMAlloc under a 64 MiB limit, each given back with

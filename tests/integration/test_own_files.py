@@ -6,6 +6,7 @@ looks at what the shim recorded."""
 import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
@@ -331,17 +332,24 @@ def test_a_full_disk_or_a_read_only_one_is_one_line_and_the_program_runs_on(tmp_
 # ------------------------------------------------- a process killed
 
 def flushed(path, n):
-    """The trace at path holds n allocations (it may be half written)."""
+    """The trace at path holds n allocations and the name of their frame in
+    main (it may be half written)."""
     try:
-        return allocs(tr.load(str(path))) == n
+        t = tr.load(str(path))
     except (OSError, rpt.ReportError):
         return False
+    return allocs(t) == n and named_main(t)
+
+
+def named_main(t):
+    return any(sym[0] == "main" for sym in t.symbols.values())
 
 
 def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir):
-    # SIGKILL after a flush: the trace reads (what was flushed), and the
-    # report's first line says the file ends before its process's exit;
-    # the same program run to its end gets no such line.
+    # SIGKILL after a flush: the trace reads (what was flushed, with the
+    # names of its frames: written with the flush, not at an exit it never
+    # reached), and the report's first line says the file ends before its
+    # process's exit; the same program run to its end gets no such line.
     env = dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
                SPYRESHIM_TRACE_FLUSH_MS="20")
     killed, ended = tmp_path / "killed.trace", tmp_path / "ended.trace"
@@ -356,6 +364,7 @@ def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir
     finally:
         p.kill()
         p.communicate()
+    assert p.returncode == -signal.SIGKILL
     r = subprocess.run([str(program(builddir)), "a:5:4096"],
                        env=dict(env, SPYRESHIM_TRACE=str(ended)), capture_output=True, timeout=pythons.HANG_S)
     assert r.returncode == 0
@@ -365,6 +374,269 @@ def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir
         assert rep.returncode == 0, rep.stderr
         first = rep.stderr.splitlines()[:1]
         assert first == (["spyreshim report: %s ends before its process's exit (killed, _exit, "
-                          "exec, or recording stopped); reading what was flushed, without the "
-                          "names written at exit" % path] if says else []), rep.stderr
+                          "exec, or recording stopped); reading what was flushed, with the "
+                          "names written by its last flush" % path] if says else []), rep.stderr
         assert "20.0 KiB" in rep.stdout
+        assert " in main " in rep.stdout, rep.stdout
+
+
+# ------------------------------------------------- SIGTERM
+
+def signalled(builddir, ops, cwd, env, signals):
+    """Runs the program with `ops`; after each "waiting" line it prints,
+    sends the next of `signals`. (exit status, output)."""
+    p = subprocess.Popen([str(program(builddir))] + ops, env=env, cwd=cwd,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = []
+    try:
+        todo = list(signals)
+        while todo:
+            line = p.stdout.readline()
+            if not line:
+                break
+            out.append(line)
+            if line == "waiting\n":
+                p.send_signal(todo.pop(0))
+        rest, err = p.communicate(timeout=pythons.HANG_S)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    return p.returncode, "".join(out) + rest, err
+
+
+def both_signalled(builddir, ops, tmp_path, signals, trace_env=None):
+    env = dict(os.environ, SIMDEV_MEMORY="64M")
+    trace = tmp_path / "t.trace"
+    shim_env = dict(env, LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_TRACE=str(trace),
+                    **(trace_env or {}))
+    bare = signalled(builddir, ops, tmp_path, env, signals)
+    shim = signalled(builddir, ops, tmp_path, shim_env, signals)
+    return bare, shim, trace
+
+
+def test_sigterm_s_default_action_ends_the_process_as_bare_and_the_trace_has_every_event(
+        tmp_path, builddir):
+    # 50 buffers, then SIGTERM (how `timeout`, CI limits, Slurm and
+    # Kubernetes end a job) before the first flush (a second away): the
+    # process ends by SIGTERM both ways (the parent sees signal 15: 143
+    # from a shell), the program sees SIG_DFL, and the trace holds the 50
+    # allocations and their names, flushed by the shim's handler, with a
+    # state record the report's first line reads.
+    ops = ["a:50:4096", "query", "waitsig"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (-signal.SIGTERM, "allocated 50, 50 kept\nquery: SIGTERM SIG_DFL flags 0 "
+                                         "mask 0 restorer none\nwaiting\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 50 and not t.truncated and named_main(t)
+    assert (t.ended, t.signal) == (False, signal.SIGTERM)
+    rep = subprocess.run([sys.executable, str(SCRIPT), "report", str(trace)],
+                         capture_output=True, text=True, timeout=pythons.HANG_S)
+    assert rep.returncode == 0, rep.stderr
+    assert rep.stderr.splitlines()[0] == (
+        "spyreshim report: %s ends where its process was ended by signal 15 (SIGTERM); "
+        "reading what was flushed then" % trace), rep.stderr
+    assert "200.0 KiB" in rep.stdout and " in main " in rep.stdout, rep.stdout
+    # From a shell: 143 both ways.
+    codes = []
+    for env in (dict(os.environ, SIMDEV_MEMORY="64M"),
+                dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
+                     SPYRESHIM_TRACE=str(tmp_path / "sh.trace"))):
+        r = subprocess.run(["sh", "-c", '"$0" a:1:64 waitsig & sleep 0.3; kill -TERM $!; '
+                            'wait $!; echo "status $?"', str(program(builddir))],
+                           env=env, capture_output=True, text=True, timeout=pythons.HANG_S)
+        codes.append(r.stdout.splitlines()[-1])
+    assert codes == ["status 143", "status 143"], codes
+
+
+def test_a_program_s_own_sigterm_handlers_run_as_bare_and_see_what_they_set(tmp_path,
+                                                                           builddir):
+    # The program's dispositions, asked for by sigaction and signal(), are
+    # its own both ways (handler, flags, mask, restorer): an SA_SIGINFO |
+    # SA_RESETHAND handler gets its signal, sees SIG_DFL inside (the reset)
+    # and returns; then 50 buffers and a handler that prints and _exit(7)s:
+    # output and status (7) those of the bare run, and the 50 allocations
+    # (made after the first SIGTERM, ended by _exit with no destructor,
+    # within the flush interval) are in the trace: flushed before the
+    # program's handler ran.
+    ops = ["query", "term:once", "query", "waitsig", "query", "a:50:4096", "term:exit7",
+           "query", "term:signal", "query", "waitsig"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM] * 2)
+    assert bare[0] == 7 and bare[1].endswith("waiting\nhandler: SIGTERM, exiting 7\n"), bare
+    assert "inside: SIGTERM SIG_DFL flags 0x84000004" in bare[1]
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 50 and not t.truncated and named_main(t)
+    assert (t.ended, t.signal) == (False, None)   # the handler's _exit: no exit reached
+
+
+def test_a_program_that_takes_sigterm_by_sigwait_gets_it_as_bare(tmp_path, builddir):
+    # SIGTERM blocked and taken by sigwait: no handler runs, the program
+    # gets it (as bare), goes on and exits; its trace ends at that exit.
+    ops = ["a:5:4096", "sigwait", "a:5:4096", "query"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (0, "allocated 5, 5 kept\nwaiting\nsigwait got 15\nallocated 5, 10 kept\n"
+                           "query: SIGTERM SIG_DFL flags 0 mask 0 restorer none\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 10 and t.ended and t.signal is None
+
+
+def test_a_fork_child_ended_by_sigterm_ends_as_bare_with_its_own_trace_flushed(tmp_path,
+                                                                               builddir):
+    # The child inherits the handler and the program's disposition; with
+    # %p it records its own file: SIGTERM to the child flushes the child's
+    # 20 allocations (before its first flush), and it ends by SIGTERM as
+    # bare, its parent seeing signal 15.
+    out = {}
+    for name in ("bare", "shim"):
+        d = tmp_path / name
+        d.mkdir()
+        env = dict(os.environ, SIMDEV_MEMORY="64M")
+        if name == "shim":
+            env.update(LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_TRACE=str(d / "t.%p.trace"))
+        p = subprocess.Popen([str(program(builddir)), "a:3:4096", "fork", "a:20:4096", "query",
+                              "waitsig"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        lines, child = [], None
+        try:
+            for line in p.stdout:
+                if line.startswith("forked "):
+                    child = int(line.split()[1])
+                    line = "forked CHILD\n"
+                lines.append(line)
+                if line == "waiting\n":
+                    os.kill(child, signal.SIGTERM)
+            _, err = p.communicate(timeout=pythons.HANG_S)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        out[name] = (p.returncode, "".join(sorted(lines)), err, child)
+    assert out["bare"][:2] == (0, "".join(sorted([
+        "allocated 3, 3 kept\n", "forked CHILD\n", "allocated 20, 23 kept\n",
+        "query: SIGTERM SIG_DFL flags 0 mask 0 restorer none\n", "waiting\n",
+        "child ended by signal 15\n"]))), out["bare"]
+    assert out["shim"][:3] == out["bare"][:2] + ("",), out["shim"]
+    t = tr.load(str(tmp_path / "shim" / ("t.%d.trace" % out["shim"][3])))
+    assert allocs(t) == 20 and (t.ended, t.signal) == (False, signal.SIGTERM)
+
+
+def test_an_exec_d_image_starts_from_sig_dfl_and_sigterm_ends_it_as_bare(tmp_path, builddir):
+    # A handler set, then exec: the kernel puts SIG_DFL back for the new
+    # image, which sees SIG_DFL both ways; SIGTERM ends it by SIGTERM, its
+    # 5 allocations flushed.
+    ops = ["term:exit7", "exec", "query", "a:5:4096", "waitsig"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (-signal.SIGTERM, "set exit7, was SIG_DFL\nquery: SIGTERM SIG_DFL flags 0 "
+                        "mask 0 restorer none\nallocated 5, 5 kept\nwaiting\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 5 and t.signal == signal.SIGTERM
+
+
+def test_sigterm_taken_by_another_thread_ends_the_process_as_bare(tmp_path, builddir):
+    # The main thread blocks SIGTERM; a second thread takes it: the
+    # shim's handler runs there, flushes, and the default action ends the
+    # process (signal 15 both ways) with its 30 allocations in the trace.
+    ops = ["a:30:4096", "threadwait"]
+    bare, shim, trace = both_signalled(builddir, ops, tmp_path, [signal.SIGTERM])
+    assert bare[:2] == (-signal.SIGTERM, "allocated 30, 30 kept\nwaiting\n"), bare
+    assert shim[:2] == bare[:2] and shim[2] == "", shim
+    t = tr.load(str(trace))
+    assert allocs(t) == 30 and t.signal == signal.SIGTERM
+
+
+# ------------------------------------------------- two runs, one trace path
+
+def test_two_runs_started_together_on_one_trace_path_each_get_a_file(tmp_path, builddir):
+    # Both record their first event, then wait for each other; A ends,
+    # then B. The path is claimed at the first event: the one that came
+    # second writes same.2.trace, said in one line (before, each opened
+    # the file at its first flush, here at its exit: B replaced A's whole
+    # trace, one file was left).
+    env = dict(os.environ, SIMDEV_MEMORY="64M", LD_PRELOAD=str(pythons.shim_lib()),
+               SPYRESHIM_TRACE=str(tmp_path / "same.trace"))
+    r = lambda n: str(tmp_path / (n + ".ready"))   # noqa: E731
+    a = subprocess.Popen([str(program(builddir)), "a:2:4096", "touch:" + r("a"),
+                          "wait:" + r("b")], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    b = subprocess.Popen([str(program(builddir)), "a:3:4096", "touch:" + r("b"),
+                          "wait:" + r("a"), "wait:" + r("a-ended")], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out_a, err_a = a.communicate(timeout=pythons.HANG_S)
+        Path(r("a-ended")).touch()
+        out_b, err_b = b.communicate(timeout=pythons.HANG_S)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert (a.returncode, out_a) == (0, "allocated 2, 2 kept\nwaited\n")
+    assert (b.returncode, out_b) == (0, "allocated 3, 3 kept\nwaited\nwaited\n")
+    said = (err_a + err_b).splitlines()
+    assert len(said) == 1 and "is being written by another process" in said[0], said
+    second = a if said[0] in err_a.splitlines() else b
+    assert said[0].endswith("this process (pid %d) writes %s" % (
+        second.pid, tmp_path / "same.2.trace")), said
+    names = sorted(p.name for p in tmp_path.glob("*.trace"))
+    assert names == ["same.2.trace", "same.trace"], names
+    got = {}
+    for name in names:
+        t = tr.load(str(tmp_path / name))
+        assert t.ended and not t.truncated
+        got[t.pid] = (name, allocs(t))
+    first = b if second is a else a
+    assert got == {first.pid: ("same.trace", 2 if first is a else 3),
+                   second.pid: ("same.2.trace", 2 if second is a else 3)}, got
+
+
+# ------------------------------------------------- Python names of a killed process
+
+PY_KILLED = '''import time, simdev
+keep = []
+def model():
+    keep.append(simdev.Tensor(1000, release_gil=False))
+def layer():
+    model()
+layer()
+print("ready", flush=True)
+while True:
+    time.sleep(0.01)
+'''
+
+
+def test_a_killed_python_program_s_trace_names_its_python_frames(tmp_path, builddir):
+    # A Python stack captured with the GIL is resolved by the interpreter's
+    # main thread when the writer asks (a pending call), and the next
+    # flush writes it: SIGKILL then leaves the trace with its Python frames
+    # named (before, names came only at an exit it never reached).
+    interp = pythons.get("cpython3.11-shared").require()
+    script = tmp_path / "s.py"
+    script.write_text(PY_KILLED)
+    trace = tmp_path / "py.trace"
+    env = pythons.module_env(interp, env=None, simdev_memory="64M", simdev=True)
+    env.update(LD_PRELOAD=str(pythons.shim_lib()), SPYRESHIM_TRACE=str(trace),
+               SPYRESHIM_TRACE_FLUSH_MS="20")
+    p = subprocess.Popen([interp.exe, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+
+    def functions():
+        try:
+            t = tr.load(str(trace))
+        except (OSError, rpt.ReportError):
+            return set()
+        return {f[0] for frames in t.pystacks.values() for f in frames}
+
+    try:
+        assert p.stdout.readline() == "ready\n"
+        deadline = time.monotonic() + 60
+        while not {"model", "layer", "<module>"} <= functions():
+            assert time.monotonic() < deadline, functions()
+            time.sleep(0.02)
+    finally:
+        p.kill()
+        p.communicate()
+    t = tr.load(str(trace))
+    assert t.ended is False and allocs(t) == 1

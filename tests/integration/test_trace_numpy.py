@@ -158,8 +158,7 @@ def test_spyreshim_no_numpy_turns_the_vectorized_path_off(traces, tmp_path):
         env.pop("SPYRESHIM_NO_NUMPY", None) if not env_extra else None
         r = subprocess.run(
             [sys.executable, "-c",
-             "import sys; from spyreshim.cli import main as cli; from spyreshim.reading import trace; "
-             "print(trace.np is None); "
+             "import sys; from spyreshim.cli import main as cli; from spyreshim.reading import trace; print(trace.np is None); "
              "sys.exit(cli.main(sys.argv[1:]))",
              "report", "--view", "timeline", "--html", str(out), str(traces["messy"])],
             env=env, capture_output=True, text=True, timeout=pythons.HANG_S)

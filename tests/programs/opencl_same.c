@@ -32,6 +32,15 @@
  * svmfree    120 x 1 MiB clSVMAlloc, each given back by clEnqueueSVMFree
  * threads    4 threads creating and releasing buffers in a context whose
  *            only reference is its queue's
+ * migrate    clEnqueueMigrateMemObjects: two buffers to the host and back
+ *            (their contents kept), one with
+ *            CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED (written again after,
+ *            read back), and the runtime's errors (no objects, a bad flag)
+ * badargs    buffers and pipes the runtime refuses for their arguments
+ *            alone (flags that exclude each other, size 0, a host pointer
+ *            without its flag and the flag without one, a size above the
+ *            device's), each of 128 MiB where a size is asked: under
+ *            SPYRESHIM_LIMIT=64M the answers are still the runtime's
  *
  * Exit status: the number of checks that could not run (checks.h). */
 #define CL_TARGET_OPENCL_VERSION 300
@@ -470,6 +479,111 @@ static void check_threads(void)
     printf("threads bad=%ld\nthreads ok\n", bad);
 }
 
+static void check_migrate(void)
+{
+    cl_context c = new_context();
+    cl_command_queue q = c ? new_queue(c, 0) : NULL;
+    CHECK(q, "no queue");
+    cl_mem a = filled(c, 8192, 7), b = filled(c, 8192, 8), scratch = filled(c, 8192, 9);
+    CHECK(a && b && scratch, "no buffers");
+    cl_mem both[2] = {a, b};
+    cl_event ev;
+    cl_int rc = clEnqueueMigrateMemObjects(q, 2, both, CL_MIGRATE_MEM_OBJECT_HOST, 0, NULL, &ev);
+    printf("migrate to host rc=%d\n", rc);
+    if (rc == CL_SUCCESS) {
+        clWaitForEvents(1, &ev);
+        cl_command_type type = 0;
+        clGetEventInfo(ev, CL_EVENT_COMMAND_TYPE, sizeof type, &type, NULL);
+        printf("migrate event type=%#x\n", (unsigned)type);
+        clReleaseEvent(ev);
+    }
+    rc = clEnqueueMigrateMemObjects(q, 2, both, 0, 0, NULL, NULL);
+    clFinish(q);
+    printf("migrate back rc=%d a=%016llx b=%016llx\n", rc,
+           (unsigned long long)read_sum(q, a, 8192), (unsigned long long)read_sum(q, b, 8192));
+    /* Its contents may be dropped: only the call's answer is the same;
+     * written again, the buffer reads back what was written. */
+    rc = clEnqueueMigrateMemObjects(q, 1, &scratch, CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED, 0,
+                                    NULL, NULL);
+    clFinish(q);
+    static unsigned char fresh[8192];
+    for (size_t i = 0; i < sizeof fresh; i++)
+        fresh[i] = (unsigned char)(i * 5 + 3);
+    cl_int wrc = clEnqueueWriteBuffer(q, scratch, CL_TRUE, 0, sizeof fresh, fresh, 0, NULL, NULL);
+    printf("migrate undefined rc=%d write=%d scratch=%016llx a=%016llx\n", rc, wrc,
+           (unsigned long long)read_sum(q, scratch, 8192),
+           (unsigned long long)read_sum(q, a, 8192));
+    rc = clEnqueueMigrateMemObjects(q, 1, &scratch,
+                                    CL_MIGRATE_MEM_OBJECT_HOST |
+                                        CL_MIGRATE_MEM_OBJECT_CONTENT_UNDEFINED,
+                                    0, NULL, NULL);
+    clFinish(q);
+    printf("migrate undefined to host rc=%d\n", rc);
+    printf("migrate none rc=%d\n", clEnqueueMigrateMemObjects(q, 0, NULL, 0, 0, NULL, NULL));
+    printf("migrate bad flag rc=%d\n", clEnqueueMigrateMemObjects(q, 1, &a, 1 << 6, 0, NULL,
+                                                                  NULL));
+    clReleaseMemObject(a);
+    clReleaseMemObject(b);
+    clReleaseMemObject(scratch);
+    clReleaseCommandQueue(q);
+    clReleaseContext(c);
+    printf("migrate ok\n");
+}
+
+static void check_badargs(void)
+{
+    cl_context c = new_context();
+    CHECK(c, "no context");
+    static const struct {
+        const char *what;
+        cl_mem_flags flags;
+        size_t size;
+        int with_ptr;
+    } cases[] = {
+        {"read_only|write_only", CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY, 128 << 20, 0},
+        {"read_write|read_only", CL_MEM_READ_WRITE | CL_MEM_READ_ONLY, 128 << 20, 0},
+        {"use|copy_host_ptr", CL_MEM_USE_HOST_PTR | CL_MEM_COPY_HOST_PTR, 128 << 20, 1},
+        {"use|alloc_host_ptr", CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR, 128 << 20, 1},
+        {"host_read|host_write", CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_WRITE_ONLY, 128 << 20, 0},
+        {"host_no_access|host_read", CL_MEM_HOST_NO_ACCESS | CL_MEM_HOST_READ_ONLY, 128 << 20,
+         0},
+        {"copy_host_ptr without one", CL_MEM_COPY_HOST_PTR, 128 << 20, 0},
+        {"use_host_ptr without one", CL_MEM_USE_HOST_PTR, 128 << 20, 0},
+        {"a pointer without its flag", CL_MEM_READ_WRITE, 128 << 20, 1},
+        {"size 0", CL_MEM_READ_WRITE, 0, 0},
+        {"size 0 and bad flags", CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY, 0, 0},
+        {"above the device", CL_MEM_READ_WRITE, (size_t)1 << 62, 0},
+        {"above the device and bad flags", CL_MEM_READ_ONLY | CL_MEM_WRITE_ONLY,
+         (size_t)1 << 62, 0},
+    };
+    static char host[64]; /* never read: every request is refused first */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cl_int err = 1, err2 = 1;
+        cl_mem m = clCreateBuffer(c, cases[i].flags, cases[i].size,
+                                  cases[i].with_ptr ? host : NULL, &err);
+        cl_mem m2 = clCreateBufferWithProperties(c, NULL, cases[i].flags, cases[i].size,
+                                                 cases[i].with_ptr ? host : NULL, &err2);
+        printf("badargs %s: %d %d%s\n", cases[i].what, err, err2, m || m2 ? " (made)" : "");
+        if (m)
+            clReleaseMemObject(m);
+        if (m2)
+            clReleaseMemObject(m2);
+    }
+    /* Pipes: read-only (not a pipe's flag) and no packets, 128 MiB asked. */
+    cl_int err = 1;
+    cl_mem p = clCreatePipe(c, CL_MEM_READ_ONLY, 1024, 128 * 1024, NULL, &err);
+    printf("badargs pipe read_only: %d%s\n", err, p ? " (made)" : "");
+    if (p)
+        clReleaseMemObject(p);
+    err = 1;
+    p = clCreatePipe(c, CL_MEM_READ_WRITE, 0, 128 * 1024, NULL, &err);
+    printf("badargs pipe of no packet size: %d%s\n", err, p ? " (made)" : "");
+    if (p)
+        clReleaseMemObject(p);
+    clReleaseContext(c);
+    printf("badargs ok\n");
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -478,7 +592,7 @@ int main(int argc, char **argv)
         {"rect", check_rect},       {"range", check_range},   {"hostflags", check_hostflags},
         {"image1d", check_image1d}, {"release", check_release}, {"contexts", check_contexts},
         {"svmfree", check_svmfree}, {"threads", check_threads},   {"retained", check_retained},
-        {"refused", check_refused},
+        {"refused", check_refused}, {"migrate", check_migrate},   {"badargs", check_badargs},
     };
     return run_checks(argc, argv, checks, sizeof checks / sizeof checks[0]);
 }

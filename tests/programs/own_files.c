@@ -17,16 +17,37 @@
  *   listen:PATH  listen on a Unix socket at PATH; prints its descriptor
  *   serve:N      accept N clients on it, answering each line "echo LINE"
  *   exec         execv this program with the arguments after this one
+ *   touch:PATH   create PATH (empty)
+ *   query        print SIGTERM's disposition as sigaction reads it (the
+ *                handler, the flags, the mask, whether a restorer is set)
+ *   term:HOW     set SIGTERM's disposition: `exit7` (a handler that
+ *                prints and _exit(7)s, by sigaction), `signal` (the same
+ *                by signal(), printing what it returned), `once` (an
+ *                SA_SIGINFO | SA_RESETHAND handler that prints the signal
+ *                and its disposition as seen inside, and returns), `dfl`,
+ *                `ign`
+ *   sigwait      block SIGTERM, print "waiting", take it with sigwait, print
+ *                what it got (the program's own handling: no handler runs)
+ *   fork         fork: the child goes on with the operations after this one;
+ *                the parent prints "forked PID", waits for it, prints how
+ *                it ended and exits 0
+ *   threadwait   SIGTERM blocked in this thread; another thread prints
+ *                "waiting" and waits for it (sigsuspend); this one joins it
+ *   waitsig      print "waiting", wait for a signal (SIGTERM blocked before
+ *                the line, sigsuspend), print "woke"
  * Prints one line per operation and exits 0, or 1 with a line when an
  * operation fails. */
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "simdev.h"
@@ -35,6 +56,68 @@ static int fail(const char *what)
 {
     printf("%s failed: %s\n", what, strerror(errno));
     return 1;
+}
+
+static const char *kind(void (*h)(int));
+
+static void say(const char *s)
+{
+    ssize_t r = write(1, s, strlen(s));
+    (void)r;
+}
+
+static void on_term_exit7(int sig)
+{
+    say(sig == SIGTERM ? "handler: SIGTERM, exiting 7\n" : "handler: another signal\n");
+    _exit(7);
+}
+
+static void query(const char *where);
+
+static void on_term_once(int sig, siginfo_t *si, void *uc)
+{
+    (void)uc;
+    char line[96];
+    snprintf(line, sizeof line, "once: signal %d, si_signo %d\n", sig, si->si_signo);
+    say(line);
+    query("inside");
+}
+
+/* threadwait's thread: SIGTERM is delivered here, the only thread that
+ * does not block it. */
+static void *wait_thread(void *arg)
+{
+    (void)arg;
+    sigset_t none;
+    sigemptyset(&none);
+    printf("waiting\n");
+    sigsuspend(&none);
+    printf("woke\n");
+    return NULL;
+}
+
+static const char *kind(void (*h)(int))
+{
+    return h == SIG_DFL ? "SIG_DFL" : h == SIG_IGN ? "SIG_IGN" : h == SIG_ERR ? "SIG_ERR"
+         : h == on_term_exit7 ? "exit7" : (void *)h == (void *)on_term_once ? "once"
+         : "another handler";
+}
+
+static void query(const char *where)
+{
+    struct sigaction sa;
+    char line[200];
+    if (sigaction(SIGTERM, NULL, &sa) != 0) {
+        snprintf(line, sizeof line, "%s: sigaction failed: %s\n", where, strerror(errno));
+    } else {
+        int masked = 0;
+        for (int s = 1; s < 32; s++)
+            masked += sigismember(&sa.sa_mask, s) ? 1 << (s % 31) : 0;
+        snprintf(line, sizeof line, "%s: SIGTERM %s flags %#x mask %#x restorer %s\n", where,
+                 kind(sa.sa_handler), (unsigned)sa.sa_flags, (unsigned)masked,
+                 sa.sa_restorer ? "set" : "none");
+    }
+    say(line);
 }
 
 int main(int argc, char **argv)
@@ -138,6 +221,85 @@ int main(int argc, char **argv)
                 close(c);
                 printf("served %s\n", line);
             }
+        } else if (!strncmp(op, "touch:", 6)) {
+            int fd = open(op + 6, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+            if (fd < 0)
+                return fail("touch");
+            close(fd);
+        } else if (!strcmp(op, "query")) {
+            query("query");
+        } else if (!strncmp(op, "term:", 5)) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sigemptyset(&sa.sa_mask);
+            const char *how = op + 5;
+            if (!strcmp(how, "signal")) {
+                printf("signal() returned %s\n", kind(signal(SIGTERM, on_term_exit7)));
+                continue;
+            }
+            if (!strcmp(how, "exit7")) {
+                sa.sa_handler = on_term_exit7;
+                sigaddset(&sa.sa_mask, SIGINT);
+            } else if (!strcmp(how, "once")) {
+                sa.sa_sigaction = on_term_once;
+                sa.sa_flags = SA_SIGINFO | SA_RESETHAND;
+            } else if (!strcmp(how, "dfl")) {
+                sa.sa_handler = SIG_DFL;
+            } else if (!strcmp(how, "ign")) {
+                sa.sa_handler = SIG_IGN;
+            } else {
+                printf("unknown term:%s\n", how);
+                return 1;
+            }
+            struct sigaction old;
+            if (sigaction(SIGTERM, &sa, &old) != 0)
+                return fail("sigaction");
+            printf("set %s, was %s\n", how, kind(old.sa_handler));
+        } else if (!strcmp(op, "fork")) {
+            pid_t pid = fork();
+            if (pid < 0)
+                return fail("fork");
+            if (pid == 0)
+                continue;
+            printf("forked %d\n", (int)pid);
+            int st;
+            if (waitpid(pid, &st, 0) != pid)
+                return fail("waitpid");
+            if (WIFSIGNALED(st))
+                printf("child ended by signal %d\n", WTERMSIG(st));
+            else
+                printf("child exited %d\n", WEXITSTATUS(st));
+            return 0;
+        } else if (!strcmp(op, "threadwait")) {
+            sigset_t term;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            pthread_sigmask(SIG_BLOCK, &term, NULL);
+            pthread_t t;
+            if (pthread_create(&t, NULL, wait_thread, NULL) != 0)
+                return fail("pthread_create");
+            pthread_join(t, NULL);
+        } else if (!strcmp(op, "sigwait")) {
+            sigset_t term;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            sigprocmask(SIG_BLOCK, &term, NULL);
+            printf("waiting\n");
+            int got = 0;
+            if (sigwait(&term, &got) != 0)
+                return fail("sigwait");
+            printf("sigwait got %d\n", got);
+        } else if (!strcmp(op, "waitsig")) {
+            /* Blocked before the line, taken in sigsuspend: a signal sent
+             * when the line is read is never missed (pause's race). */
+            sigset_t term, old;
+            sigemptyset(&term);
+            sigaddset(&term, SIGTERM);
+            sigprocmask(SIG_BLOCK, &term, &old);
+            printf("waiting\n");
+            sigsuspend(&old);
+            sigprocmask(SIG_SETMASK, &old, NULL);
+            printf("woke\n");
         } else if (!strcmp(op, "exec")) {
             argv[i] = argv[0];
             execv("/proc/self/exe", argv + i);
