@@ -220,8 +220,9 @@ class Snapshot(object):
     __nonzero__ = __bool__
 
     def __repr__(self):
-        return "<spyreshim.Snapshot %d allocations, %d bytes%s>" % (
-            self.count, self.bytes, ", since %d" % self.since if self.since else "")
+        from .reading.units import format_size
+        return "<spyreshim.Snapshot %d allocations, %s%s>" % (
+            self.count, format_size(self.bytes), ", since %d" % self.since if self.since else "")
 
     def print(self, max_groups=0, file=None):
         """The grouped LeakSanitizer-style view, on stderr by default

@@ -323,10 +323,10 @@ def _verdict(snap, spec, item):
 
 
 def _head(item, nbytes, count, limit, per_location=False):
-    return "spyreshim: %s left %d bytes (%s) of device memory in %d allocation%s after " \
-           "garbage collection (%s %d bytes)" % (
-               item.nodeid, nbytes, rpt.format_size(nbytes), count, "" if count == 1 else "s",
-               "limit per location" if per_location else "limit", limit)
+    return "spyreshim: %s left %s of device memory in %d allocation%s after " \
+           "garbage collection (%s %s)" % (
+               item.nodeid, rpt.format_size(nbytes), count, "" if count == 1 else "s",
+               "limit per location" if per_location else "limit", rpt.format_size(limit))
 
 
 def _groups_text(head, groups, test_file):
@@ -341,8 +341,8 @@ def _groups_text(head, groups, test_file):
     if len(groups) > GROUPS_SHOWN:
         rest = groups[GROUPS_SHOWN:]
         lines.append("")
-        lines.append("... and %d more group(s): %d byte(s) in %d allocation(s)" % (
-            len(rest), sum(g["bytes"] for g in rest), sum(g["count"] for g in rest)))
+        lines.append("... and %d more group(s): %s in %d allocation(s)" % (
+            len(rest), rpt.format_size(sum(g["bytes"] for g in rest)), sum(g["count"] for g in rest)))
     if groups and not any(g["frames"] for g in groups):
         lines.append("(no stacks recorded: run with --leak-check / SPYRESHIM_LEAK_CHECK=1)")
     return "\n".join(lines) + "\n"
@@ -386,10 +386,10 @@ def pytest_runtest_call(item):
         if text:
             texts.append(text)
         elif peak >= memory:
-            texts.append("spyreshim: %s used a device peak of %d bytes (%s) above the %d in use "
-                         "at its start%s (limit %d bytes)\n" % (
-                             item.nodeid, peak, rpt.format_size(peak), in_use,
-                             " by its thread" if thread_only else "", memory))
+            texts.append("spyreshim: %s used a device peak of %s above the %s in use "
+                         "at its start%s (limit %s)\n" % (
+                             item.nodeid, rpt.format_size(peak), rpt.format_size(in_use),
+                             " by its thread" if thread_only else "", rpt.format_size(memory)))
     if spec is not None:
         spyreshim.collect(c.gc_rounds)
         snap = spyreshim.snapshot(since=mark, current_thread_only=spec[3])
@@ -418,10 +418,9 @@ def _increase(item, peak):
     entry = cache.get(key, None)
     previous = entry.get("device_peak") if isinstance(entry, dict) else None
     if _checker(item.config).fail_on_increase and isinstance(previous, int) and peak > previous:
-        return ("spyreshim: %s used a device peak of %d bytes (%s), more than the %d bytes (%s) "
+        return ("spyreshim: %s used a device peak of %s, more than the %s "
                 "of its last successful run (--fail-on-increase)\n" % (
-                    item.nodeid, peak, rpt.format_size(peak), previous,
-                    rpt.format_size(previous)))
+                    item.nodeid, rpt.format_size(peak), rpt.format_size(previous)))
     cache.set(key, {"device_peak": peak})
     return None
 

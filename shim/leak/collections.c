@@ -38,6 +38,7 @@
 #include "pressure.h"
 #include "report.h"
 #include "spyreshim.h"
+#include "units.h"
 
 /* Runs kept in detail; later ones still count in the sites and totals. */
 #define MAX_RUNS 1000
@@ -431,9 +432,11 @@ bool shim_collections_top_site(char *out, size_t n)
         if (g->frames[k].function && !g->frames[k].folded)
             f = &g->frames[k];
     bool ok = f != NULL;
+    char sz[SHIM_SIZE_TEXT];
     if (f)
-        snprintf(out, n, "%s:%d in %s (%" PRIu64 " bytes freed by collections)",
-                 f->file ? f->file : "?", f->line, f->function ? f->function : "?", top.bytes);
+        snprintf(out, n, "%s:%d in %s (%s freed by collections)",
+                 f->file ? f->file : "?", f->line, f->function ? f->function : "?",
+                 shim_size_text(sz, top.bytes));
     shim_report_free(rep);
     return ok;
 }

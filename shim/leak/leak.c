@@ -40,6 +40,7 @@
 #include "stack.h"
 #include "stackdepth.h"
 #include "suppress.h"
+#include "units.h"
 
 /* SPYRESHIM_STACK_DEPTH unset (stackdepth.h says why these). */
 #define DEFAULT_DEPTH SHIM_STACK_DEPTH_DEFAULT
@@ -248,9 +249,10 @@ void shim_leak_on_oom(const char *runtime, size_t size, const shim_oom_facts *fa
     if (!atomic_exchange(&g_oom_line_done, true)) {
         const char *name;
         shim_oom_verdict(facts, &name);
-        shim_warn("out of %s memory for %zu bytes (live: %" PRIu64 " bytes in %zu blocks); "
+        char asked[SHIM_SIZE_TEXT], live[SHIM_SIZE_TEXT];
+        shim_warn("out of %s memory for %s (live: %s in %zu blocks); "
                   "full report at exit if it does not recover (verdict: %s)",
-                  runtime, size, bytes, blocks, name);
+                  runtime, shim_size_text(asked, size), shim_size_text(live, bytes), blocks, name);
     }
 }
 
@@ -281,11 +283,11 @@ void shim_leak_oom_at_exit(void)
     /* What holds memory, all of it: suppressions are for leak verdicts. */
     shim_report *r = shim_report_build(n ? spyreshim_snapshot_get(s, 0) : NULL, n, NULL);
     if (r) {
-        char headline[320 + sizeof st->verdict + 16];
+        char headline[320 + sizeof st->verdict + 16], asked[SHIM_SIZE_TEXT];
         snprintf(headline, sizeof headline,
-                 "spyreshim: out of %s memory: a request of %zu bytes failed and nothing was "
+                 "spyreshim: out of %s memory: a request of %s failed and nothing was "
                  "allocated after it; top %u holders of device memory at that moment%s:",
-                 st->runtime, st->size, o->oom_report_top,
+                 st->runtime, shim_size_text(asked, st->size), o->oom_report_top,
                  shim_leak_enabled() ? "" : " (SPYRESHIM_LEAK_CHECK=1 records their stacks)");
         size_t hl = strlen(headline);
         snprintf(headline + hl, sizeof headline - hl, "\nspyreshim: %s", st->verdict);
@@ -328,11 +330,12 @@ static void print_teardown_blocks(void)
     size_t n = shim_device_count();
     for (size_t i = 0; i < n; i++)
         shim_device_add_stats(shim_device_at(i), &st);
+    char sz[SHIM_SIZE_TEXT];
     if (st.context_teardown_blocks)
         dprintf(STDERR_FILENO,
-                "spyreshim: %" PRIu64 " block(s), %" PRIu64 " byte(s), were freed by their "
+                "spyreshim: %" PRIu64 " block(s), %s, were freed by their "
                 "context's teardown (not leaks)\n",
-                st.context_teardown_blocks, st.context_teardown_bytes);
+                st.context_teardown_blocks, shim_size_text(sz, st.context_teardown_bytes));
 }
 
 /* Groups of the held-until-exit section printed when they do not decide

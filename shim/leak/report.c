@@ -23,6 +23,7 @@
 #include "rank.h"
 #include "stack.h"
 #include "symbolize.h"
+#include "units.h"
 
 struct shim_report {
     shim_report_group *groups;
@@ -514,10 +515,10 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
             continue;
         }
         shown++;
-        char rt[256];
-        outf(o, "\n%s %" PRIu64 " byte(s) in %" PRIu64 " allocation(s) of %s memory, allocated from:\n",
+        char rt[256], sz[SHIM_SIZE_TEXT];
+        outf(o, "\n%s %s in %" PRIu64 " allocation(s) of %s memory, allocated from:\n",
              kind == SHIM_REPORT_LEAKS ? "Leak of" : kind == SHIM_REPORT_HELD ? "Held until exit:" : "Live:",
-             g->bytes, g->count,
+             shim_size_text(sz, g->bytes), g->count,
              g->runtime ? esc(g->runtime, rt, sizeof rt) : "device");
         if (g->nframes == 0)
             outf(o, "    <no stack recorded>\n");
@@ -543,22 +544,27 @@ int shim_report_print(const shim_report *r, int fd, enum shim_report_kind kind,
                     "started its work)\n");
         out_flush(o);
     }
+    char sz[SHIM_SIZE_TEXT];
     if (rest_count)
-        outf(o, "\n... and %zu more group(s): %" PRIu64 " byte(s) in %" PRIu64 " allocation(s)\n",
-             live_groups - shown, rest_bytes, rest_count);
+        outf(o, "\n... and %zu more group(s): %s in %" PRIu64 " allocation(s)\n",
+             live_groups - shown, shim_size_text(sz, rest_bytes), rest_count);
     if (sc) {
-        outf(o, "-----------------------------------------------------\n");
-        outf(o, "Suppressions used:\n  count      bytes template\n");
+        /* One line, as `spyreshim report` counts them, with the allocations
+         * each pattern matched. */
+        outf(o, "\nSuppressed: %s in %" PRIu64 " allocation(s) matched suppressions (",
+             shim_size_text(sz, sb), sc);
+        const char *sep = "";
         for (size_t i = 0; i < shim_suppressions_count(r->sup); i++)
             if (r->sup_count[i]) {
                 char pat[1024];
-                outf(o, "%7" PRIu64 " %10" PRIu64 " %s\n", r->sup_count[i], r->sup_bytes[i],
-                     esc(shim_suppressions_pattern(r->sup, i), pat, sizeof pat));
+                outf(o, "%s%s: %" PRIu64, sep,
+                     esc(shim_suppressions_pattern(r->sup, i), pat, sizeof pat), r->sup_count[i]);
+                sep = ", ";
             }
-        outf(o, "-----------------------------------------------------\n");
+        outf(o, ").\n");
     }
-    outf(o, "\nSUMMARY: spyreshim: %" PRIu64 " byte(s) %s in %" PRIu64 " allocation(s).\n",
-         lb, kind == SHIM_REPORT_LEAKS ? "leaked" : kind == SHIM_REPORT_HELD ? "held until exit" : "live",
+    outf(o, "\nSUMMARY: spyreshim: %s %s in %" PRIu64 " allocation(s).\n",
+         shim_size_text(sz, lb), kind == SHIM_REPORT_LEAKS ? "leaked" : kind == SHIM_REPORT_HELD ? "held until exit" : "live",
          lc);
     out_flush(o);
     int err = o->err;

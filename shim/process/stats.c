@@ -16,6 +16,7 @@
 #include "path.h"
 #include "pygc.h"
 #include "stats.h"
+#include "units.h"
 
 SPYRESHIM_API int spyreshim_get_stats(spyreshim_stats *out)
 {
@@ -133,9 +134,11 @@ static void rescue_line(const spyreshim_stats *s)
     else
         snprintf(where, sizeof where, "where the cycles were made: run with --trace, "
                                       "then spyreshim report --view gc");
+    char sz[SHIM_SIZE_TEXT];
     shim_warn("%" PRIu64 " collection(s) of Python's reference cycles freed device memory for "
-              "this run (%.1f ms, %" PRIu64 " bytes); %s",
-              s->gc_collections, (double)s->gc_time_ns / 1e6, s->gc_recovered_bytes, where);
+              "this run (%.1f ms, %s); %s",
+              s->gc_collections, (double)s->gc_time_ns / 1e6,
+              shim_size_text(sz, s->gc_recovered_bytes), where);
 }
 
 void shim_stats_at_exit(void)
@@ -171,11 +174,17 @@ void shim_stats_at_exit(void)
     }
 
     rescue_line(&s);
-    shim_info("%" PRIu64 " allocs, %" PRIu64 " frees, peak %" PRIu64 " B in use / %" PRIu64
-              " B reserved, %" PRIu64 " pressure events, %" PRIu64 " callback runs, %" PRIu64
-              " B recovered, %" PRIu64 " collections (%.1f ms, %" PRIu64 " B recovered, %" PRIu64
-              " timeouts), %" PRIu64 " failed allocs",
-              s.allocs, s.frees, s.peak_used_bytes, s.peak_reserved_bytes, s.pressure_events,
-              s.callback_runs, s.callback_recovered_bytes, s.gc_collections,
-              (double)s.gc_time_ns / 1e6, s.gc_recovered_bytes, s.gc_timeouts, s.failed_allocs);
+    /* "recovered" once: what pressure events got back from the callbacks,
+     * the collections' share of it in brackets (the collector is one of
+     * the callbacks: its bytes are counted in both statistics). */
+    char used[SHIM_SIZE_TEXT], reserved[SHIM_SIZE_TEXT], cb[SHIM_SIZE_TEXT], gc[SHIM_SIZE_TEXT];
+    shim_info("%" PRIu64 " allocs, %" PRIu64 " frees, peak %s in use / %s reserved, %" PRIu64
+              " pressure events recovered %s in %" PRIu64 " callback runs (%" PRIu64
+              " collections in %.1f ms, %" PRIu64 " timeouts: %s of it), %" PRIu64
+              " failed allocs",
+              s.allocs, s.frees, shim_size_text(used, s.peak_used_bytes),
+              shim_size_text(reserved, s.peak_reserved_bytes), s.pressure_events,
+              shim_size_text(cb, s.callback_recovered_bytes), s.callback_runs, s.gc_collections,
+              (double)s.gc_time_ns / 1e6, s.gc_timeouts, shim_size_text(gc, s.gc_recovered_bytes),
+              s.failed_allocs);
 }

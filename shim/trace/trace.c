@@ -3,8 +3,9 @@
  * Owns nothing but the registration: at init, when SPYRESHIM_TRACE is set,
  * it registers one event hook with the allocator (shim/alloc/device.c;
  * called by alloc_path.c, free_path.c and context.c), one with the
- * pressure event (shim/alloc/pressure.c) and one with the
- * garbage collector (python_gc/gc/pygc.c); the layers below never include
+ * pressure event (shim/alloc/pressure.c), one with the
+ * garbage collector (python_gc/gc/pygc.c) and one with the interpreter's
+ * shutdown (python_gc/interp/gate.c's close); the layers below never include
  * a trace header. Each hook turns its call into one 32-byte event of
  * tracebuf.c. It also wires the trace's parts together at init (the
  * buffers open the file and start the writer with the first event; the
@@ -19,6 +20,7 @@
  * is the allocator's peak. */
 #include "device.h"
 #include "options.h"
+#include "gate.h"
 #include "passthrough.h"
 #include "pressure.h"
 #include "pygc.h"
@@ -73,6 +75,16 @@ static void on_collection(uint64_t ns, uint64_t freed, long objects)
     shim_tracebuf_append(TRACE_GC, TRACE_DEVICE_NONE, shim_device_seq_next(), ns, freed, 0, 0);
 }
 
+/* When the interpreter begins to shut down (the lifecycle gate's close,
+ * GIL held): `report --diff TRACE` compares the start with this moment,
+ * before the exit's teardown frees what the program held. Registered
+ * without arming the gate: a process whose Python frames are recorded
+ * arms it (pystack.c), one without Python never closes it. */
+static void on_shutdown(void)
+{
+    shim_tracebuf_append(TRACE_SHUTDOWN, TRACE_DEVICE_NONE, shim_device_seq_next(), 0, 0, 0, 0);
+}
+
 /* Set once by init: whether this process records. */
 static bool g_tracing;
 
@@ -89,6 +101,7 @@ void shim_trace_init(void)
     shim_passthrough_set_trim_hook(on_pool_trim);
     shim_pressure_set_event_hook(on_pressure);
     shim_pygc_set_collection_hook(on_collection);
+    shim_gate_on_close(on_shutdown);
     /* SIGTERM (how job limits end a process) flushes first, then the
      * program's own handling proceeds (shim/base/sigterm.c). */
     shim_sigterm_install(shim_tracewriter_signal_flush);

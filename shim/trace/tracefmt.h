@@ -66,6 +66,8 @@ enum trace_kind {
     TRACE_SEGMENT_FREE = 8,   /* that region given back (or forgotten at its context's end) */
     TRACE_POOL_TRIM = 9,      /* a stream-ordered pool trimmed: addr = the pool, size = bytes
                                  it gave back; device TRACE_DEVICE_ASYNC */
+    TRACE_SHUTDOWN = 10,      /* the interpreter began to shut down (its atexit, before the
+                                 leak check's collection); device TRACE_DEVICE_NONE */
 };
 
 typedef struct trace_event {  /* 32 bytes */

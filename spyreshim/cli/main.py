@@ -227,13 +227,17 @@ def _parser():
                           "lifetimes: autograd detail, temporary)")
     rep.add_argument("--diff", action="store_true",
                      help="what grew between two moments and is still live: two reports or "
-                          "snapshots (A B), or one trace with --at T1 --at T2")
+                          "snapshots (A B), or one trace with --at T1 --at T2 (without: from "
+                          "its start to the interpreter's shutdown); from a trace, what a later "
+                          "collection freed is listed apart")
     rep.add_argument("--at", action="append", metavar="T",
-                     help="with --diff and a trace: a moment (\"2.5s\" or an event number); twice")
+                     help="with --diff and a trace: a moment (\"2.5s\", an event number or "
+                          "\"end\"); twice")
     rep.add_argument("--json", metavar="OUT.json", help="with --diff: write the growth as JSON")
     rep.add_argument("--pprof", metavar="OUT.pb.gz",
-                     help="for a trace: live bytes and counts by stack as a pprof profile, at the "
-                          "peak, or at --at T (\"end\", \"2.5s\" or an event number)")
+                     help="live bytes and counts by stack as a pprof profile: of a trace at "
+                          "the peak, or at --at T (\"end\", \"2.5s\" or an event number); of "
+                          "leak reports, what leaked; with --diff, what grew")
     rep.add_argument("--from", dest="first", metavar="T",
                      help="with --memory-viz: the page starts at T (\"2.5s\" since the trace "
                           "began, or an event number)")
@@ -498,13 +502,17 @@ def cmd_diff(args):
     from ..reading import trace as tr
     traces = [p for p in args.files if tr.is_trace(p)]
     if traces:
-        if len(args.files) != 1 or len(args.at or ()) != 2:
-            raise UsageError("report --diff: one trace with --at T1 --at T2")
+        if len(args.files) != 1 or len(args.at or ()) not in (0, 2):
+            raise UsageError("report --diff: one trace, with --at T1 --at T2 or without "
+                             "(from its start to the interpreter's shutdown)")
         t = tr.stream(args.files[0])
-        i1, i2 = (diff.at_index(t, v) for v in args.at)
+        words = None
+        if args.at:
+            i1, i2 = sorted(tr.at_index(t, v) for v in args.at)
+        else:
+            i1, i2, words = diff.default_moments(t)
         r = diff.of_trace(t, i1, i2)
-        title = "in %s from event %d to event %d" % (args.files[0], min(i1, i2) + 1,
-                                                    max(i1, i2) + 1)
+        title = diff.trace_title(t, args.files[0], i1, i2, words)
     else:
         if len(args.files) != 2 or args.at:
             raise UsageError("report --diff: two reports or snapshots (A B), or one trace with "
@@ -514,13 +522,22 @@ def cmd_diff(args):
         title = "from %s to %s" % tuple(args.files)
     if args.json:
         _write(args.json, diff.to_json(r, title))
+    if args.pprof:
+        from ..exports import pprof
+        try:
+            pprof.write_report(r, args.pprof, "growth " + title)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.pprof, e.strerror or e))
+        sys.stderr.write("%s report: wrote %s: %s grew at %d site%s (go tool pprof -top %s)\n" % (
+            PROG, args.pprof, rpt.format_size(r["reported_bytes"]), len(r["groups"]),
+            "" if len(r["groups"]) == 1 else "s", args.pprof))
     if args.html:
         _write(args.html, diff.html(r, title))
         sys.stderr.write("%s report: wrote %s (%s grew at %d site%s)\n" % (
             PROG, args.html, rpt.format_size(r["reported_bytes"]), len(r["groups"]),
             "" if len(r["groups"]) == 1 else "s"))
-    if not args.html and not args.json:
-        sys.stdout.write(diff.text(r, title))
+    if not args.html and not args.json and not args.pprof:
+        sys.stdout.write(escape.text_out(diff.text(r, title)))
     return 0
 
 
@@ -578,6 +595,20 @@ def cmd_report(args):
                          "read a trace (spyreshim run --trace)")
     reports = [rpt.load(path) for path in args.files]
     merged = rpt.merge(reports)
+    if args.pprof:
+        # What leaked (or was live), by stack, as heaptrack's and jeprof's
+        # leak profiles: the groups the text lists.
+        from ..exports import pprof
+        what = "leaked" if rpt.leaks(merged) else "live"
+        try:
+            pprof.write_report(merged, args.pprof, "device memory %s in %s" % (
+                what, ", ".join(args.files)), show_suppressed=args.show_suppressed)
+        except OSError as e:
+            raise UsageError("report: cannot write %s: %s" % (args.pprof, e.strerror or e))
+        ngroups = len([g for g in merged["groups"] if args.show_suppressed or not g["suppressed"]])
+        sys.stderr.write("%s report: wrote %s: %s %s in %d stack%s (go tool pprof -top %s)\n" % (
+            PROG, args.pprof, rpt.format_size(merged["reported_bytes"]), what, ngroups,
+            "" if ngroups == 1 else "s", args.pprof))
     if args.html:
         from ..views import flamegraph
         page = flamegraph.page(merged, show_suppressed=args.show_suppressed, top=args.top,
@@ -591,7 +622,7 @@ def cmd_report(args):
         sys.stderr.write("%s report: wrote %s (%s live in %d stack%s from %d file%s)\n" % (
             PROG, args.html, rpt.format_size(merged["reported_bytes"]),
             ngroups, "" if ngroups == 1 else "s", len(reports), "" if len(reports) == 1 else "s"))
-    else:
+    elif not args.pprof:
         sys.stdout.write(escape.text_out(rpt.text(merged, top=args.top,
                                                   show_suppressed=args.show_suppressed,
                                                   native_frames=args.native_frames)))

@@ -9,6 +9,8 @@ site) of the live set, its locations innermost first in call order
 (callorder.py, folded frames left out), one location per distinct frame
 with one line, one function per distinct (name, file). A label `device`
 names the runtime. The moment: the peak (default), the end, or `--at T`.
+A leak report, snapshot or `--diff`'s growth gives the same profile of its
+groups (`report --pprof OUT.pb.gz REPORT.json`: what leaked, by stack).
 """
 
 import gzip
@@ -65,17 +67,33 @@ class _Strings(object):
 def profile(t, live, comment=""):
     """The serialized (not compressed) Profile of a live set
     {(dev, addr): (size, site, index)}."""
-    st = _Strings()
     groups = {}
     for (d, _a), (sz, site, _i) in live.items():
         g = groups.setdefault((d, site), [0, 0])
         g[0] += 1
         g[1] += sz
+    samples = [(callorder.visible(t, site), t.device_name(d), count, nbytes)
+               for (d, site), (count, nbytes) in sorted(groups.items(), key=lambda kv: -kv[1][1])]
+    return _encode(samples, t.start_realtime_ns, comment)
+
+
+def report_profile(r, comment="", show_suppressed=False):
+    """The Profile of a leak report, snapshot or growth (report.merge's or
+    diff.py's shape): one sample per group, its bytes and allocations by
+    stack (what heaptrack's and jeprof's leak profiles hold)."""
+    samples = [(rpt.visible_frames(g), g["runtime"], g["count"], g["bytes"])
+               for g in r["groups"] if show_suppressed or not g["suppressed"]]
+    return _encode(samples, 0, comment)
+
+
+def _encode(samples, start_ns, comment):
+    """samples: [(frames innermost first, device name, count, bytes)]."""
+    st = _Strings()
     funcs, locs = {}, {}
-    fn_msgs, loc_msgs, samples = [], [], []
-    for (d, site), (count, nbytes) in sorted(groups.items(), key=lambda kv: -kv[1][1]):
+    fn_msgs, loc_msgs, out_samples = [], [], []
+    for frames, device, count, nbytes in samples:
         ids = []
-        for f in callorder.visible(t, site):
+        for f in frames:
             if f["kind"] == "python":
                 name = f["function"] or "<unknown>"
                 file = f["file"] or ""
@@ -106,12 +124,12 @@ def profile(t, live, comment=""):
                 lid = locs[(fid, 0)] = len(locs) + 1
                 loc_msgs.append(_int(1, lid) + _bytes(4, _int(1, fid)))
             ids.append(lid)
-        label = _int(1, st("device")) + _int(2, st(t.device_name(d)))
-        samples.append(_packed(1, ids) + _packed(2, [count, nbytes]) + _bytes(3, label))
+        label = _int(1, st("device")) + _int(2, st(device))
+        out_samples.append(_packed(1, ids) + _packed(2, [count, nbytes]) + _bytes(3, label))
     out = bytearray()
     for typ, unit in (("inuse_objects", "count"), ("inuse_space", "bytes")):
         out += _bytes(1, _int(1, st(typ)) + _int(2, st(unit)))
-    for s in samples:
+    for s in out_samples:
         out += _bytes(2, s)
     for m in loc_msgs:
         out += _bytes(4, m)
@@ -119,7 +137,7 @@ def profile(t, live, comment=""):
         out += _bytes(5, m)
     period = _int(1, st("space")) + _int(2, st("bytes"))
     ctext = st(comment) if comment else 0
-    tail = _int(9, t.start_realtime_ns) + _bytes(11, period) + _int(12, 1)
+    tail = _int(9, start_ns) + _bytes(11, period) + _int(12, 1)
     if ctext:
         tail += _packed(13, [ctext])
     tail += _int(14, st("inuse_space"))
@@ -130,15 +148,19 @@ def profile(t, live, comment=""):
 
 
 def moment(t, at):
-    """(event index, words) for the peak (None), "end" or an --at value."""
+    """(event index, words) for the peak (None), "end" or an --at value;
+    the words give the moment's time, not its event number."""
     if at is None:
         p = tr.peaks(t)
-        return p.index, "the peak (%s after event %d)" % (rpt.format_size(p.bytes), p.index + 1)
-    if at == "end":
-        return len(t) - 1, "the end of the trace"   # a counting pass when streaming
-    from ..views import diff
-    i = diff.at_index(t, at)
-    return i, "event %d" % (i + 1)
+        i, what = p.index, "the peak (%s)" % rpt.format_size(p.bytes)
+    elif at == "end":
+        i, what = len(t) - 1, "the end of the trace"   # a counting pass when streaming
+    else:
+        i, what = tr.at_index(t, at), None
+    if i < 0:
+        return i, what or "the start"
+    when = tr.seconds(tr.times_at(t, [i])[i])
+    return i, "%s at %s" % (what, when) if what else when
 
 
 def write(t, path, at=None):
@@ -148,3 +170,10 @@ def write(t, path, at=None):
     with gzip.open(path, "wb") as f:
         f.write(data)
     return words, live
+
+
+def write_report(r, path, comment, show_suppressed=False):
+    """A leak report's (or a growth's) profile to path, gzipped."""
+    data = report_profile(r, "spyreshim: " + comment, show_suppressed)
+    with gzip.open(path, "wb") as f:
+        f.write(data)

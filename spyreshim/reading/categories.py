@@ -389,14 +389,14 @@ def breakdown(cl, live, served=True):
 
 def breakdown_lines(by, indent="\t"):
     """The breakdown as lines, in the export's order, the empty ones left
-    out: 'ACTIVATION  1.2 MiB (1234 bytes, 40.0%)'."""
+    out: 'ACTIVATION  1258291 B (1.2 MiB), 40.0%' (sizes as units.py writes them)."""
     total = sum(by.values())
     out = []
     for c in ORDER:
         v = by.get(c, 0)
         if v:
-            out.append("%s%-16s %10s (%d bytes, %.1f%%)" % (
-                indent, c or "unknown", rpt.format_size(v), v, 100.0 * v / total))
+            out.append("%s%-16s %24s, %5.1f%%" % (
+                indent, c or "unknown", rpt.format_size(v), 100.0 * v / total))
     return out
 
 

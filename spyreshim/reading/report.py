@@ -9,6 +9,7 @@ with a ReportError naming the file and the field, never a traceback.
 
 from .escape import terminal as _t
 from . import frames as frames_mod
+from .units import format_size, parse_size  # noqa: F401 (one formatter: units.py)
 
 FORMAT = "spyreshim-report"
 VERSION = 1
@@ -24,39 +25,10 @@ class ReportError(Exception):
     """A report file that cannot be read or does not follow the format."""
 
 
-def format_size(n):
-    """1536 -> '1.5 KiB'; exact below 1 KiB."""
-    n = int(n)
-    if n < 1024:
-        return "%d B" % n
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024.0
-        if n < 1024 or unit == "TiB":
-            return "%.1f %s" % (n, unit)
-    raise AssertionError("unreachable")
-
-
-_SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
-    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
-    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
-    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
-}
-
-
-def parse_size(text):
-    """'2G', '512MiB', '1.5 GB', '4096' -> bytes (binary units, as the shim's
-    SPYRESHIM_LIMIT). Raises ValueError with a readable message."""
-    s = str(text).strip()
-    i = 0
-    while i < len(s) and (s[i].isdigit() or s[i] == "."):
-        i += 1
-    number, unit = s[:i], s[i:].strip().lower()
-    if not number or number.count(".") > 1 or unit not in _SIZE_UNITS:
-        raise ValueError("invalid size %r (expected e.g. 4096, 512M, 2G, 1.5GiB)" % text)
-    value = float(number) * _SIZE_UNITS[unit] if "." in number else int(number) * _SIZE_UNITS[unit]
-    return int(value)
+# What `spyreshim report` reads, said when a file is neither.
+EXPECTED = ("expected a leak report or snapshot (JSON with \"format\": \"%s\", written by "
+            "--report, SPYRESHIM_REPORT or spyreshim snapshot) or a trace (written by --trace; "
+            "it begins with SPYTRACE)" % FORMAT)
 
 
 # ---------------------------------------------------------------- validation
@@ -169,7 +141,8 @@ LAUNCH_NUMBERS = ("rank", "local_rank", "world_size", "restart")
 def parse(data, name="<report>"):
     """Validates one decoded report object; returns a normalized copy."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ReportError("%s: not a spyreshim report (no \"format\": \"%s\")" % (name, FORMAT))
+        raise ReportError("%s: not a spyreshim report (no \"format\": \"%s\"): %s" % (
+            name, FORMAT, EXPECTED))
     version = data.get("version")
     if not _is_int(version) or version < 1:
         raise ReportError("%s: missing or invalid \"version\"" % name)
@@ -249,10 +222,10 @@ def _read_report_bytes(path):
             if len(head) < _HEAD_BYTES:
                 return head
             raise ReportError("%s: not a spyreshim report (only white space in its first %d "
-                              "bytes)" % (path, _HEAD_BYTES))
+                              "bytes): %s" % (path, _HEAD_BYTES, EXPECTED))
         if body[:1] not in (b"{", b"["):
-            raise ReportError("%s: not a spyreshim report (it begins with %s; a report is a "
-                              "JSON object)" % (path, repr(body[:8])))
+            raise ReportError("%s: not a spyreshim report (it begins with %s): %s" % (
+                path, repr(body[:8]), EXPECTED))
         return head + f.read()
 
 
@@ -391,7 +364,7 @@ def _plural(n, word):
     return "%d %s%s" % (n, word, "" if n == 1 else "s")
 
 
-def _leaks(merged):
+def leaks(merged):
     """At exit what is live is a leak; on OOM or in a snapshot it is not."""
     return all(r["reason"] == "exit" for r in merged["reports"])
 
@@ -405,8 +378,8 @@ def group_text(g, leaks=True, show_pids=False, native_frames="folded", head=None
             what = "Suppressed:"
         else:
             what = "Leak of" if leaks else "Live:"
-        head = "%s %d byte(s) (%s) in %d allocation(s) of %s memory" % (
-            what, g["bytes"], format_size(g["bytes"]), g["count"], _t(g["runtime"]))
+        head = "%s %s in %d allocation(s) of %s memory" % (
+            what, format_size(g["bytes"]), g["count"], _t(g["runtime"]))
         if show_pids and g.get("pids"):
             head += " in pid%s %s" % ("" if len(g["pids"]) == 1 else "s",
                                       ", ".join(str(p) for p in g["pids"]))
@@ -504,10 +477,10 @@ def collections_text(r, top=0, show_pid=False, native_frames="folded"):
                                  _pct(run["attributed"], run["freed"]), len(run["sites"])))
         items = sorted(run["sites"], key=lambda t: -t[1])
         for k, b, n in items[:top]:
-            w.append("    %10s in %5d block(s)  %s" % (format_size(b), n, site_label(sites[k])))
+            w.append("    %24s in %5d block(s)  %s" % (format_size(b), n, site_label(sites[k])))
         if len(items) > top:
             rest = items[top:]
-            w.append("    %10s in %5d block(s)  (%d more sites)" % (
+            w.append("    %24s in %5d block(s)  (%d more sites)" % (
                 format_size(sum(t[1] for t in rest)), sum(t[2] for t in rest), len(rest)))
     if c["runs_dropped"]:
         w.append("  (%d later collection(s) not listed; counted above and below)"
@@ -515,7 +488,7 @@ def collections_text(r, top=0, show_pid=False, native_frames="folded"):
     if sites:
         w.append("The cycles that held device memory (sites whose blocks collections freed):")
         for g in sites[:top]:
-            w.append("  %10s in %6d block(s) over %d collection(s) of %s memory, allocated from:"
+            w.append("  %24s in %6d block(s) over %d collection(s) of %s memory, allocated from:"
                      % (format_size(g["bytes"]), g["count"], g["collections"], _t(g["runtime"])))
             for i, f in enumerate(visible_frames(g, native_frames)):
                 w.append("      #%d %s" % (i, frame_text(f, address=not show_pid)))
@@ -527,12 +500,12 @@ def collections_text(r, top=0, show_pid=False, native_frames="folded"):
 def text(merged, top=0, show_suppressed=False, native_frames="folded"):
     """The shim's text report (LeakSanitizer's layout) of a merged view."""
     reports = merged["reports"]
-    leaks = _leaks(merged)
+    is_leak = leaks(merged)
     groups = [g for g in merged["groups"] if show_suppressed or not g["suppressed"]]
     live = [g for g in groups if not g["suppressed"]]
-    if leaks and live:
+    if is_leak and live:
         headline = "ERROR: spyreshim: detected device memory leaks"
-    elif leaks:
+    elif is_leak:
         headline = "spyreshim: no device memory leaks"
     else:
         reasons = sorted(set(REASONS.get(r["reason"], "(%s)" % r["reason"]) for r in reports))
@@ -548,23 +521,23 @@ def text(merged, top=0, show_suppressed=False, native_frames="folded"):
     shown = groups[:top] if top and top > 0 else groups
     for g in shown:
         out.append("")
-        out.append(group_text(g, leaks=leaks, show_pids=len(reports) > 1,
+        out.append(group_text(g, leaks=is_leak, show_pids=len(reports) > 1,
                               native_frames=native_frames))
     rest = groups[len(shown):]
     if rest:
         out.append("")
-        out.append("... and %d more group(s): %d byte(s) in %d allocation(s) (--top %d)" % (
-            len(rest), sum(g["bytes"] for g in rest), sum(g["count"] for g in rest), top))
+        out.append("... and %d more group(s): %s in %d allocation(s) (--top %d)" % (
+            len(rest), format_size(sum(g["bytes"] for g in rest)), sum(g["count"] for g in rest), top))
     if merged["suppressed_allocations"]:
         out.append("")
-        out.append("Suppressed: %d byte(s) in %d allocation(s) matched suppressions." % (
-            merged["suppressed_bytes"], merged["suppressed_allocations"]))
+        out.append("Suppressed: %s in %d allocation(s) matched suppressions." % (
+            format_size(merged["suppressed_bytes"]), merged["suppressed_allocations"]))
     for r in reports:
         if r.get("collections"):
             out.append("")
             out.extend(collections_text(r, top=top, show_pid=len(reports) > 1,
                                         native_frames=native_frames))
     out.append("")
-    out.append("SUMMARY: spyreshim: %d byte(s) %s in %d allocation(s)." % (
-        merged["reported_bytes"], "leaked" if leaks else "live", merged["reported_allocations"]))
+    out.append("SUMMARY: spyreshim: %s %s in %d allocation(s)." % (
+        format_size(merged["reported_bytes"]), "leaked" if is_leak else "live", merged["reported_allocations"]))
     return "\n".join(out) + "\n"

@@ -51,9 +51,10 @@ META = struct.Struct("<II")
 
 ALLOC, FREE, OOM, PRESSURE_BEGIN, PRESSURE_END, GC = 1, 2, 3, 4, 5, 6
 SEGMENT_ALLOC, SEGMENT_FREE = 7, 8   # a region reserved / released (views: memoryviz.py)
+SHUTDOWN = 10    # the interpreter began to shut down (report --diff's last moment: diff.py)
 KIND_NAMES = {ALLOC: "alloc", FREE: "free", OOM: "oom", PRESSURE_BEGIN: "pressure",
               PRESSURE_END: "pressure end", GC: "collection", SEGMENT_ALLOC: "segment alloc",
-              SEGMENT_FREE: "segment free", 9: "pool trim"}
+              SEGMENT_FREE: "segment free", 9: "pool trim", SHUTDOWN: "shutdown"}
 MARKERS = (OOM, PRESSURE_BEGIN, PRESSURE_END, GC)
 DEVICE_NONE = 0xFF
 MAX_DEVICES = 0xFF      # an event names its device in one byte; 0xFF is "none"
@@ -1159,3 +1160,71 @@ def _replay(lives, b, lo, hi):
 def live_at(t, index, device=None):
     """What was live just after event `index`: {(dev, addr): (size, site, index)}."""
     return live_sets(t, [(index, device)])[0]
+
+
+def times_at(t, indices):
+    """{index: ns since the trace began} of the events at those indices
+    (an index below 0, before the first event: 0). One pass, stopped at
+    the last index wanted."""
+    want = sorted(set(i for i in indices if i >= 0))
+    out = {i: 0 for i in indices if i < 0}
+    w = 0
+    if want:
+        for b in t.batches():
+            n = len(b)
+            while w < len(want) and want[w] < b.start + n:
+                out[want[w]] = b.time[want[w] - b.start]
+                w += 1
+            if w == len(want):
+                break
+    return out
+
+
+def seconds(ns):
+    """A moment of a trace as the views' titles give it: '1.234567 s'."""
+    return "%.6f s" % (ns / 1e9)
+
+
+def at_index(t, text):
+    """An --at value as an event index: "2.5s" (the last event at or
+    before that time), an event number (1-based; 0 is the start, before
+    the first) or "end" (the last event). A moment past the end of the
+    trace is refused in one line naming where the trace ends (it would
+    read as "nothing grew")."""
+    v = text.strip()
+    if v == "end":
+        return len(t) - 1
+    try:
+        if v.endswith("s"):
+            ns = float(v[:-1]) * 1e9
+            if not ns >= 0:
+                raise ValueError
+        else:
+            k = int(v)
+            if k < 0:
+                raise ValueError
+    except ValueError:
+        raise rpt.ReportError("--at %r: not a time in seconds (\"2.5s\"), an event number "
+                              "(0: before the first) or \"end\"" % text)
+    if not v.endswith("s"):
+        n = len(t)
+        if k > n:
+            raise rpt.ReportError("--at %s: past the end of %s (it has %d events; \"end\" is "
+                                  "the last)" % (text, t.path, n))
+        return k - 1
+    i, last = -1, None
+    for b in t.batches():
+        tm = b.time
+        if not len(tm):
+            continue
+        last = max(last or 0, max(tm))
+        if max(tm) <= ns:
+            i = b.start + len(tm) - 1
+            continue
+        for j, x in enumerate(tm):
+            if x > ns:
+                return b.start + j - 1
+    if last is None or ns > last:
+        raise rpt.ReportError("--at %s: past the end of %s (it ends at %s; \"end\" is its last "
+                              "moment)" % (text, t.path, seconds(last or 0)))
+    return i

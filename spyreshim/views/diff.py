@@ -3,15 +3,19 @@ still live at the second, grouped by allocation site (growth only).
 
 Two moments are: two leak reports or snapshots (spyreshim.snapshot(),
 spyreshim_snapshot_write_json) in the report format, or two points of one
-trace (`--at T1 --at T2`). From a trace the answer is exact: the blocks
-live at T2 that were allocated after T1. From two reports it is by site:
+trace (`--at T1 --at T2`; without them, the start and the moment the
+interpreter began to shut down, trace kind 10). From a trace the answer is
+exact: the blocks live at T2 that were allocated after T1, and those of
+them a later collection of the shim freed (garbage waiting for it, not
+growth) are listed apart. From two reports it is by site:
 a site whose live bytes grew between A and B, by the growth (stacks are
 matched as `report.merge` matches them, so two processes of one program
-compare). Owns this view only: text (group_text's layout), JSON and the
-flame graph page (flamegraph.page). Frames of a trace are in call order
+compare). Owns this view only: text (group_text's layout), JSON, the
+flame graph page (flamegraph.page) and the moments' titles, in times. Frames of a trace are in call order
 (callorder.py).
 """
 
+import itertools
 import json
 
 from ..reading import callorder
@@ -66,44 +70,80 @@ def of_reports(a, b):
     return _shape(out, "%s -> %s" % (a["name"], b["name"]), b["pid"])
 
 
-def at_index(t, text):
-    """An --at value as an event index: "2.5s" (the last event at or
-    before that time) or an event number (1-based). Streams: a time reads
-    the trace up to it; an event number past the end counts the events."""
-    v = text.strip()
-    try:
-        if v.endswith("s"):
-            ns = float(v[:-1]) * 1e9
-            if not ns >= 0:
-                raise ValueError
-        else:
-            k = int(v)
-            if k < 0:
-                raise ValueError
-    except ValueError:
-        raise rpt.ReportError("--at %r: not a time in seconds (\"2.5s\") or an event number" % text)
-    if not v.endswith("s"):
-        return min(k, len(t)) - 1
-    i = -1
+def default_moments(t):
+    """`--diff TRACE` without --at: the first moment (before the first
+    event: nothing live) and the last before the interpreter began to shut
+    down (its shutdown marker, kind 10), else the last event. Returns
+    (i1, i2, words for the second)."""
     for b in t.batches():
-        tm = b.time
-        if max(tm) <= ns:
-            i = b.start + len(tm) - 1
+        kb = b.kind.tobytes()
+        j = kb.find(bytes([tr.SHUTDOWN]))
+        if j >= 0:
+            return -1, b.start + j - 1, "the interpreter's shutdown"
+    return -1, len(t) - 1, "the end of the trace"
+
+
+_WATCH = bytes(1 if k in (tr.FREE, tr.PRESSURE_BEGIN, tr.PRESSURE_END, tr.GC) else 0
+               for k in range(256))
+
+
+def _later_collected(t, live, i2):
+    """The keys of `live` (what was live just after event i2) that a later
+    collection freed: their free falls in a pressure event's window before
+    one of its collections' markers (as gcview.py attributes frees), the
+    first free of the block after i2."""
+    left = set(live)
+    collected = set()
+    window, pending = False, []
+    for b in t.batches():
+        end = b.start + len(b)
+        if end <= i2 + 1:
             continue
-        for j, x in enumerate(tm):
-            if x > ns:
-                return b.start + j - 1
-    return i
+        kind, dev, addr = b.kind, b.dev, b.addr
+        lo = max(0, i2 + 1 - b.start)
+        kb = kind.tobytes()
+        for j in itertools.compress(range(lo, len(kind)), kb[lo:].translate(_WATCH)):
+            k = kind[j]
+            if k == tr.FREE:
+                key = (dev[j], addr[j])
+                if key in left:
+                    left.discard(key)
+                    if window:
+                        pending.append(key)
+            elif k == tr.PRESSURE_BEGIN:
+                window, pending = True, []
+            elif k == tr.PRESSURE_END:
+                window, pending = False, []
+            elif window:              # a collection's marker
+                collected.update(pending)
+                pending = []
+        if not left and not window:
+            break
+    return collected
 
 
 def of_trace(t, i1, i2):
-    """Blocks live just after event i2 that were allocated after event i1."""
+    """Blocks live just after event i2 that were allocated after event i1;
+    those a later collection freed (garbage, not growth) apart, under
+    "collected"."""
     if i2 < i1:
         i1, i2 = i2, i1
     live = {(d, a): v for (d, a), v in tr.live_at(t, i2).items() if v[2] > i1}
-    r = callorder.live_report(t, live, "diff",
-                              name="%s: events %d -> %d" % (t.path, i1 + 1, i2 + 1))
+    gone = _later_collected(t, live, i2)
+    grew = {k: v for k, v in live.items() if k not in gone}
+    r = callorder.live_report(t, grew, "diff")
+    r["collected"] = callorder.live_report(t, {k: live[k] for k in gone}, "diff")
     return r
+
+
+def trace_title(t, path, i1, i2, words=None):
+    """The moments in words: times since the trace began, not event numbers."""
+    tm = tr.times_at(t, (i1, i2))
+    first = "the start" if i1 < 0 else tr.seconds(tm[i1])
+    second = tr.seconds(tm[i2]) if i2 >= 0 else "the start"
+    if words:
+        second += " (%s)" % words
+    return "in %s from %s to %s" % (path, first, second)
 
 
 def text(r, title):
@@ -112,24 +152,57 @@ def text(r, title):
     for g in r["groups"]:
         out.append("")
         out.append(rpt.group_text(g, leaks=False).replace("Live:", "Grew by", 1))
+    col = r.get("collected")
+    if col and col["groups"]:
+        out.append("")
+        out.append("-" * 65)
+        out.append("Garbage a later collection freed (allocated in between and live at the "
+                   "second moment, then freed by the shim's collection of reference cycles: "
+                   "not a leak):")
+        for g in col["groups"]:
+            out.append("")
+            out.append(rpt.group_text(g, leaks=False).replace("Live:", "Collected later:", 1))
     out.append("")
-    out.append("SUMMARY: spyreshim: %d byte(s) grew in %d allocation(s) at %d site(s)." % (
-        r["reported_bytes"], r["reported_allocations"], len(r["groups"])))
+    tail = ""
+    if col and col["groups"]:
+        tail = "; %s more in %d allocation(s) was garbage a later collection freed" % (
+            rpt.format_size(col["reported_bytes"]), col["reported_allocations"])
+    out.append("SUMMARY: spyreshim: %s grew in %d allocation(s) at %d site(s)%s." % (
+        rpt.format_size(r["reported_bytes"]), r["reported_allocations"], len(r["groups"]), tail))
     return "\n".join(out) + "\n"
 
 
+def _frame(f):
+    return {k: f.get(k) for k in ("kind", "function", "file", "line", "object", "address",
+                                  "offset", "interpreter", "folded")}
+
+
+def _groups_json(r):
+    return [{"bytes": g["bytes"], "count": g["count"], "runtime": g["runtime"],
+             "frames": [_frame(f) for f in g["frames"]]} for g in r["groups"]]
+
+
 def to_json(r, title):
-    def frame(f):
-        return {k: f.get(k) for k in ("kind", "function", "file", "line", "object", "address",
-                                      "offset", "interpreter", "folded")}
+    col = r.get("collected")
     return json.dumps({
         "format": JSON_FORMAT, "version": 1, "between": title,
         "grown_bytes": r["reported_bytes"], "grown_allocations": r["reported_allocations"],
-        "groups": [{"bytes": g["bytes"], "count": g["count"], "runtime": g["runtime"],
-                    "frames": [frame(f) for f in g["frames"]]} for g in r["groups"]],
+        "groups": _groups_json(r),
+        # From a trace: what was live at the second moment and a later
+        # collection freed (absent for two reports, which cannot tell).
+        "collected_bytes": col["reported_bytes"] if col else None,
+        "collected_allocations": col["reported_allocations"] if col else None,
+        "collected_groups": _groups_json(col) if col else None,
     }, indent=1) + "\n"
 
 
 def html(r, title):
     from . import flamegraph
-    return flamegraph.page(rpt.merge([r]), title="spyreshim: growth " + title)
+    col = r.get("collected")
+    note = None
+    if col and col["groups"]:
+        note = ("Not drawn: %s in %d allocation(s) live at the second moment was garbage a "
+                "later collection freed (the text and JSON list it by site)." % (
+                    rpt.format_size(col["reported_bytes"]), col["reported_allocations"]))
+    return flamegraph.page(rpt.merge([r]), title="spyreshim: growth " + title, note=note,
+                           empty="Nothing grew between the two moments.")

@@ -142,6 +142,7 @@ _CSS = """
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:16px 24px;color:#222;background:#fff}
 h1{font-size:20px;margin:0 0 4px}
 .meta{color:#555;margin:0 0 12px}
+.empty{font-size:16px;margin:16px 0}
 .legend span{display:inline-block;padding:1px 8px;margin-right:8px;border-radius:3px;font-size:12px}
 #details{font:12px monospace;min-height:1.5em;margin:6px 0;padding:4px 6px;background:#f4f4f4;border-radius:3px;white-space:pre-wrap}
 svg{width:100%;height:auto;display:block;background:#fafafa;border:1px solid #ddd}
@@ -197,8 +198,10 @@ var m=/^#zoom=(\\d+)$/.exec(location.hash); if(m)go(+m[1]);
 
 
 def page(merged, title="spyreshim: live device memory", show_suppressed=False, top=0,
-         native_frames="folded"):
-    """The whole page as a string."""
+         native_frames="folded", note=None, empty=None):
+    """The whole page as a string. `note`: one more line under the summary;
+    `empty`: what the page says when no stack is shown (the default names
+    the reports' moment: no leaks at exit, nothing live otherwise)."""
     root = build_tree(merged, show_suppressed, native_frames)
     nodes, omitted = _layout(root, MIN_WIDTH / WIDTH)
     total = root.bytes
@@ -238,12 +241,23 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
     if unspliced:
         notes.append("%s not spliced (Python frames drawn above the native ones, "
                      "not in call order; the table says why)." % rpt._plural(unspliced, "stack"))
-    for note in notes:
-        w("<p class=\"meta\">%s</p>\n" % _esc(note))
+    if note:
+        notes.append(note)
+    for text in notes:
+        w("<p class=\"meta\">%s</p>\n" % _esc(text))
     if merged["suppressed_allocations"] and not show_suppressed:
         w("<p class=\"meta\">Not shown: %s in %s matched by suppressions.</p>\n" % (
             _esc(rpt.format_size(merged["suppressed_bytes"])),
             _esc(rpt._plural(merged["suppressed_allocations"], "allocation"))))
+    if not any(show_suppressed or not g["suppressed"] for g in merged["groups"]):
+        # An empty page says so in words, not with a bare grey root box.
+        if empty is None:
+            if all(r["reason"] == "exit" for r in reports):
+                empty = "No device memory leaks: nothing allocated was left live at exit."
+            else:
+                empty = "Nothing was live %s." % " / ".join(reasons)
+        w("<p class=\"empty\" id=\"empty\">%s</p>\n</body>\n</html>\n" % _esc(empty))
+        return "".join(out)
     w("<p class=\"legend\"><span style=\"background:hsl(195,55%,68%)\">Python frame</span>"
       "<span style=\"background:hsl(20,80%,64%)\">native frame</span>"
       "Outermost frame at the bottom; width is bytes. Hover for sizes, click to zoom. "
@@ -256,8 +270,8 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
         x = n.x0 * WIDTH
         bw = frac * WIDTH
         y = height - 1 - (n.depth + 1) * ROW
-        tip = "%s\n%d bytes (%s, %.1f%%) in %s" % (
-            n.tip, n.bytes, rpt.format_size(n.bytes), 100.0 * frac,
+        tip = "%s\n%s, %.1f%% in %s" % (
+            n.tip, rpt.format_size(n.bytes), 100.0 * frac,
             rpt._plural(n.count, "allocation"))
         if n.pids and len(reports) > 1:
             tip += "; pid%s %s" % ("" if len(n.pids) == 1 else "s",
@@ -279,8 +293,8 @@ def page(merged, title="spyreshim: live device memory", show_suppressed=False, t
       "<th>allocations</th><th>runtime</th>%s<th>stack (innermost first)</th></tr></thead>\n<tbody>\n"
       % ("<th>pids</th>" if len(reports) > 1 else ""))
     for i, g in enumerate(shown):
-        w("<tr><td class=\"n\">%d</td><td class=\"n\">%d<br>%s</td><td class=\"n\">%d</td><td>%s%s</td>" % (
-            i + 1, g["bytes"], _esc(rpt.format_size(g["bytes"])), g["count"], _esc(g["runtime"]),
+        w("<tr><td class=\"n\">%d</td><td class=\"n\">%s</td><td class=\"n\">%d</td><td>%s%s</td>" % (
+            i + 1, _esc(rpt.format_size(g["bytes"])), g["count"], _esc(g["runtime"]),
             " (suppressed)" if g["suppressed"] else ""))
         if len(reports) > 1:
             w("<td>%s</td>" % _esc(", ".join(str(p) for p in g.get("pids", []))))

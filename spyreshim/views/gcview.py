@@ -117,11 +117,11 @@ def write(t, w, top=10, native_frames="folded"):
                                           _pct(c["attributed"], c["freed"]), len(c["sites"])))
             items = sorted(c["sites"].items(), key=lambda kv: -kv[1][0])
             for (d, s), (b, k) in items[:top]:
-                spool.write("    %10s in %5d block(s)  %s\n" % (rpt.format_size(b), k,
+                spool.write("    %24s in %5d block(s)  %s\n" % (rpt.format_size(b), k,
                                                                 callorder.label(t, s)))
             if len(items) > top:
                 rest = items[top:]
-                spool.write("    %10s in %5d block(s)  (%d more sites)\n" % (
+                spool.write("    %24s in %5d block(s)  (%d more sites)\n" % (
                     rpt.format_size(sum(v[0] for _k, v in rest)), sum(v[1] for _k, v in rest),
                     len(rest)))
         w("Collections in %s: %d\n" % (t.path, n))
@@ -137,7 +137,7 @@ def write(t, w, top=10, native_frames="folded"):
         w("\n")
         w("The cycles that held device memory (sites whose blocks collections freed):\n")
         for (d, s), (b, k, nc) in sorted(tot.items(), key=lambda kv: -kv[1][0])[:top]:
-            w("    %10s in %6d block(s) over %d collection(s)  %s\n" % (
+            w("    %24s in %6d block(s) over %d collection(s)  %s\n" % (
                 rpt.format_size(b), k, nc, callorder.label(t, s)))
             for f in callorder.shown(t, s, native_frames)[:6]:
                 w("        %s\n" % rpt.frame_label(f))

@@ -10,6 +10,7 @@ Trace Event Format export show the same figures."""
 from ..exports import chrometrace
 from . import ranks as rk
 from ..reading import report as rpt
+from ..reading import units
 
 WIDTH, LANE, PAD, LEFT = 1000, 120, 14, 130
 
@@ -78,10 +79,9 @@ def page(rows, top=0, native_frames="folded"):
                        '%.3f s</title></line>' % (x(ns), x(ns), top + LANE - 8, top + LANE,
                                                   color, _esc(name), ns / 1e9))
     axis = PAD + len(lanes) * (LANE + PAD) + 12
-    for k in range(6):
-        ns = tmax * k / 5
-        svg.append('<text x="%.1f" y="%d" text-anchor="middle">%.3f s</text>' % (
-            x(ns), axis, ns / 1e9))
+    for sec, label in units.time_ticks(tmax / 1e9):     # round ticks (units.py)
+        svg.append('<text x="%.1f" y="%d" text-anchor="middle">%s</text>' % (
+            x(sec * 1e9), axis, _esc(label)))
     svg.append("</svg>")
     return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>spyreshim: device "
             "memory per rank</title></head><body style=\"font-family:sans-serif\">"

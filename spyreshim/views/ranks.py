@@ -203,8 +203,8 @@ def oom_stacks(r, top=0, native_frames="folded"):
         t = tr.stream(r.trace)
         g = dict(callorder.group(t, site), bytes=r.oom_request, count=1,
                  runtime=t.device_name(dev), suppressed=False)
-        head = "Request of %d byte(s) (%s) of %s memory that failed, asked from:" % (
-            r.oom_request, rpt.format_size(r.oom_request), rpt._t(g["runtime"]))
+        head = "Request of %s of %s memory that failed, asked from:" % (
+            rpt.format_size(r.oom_request), rpt._t(g["runtime"]))
         lines.append(rpt.group_text(g, native_frames=native_frames, head=head))
         lines.append("")
         live = callorder.live_report(t, tr.live_at(t, index), "oom")

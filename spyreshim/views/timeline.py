@@ -28,6 +28,7 @@ from array import array
 from ..reading import callorder
 from ..reading import report as rpt
 from ..reading import trace as tr
+from ..reading import units
 
 BUCKETS = 800
 TOP_SITES = 8
@@ -377,12 +378,12 @@ _JS = r"""
 var D=JSON.parse(document.getElementById('data').textContent);
 var svg=document.getElementById('chart'), cur=document.getElementById('cursor');
 var at=document.getElementById('at'), fl=document.getElementById('flame');
-function fmt(n){var u=['B','KiB','MiB','GiB','TiB'],i=0;while(n>=1024&&i<4){n/=1024;i++;}return (i?n.toFixed(1):n)+' '+u[i];}
+function fmt(n){var u=['B','KiB','MiB','GiB','TiB'],i=0,v=n;while(v>=1024&&i<4){v/=1024;i++;}return i?n+' B ('+v.toFixed(1)+' '+u[i]+')':n+' B';}
 function show(b){
   var x=D.x0+(b+0.5)*D.bw; cur.setAttribute('x1',x);cur.setAttribute('x2',x);cur.style.display='';
   var snap=D.snaps[b], total=0; for(var i=0;i<snap.length;i++) total+=snap[i][1];
   at.textContent='Live at '+(D.times[b]/1e9).toFixed(6)+' s: '+fmt(total)+
-    (b===D.peak_bucket?' (the peak)':'')+' — outermost frame at the top, width is bytes';
+    (b===D.peak_bucket?' (the peak)':'')+' — outermost frame at the bottom, width is bytes';
   // Children by name in prototype-free maps: a frame named constructor,
   // __proto__ or toString is a name like any other.
   var root={n:'all live device memory',v:0,c:Object.create(null)};
@@ -391,11 +392,13 @@ function show(b){
   fl.innerHTML=''; var depth=0;
   function draw(node,x,w,d){ if(w<0.05) return; depth=Math.max(depth,d);
     var e=document.createElement('div'); e.className='b'+(/\(.*\.py:/.test(node.n)?' py':'');
-    e.style.left=x+'%'; e.style.width=w+'%'; e.style.top=(d*18)+'px';
+    e.style.left=x+'%'; e.style.width=w+'%'; e.dataset.d=d;
     e.textContent=node.n; e.title=node.n+'\n'+fmt(node.v); fl.appendChild(e);
     var kids=Object.keys(node.c).map(function(k){return node.c[k];}).sort(function(a,b){return b.v-a.v;});
     var cx=x; for(var i=0;i<kids.length;i++){var cw=root.v?w*kids[i].v/node.v:0; draw(kids[i],cx,cw,d+1); cx+=cw;} }
   if(root.v) draw(root,0,100,0);
+  // A flame graph as the other pages draw it: the root at the bottom.
+  for(var e=fl.firstChild;e;e=e.nextSibling) e.style.top=((depth-e.dataset.d)*18)+'px';
   fl.style.height=((depth+1)*18+4)+'px';
 }
 svg.addEventListener('click',function(ev){
@@ -413,7 +416,8 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
          native_frames="folded"):
     d = build(t, buckets, top)
     cols = d["columns"]
-    ymax = max([sum(c) for _t, c in cols] + [d["peak"], 1])
+    yticks = units.size_ticks(max([sum(c) for _t, c in cols] + [d["peak"], 1]))
+    ymax = yticks[-1][0] or 1
     x0, pw, ph = PAD_L, W - PAD_L - 10, H - PAD_B - 10
     bw = pw / float(buckets)
 
@@ -426,23 +430,27 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     w("<title>%s</title>\n<style>%s</style>\n</head>\n<body>\n" % (_esc(title), _CSS))
     w("<h1>%s</h1>\n" % _esc(title))
     npress, ngc, noom = (d["marks"][k][0] for k in (tr.PRESSURE_BEGIN, tr.GC, tr.OOM))
-    w("<p class=\"meta\" id=\"summary\">%s: pid %s, %d events over %.3f s; peak %s (%d bytes) at %.6f s; "
+    w("<p class=\"meta\" id=\"summary\">%s: pid %s, %d events over %.3f s; peak %s at %.6f s; "
       "%d pressure events, %d collections, %d out-of-memory%s.</p>\n" % (
           _esc(t.path), _esc(t.pid), d["n"], d["tmax"] / 1e9, _esc(rpt.format_size(d["peak"])),
-          d["peak"], d["peak_time"] / 1e9, npress, ngc, noom,
+          d["peak_time"] / 1e9, npress, ngc, noom,
           "; the trace is truncated (the process did not exit)" if t.truncated else ""))
     w("<p class=\"meta\">Each of the %d columns shows the moment its interval was highest. "
       "Click the chart to see what was live then.</p>\n" % buckets)
     w("<svg id=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 %d %d\" role=\"img\" "
       "aria-label=\"live device memory over time\">\n" % (W, H))
     # y axis
-    for j in range(5):
-        v = ymax * j / 4.0
-        w("<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>"
+    # Round ticks: multiples of 1, 2 or 5 of a binary unit up to the first
+    # at or above the highest column; times of 1, 2 or 5 times a power of 10.
+    for v, label in yticks:
+        w("<line class=\"ytick\" x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#eee\"/>"
           "<text x=\"%d\" y=\"%.1f\" font-size=\"11\" text-anchor=\"end\">%s</text>\n" % (
-              x0, x0 + pw, y(v), y(v), x0 - 4, y(v) + 4, _esc(rpt.format_size(int(v)))))
-    w("<text x=\"%d\" y=\"%d\" font-size=\"11\">0 s</text><text x=\"%d\" y=\"%d\" font-size=\"11\" "
-      "text-anchor=\"end\">%.3f s</text>\n" % (x0, H - 6, x0 + pw, H - 6, d["tmax"] / 1e9))
+              x0, x0 + pw, y(v), y(v), x0 - 4, y(v) + 4, _esc(label)))
+    for s, label in units.time_ticks(d["span"] / 1e9):
+        xt = x0 + pw * s * 1e9 / float(d["span"])
+        w("<line class=\"xtick\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#999\"/>"
+          "<text x=\"%.1f\" y=\"%d\" font-size=\"11\" text-anchor=\"middle\">%s</text>\n" % (
+              xt, xt, 10 + ph, 14 + ph, xt, H - 6, _esc(label)))
     # stacked areas: one polygon per layer, bottom layer first ("other" on top)
     nl = len(d["top_sites"]) + 1
     names = callorder.labels(t, d["top_sites"])
@@ -477,8 +485,8 @@ def page(t, buckets=BUCKETS, top=TOP_SITES, title="spyreshim: device memory over
     # the exact peak
     px = x0 + pw * d["peak_time"] / float(d["span"])
     w("<circle id=\"peak\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"none\" stroke=\"#000\"><title>peak: %s "
-      "(%d bytes) at %.6f s</title></circle>\n" % (px, y(d["peak"]), _esc(rpt.format_size(d["peak"])),
-                                                  d["peak"], d["peak_time"] / 1e9))
+      "at %.6f s</title></circle>\n" % (px, y(d["peak"]), _esc(rpt.format_size(d["peak"])),
+                                        d["peak_time"] / 1e9))
     w("<line id=\"cursor\" x1=\"0\" x2=\"0\" y1=\"10\" y2=\"%d\" stroke=\"#000\" stroke-dasharray=\"3,2\" "
       "style=\"display:none\"/>\n</svg>\n" % (10 + ph))
     w("<div id=\"legend\">")

@@ -29,10 +29,14 @@ def peak_reports(t, classifier=None):
     wants += [(i, d) for d, (_b, i) in per]
     lives = tr.live_sets(t, wants)
     out = []
-    out.append(("peak of all devices: %s after event %d" % (rpt.format_size(p.bytes), p.index + 1),
+    # Titles give the moment's time, not its event number.
+    tm = tr.times_at(t, [i for i, _d in wants])
+    out.append(("peak of all devices: %s at %s" % (rpt.format_size(p.bytes),
+                                                    tr.seconds(tm.get(p.index, 0))),
                 callorder.live_report(t, lives[0], "peak")))
     for (d, (b, i)), live in zip(per, lives[1:]):
-        out.append(("peak of %s: %s after event %d" % (t.device_name(d), rpt.format_size(b), i + 1),
+        out.append(("peak of %s: %s at %s" % (t.device_name(d), rpt.format_size(b),
+                                              tr.seconds(tm[i])),
                     callorder.live_report(t, live, "peak")))
     if classifier is not None:
         out = [o + (cats.breakdown(classifier, live, served=(j == 0)),)
@@ -252,9 +256,9 @@ def stats_text(t, top=5, rules=()):
     w.append("Total allocations:\n\t%d" % st.nalloc)
     w.append("Total frees:\n\t%d" % st.nfree)
     w.append("Total memory allocated:\n\t%s" % rpt.format_size(st.total))
-    w.append("Peak memory usage (all devices):\n\t%s (%d bytes)" % (rpt.format_size(p.bytes), p.bytes))
+    w.append("Peak memory usage (all devices):\n\t%s" % rpt.format_size(p.bytes))
     for d, (b, _i) in sorted(p.per_device.items()):
-        w.append("\tpeak of %s: %s (%d bytes)" % (t.device_name(d), rpt.format_size(b), b))
+        w.append("\tpeak of %s: %s" % (t.device_name(d), rpt.format_size(b)))
     if p.index >= 0:
         # What the overall peak held, by category (one more pass: the live
         # set at the peak).
@@ -272,7 +276,7 @@ def stats_text(t, top=5, rules=()):
         most = max(c for _l, _h, c in h)
         for lo, hi, c in h:
             bar = "*" * max(1, int(40 * c / most))
-            w.append("\t%10s - %-10s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
+            w.append("\t%24s - %-24s | %-40s %d" % (rpt.format_size(lo), rpt.format_size(hi), bar, c))
     by_peak = sorted(st.site_peak.items(), key=lambda kv: -kv[1])[:top]
     by_count = sorted(st.by_count.items(), key=lambda kv: -kv[1])[:top]
     names = callorder.labels(t, [s for s, _v in by_peak + by_count])

@@ -27,6 +27,7 @@ import torchrun  # noqa: E402
 
 sys.path.insert(0, str(pythons.REPO))
 from spyreshim.reading import categories, trace as tr  # noqa: E402
+from spyreshim.reading.units import format_size  # noqa: E402
 
 REPO = pythons.REPO
 TRAIN = REPO / "tests" / "torch_examples" / "train.py"
@@ -183,11 +184,11 @@ def test_numpy_and_pure_python_class_lifetimes_alike(traced, tmp_path):
 
 def ours_at_peak(stats):
     """{category: bytes} of `--view stats`' breakdown, and the peak."""
-    peak = int(re.search(r"Peak memory usage \(all devices\):\n\t.* \((\d+) bytes\)",
+    peak = int(re.search(r"Peak memory usage \(all devices\):\n\t(\d+) B\b",
                          stats).group(1))
     part = stats.split("Peak memory usage by category (all devices):\n", 1)[1]
     by = {m.group(1): int(m.group(2))
-          for m in re.finditer(r"^\t(\w+)\s+.*? \((\d+) bytes, [\d.]+%\)$", part, re.M)}
+          for m in re.finditer(r"^\t(\w+)\s+(\d+) B(?: \([\d.]+ \w+\))?,\s+[\d.]+%$", part, re.M)}
     return peak, by
 
 
@@ -208,11 +209,12 @@ def test_stats_and_peak_views_break_the_peak_down(traced):
     head = v.stdout.split("\n\n", 1)[0]
     assert head.startswith("== peak of all devices: "), head
     assert "By category:" in head, head
-    assert re.search(r"^\tPARAMETER\s+.* \(%d bytes, " % sum(PARAMS), head, re.M), head
+    assert re.search(r"^\tPARAMETER\s+%d B[ ,]" % sum(PARAMS), head, re.M), head
     page = traced["dir"] / "peak.html"
     h = cli("report", "--html", page, traced["trace"], cwd=traced["dir"])
     assert h.returncode == 0, h
-    assert "PARAMETER 2.5 MiB, OPTIMIZER_STATE 5.0 MiB" in page.read_text()
+    assert "PARAMETER %s, OPTIMIZER_STATE %s" % (format_size(sum(PARAMS)),
+                                                  format_size(2 * sum(PARAMS))) in page.read_text()
 
 
 @pytest.fixture(scope="module")

@@ -56,9 +56,9 @@ def test_report_lists_groups_largest_first_with_sizes_counts_and_frames():
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "==4242==ERROR: spyreshim: detected device memory leaks\n(/usr/bin/python3.11)\n" in out
-    first = out.index("Leak of 2097152 byte(s) (2.0 MiB) in 2 allocation(s) of simdev memory, "
+    first = out.index("Leak of 2097152 B (2.0 MiB) in 2 allocation(s) of simdev memory, "
                       "allocated from:\n")
-    second = out.index("Leak of 1048576 byte(s) (1.0 MiB) in 1 allocation(s) of cuda memory")
+    second = out.index("Leak of 1048576 B (1.0 MiB) in 1 allocation(s) of cuda memory")
     assert first < second
     # Python frames first, with file:line, then the native ones below them.
     assert "    #0 in make_leak /t/leak.py:12 [python]\n" in out
@@ -74,20 +74,20 @@ def test_report_lists_groups_largest_first_with_sizes_counts_and_frames():
     assert "    #1 0x7f3a2d000900 (/b/libworker.so+0x900)\n" in out
     # Suppressed groups are counted, not listed.
     assert "known_cache_alloc" not in out
-    assert "Suppressed: 4096 byte(s) in 1 allocation(s) matched suppressions.\n" in out
-    assert out.endswith("\nSUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s).\n")
+    assert "Suppressed: 4096 B (4.0 KiB) in 1 allocation(s) matched suppressions.\n" in out
+    assert out.endswith("\nSUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s).\n")
 
 
 def test_report_show_suppressed_lists_them_marked():
     r = cli("report", "--show-suppressed", DATA / "leak_single.json")
     assert r.returncode == 0, r.stderr
-    assert ("Suppressed: 4096 byte(s) (4.0 KiB) in 1 allocation(s) of simdev memory, "
+    assert ("Suppressed: 4096 B (4.0 KiB) in 1 allocation(s) of simdev memory, "
             "allocated from:\n") in r.stdout
     assert "in known_cache_alloc (/b/libcache.so+0x10)" in r.stdout
 
 
 def _groups(text):
-    return re.findall(r"^(?:Leak of|Live:) (\d+) byte\(s\) \(.*\) in (\d+) allocation\(s\) "
+    return re.findall(r"^(?:Leak of|Live:) (\d+) B(?: \(.*\))? in (\d+) allocation\(s\) "
                       r"of (\w+) memory(.*)$", text, re.M)
 
 
@@ -108,7 +108,7 @@ def test_report_merges_identical_stacks_of_several_pids():
     # Load addresses differ between the processes: a merged group shows none.
     assert "0x7f1000091234" not in shared and "0x7f2000091234" not in shared
     assert "in Tensor_init simdevmodule.c:88 (/b/simdev.so+0x1234)" in shared
-    assert "SUMMARY: spyreshim: 33554432 byte(s) leaked in 9 allocation(s)." in out
+    assert "SUMMARY: spyreshim: 33554432 B (32.0 MiB) leaked in 9 allocation(s)." in out
 
 
 def test_report_merge_does_not_depend_on_file_order():
@@ -129,16 +129,16 @@ def test_report_merges_a_file_with_itself_as_two_processes(tmp_path):
     assert r.returncode == 0, r.stderr
     assert [g[:3] for g in _groups(r.stdout)] == [("4194304", "4", "simdev"),
                                                   ("2097152", "2", "cuda")]
-    assert "Suppressed: 8192 byte(s) in 2 allocation(s) matched suppressions." in r.stdout
+    assert "Suppressed: 8192 B (8.0 KiB) in 2 allocation(s) matched suppressions." in r.stdout
 
 
 def test_report_top_limits_the_groups_and_says_what_is_left_out():
     r = cli("report", "--top", "1", DATA / "leak_single.json")
     assert r.returncode == 0, r.stderr
     assert len(_groups(r.stdout)) == 1
-    assert "... and 1 more group(s): 1048576 byte(s) in 1 allocation(s) (--top 1)" in r.stdout
+    assert "... and 1 more group(s): 1048576 B (1.0 MiB) in 1 allocation(s) (--top 1)" in r.stdout
     # The summary still counts everything.
-    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stdout
+    assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in r.stdout
 
 
 def test_report_of_nothing_live(tmp_path):
@@ -148,7 +148,7 @@ def test_report_of_nothing_live(tmp_path):
     r = cli("report", p)
     assert r.returncode == 0, r.stderr
     assert "==7==spyreshim: no device memory leaks\n" in r.stdout
-    assert "SUMMARY: spyreshim: 0 byte(s) leaked in 0 allocation(s)." in r.stdout
+    assert "SUMMARY: spyreshim: 0 B leaked in 0 allocation(s)." in r.stdout
     assert cli("report", "--fail-on-leaks", p).returncode == 0
     assert cli("report", "--fail-on-leaks", DATA / "leak_single.json").returncode == 1
 
@@ -161,9 +161,9 @@ def test_report_reason_oom_and_group_without_stack(tmp_path):
     r = cli("report", p)
     assert r.returncode == 0, r.stderr
     assert "==9==spyreshim: live device memory at out-of-memory\n" in r.stdout
-    assert ("Live: 512 byte(s) (512 B) in 2 allocation(s) of cuda memory, allocated from:\n"
+    assert ("Live: 512 B in 2 allocation(s) of cuda memory, allocated from:\n"
             "    <no stack recorded>\n") in r.stdout
-    assert "SUMMARY: spyreshim: 512 byte(s) live in 2 allocation(s)." in r.stdout
+    assert "SUMMARY: spyreshim: 512 B live in 2 allocation(s)." in r.stdout
 
 
 BAD_FILES = {
@@ -557,7 +557,7 @@ def test_meson_install_puts_script_package_and_library_together(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "spyreshim 7.8.9", r
     r = subprocess.run([str(script), "report", DATA / "leak_single.json"], capture_output=True,
                        text=True, env=env)
-    assert r.returncode == 0 and "SUMMARY: spyreshim: 3145728 byte(s)" in r.stdout, r
+    assert r.returncode == 0 and "SUMMARY: spyreshim: 3145728 B (3.0 MiB)" in r.stdout, r
     # --stack-depth's defaults, from the header installed beside the package.
     assert (pkg / "stackdepth.h").read_text() == (REPO / "shim/base/stackdepth.h").read_text()
     r = subprocess.run([str(script), "run", "--help"], capture_output=True, text=True, env=env)
@@ -626,12 +626,12 @@ def test_e2e_run_leak_check_reports_the_leak(real_shim, tmp_path):
     assert [g[:3] for g in groups] == [("3145728", "3", "simdev")], out
     # The caller of simdevMalloc: the module's Tensor constructor.
     assert re.search(r"#\d+ 0x[0-9a-f]+ in Tensor_\w+ \S*simdevmodule\.c:\d+ \(\S+simdev\S+\.so\+0x", out), out
-    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in out
+    assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in out
     # The HTML of the same file carries the same stack.
     h = cli("report", "--html", tmp_path / "r.html", files[0])
     assert h.returncode == 0, h.stderr
     page = (tmp_path / "r.html").read_text()
-    assert "3145728 bytes" in page and "simdevmodule.c" in page
+    assert "3145728 B (3.0 MiB)" in page and "simdevmodule.c" in page
 
 
 @pytest.mark.parametrize("cache", ["cache", "a b/cache"], ids=["cache", "cache-with-space"])
@@ -713,7 +713,7 @@ def test_e2e_run_exitcode_is_configurable(real_shim, tmp_path):
     r = _run_leaky(real_shim, tmp_path, "--leak-check=held", "--exitcode", "5")
     assert r.returncode == 5, r
     # The shim's own text report at exit, on stderr.
-    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stderr
+    assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in r.stderr
     r = _run_leaky(real_shim, tmp_path)      # no leak check: the program's own status
     assert r.returncode == 0, r
 
@@ -735,7 +735,7 @@ def test_e2e_a_program_that_fails_keeps_its_status(real_shim, tmp_path):
                            timeout=pythons.HANG_S)
         assert r.returncode == status and bare.returncode == (status if tail else 0), (r, bare)
         assert r.stdout == bare.stdout, (r, bare)
-        assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in r.stderr, r
+        assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in r.stderr, r
         kept = [ln for ln in r.stderr.splitlines() if "kept (leaks would" in ln]
         assert kept == ([] if status == 23 else [
             "spyreshim: the program exits with status %d, kept (leaks would have made it "
@@ -784,7 +784,7 @@ def test_e2e_one_report_per_process_merged(real_shim, tmp_path):
     assert rep.returncode == 0, rep.stderr
     out = rep.stdout
     assert "(merged from %d reports: identical stacks summed)" % len(files) in out
-    assert "SUMMARY: spyreshim: %d byte(s) leaked in 3 allocation(s)." % (4 << 20) in out
+    assert "SUMMARY: spyreshim: 4194304 B (4.0 MiB) leaked in 3 allocation(s)." in out
     # The worker's common leak, once, from both pids.
     both = " in pids %d, %d, allocated from:" % tuple(sorted(ranks))
     assert any(g[3] == both for g in _groups(out)), out
@@ -856,3 +856,31 @@ def test_report_decides_from_the_first_bytes_in_bounded_memory(tmp_path):
                            text=True, timeout=pythons.HANG_S, preexec_fn=cap)
         line = one_line_error(r)
         assert line.startswith("spyreshim: %s: not a spyreshim report (%s" % (p, why)), line
+
+
+@pytest.mark.parametrize("content", [b"hello\n", b'{"hello": 1}', b"\x7fELF\x02\x01",
+                                     b"\x1f\x8b\x08\x00"])
+def test_report_of_a_file_neither_report_nor_trace_says_what_it_expected(tmp_path, content):
+    p = tmp_path / "x.bin"
+    p.write_bytes(content)
+    line = one_line_error(cli("report", p))
+    assert line.startswith("spyreshim: %s: not a spyreshim report (" % p), line
+    assert line.endswith("expected a leak report or snapshot (JSON with \"format\": "
+                         "\"spyreshim-report\", written by --report, SPYRESHIM_REPORT or "
+                         "spyreshim snapshot) or a trace (written by --trace; it begins with "
+                         "SPYTRACE)"), line
+
+
+def test_sizes_read_one_way(tmp_path):
+    """Every size: its bytes, then from 1 KiB its binary-unit reading; the
+    text report, the HTML page and the views share the one formatter."""
+    from spyreshim.reading.units import format_size
+    assert format_size(268435456) == "268435456 B (256.0 MiB)"
+    assert format_size(512) == "512 B" and format_size(0) == "0 B"
+    assert format_size(1536) == "1536 B (1.5 KiB)"
+    assert format_size(3 << 40) == "3298534883328 B (3.0 TiB)"
+    r = cli("report", DATA / "leak_single.json")
+    sizes = re.findall(r"(\d+) B(?: \(([\d.]+ [KMGT]iB)\))?", r.stdout)
+    assert sizes and all(format_size(int(n)) == ("%s B (%s)" % (n, u) if u else "%s B" % n)
+                         for n, u in sizes), r.stdout
+    assert "byte(s)" not in r.stdout and "bytes" not in r.stdout, r.stdout

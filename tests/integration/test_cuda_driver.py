@@ -116,7 +116,7 @@ def test_created_context_destroyed(shim_lib, tmp_path):
     assert s["allocs"] == s["frees"] + 2, s
     # The leak check: the two blocks the driver freed with the context are
     # told as such, not as leaks.
-    assert "2 block(s), 1310720 byte(s), were freed by their context's teardown" in r.stderr, \
+    assert "2 block(s), 1310720 B (1.2 MiB), were freed by their context's teardown" in r.stderr, \
         r.stderr
     assert "leak" not in r.stderr.replace("(not leaks)", ""), r.stderr
 

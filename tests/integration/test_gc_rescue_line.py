@@ -4,6 +4,7 @@ top site when leak checking recorded stacks, the trace's `--view gc` when
 one is kept, how to get either otherwise). A run that needed none prints
 nothing of the kind (its stderr is the bare program's)."""
 import re
+import sys
 
 import gc_support
 import pythons
@@ -18,7 +19,7 @@ for i in range(40):
 print("completed")
 """
 LINE = r"^spyreshim: (\d+) collection\(s\) of Python's reference cycles freed device memory " \
-       r"for this run \(([\d.]+) ms, (\d+) bytes\); (.*)$"
+       r"for this run \(([\d.]+) ms, (\d+) B(?: \([\d.]+ [KMGTPE]iB\))?\); (.*)$"
 
 
 def cpython():
@@ -50,7 +51,7 @@ def test_a_rescued_run_says_so_in_one_line(builddir, shim_lib, tmp_path):
     res.check()
     (_, _, _, where), = rescue_lines(res)
     cycle_line = next(i for i, ln in enumerate(CYCLES.splitlines(), 1) if "CYCLE LINE" in ln)
-    assert re.match(rf"the cycles' top site: .*:{cycle_line} in <module> \(\d+ bytes freed", where), where
+    assert re.match(rf"the cycles' top site: .*:{cycle_line} in <module> \(\d+ B \([\d.]+ MiB\) freed", where), where
 
     trace = tmp_path / "t.trace"
     res, _ = gc_support.run(interp, CYCLES, tmp_path, memory="16M",
@@ -58,6 +59,23 @@ def test_a_rescued_run_says_so_in_one_line(builddir, shim_lib, tmp_path):
     res.check()
     (_, _, _, where), = rescue_lines(res)
     assert where == f"where the cycles were made: spyreshim report --view gc {trace}"
+
+
+def test_the_summary_at_exit_says_recovered_once(builddir, shim_lib, tmp_path):
+    """SPYRESHIM_LOG=info's last line: what pressure events recovered, said
+    once, the collections' share in brackets; sizes as every line reads them."""
+    interp = cpython()
+    res, stats = gc_support.run(interp, CYCLES, tmp_path, memory="16M",
+                                env={"SPYRESHIM_LOG": "info"})
+    res.check()
+    line, = [ln for ln in res.stderr.splitlines() if " pressure events recovered " in ln]
+    assert line.count("recovered") == 1, line
+    sys.path.insert(0, str(pythons.REPO))
+    from spyreshim.reading.units import format_size
+    assert " pressure events recovered %s in " % format_size(
+        stats["callback_recovered_bytes"]) in line, line
+    assert "timeouts: %s of it)" % format_size(stats["gc_recovered_bytes"]) in line, line
+    assert "peak %s in use" % format_size(stats["peak_used_bytes"]) in line, line
 
 
 def test_a_run_without_collections_prints_no_such_line(builddir, shim_lib, tmp_path):

@@ -7,6 +7,7 @@ Set SPYRESHIM_SCREENSHOT_DIR to keep the screenshots for a look.
 """
 import html.parser
 import json
+import re
 import os
 import shutil
 import struct
@@ -148,12 +149,12 @@ def test_page_has_the_stacks_and_sizes(tmp_path):
         assert s in text, s
     # Suppressed memory is not drawn, only mentioned.
     assert "known_cache_alloc" not in text
-    assert "Not shown: 4.0 KiB in 1 allocation matched by suppressions." in text
+    assert "Not shown: 4096 B (4.0 KiB) in 1 allocation matched by suppressions." in text
     # Every box has a tooltip with its exact size.
-    assert p.boxes and all(" bytes (" in b["title"] for b in p.boxes)
+    assert p.boxes and all(re.search(r"\n\d+ B( \(|,)", b["title"]) for b in p.boxes)
     tips = {b["attrs"]["data-label"]: b["title"] for b in p.boxes}
-    assert "16777216 bytes (16.0 MiB, 45.7%) in 8 allocations; pids 101, 102" in tips["forward (model.py:77)"]
-    assert tips["all live device memory"].startswith("all live device memory\n36700160 bytes")
+    assert "16777216 B (16.0 MiB), 45.7% in 8 allocations; pids 101, 102" in tips["forward (model.py:77)"]
+    assert tips["all live device memory"].startswith("all live device memory\n36700160 B (35.0 MiB)")
 
 
 def test_flame_graph_geometry_follows_the_bytes(tmp_path):
@@ -167,7 +168,7 @@ def test_flame_graph_geometry_follows_the_bytes(tmp_path):
     assert float(root["rect"]["width"]) == flamegraph.WIDTH
     total = 36700160
     for b in boxes:
-        nbytes = int(b["title"].split("\n")[1].split(" bytes")[0])
+        nbytes = int(b["title"].split("\n")[1].split(" B")[0])
         assert abs(b["w"] - nbytes / total) < 1e-6, b
         assert abs(float(b["rect"]["width"]) - b["w"] * flamegraph.WIDTH) < 0.02, b
         # Deeper frames are drawn higher: the root at the bottom.
@@ -227,7 +228,7 @@ def test_top_limits_the_table_not_the_graph(tmp_path):
     assert "1 more stack not shown (--top 1;" in text
     assert "in make_leak /t/leak.py:12" in text
     assert "0x7f3a2d000400 in std::vector" not in text
-    assert "3145728 bytes" in text          # the root still counts everything
+    assert "3145728 B (3.0 MiB)" in text          # the root still counts everything
 
 
 def _report(tmp_path, groups, name="r.json"):
@@ -252,7 +253,7 @@ def test_sub_pixel_boxes_are_left_out_of_the_graph_not_the_table(tmp_path):
     assert "big (a.py:1)" in labels and "tiny (a.py:1)" not in labels
     # "main" is shared: still there, with both groups' bytes.
     assert [b["title"] for b in parsed.boxes if b["attrs"]["data-label"] == "main"][0] \
-        .split("\n")[1].startswith("1000001 bytes")
+        .split("\n")[1].startswith("1000001 B (976.6 KiB)")
     text = "".join(parsed.text)
     assert "1 frame narrower than 0.1 px left out of the graph" in text
     assert "in tiny /t/a.py:1 [python]" in text
@@ -273,7 +274,16 @@ def test_page_of_an_empty_report(tmp_path):
     p.write_text(json.dumps({"format": "spyreshim-report", "version": 1, "groups": []}))
     page = write_page(tmp_path, p).read_text(encoding="utf-8")
     parsed = parse(page)
-    assert len(parsed.boxes) == 1 and "0 B in 0 allocations" in "".join(parsed.text)
+    # An empty leak page says so in words, with no empty graph or table.
+    assert not parsed.boxes and "0 B in 0 allocations" in "".join(parsed.text)
+    assert ('<p class="empty" id="empty">No device memory leaks: nothing allocated was left '
+            'live at exit.</p>') in page
+    assert "<table>" not in page and "<svg" not in page
+    # A snapshot's empty page says what it holds, not "no leaks".
+    p.write_text(json.dumps({"format": "spyreshim-report", "version": 1, "groups": [],
+                             "reason": "snapshot"}))
+    page = write_page(tmp_path, p).read_text(encoding="utf-8")
+    assert '<p class="empty" id="empty">Nothing was live in a snapshot.</p>' in page
 
 
 def test_page_from_the_library_api():

@@ -147,7 +147,7 @@ def test_python_frames_sit_where_the_interpreter_ran_them(name, builddir, shim_l
 
     # The shim's own text at exit folds the same way.
     text = r.stderr
-    block = text[text.index("Leak of 1000 byte(s)"):]
+    block = text[text.index("Leak of 1000 B"):]
     block = block[:block.index("\n\n")]
     lines = [ln.strip() for ln in block.splitlines()[1:]]
     names = [ln.split(" in ", 1)[1].split(" ")[0] for ln in lines if " in " in ln]
@@ -169,7 +169,7 @@ def test_report_command_folds_and_shows_every_frame_on_request(builddir, shim_li
     assert "--native-frames=all shows them" in folded.stdout
     assert "_PyEval_EvalFrameDefault" in every.stdout
     g = by_size(report)[1000]
-    block = every.stdout[every.stdout.index("Leak of 1000 byte(s)"):]
+    block = every.stdout[every.stdout.index("Leak of 1000 B"):]
     block = block[:block.index("\n\n")]
     assert len([ln for ln in block.splitlines() if ln.strip().startswith("#")]) == len(g["frames"])
 

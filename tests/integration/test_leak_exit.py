@@ -125,7 +125,7 @@ def test_a_module_level_cache_is_held_until_exit(builddir, shim_lib, tmp_path):
     assert r.returncode == bare.returncode == 0 and r.stdout == bare.stdout, r.describe()
     data = json.loads(report.read_text())
     assert data["groups"] == [] and data["held_until_exit"]["bytes"] == 8 * 4096, data
-    assert re.search(r"Held until exit: 32768 byte\(s\) in 8 allocation\(s\)", r.stderr), r.stderr
+    assert re.search(r"Held until exit: 32768 B \(32\.0 KiB\) in 8 allocation\(s\)", r.stderr), r.stderr
     assert f"cache.py:{line_of(CACHE, 'CACHE LINE')}" in r.stderr, r.stderr
     r = pythons.run_python(interp, path=script, env={"SPYRESHIM_LEAK_CHECK": "held"})
     assert r.returncode == 23, r.describe()

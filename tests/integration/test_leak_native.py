@@ -83,10 +83,10 @@ def test_report_names_functions_with_sizes_and_counts(programs, shim_lib, tmp_pa
         "the shim's own frames are dropped"
     err = r.stderr
     assert "ERROR: spyreshim: detected device memory leaks" in err
-    assert "Leak of 1048576 byte(s) in 1 allocation(s) of simdev memory" in err
-    assert "Leak of 3000 byte(s) in 3 allocation(s) of simdev memory" in err
+    assert "Leak of 1048576 B (1.0 MiB) in 1 allocation(s) of simdev memory" in err
+    assert "Leak of 3000 B (2.9 KiB) in 3 allocation(s) of simdev memory" in err
     assert " in leak_small_blocks " in err and "leak_program.c:" in err
-    assert f"SUMMARY: spyreshim: {MiB + 3000 + 8192} byte(s) leaked in 6 allocation(s)." in err
+    assert "SUMMARY: spyreshim: 1059768 B (1.0 MiB) leaked in 6 allocation(s)." in err
 
 
 def test_exit_status_is_configurable(programs, shim_lib, tmp_path):
@@ -94,7 +94,7 @@ def test_exit_status_is_configurable(programs, shim_lib, tmp_path):
     assert r.returncode == 42, r.describe()
     r, _, _ = run_leaks(programs, shim_lib, ["small"], tmp_path, env={"SPYRESHIM_EXITCODE": 0})
     assert r.returncode == 0, r.describe()
-    assert "Leak of 3000 byte(s)" in r.stderr, "the report is printed even when the status is kept"
+    assert "Leak of 3000 B (2.9 KiB)" in r.stderr, "the report is printed even when the status is kept"
 
 
 def test_clean_program_passes_and_still_writes_its_report(programs, shim_lib, tmp_path):
@@ -140,10 +140,13 @@ def test_suppressions_silence_exactly_what_they_match(programs, shim_lib, tmp_pa
     assert (data["live_bytes"], data["live_allocations"]) == (MiB, 1)
     assert (data["suppressed_bytes"], data["suppressed_allocations"]) == (4024, 5)
     err = r.stderr
-    assert "Leak of 1048576 byte(s)" in err
-    assert "Leak of 3000 byte(s)" not in err and " in thread_leak " not in err
-    assert "Suppressions used:" in err and "leak_small_blocks" in err
-    assert f"SUMMARY: spyreshim: {MiB} byte(s) leaked in 1 allocation(s)." in err
+    assert "Leak of 1048576 B (1.0 MiB)" in err
+    assert "Leak of 3000 B (2.9 KiB)" not in err and " in thread_leak " not in err
+    # Suppressed leaks are counted in one line, with each pattern's allocations.
+    assert ("\nSuppressed: 4024 B (3.9 KiB) in 5 allocation(s) matched suppressions "
+            "(leak_small_blocks: 3, ^thread_le*$: 2).\n") in err, err
+    assert "Suppressions used:" not in err and err.count("Suppressed") == 1, err
+    assert "SUMMARY: spyreshim: 1048576 B (1.0 MiB) leaked in 1 allocation(s)." in err
 
     # Suppress the rest by file name: nothing left, the status is clean.
     supp.write_text("leak:leak_small_blocks\nleak:thread_leak\nleak:leak_program.c\n")
@@ -341,7 +344,7 @@ def test_secure_mode_ignores_paths_from_the_environment(programs, shim_lib, tmp_
     assert "SPYRESHIM_CONTROL is ignored in secure mode" in r.stderr
     assert "control: listening" not in r.stderr
     assert r.returncode == 23, "the suppressions file is ignored too: " + r.describe()
-    assert "Leak of 3000 byte(s)" in r.stderr
+    assert "Leak of 3000 B (2.9 KiB)" in r.stderr
 
 
 QUIET_OOM = "full report at exit if it does not recover"
@@ -370,7 +373,7 @@ def test_an_oom_the_program_recovers_from_prints_at_most_one_line(programs, shim
     assert r.stdout.count("filled") == 2, r.describe()
     lines = r.stderr.splitlines()
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith("spyreshim: out of simdev memory for 1048576 bytes (live: ")
+    assert lines[0].startswith("spyreshim: out of simdev memory for 1048576 B (1.0 MiB) (live: ")
     assert "in 1" in lines[0] and QUIET_OOM in lines[0], lines
     assert not list(tmp_path.glob("report.*.json.oom"))
     assert data["live_bytes"] == 0
@@ -388,12 +391,12 @@ def test_final_oom_prints_what_holds_device_memory(programs, shim_lib, tmp_path,
     assert r.returncode == 0, "everything was freed before exit: " + r.describe()
     err = r.stderr
     assert err.count(QUIET_OOM) == 1, err
-    assert "out of simdev memory: a request of 1048576 bytes failed" in err, err
+    assert "out of simdev memory: a request of 1048576 B (1.0 MiB) failed" in err, err
     # How many groups depends on the compiler (an unrolled loop has several
     # call sites); the first is the largest, and all of it is accounted for.
     live = [l for l in err.splitlines() if l.startswith("Live: ")]
     assert live and "of simdev memory, allocated from:" in live[0], err
-    assert "SUMMARY: spyreshim: 16777216 byte(s) live in 10 allocation(s)." in err, err
+    assert "SUMMARY: spyreshim: 16777216 B (16.0 MiB) live in 10 allocation(s)." in err, err
     assert "simdev_ops.c:" in err
     assert err.count("out of simdev memory: a request") == 1, "one failure, one report"
     oom = list(tmp_path.glob("report.*.json.oom"))

@@ -109,5 +109,5 @@ def test_suppressions_match_python_frames(builddir, shim_lib, tmp_path):
     # Without "held" the same report is printed and the status is the program's.
     r = pythons.run_python(interp, path=script, env=dict(env, SPYRESHIM_LEAK_CHECK="1"))
     assert r.returncode == 0, r.describe()
-    assert "Held until exit: 5000 byte(s)" in r.stderr and "in python_leaker " in r.stderr, r.stderr
+    assert "Held until exit: 5000 B (4.9 KiB)" in r.stderr and "in python_leaker " in r.stderr, r.stderr
     assert "detected device memory leaks" not in r.stderr, r.stderr

@@ -14,6 +14,8 @@ import pytest
 import pythons
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[1]))
+from spyreshim.reading.units import format_size  # noqa: E402
 M = 1 << 20
 
 
@@ -31,7 +33,7 @@ def run(scenario, tmp_path, **env):
     final = lines[-1]   # the exit report's, after its headline
     err = r.stderr.splitlines()
     head = len(err) - 1 - err[::-1].index(final) - 1
-    assert "a request of %d bytes failed" % oom["request"] in err[head], err[head]
+    assert "a request of %s failed" % format_size(oom["request"]) in err[head], err[head]
     assert final.startswith("spyreshim: verdict: %s: " % oom["verdict"]), final
     return oom, final, lines
 

@@ -160,7 +160,7 @@ def test_past_the_limit_clCreateBuffer_answers_allocation_failure(program, tmp_p
     program goes on), and the shim says why."""
     r = pythons.run([program, "keep", 40, 32], env=shim_env(tmp_path, SPYRESHIM_LIMIT="256M"))
     assert r.returncode == 0 and "keep oom made=8" in r.stdout, r.describe()
-    assert "out of opencl memory for 33554432 bytes" in r.stderr, r.stderr
+    assert "out of opencl memory for 33554432 B (32.0 MiB)" in r.stderr, r.stderr
     assert "verdict: limit" in r.stderr
     s = stats(tmp_path)
     assert s["failed_allocs"] >= 1 and s["pressure_events"] >= 1, s
@@ -188,9 +188,9 @@ def test_a_leaked_buffer_is_reported_at_its_line(program, tmp_path):
     assert "leak ok" in r.stdout, r.describe()
     assert r.returncode != 0, "leaks fail the process by default"
     err = r.stderr
-    assert "Leak of 1048576 byte(s) in 1 allocation(s) of opencl:0 memory" in err, err
+    assert "Leak of 1048576 B (1.0 MiB) in 1 allocation(s) of opencl:0 memory" in err, err
     assert " in leak_one_buffer" in err and "opencl_cache.c:" in err, err
-    assert "SUMMARY: spyreshim: 1048576 byte(s) leaked in 1 allocation(s)." in err
+    assert "SUMMARY: spyreshim: 1048576 B (1.0 MiB) leaked in 1 allocation(s)." in err
     data = json.loads(report.read_text())
     (g,) = data["groups"]
     assert g["runtime"].startswith("opencl"), g
@@ -206,7 +206,7 @@ def test_the_trace_and_its_views_name_the_runtime_opencl(program, tmp_path):
     cli = [sys.executable, REPO / "scripts" / "spyreshim", "report"]
     v = pythons.run([*cli, "--view", "stats", trace])
     assert v.returncode == 0, v.describe()
-    assert "peak of opencl:0: 256.0 MiB" in v.stdout, v.stdout
+    assert "peak of opencl:0: 268435456 B (256.0 MiB)" in v.stdout, v.stdout
     assert "Total allocations:\n\t20" in v.stdout
     peak = pythons.run([*cli, "--view", "peak", trace])
     assert peak.returncode == 0 and "opencl:0" in peak.stdout, peak.describe()
@@ -284,7 +284,7 @@ def test_the_limit_is_per_device_whatever_the_contexts(program, builddir, tmp_pa
                     env=shim_env(tmp_path, SPYRESHIM_LIMIT="64M", SPYRESHIM_LEAK_CHECK=1))
     assert r.returncode == 0, r.describe()
     assert "contexts round=38 err=0\ncontexts round=39 err=-4\n" in r.stdout, r.stdout
-    assert "out of opencl memory for 50331648 bytes" in r.stderr, r.stderr
+    assert "out of opencl memory for 50331648 B (48.0 MiB)" in r.stderr, r.stderr
     assert [d["name"] for d in stats(tmp_path)["runtimes"]] == ["opencl:0"]
 
 
@@ -431,7 +431,7 @@ def test_a_leaked_pyopencl_buffer_is_reported_with_its_python_stack(pyopencl, tm
                     # never released: held by Python until exit, a leak under "held"
                     env=shim_env(tmp_path, SPYRESHIM_LEAK_CHECK="held", SPYRESHIM_REPORT=report))
     assert "leak made" in r.stdout and r.returncode != 0, r.describe()
-    assert "Leak of 1048576 byte(s) in 1 allocation(s) of opencl:0 memory" in r.stderr, r.stderr
+    assert "Leak of 1048576 B (1.0 MiB) in 1 allocation(s) of opencl:0 memory" in r.stderr, r.stderr
     assert "in make_leak " in r.stderr and "opencl_leak.py:" in r.stderr, r.stderr
     (g,) = json.loads(report.read_text())["groups"]
     assert g["runtime"] == "opencl:0", g

@@ -159,3 +159,38 @@ def test_go_tool_pprof_reads_it(demo):
     assert r.returncode == 0, r.stderr
     top = [l.split() for l in r.stdout.splitlines() if l.strip().endswith("Tensor_new")]
     assert top and top[0][1] == "100%", r.stdout
+
+
+def test_profile_of_a_leak_report_is_what_leaked_by_stack(tmp_path):
+    """`report --pprof OUT REPORT.json` writes what leaked, by stack (as
+    heaptrack's and jeprof's leak profiles), never exit 0 and no file:
+    one sample per listed group, suppressed ones left out unless
+    --show-suppressed, innermost frame first."""
+    sys.path.insert(0, str(REPO))
+    from spyreshim.reading import report as rpt
+    data = HERE / "data" / "leak_single.json"
+    merged = rpt.merge([rpt.load(str(data))])
+    out = tmp_path / "leaks.pb.gz"
+    p = subprocess.run([sys.executable, CLI, "report", "--pprof", out, data],
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and out.exists(), p.stderr
+    assert p.stdout == "" and "wrote %s: 3145728 B (3.0 MiB) leaked in 2 stacks" % out in p.stderr
+    types, samples, default = read_profile(out)
+    assert types == [("inuse_objects", "count"), ("inuse_space", "bytes")]
+    assert default == "inuse_space"
+    listed = [g for g in merged["groups"] if not g["suppressed"]]
+    assert sorted(v for _s, v, _l in samples) == sorted([g["count"], g["bytes"]] for g in listed)
+    for (stack, _v, labels), g in zip(samples, listed):
+        frames = rpt.visible_frames(g)
+        assert [fn for (fn, _file), _line in stack] == [
+            f["function"] or rpt.frame_label(f) for f in frames], stack
+        assert labels == [("device", g["runtime"])]
+    p = subprocess.run([sys.executable, CLI, "report", "--pprof", out, "--show-suppressed", data],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    _t, samples, _d = read_profile(out)
+    assert sum(v[1] for _s, v, _l in samples) == 3145728 + 4096
+    # --fail-on-leaks keeps its meaning with --pprof.
+    p = subprocess.run([sys.executable, CLI, "report", "--pprof", out, "--fail-on-leaks", data],
+                       capture_output=True, text=True)
+    assert p.returncode == 1, p

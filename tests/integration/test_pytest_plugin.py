@@ -127,10 +127,10 @@ def test_every_test_is_checked_with_the_option(shim, tmp_path):
         "test_marked_over_limit": "FAILED",
         "test_frees_older_memory": "PASSED",
     }, out
-    assert ("spyreshim: test_inner.py::test_leaky left 3145728 bytes (3.0 MiB) of device memory "
-            "in 1 allocation after garbage collection (limit 0 bytes)") in out
-    assert ("spyreshim: test_inner.py::test_marked_over_limit left 1048576 bytes (1.0 MiB) of device "
-            "memory in 1 allocation after garbage collection (limit per location 524288 bytes)") in out
+    assert ("spyreshim: test_inner.py::test_leaky left 3145728 B (3.0 MiB) of device memory "
+            "in 1 allocation after garbage collection (limit 0 B)") in out
+    assert ("spyreshim: test_inner.py::test_marked_over_limit left 1048576 B (1.0 MiB) of device "
+            "memory in 1 allocation after garbage collection (limit per location 524288 B (512.0 KiB))") in out
     assert "own failure" in out
     assert "test_fails_by_itself left" not in out
     # The stacks of the leak: the extension's constructor below it.
@@ -163,7 +163,7 @@ def test_only_marked_tests_are_checked_without_the_option(shim, tmp_path):
     assert outcomes["test_leaky"] == "PASSED"
     assert outcomes["test_marked_under_limit"] == "PASSED"
     assert outcomes["test_marked_over_limit"] == "FAILED"
-    assert "test_marked_over_limit left 1048576 bytes" in r.stdout
+    assert "test_marked_over_limit left 1048576 B (1.0 MiB)" in r.stdout
 
 
 def test_a_limit_for_every_test(shim, tmp_path):
@@ -382,7 +382,7 @@ def test_limit_leaks_takes_pytest_memrays_signature(shim, tmp_path):
         "test_all_threads_by_default": "FAILED",
         "test_suppressed": "PASSED",                        # --suppressions applies
     }, r.stdout + r.stderr
-    assert "(limit per location 1048576 bytes)" in r.stdout, r.stdout
+    assert "(limit per location 1048576 B (1.0 MiB))" in r.stdout, r.stdout
     # Without the suppressions file the same test fails.
     supp.write_text("")
     r = subprocess.run(argv + ["-k", "test_suppressed"], capture_output=True, text=True, env=env,
@@ -454,8 +454,8 @@ def test_limit_memory_is_the_device_peak_of_the_test(shim, tmp_path):
         "test_two_of_2mb_one_after_the_other": "PASSED",
     }, r.stdout + r.stderr
     assert ("spyreshim: test_peaks.py::test_peak_of_5mb_freed_at_once used a device peak of "
-            "5242880 bytes (5.0 MiB) above the 8388608 in use at its start (limit 4194304 "
-            "bytes)") in r.stdout, r.stdout
+            "5242880 B (5.0 MiB) above the 8388608 B (8.0 MiB) in use at its start (limit "
+            "4194304 B (4.0 MiB))") in r.stdout, r.stdout
     (tmp_path / "test_bad.py").write_text(
         "import pytest\n@pytest.mark.limit_memory('1 MB', thread_only=True)\n"
         "def test_x():\n    pass\n")
@@ -558,10 +558,10 @@ def test_current_thread_only_counts_the_tests_thread(shim, tmp_path, stacks):
         "test_leaks_of_its_own_thread": "FAILED",
     }, r.stdout + r.stderr
     assert ("spyreshim: test_threads.py::test_own_thread_over_its_limit used a device peak of "
-            "5242880 bytes (5.0 MiB) above the 0 in use at its start by its thread (limit "
-            "4194304 bytes)") in r.stdout, r.stdout
+            "5242880 B (5.0 MiB) above the 0 B in use at its start by its thread (limit "
+            "4194304 B (4.0 MiB))") in r.stdout, r.stdout
     # Its own 2 MiB, not the other thread's 1 MiB.
-    assert ("spyreshim: test_threads.py::test_leaks_of_its_own_thread left 2097152 bytes "
+    assert ("spyreshim: test_threads.py::test_leaks_of_its_own_thread left 2097152 B "
             "(2.0 MiB) of device memory in 1 allocation after garbage collection") in r.stdout, \
         r.stdout
 
@@ -625,12 +625,12 @@ def test_fail_on_increase_compares_with_the_last_successful_run(shim, tmp_path):
                             "test_over_its_limit": "FAILED"}, r.stdout + r.stderr
         # Compared with the last successful run's 2 MiB, again in the run
         # after (a failed run keeps the old peak).
-        assert ("spyreshim: test_increase.py::test_grows used a device peak of 4194304 bytes "
-                "(4.0 MiB), more than the 2097152 bytes (2.0 MiB) of its last successful run "
+        assert ("spyreshim: test_increase.py::test_grows used a device peak of 4194304 B "
+                "(4.0 MiB), more than the 2097152 B (2.0 MiB) of its last successful run "
                 "(--fail-on-increase)") in r.stdout, r.stdout
         # The limit is still told as before.
         assert ("spyreshim: test_increase.py::test_over_its_limit used a device peak of 2097152 "
-                "bytes (2.0 MiB) above the 0 in use at its start (limit 1048576 bytes)") \
+                "B (2.0 MiB) above the 0 B in use at its start (limit 1048576 B (1.0 MiB))") \
             in r.stdout, r.stdout
     # Without the option the same growth passes, and becomes the peak to beat.
     r, outcomes = run({"grows": 4, "shrinks": 2})
@@ -709,8 +709,8 @@ def test_fail_on_increase_with_pytest_memray_loaded_too(shim, tmp_path):
     r, outcomes = run(second, "--fail-on-increase")
     assert outcomes == {"test_device_grows": "FAILED", "test_host_grows": "FAILED"}, \
         r.stdout + r.stderr
-    assert ("spyreshim: test_both.py::test_device_grows used a device peak of 4194304 bytes "
-            "(4.0 MiB), more than the 2097152 bytes (2.0 MiB) of its last successful run "
+    assert ("spyreshim: test_both.py::test_device_grows used a device peak of 4194304 B "
+            "(4.0 MiB), more than the 2097152 B (2.0 MiB) of its last successful run "
             "(--fail-on-increase)") in r.stdout, r.stdout
     # pytest-memray's own verdict on the host memory of the other test.
     host_failure = r.stdout[r.stdout.index("test_host_grows"):]

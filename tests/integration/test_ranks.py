@@ -226,22 +226,27 @@ def test_cross_rank_report(shim, tmp_path):
     assert sorted(rows) == ["rank 0", "rank 1", "rank 2"], text
     # Rank 0 held every step's tensor (80 MiB, no collection needed) and a
     # spike of 16 MiB; rank 1 collected to stay under 32 MiB.
-    assert "highest peak:   rank 0, 96.0 MiB" in text, text
-    assert "least headroom: rank 1," in text and "of 32.0 MiB" in text, text
+    assert "highest peak:   rank 0, 100663296 B (96.0 MiB)" in text, text
+    assert "least headroom: rank 1," in text and "of 33554432 B (32.0 MiB)" in text, text
     assert "first OOM:      none" in text
     assert rows["rank 0"]["collections (freed)"] == "0 (0 B)", text
     assert not rows["rank 1"]["collections (freed)"].startswith("0 "), text
     assert rows["rank 1"]["headroom"] == "0 B", text
     # The killed rank's trace is read as far as it was flushed: every step.
-    assert rows["rank 2"]["peak in use"] == "80.0 MiB", text
+    assert rows["rank 2"]["peak in use"] == "83886080 B (80.0 MiB)", text
 
     page = tmp_path / "ranks.html"
     h = subprocess.run([str(SCRIPT), "report", "--html", str(page), str(tmp_path / "t")],
                        capture_output=True, text=True, timeout=pythons.HANG_S)
     assert h.returncode == 0, h
     html = page.read_text()
-    assert "least headroom: rank 1, 0 B of 32.0 MiB" in html     # the summary, on the page
+    assert "least headroom: rank 1, 0 B of 33554432 B (32.0 MiB)" in html     # the summary, on the page
     assert html.count("<polyline") == 6, html                    # in use, reserved: 3 ranks
+    # The time axis ticks at round times (1, 2 or 5 times a power of ten).
+    ticks = re.findall(r'text-anchor="middle">([^<]*)</text>', html)
+    assert ticks[0] == "0" and len(ticks) >= 3, ticks
+    assert all(re.fullmatch(r"\d+ (s|ms|µs)", tk) for tk in ticks[1:]), ticks
+    assert int(ticks[1].split()[0]) in (1, 2, 5, 10, 20, 50, 100, 200, 500), ticks
     assert [ln for ln in ("rank 0", "rank 1", "rank 2") if ">%s</text>" % ln in html] == [
         "rank 0", "rank 1", "rank 2"]
     assert "<script" not in html
@@ -265,7 +270,7 @@ def test_cross_rank_report(shim, tmp_path):
                        capture_output=True, text=True, timeout=pythons.HANG_S)
     assert d.returncode == 0, d
     assert "at rank 0's peak beyond rank 1's" in d.stdout, d.stdout
-    assert "Grew by 50331648 byte(s) (48.0 MiB) in 24 allocation(s)" in d.stdout, d.stdout
+    assert "Grew by 50331648 B (48.0 MiB) in 24 allocation(s)" in d.stdout, d.stdout
     assert "in step %s:9 [python]" % (tmp_path / "cycles.py") in d.stdout, d.stdout
 
 
@@ -344,10 +349,10 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     rows = {ln.split("  ")[0]: ln for ln in lines[table + 1:table + 4]}
     assert sorted(rows) == ["rank 0", "rank 4", "rank 5"], out.stdout
     assert rows["rank 0"].endswith(" 0     -"), out.stdout
-    assert rows["rank 5"].endswith("?, 8.0 MiB asked, verdict: limit"), out.stdout
+    assert rows["rank 5"].endswith("?, 8388608 B (8.0 MiB) asked, verdict: limit"), out.stdout
     first = lines.index(next(ln for ln in lines if ln.startswith("first OOM:")))
     assert lines[first] == "first OOM:      rank 4", out.stdout
-    assert lines[first + 1].strip() == "8.0 MiB asked at Tensor_new, from hold (hold.py:6)", \
+    assert lines[first + 1].strip() == "8388608 B (8.0 MiB) asked at Tensor_new, from hold (hold.py:6)", \
         out.stdout
     # Before the table: rank 4's stacks, as its own out-of-memory report
     # gives them: the request that failed, then what was live then.
@@ -355,16 +360,16 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     hold = "in hold %s:6 [python]" % (tmp_path / "hold.py")
     module = "in <module> %s:10 [python]" % (tmp_path / "hold.py")
     assert oom[1].startswith("== first out-of-memory: rank 4 (pid "), out.stdout
-    assert oom[2] == ("Request of 8388608 byte(s) (8.0 MiB) of simdev memory that failed, "
+    assert oom[2] == ("Request of 8388608 B (8.0 MiB) of simdev memory that failed, "
                       "asked from:"), out.stdout
     assert " in Tensor_new " in oom[3] and oom[4:6] == ["    #1 " + hold, "    #2 " + module], \
         out.stdout
-    live = oom.index("Live: 67108864 byte(s) (64.0 MiB) in 8 allocation(s) of simdev memory, "
+    live = oom.index("Live: 67108864 B (64.0 MiB) in 8 allocation(s) of simdev memory, "
                      "allocated from:")
     assert oom[live - 2].endswith("==spyreshim: live device memory at out-of-memory"), out.stdout
     assert " in Tensor_new " in oom[live + 1] and oom[live + 2:live + 4] == [
         "    #1 " + hold, "    #2 " + module], out.stdout
-    assert "SUMMARY: spyreshim: 67108864 byte(s) live in 8 allocation(s)." in oom, out.stdout
+    assert "SUMMARY: spyreshim: 67108864 B (64.0 MiB) live in 8 allocation(s)." in oom, out.stdout
     # The same first in the page.
     page = tmp_path / "ranks.html"
     h = subprocess.run([str(SCRIPT), "report", "--html", page, *sorted((tmp_path / "t").iterdir())],
@@ -373,8 +378,8 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     html = page.read_text()
     at = html.index("== first out-of-memory: rank 4 (pid ")
     assert at < html.index("== every process ==") < html.index("<svg"), html
-    assert html.index("Request of 8388608 byte(s)") < html.index(
-        "Live: 67108864 byte(s)") < html.index("<svg"), html
+    assert html.index("Request of 8388608 B (8.0 MiB)") < html.index(
+        "Live: 67108864 B (64.0 MiB)") < html.index("<svg"), html
     assert html.count(html_escape(hold)) == 2 and "<script" not in html, html
 
     # Rank 5 alone ran out: what was live comes from its `.oom` report
@@ -387,8 +392,8 @@ def test_first_oom_names_its_rank_verdict_and_site(shim, tmp_path):
     table = lines.index("== every process ==") + 1
     oom = lines[1:table - 1]
     assert oom[1].startswith("== first out-of-memory: rank 5 (pid "), rep.stdout
-    assert oom[1].endswith(", 8.0 MiB asked, verdict: limit =="), rep.stdout
-    assert "Live: 67108864 byte(s) (64.0 MiB) in 8 allocation(s) of simdev memory, " \
+    assert oom[1].endswith(", 8388608 B (8.0 MiB) asked, verdict: limit =="), rep.stdout
+    assert "Live: 67108864 B (64.0 MiB) in 8 allocation(s) of simdev memory, " \
            "allocated from:" in oom, rep.stdout
     assert "    #1 " + hold in oom and "Request of" not in rep.stdout, rep.stdout
 

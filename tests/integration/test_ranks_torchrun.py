@@ -135,7 +135,7 @@ def test_two_ranks_bare_fail_under_the_shim_complete(venv, tmp_path):
     # The cross-rank report names the small rank as the one with least room.
     rep = pythons.run([str(torchrun.SCRIPT), "report", str(ranks[0]), str(ranks[1])])
     assert rep.returncode == 0, rep
-    assert "least headroom: rank 1, " in rep.stdout and "of 16.0 MiB" in rep.stdout, rep.stdout
+    assert "least headroom: rank 1, " in rep.stdout and "of 16777216 B (16.0 MiB)" in rep.stdout, rep.stdout
     assert "first OOM:      none" in rep.stdout, rep.stdout
 
 

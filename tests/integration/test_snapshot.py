@@ -179,7 +179,7 @@ def test_diff_of_two_snapshots_around_a_known_leak_shows_only_it(builddir, tmp_p
     p = report("--diff", a, b)
     assert p.returncode == 0, p.stderr
     assert p.stdout.count("Grew by") == 1, p.stdout
-    assert "Grew by 40960 byte(s) (40.0 KiB) in 5 allocation(s)" in p.stdout
+    assert "Grew by 40960 B (40.0 KiB) in 5 allocation(s)" in p.stdout
     assert "in leaky " in p.stdout
     for other in ("make_block", "other_site", "churn"):
         assert other not in p.stdout, p.stdout

@@ -279,7 +279,7 @@ def test_unnamed_frame_of_a_stripped_object_gets_its_dynamic_symbol(tmp_path):
     # The stats view labels the site by it too (the user's own object).
     s = subprocess.run([sys.executable, "-m", "spyreshim", "report", "--view", "stats",
                         str(trace)], capture_output=True, text=True, cwd=str(REPO))
-    assert "\t- exported_alloc: 4.0 KiB" in s.stdout, s.stdout
+    assert "\t- exported_alloc: 4096 B (4.0 KiB)" in s.stdout, s.stdout
 
 
 # ------------------------------------------------------ the origin of work
@@ -336,7 +336,7 @@ def test_work_on_a_thread_without_python_names_the_call_that_started_it(builddir
     assert rest["order"] == "native" and rest["count"] == 3, rest
     assert not any(f["kind"] == "python" for f in rest["frames"]), rest
     # The shim's own text at exit says what the Python frames are.
-    block = r.stderr[r.stderr.index(" 3000 byte(s) in 1 allocation(s)"):]
+    block = r.stderr[r.stderr.index(" 3000 B (2.9 KiB) in 1 allocation(s)"):]
     block = block[:block.index("\n\n")]
     assert "started %s:%d [python]" % (script, line) in block, block
     assert "the Python frames are the call that started its work" in block, block

@@ -169,7 +169,7 @@ def test_final_oom_report_names_linear_py_and_the_script_in_call_order(tmp_path)
                      SPYRESHIM_LEAK_CHECK="1", SPYRESHIM_EXITCODE="0")
     assert r.returncode == 0 and r.stdout.startswith("OOM: simdev: out of memory"), r
     err = r.stderr
-    assert "spyreshim: out of simdev memory: a request of 524288 bytes failed" in err, err
+    assert "spyreshim: out of simdev memory: a request of 524288 B (512.0 KiB) failed" in err, err
     group = err[err.index("Live: "):]
     group = group[:group.index("\n\n")]
     frames = re.findall(r"^    #\d+ (.*)$", group, re.M)
@@ -222,7 +222,7 @@ def test_pytest_plugin_catches_a_cached_linear_output(tmp_path):
                     re.findall(r"^(PASSED|FAILED|ERROR) test_inner\.py::(\w+)", out, re.M))
     assert outcomes == {"test_uses_the_layer": "PASSED", "test_caches_the_output": "FAILED"}, out
     # The output: 4 x 256 floats, allocated by the layer's forward.
-    assert ("spyreshim: test_inner.py::test_caches_the_output left 4096 bytes (4.0 KiB) of "
+    assert ("spyreshim: test_inner.py::test_caches_the_output left 4096 B (4.0 KiB) of "
             "device memory in 1 allocation after garbage collection") in out, out
     section = out[out.index("test_caches_the_output left"):].split("\n\n")[1]
     frames = re.findall(r"^\s+#\d+ (.*)$", section, re.M)

@@ -62,7 +62,7 @@ def test_trace_stacks_are_the_leak_reports(name, builddir, shim_lib, tmp_path):
     # The views: the extension's frame innermost, <module> outermost, no
     # interpreter frame between them.
     text = tracepeak.peak_text(t)
-    block = text[text.index("1000 byte(s)"):]
+    block = text[text.index("1000 B"):]
     block = block[:block.index("\n\n")] if "\n\n" in block else block
     lines = [ln for ln in block.splitlines() if ln.strip().startswith("#")]
     assert "Tensor_new" in lines[0] and "mlp" in lines[1] and "<module>" in lines[-1], lines

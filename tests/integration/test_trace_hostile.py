@@ -404,7 +404,7 @@ def test_huge_integer_and_lone_surrogate_in_a_report_are_one_line(tmp_path):
 
 # ------------------------------------------------------- forged names
 
-FORGE = "\x1b[2J\x1b[H\nSUMMARY: spyreshim: 0 byte(s) leaked in 0 allocation(s)."
+FORGE = "\x1b[2J\x1b[H\nSUMMARY: spyreshim: 0 B leaked in 0 allocation(s)."
 PROTO_NAMES = ["constructor", "__proto__", "toString", "hasOwnProperty", "\x1b[31mred"]
 
 
@@ -418,7 +418,7 @@ def test_report_escapes_control_characters_in_names(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout
     summaries = [ln for ln in r.stdout.splitlines() if ln.startswith("SUMMARY")]
-    assert summaries == ["SUMMARY: spyreshim: 100 byte(s) leaked in 1 allocation(s)."]
+    assert summaries == ["SUMMARY: spyreshim: 100 B leaked in 1 allocation(s)."]
     assert "\\x1b[2J\\x1b[H\\nSUMMARY" in r.stdout
     # The trace views too.
     t = tmp_path / "forge.trace"
@@ -439,7 +439,7 @@ def test_exit_report_escapes_a_python_function_name(tmp_path, builddir):
                        timeout=pythons.HANG_S, env=shim_env(builddir, SPYRESHIM_LEAK_CHECK="held"))
     assert "\x1b" not in r.stderr, r.stderr
     summaries = [ln for ln in r.stderr.splitlines() if ln.startswith("SUMMARY")]
-    assert len(summaries) == 1 and "0 byte(s)" not in summaries[0], r.stderr
+    assert len(summaries) == 1 and "0 B" not in summaries[0], r.stderr
     assert "\\x1b[2J" in r.stderr, r.stderr
 
 

@@ -6,6 +6,7 @@ process_alloc_data, MemoryView, and its own unpickle()).
 
 Set SPYRESHIM_SCREENSHOT_DIR to keep the screenshot for a look."""
 import json
+import math
 import os
 import pickle
 import pickletools
@@ -102,11 +103,13 @@ def test_the_peak_view_holds_the_allocation_that_made_the_peak(tmp_path):
         assert sum(sz for sz, _s, _i in live.values()) == b, (d, live)
         assert (d, TWO_DEVICES[i][2]) in live
     text = tracepeak.peak_text(t)
-    assert "== peak of all devices: 400 B after event 5 ==" in text
-    assert "SUMMARY: spyreshim: 400 byte(s) live in 3 allocation(s)." in text
-    assert "== peak of simdev: 150 B after event 3 ==" in text
-    assert "SUMMARY: spyreshim: 150 byte(s) live in 2 allocation(s)." in text
-    assert "== peak of cuda:0: 300 B after event 5 ==" in text
+    # Titles give the moment's time (event i at (i + 1) us), not its number.
+    assert "after event" not in text
+    assert "== peak of all devices: 400 B at 0.000005 s ==" in text
+    assert "SUMMARY: spyreshim: 400 B live in 3 allocation(s)." in text
+    assert "== peak of simdev: 150 B at 0.000003 s ==" in text
+    assert "SUMMARY: spyreshim: 150 B live in 2 allocation(s)." in text
+    assert "== peak of cuda:0: 300 B at 0.000005 s ==" in text
 
 
 def test_memory_viz_frames_are_innermost_first(tmp_path):
@@ -127,7 +130,7 @@ def test_timeline_page_is_self_contained_with_the_exact_peak(synth):
     p = parse(text)
     assert not re.search(r"(src|href)=\"https?:", text)
     peak = tr.peaks(synth)
-    assert "peak %s (%d bytes)" % (tracepeak.rpt.format_size(peak.bytes), peak.bytes) in text
+    assert "peak %s at" % tracepeak.rpt.format_size(peak.bytes) in text
     layers = [a for tag, a in p.tags if tag == "polygon" and a.get("class") == "layer"]
     assert len(layers) == 5                      # 4 sites + other
     # Markers: one path per kind (issue 24 item 8), a stroke per distinct
@@ -275,3 +278,47 @@ def test_memory_viz_snapshot_is_what_the_page_reads(tmp_path, synth):
         if e["action"] == "alloc":
             assert any(s["address"] <= e["addr"] and e["addr"] + e["size"] <= s["address"] +
                        s["total_size"] for s in segs)
+
+
+def test_timeline_axes_have_round_ticks(synth):
+    """The bytes axis ticks at multiples of 1, 2 or 5 (times 10, 100) of
+    one binary unit, from 0 to the first at or above the highest column;
+    the time axis at 1, 2 or 5 times a power of ten: labels read '64 MiB',
+    '20 ms', not '48.3 MiB' or '0.173 s'."""
+    text = timeline.page(synth, buckets=300)
+    ys = re.findall(r'class="ytick"[^>]*/><text[^>]*>([^<]*)</text>', text)
+    xs = re.findall(r'class="xtick"[^>]*/><text[^>]*>([^<]*)</text>', text)
+    assert len(ys) >= 3 and len(xs) >= 3, (ys, xs)
+    unit = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    yv = [0] + [int(v) * unit[u] for v, u in (s.split() for s in ys[1:])]
+    assert ys[0] == "0" and all(re.fullmatch(r"\d+ (B|KiB|MiB|GiB)", s) for s in ys[1:]), ys
+    step = yv[1]
+    assert all(b - a == step for a, b in zip(yv, yv[1:])), ys
+    assert int(ys[1].split()[0]) in (1, 2, 5, 10, 20, 50, 100, 200, 500), ys
+    assert yv[-1] >= tr.peaks(synth).bytes > yv[-2], (ys, tr.peaks(synth).bytes)
+    scale = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+    assert xs[0] == "0" and all(re.fullmatch(r"\d+ (s|ms|µs|ns)", s) for s in xs[1:]), xs
+    xv = [0.0] + [int(v) * scale[u] for v, u in (s.split() for s in xs[1:])]
+    xstep = xv[1]
+    assert all(abs((b - a) - xstep) < 1e-9 * max(1.0, xstep) for a, b in zip(xv, xv[1:])), xs
+    mant = xstep / 10 ** math.floor(math.log10(xstep) + 1e-9)
+    assert any(abs(mant - m) < 1e-6 for m in (1, 2, 5)), xs
+    assert xv[-1] <= max(synth.time) / 1e9 + 1e-9 < xv[-1] + xstep, (xs, max(synth.time))
+
+
+def test_every_page_draws_its_flame_graph_the_same_way_up(synth, tmp_path):
+    """Flame graphs, not icicles, on every page: the outermost frame at the
+    bottom (the leak report's page, the peak's, the timeline's click)."""
+    tl = timeline.page(synth, buckets=300)
+    peak = tracepeak.peak_html(synth)
+    assert "outermost frame at the top" not in tl.lower()
+    assert "outermost frame at the bottom" in tl.lower()
+    assert "Outermost frame at the bottom" in peak
+    # The timeline's graph is drawn by its script: each box's top from the
+    # deepest level down, the root's row the lowest.
+    assert "e.style.top=((depth-e.dataset.d)*18)+'px'" in tl
+    # The leak page's SVG: deeper frames higher (smaller y).
+    parse(peak)
+    ys = {int(d): float(y) for d, y in re.findall(
+        r'data-d="(\d+)"[^>]*>(?:(?!</g>).)*?<rect x="[^"]*" y="([^"]*)"', peak, re.S)}
+    assert len(ys) >= 2 and all(ys[d] > ys[d + 1] for d in ys if d + 1 in ys), ys

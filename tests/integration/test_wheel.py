@@ -206,7 +206,7 @@ def test_leak_hunt_from_the_venv(venv):
     assert re.search(r"#\d+ 0x[0-9a-f]+ in Tensor_\w+ \S*simdevmodule\.c:\d+", err), err
     assert "UNWIND ['%s']" % (site / "spyreshim" / "_libs" / "libunwind.so.8") in r.stdout, \
         r.describe()
-    assert "SUMMARY: spyreshim: 3145728 byte(s) leaked in 3 allocation(s)." in err
+    assert "SUMMARY: spyreshim: 3145728 B (3.0 MiB) leaked in 3 allocation(s)." in err
     # No libunwind to be had (a broken one first on LD_LIBRARY_PATH, which
     # wins over the RUNPATH): one line saying what to install, and the
     # report keeps its Python frames.

@@ -144,7 +144,7 @@ Test(snapshot, print_and_json)
     char buf[8192] = {0};
     cr_assert_gt(pread(fileno(t), buf, sizeof buf - 1, 0), 0);
     fclose(t);
-    cr_assert(strstr(buf, "Live: 9216 byte(s) in 1 allocation(s) of fake memory"), "%s", buf);
+    cr_assert(strstr(buf, "Live: 9216 B (9.0 KiB) in 1 allocation(s) of fake memory"), "%s", buf);
     cr_assert(strstr(buf, "allocate_from_here"), "%s", buf);
 
     char dir[] = "/tmp/snapjson-XXXXXX";
@@ -181,7 +181,7 @@ Test(snapshot, empty_when_nothing_is_live)
     char buf[1024] = {0};
     cr_assert_gt(pread(fileno(t), buf, sizeof buf - 1, 0), 0);
     fclose(t);
-    cr_assert(strstr(buf, "SUMMARY: spyreshim: 0 byte(s) live in 0 allocation(s)."), "%s", buf);
+    cr_assert(strstr(buf, "SUMMARY: spyreshim: 0 B live in 0 allocation(s)."), "%s", buf);
     cr_assert_eq(spyreshim_snapshot_print(s, -1, 0), -1, "a bad descriptor is an error");
     spyreshim_snapshot_free(s);
     cr_assert_eq(spyreshim_snapshot_count(NULL), 0);
