@@ -499,20 +499,29 @@ def test_a_fork_child_ended_by_sigterm_ends_as_bare_with_its_own_trace_flushed(t
         p = subprocess.Popen([str(program(builddir)), "a:3:4096", "fork", "a:20:4096", "query",
                               "waitsig"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        lines, child = [], None
+        # The parent's "forked PID" and the child's "waiting" come in
+        # either order: the child is signalled once both are read.
+        lines, child, waiting = [], None, False
         try:
             for line in p.stdout:
                 if line.startswith("forked "):
                     child = int(line.split()[1])
                     line = "forked CHILD\n"
                 lines.append(line)
-                if line == "waiting\n":
+                waiting = waiting or line == "waiting\n"
+                if child is not None and waiting:
                     os.kill(child, signal.SIGTERM)
+                    waiting = False
             _, err = p.communicate(timeout=pythons.HANG_S)
         finally:
             if p.poll() is None:
-                p.kill()
-                p.communicate()
+                for pid in (child, p.pid):   # the child holds the pipes too
+                    if pid is not None:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                p.communicate(timeout=pythons.HANG_S)
         out[name] = (p.returncode, "".join(sorted(lines)), err, child)
     assert out["bare"][:2] == (0, "".join(sorted([
         "allocated 3, 3 kept\n", "forked CHILD\n", "allocated 20, 23 kept\n",
