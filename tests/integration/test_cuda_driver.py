@@ -336,7 +336,7 @@ def test_an_oom_the_program_gives_up_on_keeps_its_status_and_prints_each_stack_o
              "--", prog, "oomexit"], env)
     assert (r.returncode, r.stdout) == (3, b.stdout), r
     err = r.stderr
-    assert "out of cuda memory: a request of 1048576 bytes failed" in err, err
+    assert "out of cuda memory: a request of 1048576 B (1.0 MiB) failed" in err, err
     assert "ERROR: spyreshim: detected device memory leaks" in err, err
     assert err.count(" in check_oomexit ") == 2, err         # once in each report
     assert err.count(" in main ") == 1, err                  # the rest of the stack: once

@@ -265,7 +265,7 @@ def test_pytest_finds_the_plugin_by_entry_point(venv):
         assert r.returncode == 1, r.describe()
         assert re.search(r"^FAILED test_inner\.py::test_leaky", r.stdout, re.M), r.describe()
         assert re.search(r"^PASSED test_inner\.py::test_clean", r.stdout, re.M), r.describe()
-        assert "test_inner.py::test_leaky left 1048576 bytes" in r.stdout, r.describe()
+        assert "test_inner.py::test_leaky left 1048576 B (1.0 MiB)" in r.stdout, r.describe()
     # Not asked, not under the shim: the plugin is loaded and silent.
     r = _run(base + ["--trace-config"], env=env, cwd=work)
     assert r.returncode == 0, r.describe()
