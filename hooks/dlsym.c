@@ -36,10 +36,8 @@ __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlsym_next)(void *, c
 __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlvsym_next)(void *, const char *,
                                                                         const char *);
 
-/* Not instrumented by sanitizers: a sanitizer's runtime looks its real
- * functions up with dlsym while it initializes, before instrumented code
- * may run, and those lookups come through here. */
-#define NO_SANITIZE __attribute__((no_sanitize("thread", "address", "undefined")))
+/* SHIM_NO_SANITIZE (loader.h): a sanitizer's runtime looks its real
+ * functions up with dlsym while it initializes, through here. */
 
 /* The C library's own dlsym and dlvsym. Both are interposed here, so
  * neither can be asked for the other: they are read from the C library's
@@ -47,7 +45,7 @@ __attribute__((visibility("hidden"))) void *(*_Atomic shim_dlvsym_next)(void *, 
  * objects (_r_debug): no function is called, so this works in the first
  * lookup of all, a sanitizer's runtime's while it sets itself up (its
  * interceptors, dl_iterate_phdr's among them, are not ready then). */
-NO_SANITIZE static uint32_t gnu_hash(const char *s)
+SHIM_NO_SANITIZE static uint32_t gnu_hash(const char *s)
 {
     uint32_t h = 5381;
     for (; *s; s++)
@@ -56,14 +54,14 @@ NO_SANITIZE static uint32_t gnu_hash(const char *s)
 }
 
 /* strcmp and strstr are intercepted by sanitizers, and not ready then. */
-NO_SANITIZE static bool same_string(const char *a, const char *b)
+SHIM_NO_SANITIZE static bool same_string(const char *a, const char *b)
 {
     while (*a && *a == *b)
         a++, b++;
     return *a == *b;
 }
 
-NO_SANITIZE static bool names_libc(const char *path)
+SHIM_NO_SANITIZE static bool names_libc(const char *path)
 {
     for (const char *p = path; *p; p++)
         if (p[0] == '/' && p[1] == 'l' && p[2] == 'i' && p[3] == 'b' && p[4] == 'c' &&
@@ -73,7 +71,7 @@ NO_SANITIZE static bool names_libc(const char *path)
 }
 
 /* `name` defined by the object `m`, or NULL. */
-NO_SANITIZE static void *defined_by(const struct link_map *m, const char *name)
+SHIM_NO_SANITIZE static void *defined_by(const struct link_map *m, const char *name)
 {
     const ElfW(Sym) *symtab = NULL;
     const char *strtab = NULL;
@@ -114,7 +112,7 @@ NO_SANITIZE static void *defined_by(const struct link_map *m, const char *name)
 /* The shim's own ELF header: its load address, to skip itself. */
 extern const char __ehdr_start[] __attribute__((visibility("hidden")));
 
-NO_SANITIZE static void *libc_function(const char *name)
+SHIM_NO_SANITIZE static void *libc_function(const char *name)
 {
     void *any = NULL;
     for (const struct link_map *m = _r_debug.r_map; m; m = m->l_next) {
@@ -131,7 +129,7 @@ NO_SANITIZE static void *libc_function(const char *name)
     return any;
 }
 
-NO_SANITIZE static void *(*resolve_next(void))(void *, const char *)
+SHIM_NO_SANITIZE static void *(*resolve_next(void))(void *, const char *)
 {
     void *(*fn)(void *, const char *) = atomic_load_explicit(&shim_dlsym_next, memory_order_acquire);
     if (fn)
@@ -141,7 +139,7 @@ NO_SANITIZE static void *(*resolve_next(void))(void *, const char *)
     return fn;
 }
 
-NO_SANITIZE static void *(*resolve_vnext(void))(void *, const char *, const char *)
+SHIM_NO_SANITIZE static void *(*resolve_vnext(void))(void *, const char *, const char *)
 {
     void *(*fn)(void *, const char *, const char *) =
         atomic_load_explicit(&shim_dlvsym_next, memory_order_acquire);
@@ -216,7 +214,7 @@ static inline bool maybe_served(const char *name)
  * address: as dlsym, for a name the C library finds at that version (a
  * driver whose functions are versioned; the real driver's are not, and
  * its dlvsym answers nothing). NULL: the stub forwards the call. */
-NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlvsym_pick(void *handle,
+SHIM_NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlvsym_pick(void *handle,
                                                                          const char *name,
                                                                          const char *version,
                                                                          void *ret)
@@ -236,7 +234,7 @@ NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlvsym_pick(void *h
 
 /* From the stub, with dlsym's arguments and its caller's return address.
  * NULL: the stub forwards the call untouched. */
-NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *handle,
+SHIM_NO_SANITIZE __attribute__((visibility("hidden"))) void *shim_dlsym_pick(void *handle,
                                                                         const char *name,
                                                                         void *ret)
 {

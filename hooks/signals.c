@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "hooks.h"
+#include "loader.h"
 #include "sigterm.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -59,7 +60,9 @@ __attribute__((constructor)) static void signals_init(void)
     (atomic_load_explicit(&real.name, memory_order_acquire) ? (void)0 : resolve_all(), \
      atomic_load_explicit(&real.name, memory_order_acquire))
 
-EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+/* A sanitizer's runtime installs its handlers through here while it
+ * initializes: nothing on this path is instrumented (loader.h). */
+EXPORT SHIM_NO_SANITIZE int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
     if (shim_sigterm_owned(sig))
         return shim_sigterm_sigaction(act, old);

@@ -13,6 +13,12 @@
 #include <dlfcn.h>
 #include <link.h>
 
+/* Not instrumented by sanitizers: what a sanitizer's runtime calls while it
+ * initializes, before instrumented code may run (its dlsym lookups of the
+ * real functions, and the sigaction calls that install its handlers, both
+ * of which the shim interposes). */
+#define SHIM_NO_SANITIZE __attribute__((no_sanitize("thread", "address", "undefined")))
+
 /* dlsym. RTLD_NEXT is relative to the shim's own object, as in a direct
  * call (this file is part of it). */
 void *shim_dlsym(void *handle, const char *name);

@@ -39,6 +39,8 @@
 
 #include "sigterm.h"
 
+#include "loader.h"
+
 /* The C library's sigaction under its other name: the shim exports
  * `sigaction` (hooks/signals.c), not this one. */
 extern int __sigaction(int sig, const shim_sigaction *act, shim_sigaction *old);
@@ -141,7 +143,7 @@ void shim_sigterm_install(shim_sigterm_flush_fn flush)
     unlock(&m);
 }
 
-bool shim_sigterm_owned(int sig)
+SHIM_NO_SANITIZE bool shim_sigterm_owned(int sig)
 {
     return sig == SIGTERM && atomic_load_explicit(&g_active, memory_order_acquire);
 }
