@@ -160,6 +160,18 @@ static void fold(shim_report_group *g)
     }
 }
 
+/* Appends one Python frame to the group's frames (calloc'd: every field
+ * not set here is zero). */
+static void push_python(shim_report_group *g, const shim_pyframe *p)
+{
+    shim_report_frame *f = &g->frames[g->nframes++];
+    f->python = true;
+    f->function = p->function;
+    f->file = p->file;
+    f->line = p->line;
+    f->python_frames = -1;
+}
+
 static int resolve_frames(shim_report *r, shim_report_group *g)
 {
     shim_pyframe py[PY_FRAMES_MAX];
@@ -221,25 +233,14 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
     }
     size_t next_py = 0;
     if (g->order != SHIM_ORDER_HYBRID && g->order != SHIM_ORDER_ORIGIN) {
-        for (; next_py < npy; next_py++) {
-            shim_report_frame *f = &g->frames[g->nframes++];
-            f->python = true;
-            f->function = py[next_py].function;
-            f->file = py[next_py].file;
-            f->line = py[next_py].line;
-            f->python_frames = -1;
-        }
+        for (; next_py < npy; next_py++)
+            push_python(g, &py[next_py]);
     }
     for (size_t i = 0; i < nn; i++) {
         if (g->order == SHIM_ORDER_HYBRID && is_eval_loop(native[i].function)) {
             int ran = 0;
             while (next_py < npy) {
-                shim_report_frame *f = &g->frames[g->nframes++];
-                f->python = true;
-                f->function = py[next_py].function;
-                f->file = py[next_py].file;
-                f->line = py[next_py].line;
-                f->python_frames = -1;
+                push_python(g, &py[next_py]);
                 ran++;
                 if (py[next_py++].entry)
                     break;
@@ -249,14 +250,8 @@ static int resolve_frames(shim_report *r, shim_report_group *g)
         g->frames[g->nframes++] = native[i];
     }
     free(native);
-    for (; g->order == SHIM_ORDER_ORIGIN && next_py < npy; next_py++) {
-        shim_report_frame *f = &g->frames[g->nframes++];
-        f->python = true;
-        f->function = py[next_py].function;
-        f->file = py[next_py].file;
-        f->line = py[next_py].line;
-        f->python_frames = -1;
-    }
+    for (; g->order == SHIM_ORDER_ORIGIN && next_py < npy; next_py++)
+        push_python(g, &py[next_py]);
     if (g->order == SHIM_ORDER_HYBRID)
         fold(g);
     return 0;
