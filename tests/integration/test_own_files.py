@@ -117,7 +117,7 @@ def test_the_program_s_descriptor_numbers_are_its_own_under_control(tmp_path, bu
 def snapshot_until_answered(pid, cwd):
     """`spyreshim snapshot PID` until it is answered (the control thread
     makes its socket again within a second of the program closing it)."""
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + pythons.HANG_S
     while True:
         r = subprocess.run([sys.executable, str(SCRIPT), "snapshot", str(pid)], cwd=cwd,
                            capture_output=True, text=True, timeout=pythons.HANG_S)
@@ -357,7 +357,7 @@ def test_the_report_of_a_killed_process_s_trace_says_so_first(tmp_path, builddir
                          env=dict(env, SPYRESHIM_TRACE=str(killed)), stdout=subprocess.PIPE)
     try:
         assert p.stdout.readline() == b"allocated 5, 5 kept\n"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + pythons.HANG_S
         while not flushed(killed, 5):
             assert time.monotonic() < deadline, "no flush"
             time.sleep(0.02)
@@ -640,7 +640,7 @@ def test_a_killed_python_program_s_trace_names_its_python_frames(tmp_path, build
 
     try:
         assert p.stdout.readline() == "ready\n"
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + pythons.HANG_S
         while not {"model", "layer", "<module>"} <= functions():
             assert time.monotonic() < deadline, functions()
             time.sleep(0.02)
