@@ -22,8 +22,7 @@
 
 typedef struct cl_dev {
     _Atomic(cl_device_id) id;
-    _Atomic(shim_device *) dev; /* set once what follows is */
-    _Atomic size_t global_mem, max_alloc;
+    _Atomic(const shim_cl_dev *) pub; /* malloc'd, set once (set_up) */
 } cl_dev;
 
 static cl_dev devs[SHIM_MAX_DEVICES];
@@ -53,7 +52,10 @@ static int ocl_mem_info(size_t *free_out, size_t *total_out)
     int i = tls_charging;
     if (i < 0)
         return CL_INVALID_DEVICE;
-    *total_out = *free_out = atomic_load_explicit(&devs[i].global_mem, memory_order_relaxed);
+    const shim_cl_dev *d = atomic_load_explicit(&devs[i].pub, memory_order_acquire);
+    if (!d)
+        return CL_INVALID_DEVICE;
+    *total_out = *free_out = d->global_mem;
     return 0;
 }
 
@@ -77,10 +79,11 @@ static const shim_runtime opencl_rt = {
     .current_device = no_current,
 };
 
-/* Slot `i`, claimed for `id`: what the runtime says of it, then its
- * device. Two threads may both get here for one slot: they ask the same
- * and find the same device. */
-static shim_device *set_up(shim_cl_api *a, int i, cl_device_id id)
+/* Slot `i`, claimed for `id`: what the runtime says of it and its
+ * device, published once whole. Two threads may both get here for one
+ * slot: they ask the same, and the first to publish is kept (the other's
+ * copy freed), so that what the create path reads never changes. */
+static const shim_cl_dev *set_up(shim_cl_api *a, int i, cl_device_id id)
 {
     cl_ulong global = 0, max = 0;
     if (a->get_device_info(id, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL) !=
@@ -88,22 +91,34 @@ static shim_device *set_up(shim_cl_api *a, int i, cl_device_id id)
         a->get_device_info(id, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max, &max, NULL) !=
             CL_SUCCESS)
         return NULL;
-    atomic_store_explicit(&devs[i].global_mem, (size_t)global, memory_order_relaxed);
-    atomic_store_explicit(&devs[i].max_alloc, (size_t)max, memory_order_relaxed);
+    shim_cl_dev *mine = malloc(sizeof *mine);
+    if (!mine)
+        return NULL;
     shim_device *d = shim_device_get_ordinal(&opencl_rt, i);
-    if (d)
-        atomic_store_explicit(&devs[i].dev, d, memory_order_release);
-    return d;
+    if (!d) {
+        free(mine);
+        return NULL;
+    }
+    shim_pt_account acct = shim_passthrough_account(d);
+    *mine = (shim_cl_dev){.dev = d, .acct = acct,
+                          .watch = shim_passthrough_account_of(acct.ordinal, acct.index, NULL),
+                          .global_mem = (size_t)global, .max_alloc = (size_t)max};
+    const shim_cl_dev *first = NULL;
+    if (atomic_compare_exchange_strong_explicit(&devs[i].pub, &first, mine, memory_order_acq_rel,
+                                                memory_order_acquire))
+        return mine;
+    free(mine);
+    return first;
 }
 
-static shim_device *device_of_id(shim_cl_api *a, cl_device_id id)
+static const shim_cl_dev *device_of_id(shim_cl_api *a, cl_device_id id)
 {
     for (int i = 0; i < SHIM_MAX_DEVICES; i++) {
         cl_device_id cur = atomic_load_explicit(&devs[i].id, memory_order_acquire);
         if (!cur && atomic_compare_exchange_strong(&devs[i].id, &cur, id))
             return set_up(a, i, id);
         if (cur == id) {
-            shim_device *d = atomic_load_explicit(&devs[i].dev, memory_order_acquire);
+            const shim_cl_dev *d = atomic_load_explicit(&devs[i].pub, memory_order_acquire);
             return d ? d : set_up(a, i, id);
         }
     }
@@ -118,7 +133,7 @@ static shim_device *device_of_id(shim_cl_api *a, cl_device_id id)
  * every context's memory is its (a sub-device's too: the same memory),
  * known without asking the runtime at each creation (read inline by
  * shim_cl_device_of). */
-_Atomic(shim_device *) shim_cl_only_device;
+_Atomic(const shim_cl_dev *) shim_cl_only_device;
 static _Atomic int devices_in_system = -1; /* -1: not counted yet */
 
 /* The devices of every platform (CL_DEVICE_TYPE_ALL leaves custom ones
@@ -142,11 +157,11 @@ static int count_devices(shim_cl_api *a, cl_device_id *only)
     return n;
 }
 
-shim_device *shim_cl_device_lookup(shim_cl_api *a, cl_context ctx)
+const shim_cl_dev *shim_cl_device_lookup(shim_cl_api *a, cl_context ctx)
 {
     if (!ctx)
         return NULL;
-    shim_device *one = atomic_load_explicit(&shim_cl_only_device, memory_order_acquire);
+    const shim_cl_dev *one = atomic_load_explicit(&shim_cl_only_device, memory_order_acquire);
     if (one)
         return one;
     if (atomic_load_explicit(&devices_in_system, memory_order_relaxed) < 0) {
@@ -169,35 +184,21 @@ shim_device *shim_cl_device_lookup(shim_cl_api *a, cl_context ctx)
         len < sizeof ids[0])
         return NULL;
     cl_device_id *all = malloc(len);
-    shim_device *d = NULL;
+    const shim_cl_dev *d = NULL;
     if (all && a->get_context_info(ctx, CL_CONTEXT_DEVICES, len, all, NULL) == CL_SUCCESS)
         d = device_of_id(a, all[0]);
     free(all);
     return d;
 }
 
-cl_int shim_cl_charge(shim_device *d, size_t bytes)
+cl_int shim_cl_charge_slow(const shim_cl_dev *d, size_t bytes)
 {
-    /* Room under the limit: no room to make, no report to name it in. */
-    if (shim_passthrough_charge_fits(d, shim_opts()->limit, bytes))
-        return CL_SUCCESS;
     /* Restored, not cleared: a pressure callback may make memory itself. */
     int outer = tls_charging;
-    tls_charging = shim_passthrough_ordinal(d);
-    int rc = shim_passthrough_charge(d, bytes);
+    tls_charging = d->acct.ordinal;
+    int rc = shim_passthrough_charge(d->dev, bytes);
     tls_charging = outer;
     return rc == 0 ? CL_SUCCESS : CL_MEM_OBJECT_ALLOCATION_FAILURE;
-}
-
-cl_int shim_cl_charge_buffer(shim_device *d, size_t bytes)
-{
-    size_t limit = shim_opts()->limit;
-    int i = shim_passthrough_ordinal(d);
-    if (bytes > atomic_load_explicit(&devs[i].max_alloc, memory_order_relaxed))
-        return SHIM_CL_RUNTIME_FIRST;
-    if (limit && bytes > limit)
-        return CL_INVALID_BUFFER_SIZE;
-    return shim_passthrough_charge_fits(d, limit, bytes) ? CL_SUCCESS : shim_cl_charge(d, bytes);
 }
 
 /* The device's memory as the shim lets the program have it: the size and

@@ -24,19 +24,28 @@
 
 #define FAMILY SHIM_PT_OPENCL_MEM
 
-/* `m`, the runtime's answer to a request charged `bytes` on `d` (NULL:
- * no device known, nothing charged): recorded, or the charge given back
- * when the runtime refused. */
-static cl_mem watched(shim_device *d, size_t bytes, cl_mem m)
+/* watched's other cases: a refusal after a charge, an object charged
+ * nothing (a sub-buffer), or one on no known device. */
+static void watched_rest(const shim_cl_dev *d, size_t bytes, cl_mem m)
 {
-    if (__builtin_expect(d && bytes && m != NULL, 1))
-        shim_passthrough_add_charged(FAMILY, d, (uintptr_t)m, bytes);
-    else if (!m && d && bytes)
-        shim_passthrough_uncharge(d, bytes);
+    if (!m && d && bytes)
+        shim_pool_give(d->acct.pool, bytes);
     else if (m && d)
-        shim_passthrough_add_on(FAMILY, d, (uintptr_t)m, 0);
+        shim_passthrough_add_pooled(FAMILY, d->acct.ordinal, d->acct.index, NULL, (uintptr_t)m,
+                                    0);
     else if (m)
         shim_passthrough_add(FAMILY, -1, (uintptr_t)m, bytes);
+}
+
+/* `m`, the runtime's answer to a request charged `bytes` on `d` (NULL:
+ * no device known, nothing charged): recorded, or the charge given back
+ * when the runtime refused. Inline: every create's last step. */
+__attribute__((always_inline)) static inline cl_mem watched(const shim_cl_dev *d, size_t bytes,
+                                                           cl_mem m)
+{
+    if (__builtin_expect(d && bytes && m != NULL, 1))
+        return (cl_mem)shim_passthrough_add_to(FAMILY, &d->acct, (uintptr_t)m, bytes);
+    watched_rest(d, bytes, m);
     return m;
 }
 
@@ -49,7 +58,7 @@ static cl_mem charged_after(shim_cl_api *a, cl_context ctx, cl_mem m, size_t byt
 {
     if (!m)
         return NULL;
-    shim_device *d = shim_cl_device_of(a, ctx);
+    const shim_cl_dev *d = shim_cl_device_of(a, ctx);
     if (d && bytes && shim_cl_charge(d, bytes) != CL_SUCCESS) {
         a->release_mem_object(m);
         shim_cl_set_err(errcode_ret, CL_MEM_OBJECT_ALLOCATION_FAILURE);
@@ -67,14 +76,20 @@ static cl_mem charged_after(shim_cl_api *a, cl_context ctx, cl_mem m, size_t byt
  * or one the specification keeps for images). Such a request goes to the
  * runtime before the limit, so that the program gets the runtime's
  * error, whatever the limit would say. */
-static bool args_refused(cl_mem_flags flags, size_t size, const void *host_ptr)
+/* The common request, at a glance: read-write, sized, no host memory. */
+static inline bool args_plain(cl_mem_flags flags, size_t size, const void *host_ptr)
+{
+    return flags == CL_MEM_READ_WRITE && size && !host_ptr;
+}
+
+static inline bool args_refused(cl_mem_flags flags, size_t size, const void *host_ptr)
 {
     const cl_mem_flags known = CL_MEM_READ_WRITE | CL_MEM_WRITE_ONLY | CL_MEM_READ_ONLY |
                                CL_MEM_USE_HOST_PTR | CL_MEM_ALLOC_HOST_PTR |
                                CL_MEM_COPY_HOST_PTR | CL_MEM_HOST_WRITE_ONLY |
                                CL_MEM_HOST_READ_ONLY | CL_MEM_HOST_NO_ACCESS;
-    if (__builtin_expect(flags == CL_MEM_READ_WRITE && size && !host_ptr, 1))
-        return false; /* the common request, at a glance */
+    if (__builtin_expect(args_plain(flags, size, host_ptr), 1))
+        return false;
     if (size == 0 || (flags & ~known))
         return true;
     int access = !!(flags & CL_MEM_READ_WRITE) + !!(flags & CL_MEM_WRITE_ONLY) +
@@ -89,10 +104,11 @@ static bool args_refused(cl_mem_flags flags, size_t size, const void *host_ptr)
     return wants_ptr != (host_ptr != NULL);
 }
 
-/* clCreateBuffer, and clCreateBufferWithProperties where `with_props`. */
-static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_properties *props,
-                            cl_mem_flags flags, size_t size, void *host_ptr,
-                            cl_int *errcode_ret)
+/* clCreateBuffer, and clCreateBufferWithProperties where `with_props`:
+ * every request the way the specification orders its answers. */
+__attribute__((always_inline)) static inline cl_mem create_buffer_any(
+    bool with_props, cl_context ctx, const cl_mem_properties *props, cl_mem_flags flags,
+    size_t size, void *host_ptr, cl_int *errcode_ret)
 {
     shim_cl_api *a = shim_cl();
     if (!a || (with_props && !a->create_buffer_with_properties)) {
@@ -103,7 +119,7 @@ static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_proper
     (with_props ? a->create_buffer_with_properties(ctx, props, flags, size, host_ptr,      \
                                                    errcode_ret)                            \
                 : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret))
-    shim_device *d = NULL;
+    const shim_cl_dev *d = NULL;
     cl_int err = CL_SUCCESS;
     if (args_refused(flags, size, host_ptr) ||
         ((d = shim_cl_device_of(a, ctx)) &&
@@ -115,6 +131,53 @@ static cl_mem create_buffer(bool with_props, cl_context ctx, const cl_mem_proper
     }
     return watched(d, size, REAL_CREATE());
 #undef REAL_CREATE
+}
+
+/* create_buffer_any out of line, one per entry point: the common
+ * request's path (create_buffer) jumps to it with its arguments as they
+ * came. */
+__attribute__((noinline)) static cl_mem create_buffer_slow(cl_context ctx, cl_mem_flags flags,
+                                                           size_t size, void *host_ptr,
+                                                           cl_int *errcode_ret)
+{
+    return create_buffer_any(false, ctx, NULL, flags, size, host_ptr, errcode_ret);
+}
+
+__attribute__((noinline)) static cl_mem create_buffer_with_properties_slow(
+    cl_context ctx, const cl_mem_properties *props, cl_mem_flags flags, size_t size,
+    void *host_ptr, cl_int *errcode_ret)
+{
+    return create_buffer_any(true, ctx, props, flags, size, host_ptr, errcode_ret);
+}
+
+/* create_buffer_any, with the common request (args_plain, on the
+ * system's only device, the limit not reached) made without a call but
+ * the runtime's and the record's, and so with few registers saved: the
+ * runtime's create is a few hundred instructions (docs/opencl.md,
+ * "Cost"). Inline in each entry point, `with_props` a constant. */
+__attribute__((always_inline)) static inline cl_mem create_buffer(
+    bool with_props, cl_context ctx, const cl_mem_properties *props, cl_mem_flags flags,
+    size_t size, void *host_ptr, cl_int *errcode_ret)
+{
+    shim_cl_api *a = shim_rt_table_peek(&shim_cl_table);
+    const shim_cl_dev *d = atomic_load_explicit(&shim_cl_only_device, memory_order_acquire);
+    const shim_pt_account *acct;
+    /* A NULL context too: the runtime refuses it, and the charge goes back. */
+    if (__builtin_expect(a && d && args_plain(flags, size, host_ptr) &&
+                             (!with_props || a->create_buffer_with_properties) &&
+                             (acct = shim_cl_buffer_account(d, size)) != NULL,
+                         1)) {
+        cl_mem m = with_props ? a->create_buffer_with_properties(ctx, props, flags, size,
+                                                                 host_ptr, errcode_ret)
+                              : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret);
+        if (__builtin_expect(m != NULL, 1))
+            return (cl_mem)shim_passthrough_add_to(FAMILY, acct, (uintptr_t)m, size);
+        shim_pool_give(acct->pool, size); /* NULL: nothing was charged */
+        return NULL;
+    }
+    return with_props ? create_buffer_with_properties_slow(ctx, props, flags, size, host_ptr,
+                                                           errcode_ret)
+                      : create_buffer_slow(ctx, flags, size, host_ptr, errcode_ret);
 }
 
 EXPORT cl_mem clCreateBuffer(cl_context ctx, cl_mem_flags flags, size_t size, void *host_ptr,
@@ -131,7 +194,7 @@ EXPORT cl_mem clCreateBufferWithProperties(cl_context ctx, const cl_mem_properti
 }
 
 /* The device of the context `m` was made in (NULL: unknown). */
-static shim_device *device_of_mem(shim_cl_api *a, cl_mem m)
+static const shim_cl_dev *device_of_mem(shim_cl_api *a, cl_mem m)
 {
     cl_context ctx = NULL;
     if (a->get_mem_object_info(m, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL) != CL_SUCCESS)
@@ -262,14 +325,18 @@ EXPORT cl_int clRetainMemObject(cl_mem mem)
     return rc;
 }
 
-/* Counted before the runtime's call: once it returns, the object may be
- * gone and its handle another thread's new object. */
+/* Counted after the runtime's call, so that the shim's look-up overlaps
+ * the runtime's work, of the record made before it (once the call
+ * returns, the object may be gone and its handle another thread's new
+ * object: shim_passthrough_unref_before); not when the runtime refused. */
 EXPORT cl_int clReleaseMemObject(cl_mem mem)
 {
     shim_cl_api *a = shim_cl();
     if (!a)
         return CL_INVALID_MEM_OBJECT;
-    if (mem)
-        shim_passthrough_unref(FAMILY, (uintptr_t)mem);
-    return a->release_mem_object(mem);
+    uint32_t before = shim_passthrough_order();
+    cl_int rc = a->release_mem_object(mem);
+    if (rc == CL_SUCCESS)
+        shim_passthrough_unref_before(FAMILY, (uintptr_t)mem, before);
+    return rc;
 }

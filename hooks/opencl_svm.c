@@ -21,15 +21,15 @@ EXPORT void *clSVMAlloc(cl_context ctx, cl_svm_mem_flags flags, size_t size,
     shim_cl_api *a = shim_cl();
     if (!a || !a->svm_alloc)
         return NULL;
-    shim_device *d = size ? shim_cl_device_of(a, ctx) : NULL;
+    const shim_cl_dev *d = size ? shim_cl_device_of(a, ctx) : NULL;
     if (d && shim_cl_charge(d, size) != CL_SUCCESS)
         return NULL;
     void *p = a->svm_alloc(ctx, flags, size, alignment);
     if (!p) {
         if (d)
-            shim_passthrough_uncharge(d, size);
+            shim_pool_give(d->acct.pool, size);
     } else if (d) {
-        shim_passthrough_add_charged(FAMILY, d, (uintptr_t)p, size);
+        shim_passthrough_add_to(FAMILY, &d->acct, (uintptr_t)p, size);
     } else {
         shim_passthrough_add(FAMILY, -1, (uintptr_t)p, size);
     }

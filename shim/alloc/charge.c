@@ -74,11 +74,6 @@ static void report_failed(shim_device *d, size_t bytes, size_t limit)
     on_oom(d->rt->name, bytes, &facts);
 }
 
-bool shim_passthrough_charge_fits(shim_device *d, size_t limit, size_t bytes)
-{
-    return shim_pool_take(&d->pool, limit, bytes);
-}
-
 int shim_passthrough_charge(shim_device *d, size_t bytes)
 {
     size_t limit = shim_opts()->limit;
@@ -155,6 +150,11 @@ int shim_passthrough_ordinal(const shim_device *d)
     return d->ordinal;
 }
 
+shim_pt_account shim_passthrough_account(shim_device *d)
+{
+    return shim_passthrough_account_of(d->ordinal, (int)d->index, &d->pool);
+}
+
 void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,
                                   size_t size)
 {
@@ -162,11 +162,6 @@ void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr
         shim_passthrough_add_pooled(f, d->ordinal, (int)d->index, &d->pool, ptr, size);
     else
         shim_passthrough_add_pooled(f, -1, -1, &host_pool, ptr, size);
-}
-
-void shim_passthrough_add_on(enum shim_pt_family f, shim_device *d, uintptr_t ptr, size_t size)
-{
-    shim_passthrough_add_pooled(f, d->ordinal, (int)d->index, NULL, ptr, size);
 }
 
 /* fork(): a host event of a thread that does not exist in the child never

@@ -33,6 +33,7 @@
 #include "lock.h"
 #include "mutex.h"
 #include "pressure.h"
+#include "seq.h"
 #include "table.h"
 #include "thread_live.h"
 
@@ -176,7 +177,7 @@ extern __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_mov
  * off. */
 extern _Atomic(shim_capture_fn) capture_hook;
 extern _Atomic(shim_oom_fn) oom_hook;
-extern _Atomic(shim_event_fn) event_hook;
+/* event_hook: seq.h (seq_take reads it). */
 
 /* registry.c: the registry. devices_mu (a leaf but for the arena and table
  * creation) guards the creation of devices and which context a device
@@ -184,62 +185,6 @@ extern _Atomic(shim_event_fn) event_hook;
 extern pthread_mutex_t devices_mu;
 extern shim_device *devices[SHIM_MAX_DEVICES];
 extern _Atomic size_t ndevices;
-
-/* Allocation sequence numbers. With one thread, every allocation adds one
- * to the counter. With several, a thread takes SEQ_BATCH numbers at a
- * time and hands them out itself: one shared counter added to by every
- * allocation of two threads took half of an allocation's time (its line
- * going from core to core). A mark (shim_device_seq_now) reads the counter
- * and then advances the epoch, which ends every thread's batch: whatever a
- * thread allocates after the mark (happens-after it) takes a new batch,
- * above the mark. While a trace is taken, numbers come from the counter
- * one by one: the trace orders events by them. Counter and epoch each on
- * a line of its own (the epoch is read by every allocation and written by
- * marks only). */
-#define SEQ_BATCH 64
-/* seq.c: each on a cache line of its own. */
-extern _Atomic uint64_t seq_counter;
-extern _Atomic uint64_t seq_epoch;
-struct shim_seq_batch {
-    uint64_t next, end, epoch;
-};
-extern __thread __attribute__((tls_model("initial-exec"))) struct shim_seq_batch tls_seq;
-
-/* ---- the sequence number (seq.c's concept; inlined into every
- * allocation) ------------------------------------------------------------ */
-
-/* A new batch of sequence numbers for the calling thread; returns its
- * first. */
-__attribute__((noinline, unused)) static uint64_t seq_refill(uint64_t epoch)
-{
-    uint64_t base = atomic_fetch_add_explicit(&seq_counter, SEQ_BATCH, memory_order_relaxed);
-    tls_seq.epoch = epoch;
-    tls_seq.next = base + 2;
-    tls_seq.end = base + SEQ_BATCH + 1;
-    return base + 1;
-}
-
-/* Inline: every allocation takes one. */
-static inline uint64_t seq_take(void)
-{
-    /* One thread: no other can take a number between the load and the
-     * store, and a lock-prefixed add would be a full barrier per call. */
-    if (shim_single_threaded()) {
-        uint64_t v = atomic_load_explicit(&seq_counter, memory_order_relaxed) + 1;
-        atomic_store_explicit(&seq_counter, v, memory_order_relaxed);
-        return v;
-    }
-    if (atomic_load_explicit(&event_hook, memory_order_relaxed)) {
-        tls_seq.end = 0; /* a batch from before would go back in time */
-        return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
-    }
-    /* Acquire: a batch taken after a mark's epoch is taken after the
-     * mark's read of the counter, so its numbers are above the mark. */
-    uint64_t e = atomic_load_explicit(&seq_epoch, memory_order_acquire);
-    if (tls_seq.next < tls_seq.end && tls_seq.epoch == e)
-        return tls_seq.next++;
-    return seq_refill(e);
-}
 
 /* ---- the registry (registry.c's concept) --------------------------- */
 

@@ -9,6 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pool.h"
+
 enum shim_pt_family {
     SHIM_PT_MANAGED,     /* cuMemAllocManaged: counted on its device */
     SHIM_PT_HOST_PINNED, /* cuMemHostAlloc, cuMemAllocHost, cuMemHostRegister */
@@ -59,10 +61,6 @@ void shim_passthrough_add(enum shim_pt_family f, int ordinal, uintptr_t ptr, siz
  * back itself when removed or dropped). */
 typedef struct shim_device shim_device;
 int shim_passthrough_charge(shim_device *d, size_t bytes);
-/* Its first step alone, for a caller that has SPYRESHIM_LIMIT (`limit`)
- * at hand: true when the bytes were charged while the limit had room,
- * false (nothing charged, no room made) otherwise; then charge. */
-bool shim_passthrough_charge_fits(shim_device *d, size_t limit, size_t bytes);
 void shim_passthrough_uncharge(shim_device *d, size_t bytes);
 /* The same for host-pinned memory, under SPYRESHIM_HOST_LIMIT (0: none),
  * with pressure events of its own: false when out of memory. */
@@ -72,6 +70,32 @@ void shim_passthrough_uncharge_host(size_t bytes);
 uint64_t shim_passthrough_host_failed(void);
 /* d's device ordinal. */
 int shim_passthrough_ordinal(const shim_device *d);
+/* What a hook needs at hand to charge a device and record on it without
+ * a call per step (a create path that costs a few hundred instructions
+ * in the runtime: docs/opencl.md, "Cost"): the device's pool, ordinal and
+ * index. Fixed for the device's life. */
+struct shim_pt_counters;
+typedef struct shim_pt_account {
+    struct shim_arena_pool *pool;
+    int ordinal, index;
+    struct shim_pt_counters *row; /* passthrough.c's: the device's counters */
+} shim_pt_account;
+shim_pt_account shim_passthrough_account(shim_device *d);
+/* The same from its parts (charge.c's: the records never look at a
+ * device). */
+shim_pt_account shim_passthrough_account_of(int ordinal, int device,
+                                            struct shim_arena_pool *pool);
+/* add_pooled for an account's device and pool. Returns `ptr` (a hook's
+ * return is then a jump). */
+uintptr_t shim_passthrough_add_to(enum shim_pt_family f, const shim_pt_account *a,
+                                  uintptr_t ptr, size_t size);
+/* charge's first step, inline, for an account (a device's: its pool is
+ * one): true when the bytes were charged while the limit had room, false
+ * (nothing charged, no room made) otherwise. */
+static inline bool shim_pt_account_take(const shim_pt_account *a, size_t limit, size_t bytes)
+{
+    return shim_pool_take_from(a->pool, limit, bytes);
+}
 /* fork(): the host account's lock and pressure state start anew in the
  * child (shim/process/fork.c). */
 void shim_passthrough_charge_atfork_child(void);
@@ -81,10 +105,7 @@ void shim_passthrough_charge_atfork_child(void);
  * gives the bytes back. */
 void shim_passthrough_add_charged(enum shim_pt_family f, shim_device *d, uintptr_t ptr,
                                   size_t size);
-/* A record on device `d` charged to nothing (an OpenCL sub-buffer: its
- * parent's memory). */
-void shim_passthrough_add_on(enum shim_pt_family f, shim_device *d, uintptr_t ptr, size_t size);
-/* What add_charged and add_on do with the account's pool (NULL: none)
+/* What add_charged does with the account's pool (NULL: none)
  * and the device's index (-1: none): passthrough.c knows pools, not
  * devices: the records never call back into the device. */
 struct shim_arena_pool;
@@ -102,9 +123,24 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
  * counts; a record is made with one): retain adds one, false when `ptr`
  * is no live record of `f`; unref takes one from the newest record of
  * `ptr` and, at the last, removes it as remove does. Returns the
- * references left (0: removed), or -1 when `ptr` is no live record. */
+ * references left (0: removed), or -1 when `ptr` is no live record.
+ * Unlike the others, unref and add_to take `f` as given: a family
+ * (shim_pt_family), from the hooks' constants, without a check on each
+ * release and creation. */
 bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr);
 long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr);
+/* unref told after the runtime's release, with shim_passthrough_order()
+ * read before it: the runtime may have freed the object meanwhile and
+ * another thread made a new one at its address, recorded since; the
+ * record that loses a reference is the newest of those recorded before
+ * the read. So a hook calls the runtime first, and the shim's look-up
+ * overlaps the runtime's work (docs/opencl.md, "Cost"). */
+extern _Atomic uint32_t shim_pt_order;
+static inline uint32_t shim_passthrough_order(void)
+{
+    return atomic_load_explicit(&shim_pt_order, memory_order_relaxed);
+}
+long shim_passthrough_unref_before(enum shim_pt_family f, uintptr_t ptr, uint32_t order);
 /* Mappings of a record (VMM's only: a physical allocation lives while its
  * handle is not released or a mapping uses it). mapped: `ptr` was mapped
  * at [va, va + size) (a handle may be mapped at several addresses; a leak
@@ -148,7 +184,8 @@ void shim_passthrough_each(void (*fn)(void *arg, enum shim_pt_family f, int ordi
 typedef struct shim_pt_record {
     uintptr_t ptr;
     uint64_t size;
-    unsigned long refs;              /* the program's references (retain/unref) */
+    uint32_t refs;                   /* the program's references (retain/unref) */
+    uint32_t order;                  /* passthrough.c's: when it went in (wrapping) */
     struct shim_arena_pool *charged; /* the account's pool charged, or NULL */
     enum shim_pt_family family;
     int ordinal;

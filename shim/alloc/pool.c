@@ -8,25 +8,6 @@
  * arena comes here only to reserve or release a region. */
 #include "pool.h"
 
-bool shim_pool_take(shim_arena_pool *p, size_t limit, size_t n)
-{
-    if (!p)
-        return true;
-    uint64_t cur = atomic_load_explicit(&p->reserved, memory_order_relaxed);
-    do {
-        if (limit && cur + n > limit)
-            return false;
-    } while (!atomic_compare_exchange_weak_explicit(&p->reserved, &cur, cur + n,
-                                                    memory_order_relaxed, memory_order_relaxed));
-    return true;
-}
-
-void shim_pool_give(shim_arena_pool *p, size_t n)
-{
-    if (p)
-        atomic_fetch_sub_explicit(&p->reserved, n, memory_order_relaxed);
-}
-
 /* The peak counts only what the runtime gave, not shares in flight. */
 void shim_pool_note_held(shim_arena_pool *p, size_t n)
 {

@@ -25,10 +25,36 @@ typedef struct shim_arena_pool {
  * and the rest do nothing. */
 
 /* Takes a share of `n` bytes before the runtime is asked: false (nothing
- * taken) when that would pass `limit` (0: none). */
-bool shim_pool_take(shim_arena_pool *p, size_t limit, size_t n);
-/* Gives back a share the runtime refused. */
-void shim_pool_give(shim_arena_pool *p, size_t n);
+ * taken) when that would pass `limit` (0: none). Inline, as the give: a
+ * watched object (passthrough.c) takes and gives one per creation and
+ * release, tens of nanoseconds in some runtimes (docs/opencl.md, "Cost").
+ * _from: of a pool that is one (not NULL). */
+static inline bool shim_pool_take_from(shim_arena_pool *p, size_t limit, size_t n)
+{
+    if (!limit) { /* nothing to hold it to: one add */
+        atomic_fetch_add_explicit(&p->reserved, n, memory_order_relaxed);
+        return true;
+    }
+    uint64_t cur = atomic_load_explicit(&p->reserved, memory_order_relaxed);
+    do {
+        if (cur + n > limit)
+            return false;
+    } while (!atomic_compare_exchange_weak_explicit(&p->reserved, &cur, cur + n,
+                                                    memory_order_relaxed, memory_order_relaxed));
+    return true;
+}
+
+static inline bool shim_pool_take(shim_arena_pool *p, size_t limit, size_t n)
+{
+    return !p || shim_pool_take_from(p, limit, n);
+}
+
+/* Gives back a share the runtime refused, or a watched object's. */
+static inline void shim_pool_give(shim_arena_pool *p, size_t n)
+{
+    if (p)
+        atomic_fetch_sub_explicit(&p->reserved, n, memory_order_relaxed);
+}
 /* The runtime gave the `n` bytes of a share: they count as held, and in
  * the peak. */
 void shim_pool_note_held(shim_arena_pool *p, size_t n);

@@ -1,5 +1,5 @@
 /* Allocation sequence numbers: the counter, the epoch that marks advance,
- * and each thread's batch (device_internal.h says how they fit; seq_take,
+ * and each thread's batch (seq.h says how they fit; seq_take,
  * which every allocation inlines, is there). Lock-free: the counter and
  * the epoch are atomics on lines of their own, the batch is the thread's.
  * Never takes a lock, never blocks. */

@@ -107,7 +107,8 @@ static const char *const others[] = {
     "SPYRESHIM_TEST_JOBS",
 };
 
-static shim_options opts;
+shim_options shim_opts_parsed;
+_Atomic bool shim_opts_ready;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void write_err(const char *s)
@@ -127,7 +128,7 @@ static void write_err(const char *s)
 
 static void warn_bad(const struct row *r, const char *value, const char *why)
 {
-    if (opts.log_level >= SHIM_LOG_OFF)
+    if (shim_opts_parsed.log_level >= SHIM_LOG_OFF)
         return;
     /* One line whatever the value holds: a newline in it is escaped. */
     char shown[65], esc[4 * 64 + 1];
@@ -272,7 +273,7 @@ static char *absolute(const char *path)
  * table always parse. */
 static int apply(const struct row *r, const char *s, const char **why)
 {
-    char *field = (char *)&opts + r->offset;
+    char *field = (char *)&shim_opts_parsed + r->offset;
     switch (r->kind) {
     case K_SIZE: {
         size_t v;
@@ -331,7 +332,7 @@ static int apply(const struct row *r, const char *s, const char **why)
         unsigned v;
         if (parse_gc_mode(s, &v)) { *why = "expected auto, inline, thread or off"; return -1; }
         memcpy(field, &v, sizeof v);
-        opts.gc = v != SHIM_GC_MODE_OFF;
+        shim_opts_parsed.gc = v != SHIM_GC_MODE_OFF;
         return 0;
     }
     }
@@ -423,7 +424,7 @@ static const char *closest(const char *name, size_t len)
 static void warn_unknown(void)
 {
     extern char **environ;
-    if (opts.log_level >= SHIM_LOG_OFF || !environ)
+    if (shim_opts_parsed.log_level >= SHIM_LOG_OFF || !environ)
         return;
     for (char **e = environ; *e; e++) {
         const char *eq = strchr(*e, '=');
@@ -454,8 +455,8 @@ static void warn_unknown(void)
 
 static void parse(void)
 {
-    memset(&opts, 0, sizeof opts);
-    opts.secure = getauxval(AT_SECURE) != 0;
+    memset(&shim_opts_parsed, 0, sizeof shim_opts_parsed);
+    shim_opts_parsed.secure = getauxval(AT_SECURE) != 0;
     const char *why;
     /* Defaults first, so that a warning about one variable already sees
      * the default log level. */
@@ -466,7 +467,7 @@ static void parse(void)
         const char *v = getenv(r->name);
         if (!v)
             continue;
-        if ((r->kind == K_PATH || r->kind == K_FILE) && opts.secure)
+        if ((r->kind == K_PATH || r->kind == K_FILE) && shim_opts_parsed.secure)
             continue; /* setuid: the environment is not trusted with paths */
         if (apply(r, v, &why) != 0) {
             warn_bad(r, v, why);
@@ -476,15 +477,23 @@ static void parse(void)
     warn_unknown();
 }
 
-const shim_options *shim_opts(void)
+/* parse, once; what the inline shim_opts reads from then on (release:
+ * the options are written before it is seen set). */
+static void parse_first(void)
 {
-    pthread_once(&once, parse);
-    return &opts;
+    parse();
+    atomic_store_explicit(&shim_opts_ready, true, memory_order_release);
+}
+
+const shim_options *shim_opts_first(void)
+{
+    pthread_once(&once, parse_first);
+    return &shim_opts_parsed;
 }
 
 void shim_options_reload(void)
 {
-    pthread_once(&once, parse);
+    pthread_once(&once, parse_first);
     parse();
 }
 

@@ -3,6 +3,7 @@
 #ifndef SHIM_OPTIONS_H
 #define SHIM_OPTIONS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -47,8 +48,18 @@ typedef struct shim_options {
     const char *cuda_ipc_callers; /* SPYRESHIM_CUDA_IPC_CALLERS: comma-separated object names */
 } shim_options;
 
-/* Parses the environment on first call; thread-safe; never fails. */
-const shim_options *shim_opts(void);
+/* Parses the environment on first call; thread-safe; never fails.
+ * Inline once parsed (a load and a test): a watched OpenCL create reads
+ * the limit each time (docs/opencl.md, "Cost"). */
+extern shim_options shim_opts_parsed;
+extern _Atomic bool shim_opts_ready;
+const shim_options *shim_opts_first(void);
+static inline const shim_options *shim_opts(void)
+{
+    if (__builtin_expect(atomic_load_explicit(&shim_opts_ready, memory_order_acquire), 1))
+        return &shim_opts_parsed;
+    return shim_opts_first();
+}
 /* Re-reads the environment (tests). */
 void shim_options_reload(void);
 /* Writes the effective configuration, one "NAME=value" line each. */

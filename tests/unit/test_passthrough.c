@@ -3,6 +3,8 @@
  * free was told (a stream-ordered pool reuses a block at once). */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "passthrough.h"
@@ -210,4 +212,78 @@ Test(passthrough, colliding_threads_while_the_table_grows)
     cr_assert_not(shim_passthrough_any(SHIM_PT_OPENCL_SVM));
     for (uintptr_t i = 0; i < 20000; i++)
         cr_assert(shim_passthrough_remove(SHIM_PT_HOST_PINNED, 0x7f5000000000 + i * 64));
+}
+
+/* A release told after the runtime's (clReleaseMemObject's order): the
+ * runtime freed the object, another thread made one at its address and
+ * recorded it; the release takes the record made before it was called,
+ * not the newer one. */
+Test(passthrough, a_release_told_after_the_runtime_takes_the_record_made_before_it)
+{
+    uintptr_t p = 0x7f4000000000;
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 100);
+    cr_assert(shim_passthrough_retain(SHIM_PT_OPENCL_MEM, p));
+    uint32_t before = shim_passthrough_order();
+    cr_assert_eq(shim_passthrough_unref_before(SHIM_PT_OPENCL_MEM, p, before), 1);
+    before = shim_passthrough_order();
+    /* The runtime freed it; another thread's new object, same address. */
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 200);
+    cr_assert_eq(shim_passthrough_unref_before(SHIM_PT_OPENCL_MEM, p, before), 0);
+    size_t n = 0;
+    shim_pt_record *live = shim_passthrough_live(0, &n);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(live[0].size, 200, "the new object's record is live, not the released one's");
+    cr_assert_eq(live[0].refs, 1);
+    free(live);
+    cr_assert_eq(shim_passthrough_unref_before(SHIM_PT_OPENCL_MEM, p, before), -1,
+                 "nothing of p was recorded before that read but what went");
+    cr_assert_eq(shim_passthrough_unref(SHIM_PT_OPENCL_MEM, p), 0);
+    shim_pt_counters c;
+    shim_passthrough_totals(SHIM_PT_OPENCL_MEM, &c);
+    cr_assert_eq(c.bytes, 0);
+    cr_assert_eq(c.frees, 2);
+}
+
+/* The order wraps (32 bits): a release still takes the record made
+ * before its read once the counter went round. */
+Test(passthrough, the_order_compares_across_its_wrap)
+{
+    atomic_store(&shim_pt_order, UINT32_MAX - 1);
+    uintptr_t p = 0x7f5000000000;
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 100); /* order 2^32 - 2 */
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p + 64, 1); /* 2^32 - 1 */
+    uint32_t before = shim_passthrough_order();
+    cr_assert_eq(before, 0u);
+    shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, p, 200); /* 0: after the read */
+    cr_assert_eq(shim_passthrough_unref_before(SHIM_PT_OPENCL_MEM, p, before), 0);
+    size_t n = 0;
+    shim_pt_record *live = shim_passthrough_live(0, &n);
+    cr_assert_eq(n, 2);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(live[i].size == 200 || live[i].size == 1);
+    free(live);
+}
+
+/* A VMM record's node, mapped, then gone, is the next record's: that one
+ * has no mappings (the node's are cleared on the way back). */
+Test(passthrough, a_node_reused_after_a_mapped_record_has_no_mappings)
+{
+    uintptr_t h = 0x7f6000000000;
+    shim_passthrough_add(SHIM_PT_VMM, 0, h, 4096);
+    shim_passthrough_mapped(SHIM_PT_VMM, h, 0x7f7000000000, 4096);
+    cr_assert(shim_passthrough_release(SHIM_PT_VMM, h), "kept while mapped");
+    cr_assert_eq(shim_passthrough_unmapped(SHIM_PT_VMM, 0x7f7000000000, 4096), 1);
+    cr_assert_not(shim_passthrough_contains(SHIM_PT_VMM, h));
+    for (uintptr_t i = 0; i < 8; i++)
+        shim_passthrough_add(SHIM_PT_OPENCL_MEM, 0, h + 64 * (i + 1), 64);
+    size_t n = 0;
+    shim_pt_record *live = shim_passthrough_live(0, &n);
+    cr_assert_eq(n, 8);
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(live[i].va, 0);
+        cr_assert_eq(live[i].va_size, 0);
+        cr_assert_eq(live[i].maps, 0);
+        cr_assert_not(live[i].released);
+    }
+    free(live);
 }
