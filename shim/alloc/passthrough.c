@@ -356,7 +356,8 @@ __attribute__((noinline)) static uintptr_t add_record(enum shim_pt_family f,
 /* Each add: without a call where it can (so without saving a register:
  * a watched OpenCL create is a few hundred instructions in the runtime,
  * docs/opencl.md, "Cost"): no stacks to capture, no trace, a number from
- * the thread's batch, the lock free, a free node; the general way
+ * the thread's batch (no trace: `hooked` covers the trace, which sets
+ * both its hooks), the lock free, a free node; the general way
  * (add_record) from the start otherwise. The first record goes the
  * general way (no block yet), so `used` is set already; the table's
  * growth is looked at by the general way (at least once a block's worth
@@ -367,7 +368,7 @@ __attribute__((always_inline)) static inline uintptr_t add(enum shim_pt_family f
 {
     uint64_t seq;
     if (__builtin_expect(!atomic_load_explicit(&hooked, memory_order_relaxed) &&
-                             seq_try_take(&seq) && pt_trylock(),
+                             seq_try_untraced(&seq) && pt_trylock(),
                          1)) {
         node *n = shim_slab_pop(&nodes);
         if (__builtin_expect(n != NULL, 1)) {

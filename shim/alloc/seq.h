@@ -47,8 +47,10 @@ __attribute__((noinline, unused)) static uint64_t seq_refill(uint64_t epoch)
 }
 
 /* A number without a call, where one can be had so (one thread, or the
- * thread's batch not spent and no trace): true, in *out. */
-static inline bool seq_try_take(uint64_t *out)
+ * thread's batch not spent), for a caller that knows no trace is taken
+ * (passthrough.c's common add, which looks at its own trace hook first):
+ * true, in *out. */
+static inline bool seq_try_untraced(uint64_t *out)
 {
     /* One thread: no other can take a number between the load and the
      * store, and a lock-prefixed add would be a full barrier per call. */
@@ -58,14 +60,23 @@ static inline bool seq_try_take(uint64_t *out)
         *out = v;
         return true;
     }
-    if (atomic_load_explicit(&event_hook, memory_order_relaxed))
-        return false;
+    /* Acquire: a batch taken after a mark's epoch is taken after the
+     * mark's read of the counter, so its numbers are above the mark. */
     uint64_t e = atomic_load_explicit(&seq_epoch, memory_order_acquire);
     if (tls_seq.next < tls_seq.end && tls_seq.epoch == e) {
         *out = tls_seq.next++;
         return true;
     }
     return false;
+}
+
+/* The same for any caller: with several threads, none from a batch while
+ * a trace is taken (the trace orders events by their numbers). */
+static inline bool seq_try_take(uint64_t *out)
+{
+    if (!shim_single_threaded() && atomic_load_explicit(&event_hook, memory_order_relaxed))
+        return false;
+    return seq_try_untraced(out);
 }
 
 /* Inline: every allocation takes one. */
