@@ -99,23 +99,30 @@ static inline cl_int shim_cl_charge_buffer(const shim_cl_dev *d, size_t bytes)
 /* Its first steps alone: true when the buffer is within both caps and
  * was charged while the limit had room; false (nothing charged) for
  * shim_cl_charge_buffer to answer. */
-static inline bool shim_cl_charge_fits(const shim_cl_dev *d, size_t bytes)
+static inline bool shim_cl_charge_fits_under(const shim_cl_dev *d, size_t limit, size_t bytes)
 {
-    size_t limit = shim_opts()->limit;
     return bytes <= d->max_alloc && (!limit || bytes <= limit) &&
            shim_pt_account_take(&d->acct, limit, bytes);
+}
+static inline bool shim_cl_charge_fits(const shim_cl_dev *d, size_t bytes)
+{
+    return shim_cl_charge_fits_under(d, shim_opts()->limit, bytes);
 }
 /* The account a buffer of `bytes` that needs nothing but the runtime's
  * answer is recorded on: without a limit, d's uncharged one (no limit to
  * hold a charge to: what is read of a pool is read under a limit only,
  * and a pair is spared an atomic add and subtract); with one, d's own,
  * charged now (shim_cl_charge_fits). NULL, nothing charged: for
- * shim_cl_charge_buffer to answer. */
+ * shim_cl_charge_buffer to answer. Makes no call. */
 static inline const shim_pt_account *shim_cl_buffer_account(const shim_cl_dev *d, size_t bytes)
 {
-    if (!shim_opts()->limit)
+    /* Before the options are parsed: the general way (it parses them). */
+    const shim_options *o = shim_opts_if_parsed();
+    if (__builtin_expect(!o, 0))
+        return NULL;
+    if (!o->limit)
         return &d->watch;
-    return shim_cl_charge_fits(d, bytes) ? &d->acct : NULL;
+    return shim_cl_charge_fits_under(d, o->limit, bytes) ? &d->acct : NULL;
 }
 
 static inline void shim_cl_set_err(cl_int *errcode_ret, cl_int err)

@@ -60,6 +60,13 @@ static inline const shim_options *shim_opts(void)
         return &shim_opts_parsed;
     return shim_opts_first();
 }
+/* The options once parsed, else NULL: for a path that makes no call (it
+ * then goes the general way, which parses them). */
+static inline const shim_options *shim_opts_if_parsed(void)
+{
+    return atomic_load_explicit(&shim_opts_ready, memory_order_acquire) ? &shim_opts_parsed
+                                                                        : NULL;
+}
 /* Re-reads the environment (tests). */
 void shim_options_reload(void);
 /* Writes the effective configuration, one "NAME=value" line each. */
