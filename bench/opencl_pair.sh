@@ -2,8 +2,9 @@
 # clCreateBuffer + clReleaseMemObject pairs on OpenCL (PoCL on the CPU),
 # with and without the shim, with buffers left untouched (idle) and with
 # each new buffer written by a kernel (use): one run prints both. Best of
-# REPS (default 3) runs, wall time and the process's CPU time per pair
-# (the CPU figure is the steadier one on a busy machine).
+# REPS (default 3) runs each way, alternated, wall time and the process's
+# CPU time per pair (the CPU figure is the steadier one on a busy
+# machine).
 #
 # With INSTR=1 (valgrind installed), a third figure: the instructions of
 # a pair on the program's thread, the one that creates and releases,
@@ -35,18 +36,30 @@ if [ ! -x "$prog" ]; then
   exit 1
 fi
 reps=${REPS:-3}
+shim=$PWD/$b/libspyreshim.so
 export POCL_CACHE_DIR=${POCL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/spyreshim/pocl-kcache}
-best() {  # "wall cpu": the best of $reps runs of "$@", each figure on its own
-  local bw= bc=
+# "bare_wall bare_cpu shim_wall shim_cpu": the best of $reps runs of
+# "$@" each way, PoCL alone and under the shim alternated run by run (a
+# shared machine's slow stretches then fall on both), each figure on its
+# own.
+best_pair() {
+  local bw= bc= sw= sc=
   for _ in $(seq "$reps"); do
     local out w c
-    out=$("$@")
-    w=$(echo "$out" | sed -n 's/.* ns_per_pair=\([0-9]*\).*/\1/p')
-    c=$(echo "$out" | sed -n 's/.*cpu_ns_per_pair=\([0-9]*\).*/\1/p')
-    if [ -z "$bw" ] || [ "$w" -lt "$bw" ]; then bw=$w; fi
-    if [ -z "$bc" ] || [ "$c" -lt "$bc" ]; then bc=$c; fi
+    for way in bare shim; do
+      if [ "$way" = bare ]; then out=$("$@"); else out=$(LD_PRELOAD=$shim "$@"); fi
+      w=$(echo "$out" | sed -n 's/.* ns_per_pair=\([0-9]*\).*/\1/p')
+      c=$(echo "$out" | sed -n 's/.*cpu_ns_per_pair=\([0-9]*\).*/\1/p')
+      if [ "$way" = bare ]; then
+        if [ -z "$bw" ] || [ "$w" -lt "$bw" ]; then bw=$w; fi
+        if [ -z "$bc" ] || [ "$c" -lt "$bc" ]; then bc=$c; fi
+      else
+        if [ -z "$sw" ] || [ "$w" -lt "$sw" ]; then sw=$w; fi
+        if [ -z "$sc" ] || [ "$c" -lt "$sc" ]; then sc=$c; fi
+      fi
+    done
   done
-  echo "$bw $bc"
+  echo "$bw $bc $sw $sc"
 }
 instr=${INSTR:-0}
 if [ "$instr" = 1 ] && ! command -v valgrind >/dev/null; then
@@ -80,17 +93,16 @@ fi
 echo "$head"
 echo "$rule"
 for mode in idle use; do
-  pairs=$([ "$mode" = idle ] && echo 1000000 || echo 20000)
+  pairs=$([ "$mode" = idle ] && echo 1000000 || echo 100000)
   arg=$([ "$mode" = use ] && echo use || echo "")
-  read -r pw pc < <(best "$prog" "$pairs" $arg)
-  read -r sw sc < <(LD_PRELOAD=$PWD/$b/libspyreshim.so best "$prog" "$pairs" $arg)
+  read -r pw pc sw sc < <(best_pair "$prog" "$pairs" $arg)
   line=$(printf '| %s | %s | %s | %.3f | %s | %s | %.3f |' "$mode" "$pw" "$sw" \
     "$(echo "$sw / $pw" | bc -l)" "$pc" "$sc" "$(echo "$sc / $pc" | bc -l)")
   if [ "$instr" = 1 ]; then
     n1=$([ "$mode" = idle ] && echo 20000 || echo 1000)
     n2=$([ "$mode" = idle ] && echo 120000 || echo 5000)
     pi=$(per_pair "$n1" "$n2" $arg)
-    si=$(LD_PRELOAD=$PWD/$b/libspyreshim.so per_pair "$n1" "$n2" $arg)
+    si=$(LD_PRELOAD=$shim per_pair "$n1" "$n2" $arg)
     line="$line $(printf ' %s | %s | %.3f |' "$pi" "$si" "$(echo "$si / $pi" | bc -l)")"
   fi
   echo "$line"
