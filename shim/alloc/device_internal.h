@@ -177,7 +177,7 @@ extern __thread __attribute__((tls_model("initial-exec"))) unsigned char tls_mov
  * off. */
 extern _Atomic(shim_capture_fn) capture_hook;
 extern _Atomic(shim_oom_fn) oom_hook;
-/* event_hook: seq.h (seq_take reads it). */
+extern _Atomic(shim_event_fn) event_hook;
 
 /* registry.c: the registry. devices_mu (a leaf but for the arena and table
  * creation) guards the creation of devices and which context a device

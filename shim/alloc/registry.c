@@ -30,6 +30,7 @@ void shim_device_set_leak_hooks(shim_capture_fn capture, shim_oom_fn on_oom)
 
 void shim_device_set_event_hook(shim_event_fn fn)
 {
+    atomic_store(&seq_one_by_one, fn != NULL); /* first: no batch number for an event */
     atomic_store(&event_hook, fn);
 }
 

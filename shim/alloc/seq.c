@@ -12,6 +12,7 @@ _Alignas(64) _Atomic uint64_t seq_counter;
 _Alignas(64) _Atomic uint64_t seq_epoch;
 static _Alignas(64) char seq_epoch_end_[1] __attribute__((unused));
 __thread __attribute__((tls_model("initial-exec"))) struct shim_seq_batch tls_seq;
+_Atomic bool seq_one_by_one;
 
 uint64_t shim_device_seq_next(void)
 {

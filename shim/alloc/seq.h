@@ -8,12 +8,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "device.h"
 #include "mutex.h"
 
-/* registry.c: the trace's event hook, set once at init, NULL while
- * tracing is off (seq_take hands numbers out one by one while it is on). */
-extern _Atomic(shim_event_fn) event_hook;
+/* seq.c: a trace is taken (the device's event hook is set: registry.c):
+ * numbers go one by one, from the counter. */
+extern _Atomic bool seq_one_by_one;
 
 /* Allocation sequence numbers. With one thread, every allocation adds one
  * to the counter. With several, a thread takes SEQ_BATCH numbers at a
@@ -74,7 +73,7 @@ static inline bool seq_try_untraced(uint64_t *out)
  * a trace is taken (the trace orders events by their numbers). */
 static inline bool seq_try_take(uint64_t *out)
 {
-    if (!shim_single_threaded() && atomic_load_explicit(&event_hook, memory_order_relaxed))
+    if (!shim_single_threaded() && atomic_load_explicit(&seq_one_by_one, memory_order_relaxed))
         return false;
     return seq_try_untraced(out);
 }
@@ -85,7 +84,7 @@ static inline uint64_t seq_take(void)
     uint64_t v;
     if (seq_try_take(&v))
         return v;
-    if (atomic_load_explicit(&event_hook, memory_order_relaxed)) {
+    if (atomic_load_explicit(&seq_one_by_one, memory_order_relaxed)) {
         tls_seq.end = 0; /* a batch from before would go back in time */
         return atomic_fetch_add_explicit(&seq_counter, 1, memory_order_relaxed) + 1;
     }
