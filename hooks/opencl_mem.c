@@ -31,8 +31,7 @@ static void watched_rest(const shim_cl_dev *d, size_t bytes, cl_mem m)
     if (!m && d && bytes)
         shim_pool_give(d->acct.pool, bytes);
     else if (m && d)
-        shim_passthrough_add_pooled(FAMILY, d->acct.ordinal, d->acct.index, NULL, (uintptr_t)m,
-                                    0);
+        shim_passthrough_add_to(FAMILY, &d->watch, (uintptr_t)m, 0);
     else if (m)
         shim_passthrough_add(FAMILY, -1, (uintptr_t)m, bytes);
 }
