@@ -463,7 +463,7 @@ __attribute__((always_inline)) static inline void count_free(const node *n)
 }
 
 /* What the trace needs of a record unlinked under pt_mu, copied there
- * only while a trace is on (a node kept as a spare is reused at once). */
+ * only while a trace is on (a node back in the slab is reused at once). */
 static bool traced(void)
 {
     return atomic_load_explicit(&pt_event_hook, memory_order_relaxed) != NULL;
