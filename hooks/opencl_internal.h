@@ -74,6 +74,13 @@ static inline cl_int shim_cl_charge(const shim_cl_dev *d, size_t bytes)
     return shim_pt_account_take(&d->acct, shim_opts()->limit, bytes) ? CL_SUCCESS
                                                                      : shim_cl_charge_slow(d, bytes);
 }
+/* A buffer's first steps: true when it is within both caps (below) and
+ * was charged to `d` while the limit had room; false, nothing charged. */
+static inline bool shim_cl_charge_fits_under(const shim_cl_dev *d, size_t limit, size_t bytes)
+{
+    return bytes <= d->max_alloc && (!limit || bytes <= limit) &&
+           shim_pt_account_take(&d->acct, limit, bytes);
+}
 /* A buffer's `bytes` charged to `d` (shim_cl_charge), after its size is
  * held against the largest buffer the program was told `d` has
  * (CL_DEVICE_MAX_MEM_ALLOC_SIZE, the runtime's capped to SPYRESHIM_LIMIT:
@@ -81,38 +88,24 @@ static inline cl_int shim_cl_charge(const shim_cl_dev *d, size_t bytes)
  * within the runtime's own (the specification's answer for a device of
  * that size); CL_MEM_OBJECT_ALLOCATION_FAILURE past the limit; or
  * SHIM_CL_RUNTIME_FIRST (no CL error: those are 0 or below), above the
- * runtime's own: nothing charged, the runtime answers first, its error.
- * Inline: every clCreateBuffer's. */
+ * runtime's own: nothing charged, the runtime answers first, its error. */
 #define SHIM_CL_RUNTIME_FIRST 1
-static inline bool shim_cl_charge_fits(const shim_cl_dev *d, size_t bytes);
 static inline cl_int shim_cl_charge_buffer(const shim_cl_dev *d, size_t bytes)
 {
-    if (shim_cl_charge_fits(d, bytes))
-        return CL_SUCCESS;
     size_t limit = shim_opts()->limit;
+    if (shim_cl_charge_fits_under(d, limit, bytes))
+        return CL_SUCCESS;
     if (bytes > d->max_alloc)
         return SHIM_CL_RUNTIME_FIRST;
     if (limit && bytes > limit)
         return CL_INVALID_BUFFER_SIZE;
     return shim_cl_charge_slow(d, bytes);
 }
-/* Its first steps alone: true when the buffer is within both caps and
- * was charged while the limit had room; false (nothing charged) for
- * shim_cl_charge_buffer to answer. */
-static inline bool shim_cl_charge_fits_under(const shim_cl_dev *d, size_t limit, size_t bytes)
-{
-    return bytes <= d->max_alloc && (!limit || bytes <= limit) &&
-           shim_pt_account_take(&d->acct, limit, bytes);
-}
-static inline bool shim_cl_charge_fits(const shim_cl_dev *d, size_t bytes)
-{
-    return shim_cl_charge_fits_under(d, shim_opts()->limit, bytes);
-}
 /* The account a buffer of `bytes` that needs nothing but the runtime's
  * answer is recorded on: without a limit, d's uncharged one (no limit to
  * hold a charge to: what is read of a pool is read under a limit only,
  * and a pair is spared an atomic add and subtract); with one, d's own,
- * charged now (shim_cl_charge_fits). NULL, nothing charged: for
+ * charged now (shim_cl_charge_fits_under). NULL, nothing charged: for
  * shim_cl_charge_buffer to answer. Makes no call. */
 static inline const shim_pt_account *shim_cl_buffer_account(const shim_cl_dev *d, size_t bytes)
 {

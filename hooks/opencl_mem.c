@@ -24,27 +24,30 @@
 
 #define FAMILY SHIM_PT_OPENCL_MEM
 
-/* watched's other cases: a refusal after a charge, an object charged
- * nothing (a sub-buffer), or one on no known device. */
-static void watched_rest(const shim_cl_dev *d, size_t bytes, cl_mem m)
+/* `m`, the runtime's answer to a request charged `bytes` to `acct`:
+ * recorded, or the charge given back when the runtime refused. Inline:
+ * every buffer's last step. */
+__attribute__((always_inline)) static inline cl_mem recorded(const shim_pt_account *acct,
+                                                            size_t bytes, cl_mem m)
 {
-    if (!m && d && bytes)
-        shim_pool_give(d->acct.pool, bytes);
-    else if (m && d)
-        shim_passthrough_add_to(FAMILY, &d->watch, (uintptr_t)m, 0);
-    else if (m)
-        shim_passthrough_add(FAMILY, -1, (uintptr_t)m, bytes);
+    if (__builtin_expect(m != NULL, 1))
+        return (cl_mem)shim_passthrough_add_to(FAMILY, acct, (uintptr_t)m, bytes);
+    shim_pool_give(acct->pool, bytes); /* NULL: nothing was charged */
+    return NULL;
 }
 
 /* `m`, the runtime's answer to a request charged `bytes` on `d` (NULL:
  * no device known, nothing charged): recorded, or the charge given back
- * when the runtime refused. Inline: every create's last step. */
-__attribute__((always_inline)) static inline cl_mem watched(const shim_cl_dev *d, size_t bytes,
-                                                           cl_mem m)
+ * when the runtime refused. An object charged nothing (a sub-buffer) is
+ * recorded on the device's uncharged account. */
+static cl_mem watched(const shim_cl_dev *d, size_t bytes, cl_mem m)
 {
-    if (__builtin_expect(d && bytes && m != NULL, 1))
-        return (cl_mem)shim_passthrough_add_to(FAMILY, &d->acct, (uintptr_t)m, bytes);
-    watched_rest(d, bytes, m);
+    if (d && bytes)
+        return recorded(&d->acct, bytes, m);
+    if (m && d)
+        shim_passthrough_add_to(FAMILY, &d->watch, (uintptr_t)m, 0);
+    else if (m)
+        shim_passthrough_add(FAMILY, -1, (uintptr_t)m, bytes);
     return m;
 }
 
@@ -166,13 +169,10 @@ __attribute__((always_inline)) static inline cl_mem create_buffer(
                              (!with_props || a->create_buffer_with_properties) &&
                              (acct = shim_cl_buffer_account(d, size)) != NULL,
                          1)) {
-        cl_mem m = with_props ? a->create_buffer_with_properties(ctx, props, flags, size,
-                                                                 host_ptr, errcode_ret)
-                              : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret);
-        if (__builtin_expect(m != NULL, 1))
-            return (cl_mem)shim_passthrough_add_to(FAMILY, acct, (uintptr_t)m, size);
-        shim_pool_give(acct->pool, size); /* NULL: nothing was charged */
-        return NULL;
+        return recorded(acct, size,
+                        with_props ? a->create_buffer_with_properties(ctx, props, flags, size,
+                                                                      host_ptr, errcode_ret)
+                                   : a->create_buffer(ctx, flags, size, host_ptr, errcode_ret));
     }
     return with_props ? create_buffer_with_properties_slow(ctx, props, flags, size, host_ptr,
                                                            errcode_ret)

@@ -604,11 +604,6 @@ long shim_passthrough_unref_before(enum shim_pt_family f, uintptr_t ptr, uint32_
     return unref_held(f, ptr, order);
 }
 
-long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
-{
-    return shim_passthrough_unref_before(f, ptr, shim_passthrough_order());
-}
-
 void shim_passthrough_mapped(enum shim_pt_family f, uintptr_t ptr, uintptr_t va, size_t size)
 {
     /* VMM's only (put_node clears a list of mappings there alone). */

@@ -128,7 +128,6 @@ bool shim_passthrough_remove(enum shim_pt_family f, uintptr_t ptr);
  * (shim_pt_family), from the hooks' constants, without a check on each
  * release and creation. */
 bool shim_passthrough_retain(enum shim_pt_family f, uintptr_t ptr);
-long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr);
 /* unref told after the runtime's release, with shim_passthrough_order()
  * read before it: the runtime may have freed the object meanwhile and
  * another thread made a new one at its address, recorded since; the
@@ -141,6 +140,11 @@ static inline uint32_t shim_passthrough_order(void)
     return atomic_load_explicit(&shim_pt_order, memory_order_relaxed);
 }
 long shim_passthrough_unref_before(enum shim_pt_family f, uintptr_t ptr, uint32_t order);
+/* unref told now (no runtime call in between). */
+static inline long shim_passthrough_unref(enum shim_pt_family f, uintptr_t ptr)
+{
+    return shim_passthrough_unref_before(f, ptr, shim_passthrough_order());
+}
 /* Mappings of a record (VMM's only: a physical allocation lives while its
  * handle is not released or a mapping uses it). mapped: `ptr` was mapped
  * at [va, va + size) (a handle may be mapped at several addresses; a leak
